@@ -1,0 +1,11 @@
+//! ferroce: an NCCL network plugin over RDMA (RoCEv2 and InfiniBand) queue pairs.
+//!
+//! Layers, dependencies pointing one way: `config`, `log`, `error` → `ibv` (libibverbs loaded at
+//! run time) → `device` (discovery, GID selection, properties) → `transport` (connections and
+//! the data path) → `api` (the one internal API) → `abi` (the exported `ncclNetPlugin_vN`
+//! tables, thin per-version shims).
+
+#[macro_use]
+pub mod log;
+pub mod config;
+pub mod error;
