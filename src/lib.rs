@@ -8,4 +8,6 @@
 #[macro_use]
 pub mod log;
 pub mod config;
+pub mod device;
 pub mod error;
+pub mod ibv;

@@ -1,0 +1,793 @@
+//! Device discovery, GID selection and the properties NCCL sees, as NCCL's IB transport does
+//! them (spec §8.1–§8.3, §8.6).
+//!
+//! The decisions (which ports, which GID, what speed, which PCI path) are pure functions with
+//! table-driven tests; [`discover`] only gathers their inputs from libibverbs and sysfs.
+
+use crate::config::{AddrFamily, Config};
+use crate::error::{Error, Result};
+use crate::ibv::{Context, PortInfo, ProtectionDomain, Verbs};
+use std::ffi::c_int;
+use std::net::{Ipv4Addr, Ipv6Addr};
+use std::sync::Arc;
+
+/// NCCL uses at most this many devices.
+pub const MAX_DEVICES: usize = 32;
+/// `IBV_PORT_ACTIVE`.
+pub const PORT_ACTIVE: u32 = 4;
+/// `IBV_LINK_LAYER_INFINIBAND` / `_ETHERNET` (UNSPECIFIED = 0 is reported by old IB drivers).
+pub const LINK_LAYER_UNSPECIFIED: u8 = 0;
+pub const LINK_LAYER_INFINIBAND: u8 = 1;
+pub const LINK_LAYER_ETHERNET: u8 = 2;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinkLayer {
+    InfiniBand,
+    /// RoCE.
+    Ethernet,
+}
+
+impl LinkLayer {
+    pub fn from_port(link_layer: u8) -> Option<LinkLayer> {
+        match link_layer {
+            LINK_LAYER_INFINIBAND | LINK_LAYER_UNSPECIFIED => Some(LinkLayer::InfiniBand),
+            LINK_LAYER_ETHERNET => Some(LinkLayer::Ethernet),
+            _ => None,
+        }
+    }
+}
+
+/// One usable port: what NCCL calls a (physical) network device.
+pub struct NetDevice {
+    /// Index among physical devices, as NCCL numbers them.
+    pub index: usize,
+    /// The verbs device name, e.g. `mlx5_0` or `softroce0`.
+    pub name: String,
+    pub context: Arc<Context>,
+    /// Shared by every connection on this device.
+    pub pd: Arc<ProtectionDomain>,
+    pub port: u8,
+    pub link_layer: LinkLayer,
+    pub gid_index: i32,
+    pub gid: [u8; 16],
+    pub lid: u16,
+    /// `ibv_mtu` enum value of the port's active MTU.
+    pub active_mtu: u32,
+    pub speed_mbps: i32,
+    /// Merged PCI path (function digit zeroed), `None` when the device has no PCI function.
+    pub pci_path: Option<String>,
+    pub guid: u64,
+    pub max_qp: i32,
+    /// Earlier devices sharing this PCI path; NCCL reports `port + real_port`.
+    pub real_port: i32,
+    pub rail: i16,
+    pub plane: i16,
+    pub dmabuf: bool,
+    pub adaptive_routing: bool,
+}
+
+impl NetDevice {
+    pub fn verbs(&self) -> &Arc<Verbs> {
+        &self.context.verbs
+    }
+
+    /// `name:port` as logs show it.
+    pub fn label(&self) -> String {
+        format!("{}:{}", self.name, self.port)
+    }
+}
+
+impl std::fmt::Debug for NetDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NetDevice")
+            .field("index", &self.index)
+            .field("name", &self.name)
+            .field("port", &self.port)
+            .field("link_layer", &self.link_layer)
+            .field("gid_index", &self.gid_index)
+            .field("gid", &format_gid(&self.gid))
+            .finish()
+    }
+}
+
+/// What NCCL sees as a device: one physical device, or several fused by `makeVDevice`.
+#[derive(Debug)]
+pub struct VirtualDevice {
+    pub name: String,
+    pub members: Vec<Arc<NetDevice>>,
+    pub rail: i16,
+    pub plane: i16,
+}
+
+impl VirtualDevice {
+    pub fn single(dev: Arc<NetDevice>) -> VirtualDevice {
+        VirtualDevice {
+            name: dev.name.clone(),
+            rail: dev.rail,
+            plane: dev.plane,
+            members: vec![dev],
+        }
+    }
+
+    /// Fuses `members` (spec §8.2): same link layer, joined name, common rail or -1.
+    pub fn fused(members: Vec<Arc<NetDevice>>) -> Result<VirtualDevice> {
+        let first = members
+            .first()
+            .ok_or_else(|| Error::internal("makeVDevice with no devices"))?;
+        if let Some(odd) = members.iter().find(|d| d.link_layer != first.link_layer) {
+            return Err(Error::usage(format!(
+                "cannot fuse {} ({:?}) with {} ({:?}): all members of a fused device must have the same link layer",
+                first.name, first.link_layer, odd.name, odd.link_layer
+            )));
+        }
+        let name = members
+            .iter()
+            .map(|d| d.name.as_str())
+            .collect::<Vec<_>>()
+            .join("+");
+        let rail = if members.iter().all(|d| d.rail == first.rail) {
+            first.rail
+        } else {
+            -1
+        };
+        let plane = if members.iter().all(|d| d.plane == first.plane) {
+            first.plane
+        } else {
+            -1
+        };
+        Ok(VirtualDevice {
+            name,
+            members,
+            rail,
+            plane,
+        })
+    }
+
+    pub fn speed_mbps(&self) -> i32 {
+        self.members
+            .iter()
+            .map(|d| d.speed_mbps)
+            .fold(0i32, i32::saturating_add)
+    }
+}
+
+/// Formats a GID as an IPv6 address (IPv4-mapped GIDs print as `::ffff:a.b.c.d`).
+pub fn format_gid(gid: &[u8; 16]) -> String {
+    Ipv6Addr::from(*gid).to_string()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pure decisions
+
+/// Whether a port becomes a device (spec §8.1 step 4): ACTIVE, IB or Ethernet link layer.
+pub fn port_is_usable(port: &PortInfo) -> std::result::Result<LinkLayer, String> {
+    if port.state != PORT_ACTIVE {
+        return Err(format!(
+            "port state is {} (not ACTIVE)",
+            port_state_name(port.state)
+        ));
+    }
+    LinkLayer::from_port(port.link_layer).ok_or_else(|| {
+        format!(
+            "link layer {} is neither InfiniBand nor Ethernet",
+            port.link_layer
+        )
+    })
+}
+
+fn port_state_name(state: u32) -> &'static str {
+    match state {
+        0 => "NOP",
+        1 => "DOWN",
+        2 => "INIT",
+        3 => "ARMED",
+        4 => "ACTIVE",
+        5 => "ACTIVE_DEFER",
+        _ => "unknown",
+    }
+}
+
+/// Port speed in Mbps from the lowest set bits of `active_speed` and `active_width` (§8.1 step 5).
+pub fn speed_mbps(active_speed: u8, active_width: u8) -> i32 {
+    const PER_LANE: [i32; 9] = [
+        2500, 5000, 10000, 10000, 14000, 25000, 50000, 100000, 200000,
+    ];
+    const LANES: [i32; 5] = [1, 4, 8, 12, 2];
+    let lane = PER_LANE[(active_speed.trailing_zeros() as usize).min(PER_LANE.len() - 1)];
+    let width = LANES[(active_width.trailing_zeros() as usize).min(LANES.len() - 1)];
+    if active_speed == 0 || active_width == 0 {
+        return 10000;
+    }
+    lane * width
+}
+
+/// The PCI path NCCL should see: the function digit forced to 0 so the ports (and, with
+/// `merge_vfs`, the VFs) of one adapter share a PCI node (spec §7.9). Input is a realpath such as
+/// `/sys/devices/pci0000:00/0000:00:02.0/0000:3b:00.1`.
+pub fn merged_pci_path(realpath: &str, merge_vfs: bool) -> String {
+    let mut path = realpath.as_bytes().to_vec();
+    let n = path.len();
+    // A BDF ends in "bb:dd.f": function digit at n-1, device digits at n-4, n-3.
+    if n >= 4 && path[n - 2] == b'.' {
+        path[n - 1] = b'0';
+        if merge_vfs && n >= 5 && path[n - 5] == b':' {
+            path[n - 4] = b'0';
+            path[n - 3] = b'0';
+        }
+    }
+    String::from_utf8(path).unwrap_or_else(|_| realpath.to_string())
+}
+
+/// Parses a sysfs `gid_attrs/types/<i>` read (spec §8.6 step 4): `RoCE v2` → 2, `IB/RoCE v1` or
+/// `RoCE v1` → 1; EINVAL (an index not mapped into this container) → unknown; other errors fail.
+pub fn read_roce_type(read: std::io::Result<String>) -> std::io::Result<Option<u8>> {
+    match read {
+        Ok(text) => {
+            let t = text.trim();
+            Ok(if t.starts_with("RoCE v2") {
+                Some(2)
+            } else if t.starts_with("IB/RoCE v1") || t.starts_with("RoCE v1") {
+                Some(1)
+            } else {
+                None
+            })
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+fn gid_family(gid: &[u8; 16]) -> AddrFamily {
+    let v4_mapped = gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff;
+    let v4_mapped_mcast = gid[0] == 0xff
+        && gid[1] == 0x0e
+        && gid[2..10].iter().all(|&b| b == 0)
+        && gid[10] == 0xff
+        && gid[11] == 0xff;
+    if v4_mapped || v4_mapped_mcast {
+        AddrFamily::Inet
+    } else {
+        AddrFamily::Inet6
+    }
+}
+
+fn gid_valid(gid: &[u8; 16]) -> bool {
+    let zero = gid.iter().all(|&b| b == 0);
+    let link_local = gid[0] == 0xfe && gid[1] == 0x80 && gid[2..8].iter().all(|&b| b == 0);
+    !zero && !link_local
+}
+
+fn gid_in_range(gid: &[u8; 16], cfg: &Config) -> bool {
+    match cfg.addr_range {
+        None => true,
+        Some(range) => match gid_family(gid) {
+            AddrFamily::Inet => {
+                range.contains_v4(Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15]))
+            }
+            AddrFamily::Inet6 => range.contains_v6(Ipv6Addr::from(*gid)),
+        },
+    }
+}
+
+/// Chooses the RoCE GID index (spec §8.6): `NCCL_IB_GID_INDEX` when set, else the first valid GID
+/// of the wanted family, inside the range, with the wanted RoCE version. `gid(i)` and
+/// `roce_type(i)` read the table; an unreadable GID is skipped.
+pub fn select_roce_gid(
+    table_len: i32,
+    gid: &dyn Fn(i32) -> Option<[u8; 16]>,
+    roce_type: &dyn Fn(i32) -> std::io::Result<Option<u8>>,
+    cfg: &Config,
+) -> std::result::Result<i32, String> {
+    if cfg.gid_index >= 0 {
+        if cfg.gid_index >= table_len {
+            return Err(format!(
+                "NCCL_IB_GID_INDEX={} is outside the GID table (length {table_len})",
+                cfg.gid_index
+            ));
+        }
+        return Ok(cfg.gid_index);
+    }
+    let want = cfg.addr_family;
+    let mut cur = 0;
+    for cand in 1..table_len {
+        let (Some(g_cur), Some(g_cand)) = (gid(cur), gid(cand)) else {
+            continue;
+        };
+        let fam_cand = gid_family(&g_cand);
+        let in_range = gid_in_range(&g_cand, cfg);
+        if fam_cand != gid_family(&g_cur) && fam_cand == want && in_range {
+            // Rule A: the first entry of the wanted family.
+            cur = cand;
+        } else if fam_cand == want && gid_valid(&g_cand) && in_range {
+            // Rule B: prefer the wanted RoCE version over an entry of another type or an invalid one.
+            let t_cur =
+                roce_type(cur).map_err(|e| format!("reading the type of GID {cur}: {e}"))?;
+            let t_cand =
+                roce_type(cand).map_err(|e| format!("reading the type of GID {cand}: {e}"))?;
+            if (t_cur != t_cand || !gid_valid(&g_cur)) && t_cand == Some(cfg.roce_version as u8) {
+                cur = cand;
+            }
+        }
+    }
+    Ok(cur)
+}
+
+/// The IB GID index (spec §8.6): the routable-FLID index when its FLID is non-zero, else 0.
+pub fn select_ib_gid(table_len: i32, gid: &dyn Fn(i32) -> Option<[u8; 16]>, cfg: &Config) -> i32 {
+    let idx = cfg.routable_flid_gid_index;
+    if idx >= 0 && idx < table_len {
+        if let Some(g) = gid(idx) {
+            if g[4] != 0 || g[5] != 0 {
+                return idx;
+            }
+        }
+    }
+    0
+}
+
+// ---------------------------------------------------------------------------------------------
+// Discovery
+
+/// The devices of this process, found once per load of the plugin.
+pub struct Discovery {
+    pub devices: Vec<Arc<NetDevice>>,
+    /// A peer-memory module (nvidia-peermem) is loaded: GPU pointers can be registered.
+    pub peer_memory: bool,
+}
+
+/// Whether GPU memory can be registered through a peer-memory module (spec §8.3).
+pub fn peer_memory_present() -> bool {
+    [
+        "/sys/kernel/mm/memory_peers/nv_mem/version",
+        "/sys/kernel/mm/memory_peers/nv_mem_nc/version",
+        "/sys/module/nvidia_peermem/version",
+    ]
+    .iter()
+    .any(|p| std::path::Path::new(p).exists())
+}
+
+/// Opens every device, keeps the usable ports, selects GIDs. Fails with one message that says
+/// what was found and what to check when nothing is usable.
+pub fn discover(verbs: &Arc<Verbs>, cfg: &Config) -> Result<Discovery> {
+    let mut count: c_int = 0;
+    // SAFETY: count is a valid out-pointer; the list is freed below.
+    let list = unsafe { (verbs.ibv_get_device_list)(&mut count) };
+    if list.is_null() {
+        let err = std::io::Error::last_os_error();
+        return Err(Error::system(format!(
+            "no RDMA device: ibv_get_device_list failed: {err} — is an RDMA driver loaded (ibv_devices lists none)? see ferroce README"
+        )));
+    }
+    let mut skipped = Vec::new();
+    let mut found = Vec::new();
+    for i in 0..count.max(0) as usize {
+        // SAFETY: the list has `count` entries.
+        let dev = unsafe { *list.add(i) };
+        // SAFETY: dev is a live entry of the list.
+        match unsafe { Context::open(verbs.clone(), dev) } {
+            Ok(ctx) => probe_ports(&ctx, cfg, &mut found, &mut skipped),
+            Err(e) => skipped.push(e.to_string()),
+        }
+    }
+    // SAFETY: list came from ibv_get_device_list; opened contexts do not need it.
+    unsafe { (verbs.ibv_free_device_list)(list) };
+
+    if found.is_empty() {
+        let why = if count == 0 {
+            "libibverbs found 0 devices — is an RDMA driver loaded (ibv_devices lists none)?"
+                .to_string()
+        } else {
+            format!("{count} device(s), none usable: {}", skipped.join("; "))
+        };
+        return Err(Error::system(format!(
+            "no RDMA device: {why} see ferroce README"
+        )));
+    }
+    if cfg.device_pci_order {
+        // Every node must see the same order; devices without PCI sort last, by name.
+        found.sort_by(|a, b| {
+            (a.pci_path.is_none(), &a.pci_path, &a.name, a.port).cmp(&(
+                b.pci_path.is_none(),
+                &b.pci_path,
+                &b.name,
+                b.port,
+            ))
+        });
+    }
+    found.truncate(MAX_DEVICES);
+    let mut devices = Vec::with_capacity(found.len());
+    for (index, mut d) in found.into_iter().enumerate() {
+        d.index = index;
+        d.real_port = devices
+            .iter()
+            .filter(|e: &&Arc<NetDevice>| e.pci_path.is_some() && e.pci_path == d.pci_path)
+            .count() as i32;
+        devices.push(Arc::new(d));
+    }
+    Ok(Discovery {
+        devices,
+        peer_memory: peer_memory_present(),
+    })
+}
+
+fn probe_ports(
+    ctx: &Arc<Context>,
+    cfg: &Config,
+    found: &mut Vec<NetDevice>,
+    skipped: &mut Vec<String>,
+) {
+    let name = ctx.info.name.clone();
+    let pci_path = std::fs::canonicalize(format!("{}/device", ctx.info.ibdev_path))
+        .ok()
+        .map(|p| merged_pci_path(&p.to_string_lossy(), cfg.merge_vfs));
+    let mut pd = None;
+    for port in 1..=ctx.info.phys_port_cnt {
+        let info = match ctx.query_port(port) {
+            Ok(i) => i,
+            Err(e) => {
+                skipped.push(e.to_string());
+                continue;
+            }
+        };
+        let link_layer = match port_is_usable(&info) {
+            Ok(l) => l,
+            Err(why) => {
+                skipped.push(format!("{name} port {port}: {why}"));
+                continue;
+            }
+        };
+        if !cfg.hca.accepts(&name, u32::from(port)) {
+            skipped.push(format!("{name} port {port}: excluded by NCCL_IB_HCA"));
+            continue;
+        }
+        let entry = cfg
+            .hca
+            .matching_entry(&name, u32::from(port))
+            .filter(|_| !cfg.hca.exclude);
+        let gid_at = |i: i32| ctx.query_gid(port, i).ok();
+        let gid_index = match link_layer {
+            LinkLayer::InfiniBand => select_ib_gid(info.gid_tbl_len, &gid_at, cfg),
+            LinkLayer::Ethernet => {
+                let roce_type = |i: i32| {
+                    ctx.gid_roce_version(port, i)
+                        .map_err(|e| std::io::Error::other(e.message))
+                };
+                match select_roce_gid(info.gid_tbl_len, &gid_at, &roce_type, cfg) {
+                    Ok(i) => i,
+                    Err(why) => {
+                        skipped.push(format!("{name} port {port}: {why}"));
+                        continue;
+                    }
+                }
+            }
+        };
+        let Some(gid) = gid_at(gid_index) else {
+            skipped.push(format!("{name} port {port}: cannot read GID {gid_index}"));
+            continue;
+        };
+        if link_layer == LinkLayer::Ethernet && !gid_valid(&gid) {
+            skipped.push(format!(
+                "{name} port {port}: GID {gid_index} is {} — no routable RoCE address; check the interface's IP address or NCCL_IB_GID_INDEX",
+                format_gid(&gid)
+            ));
+            continue;
+        }
+        let pd = match &pd {
+            Some(pd) => Arc::clone(pd),
+            None => match ProtectionDomain::new(ctx.clone()) {
+                Ok(p) => {
+                    pd = Some(p.clone());
+                    p
+                }
+                Err(e) => {
+                    skipped.push(e.to_string());
+                    continue;
+                }
+            },
+        };
+        let dmabuf = cfg.dmabuf_enable && pd.probe_dmabuf();
+        let adaptive_routing = match cfg.adaptive_routing {
+            -2 => link_layer == LinkLayer::InfiniBand,
+            v => v != 0,
+        };
+        found.push(NetDevice {
+            index: 0,
+            name: name.clone(),
+            context: ctx.clone(),
+            pd,
+            port,
+            link_layer,
+            gid_index,
+            gid,
+            lid: info.lid,
+            active_mtu: info.active_mtu,
+            speed_mbps: speed_mbps(info.active_speed, info.active_width),
+            pci_path: pci_path.clone(),
+            guid: ctx.info.sys_image_guid,
+            max_qp: ctx.info.max_qp,
+            real_port: 0,
+            rail: entry.and_then(|e| e.rail).unwrap_or(-1),
+            plane: entry.and_then(|e| e.plane).unwrap_or(-1),
+            dmabuf,
+            adaptive_routing,
+        });
+    }
+}
+
+/// `IBV_MTU_*` enum value → bytes.
+pub fn mtu_bytes(mtu: u32) -> u32 {
+    match mtu {
+        1..=5 => 128 << mtu,
+        _ => 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::AddrRange;
+
+    fn v4(a: u8, b: u8, c: u8, d: u8) -> [u8; 16] {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&[a, b, c, d]);
+        g
+    }
+    fn v6(s: &str) -> [u8; 16] {
+        s.parse::<Ipv6Addr>().unwrap().octets()
+    }
+    fn link_local() -> [u8; 16] {
+        v6("fe80::1234:56ff:fe78:9abc")
+    }
+
+    /// A GID table row: the GID and its RoCE type (None = unreadable / EINVAL).
+    type Row = (Option<[u8; 16]>, Option<u8>);
+
+    fn select(rows: &[Row], cfg: &Config) -> std::result::Result<i32, String> {
+        let gid = |i: i32| rows.get(i as usize).and_then(|r| r.0);
+        let ty = |i: i32| Ok(rows.get(i as usize).and_then(|r| r.1));
+        select_roce_gid(rows.len() as i32, &gid, &ty, cfg)
+    }
+
+    /// The table a RoCE NIC (and softroce) exposes: link-local v1/v2, then IPv4-mapped v1/v2.
+    fn usual_table() -> Vec<Row> {
+        vec![
+            (Some(link_local()), Some(1)),
+            (Some(link_local()), Some(2)),
+            (Some(v4(10, 1, 2, 3)), Some(1)),
+            (Some(v4(10, 1, 2, 3)), Some(2)),
+        ]
+    }
+
+    #[test]
+    fn gid_selection_table() {
+        let d = Config::default();
+        let cases: Vec<(&str, Vec<Row>, Config, std::result::Result<i32, String>)> = vec![
+            (
+                "usual host picks IPv4 RoCEv2",
+                usual_table(),
+                d.clone(),
+                Ok(3),
+            ),
+            (
+                "explicit index wins",
+                usual_table(),
+                Config {
+                    gid_index: 1,
+                    ..d.clone()
+                },
+                Ok(1),
+            ),
+            (
+                "explicit index outside table",
+                usual_table(),
+                Config {
+                    gid_index: 9,
+                    ..d.clone()
+                },
+                Err("NCCL_IB_GID_INDEX=9 is outside the GID table (length 4)".into()),
+            ),
+            (
+                "RoCE v1 wanted",
+                usual_table(),
+                Config {
+                    roce_version: 1,
+                    ..d.clone()
+                },
+                Ok(2),
+            ),
+            (
+                "IPv6 wanted",
+                vec![
+                    (Some(link_local()), Some(1)),
+                    (Some(link_local()), Some(2)),
+                    (Some(v4(10, 1, 2, 3)), Some(2)),
+                    (Some(v6("fd00::5")), Some(1)),
+                    (Some(v6("fd00::5")), Some(2)),
+                ],
+                Config {
+                    addr_family: AddrFamily::Inet6,
+                    ..d.clone()
+                },
+                Ok(4),
+            ),
+            (
+                "range selects the second address",
+                vec![
+                    (Some(link_local()), Some(2)),
+                    (Some(v4(10, 1, 2, 3)), Some(2)),
+                    (Some(v4(192, 168, 7, 9)), Some(2)),
+                ],
+                Config {
+                    addr_range: AddrRange::parse("192.168.0.0/16"),
+                    ..d.clone()
+                },
+                Ok(2),
+            ),
+            (
+                "container: types unreadable (EINVAL) except the mapped ones",
+                vec![
+                    (Some(link_local()), None),
+                    (Some(link_local()), None),
+                    (Some(v4(10, 0, 0, 7)), None),
+                    (Some(v4(10, 0, 0, 7)), Some(2)),
+                ],
+                d.clone(),
+                Ok(3),
+            ),
+            (
+                "zero entries are skipped",
+                vec![
+                    (Some([0; 16]), Some(1)),
+                    (Some([0; 16]), Some(2)),
+                    (Some(v4(10, 0, 0, 1)), Some(2)),
+                ],
+                d.clone(),
+                Ok(2),
+            ),
+            (
+                "unreadable GID entries are skipped",
+                vec![
+                    (Some(link_local()), Some(2)),
+                    (None, None),
+                    (Some(v4(10, 0, 0, 1)), Some(2)),
+                ],
+                d.clone(),
+                Ok(2),
+            ),
+            (
+                "only link-local: stays at 0",
+                vec![(Some(link_local()), Some(1)), (Some(link_local()), Some(2))],
+                d.clone(),
+                Ok(0),
+            ),
+        ];
+        for (what, rows, cfg, want) in cases {
+            assert_eq!(select(&rows, &cfg), want, "{what}");
+        }
+    }
+
+    #[test]
+    fn gid_type_read_error_other_than_einval_is_an_error() {
+        let rows = usual_table();
+        let gid = |i: i32| rows.get(i as usize).and_then(|r| r.0);
+        let ty = |_: i32| Err(std::io::Error::from_raw_os_error(libc::ENOENT));
+        assert!(select_roce_gid(4, &gid, &ty, &Config::default()).is_err());
+    }
+
+    #[test]
+    fn roce_type_strings() {
+        assert_eq!(read_roce_type(Ok("RoCE v2\n".into())).unwrap(), Some(2));
+        assert_eq!(read_roce_type(Ok("IB/RoCE v1\n".into())).unwrap(), Some(1));
+        assert_eq!(read_roce_type(Ok("RoCE v1".into())).unwrap(), Some(1));
+        assert_eq!(read_roce_type(Ok("garbage".into())).unwrap(), None);
+        assert_eq!(
+            read_roce_type(Err(std::io::Error::from_raw_os_error(libc::EINVAL))).unwrap(),
+            None
+        );
+        assert!(read_roce_type(Err(std::io::Error::from_raw_os_error(libc::EACCES))).is_err());
+    }
+
+    #[test]
+    fn ib_gid_uses_flid_index_only_when_flid_is_set() {
+        let mut with_flid = [0u8; 16];
+        with_flid[4] = 0x12;
+        let table = [[0xfe; 16], with_flid];
+        let gid = |i: i32| table.get(i as usize).copied();
+        assert_eq!(select_ib_gid(2, &gid, &Config::default()), 1);
+        let table2 = [[0xfe; 16], [0u8; 16]];
+        let gid2 = |i: i32| table2.get(i as usize).copied();
+        assert_eq!(select_ib_gid(2, &gid2, &Config::default()), 0);
+        assert_eq!(
+            select_ib_gid(1, &gid, &Config::default()),
+            0,
+            "index outside the table"
+        );
+    }
+
+    #[test]
+    fn port_filter() {
+        let active_eth = PortInfo {
+            state: 4,
+            active_mtu: 5,
+            gid_tbl_len: 4,
+            lid: 0,
+            active_width: 2,
+            active_speed: 32,
+            link_layer: 2,
+        };
+        assert_eq!(port_is_usable(&active_eth), Ok(LinkLayer::Ethernet));
+        assert_eq!(
+            port_is_usable(&PortInfo {
+                link_layer: 1,
+                ..active_eth
+            }),
+            Ok(LinkLayer::InfiniBand)
+        );
+        assert!(port_is_usable(&PortInfo {
+            state: 1,
+            ..active_eth
+        })
+        .unwrap_err()
+        .contains("DOWN"));
+        assert!(port_is_usable(&PortInfo {
+            link_layer: 9,
+            ..active_eth
+        })
+        .is_err());
+    }
+
+    #[test]
+    fn speeds() {
+        assert_eq!(speed_mbps(1 << 5, 1 << 1), 100_000, "EDR 4x = 100 GbE");
+        assert_eq!(speed_mbps(1 << 7, 1 << 1), 400_000, "NDR 4x");
+        assert_eq!(speed_mbps(1 << 6, 1 << 4), 100_000, "HDR 2x");
+        assert_eq!(speed_mbps(1, 1), 2500);
+        assert_eq!(
+            speed_mbps(0, 0),
+            10000,
+            "unknown speed falls back to NCCL's default"
+        );
+    }
+
+    #[test]
+    fn pci_paths_merge_functions_and_vfs() {
+        let p = "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:00.1";
+        assert_eq!(
+            merged_pci_path(p, false),
+            "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:00.0"
+        );
+        let vf = "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:05.3";
+        assert_eq!(
+            merged_pci_path(vf, true),
+            "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:00.0"
+        );
+        assert_eq!(
+            merged_pci_path(vf, false),
+            "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:05.0"
+        );
+        assert_eq!(
+            merged_pci_path("/sys/devices/virtual/net", true),
+            "/sys/devices/virtual/net"
+        );
+    }
+
+    #[test]
+    fn gid_families() {
+        assert_eq!(gid_family(&v4(1, 2, 3, 4)), AddrFamily::Inet);
+        let mut mcast = v4(224, 0, 0, 1);
+        mcast[0] = 0xff;
+        mcast[1] = 0x0e;
+        assert_eq!(gid_family(&mcast), AddrFamily::Inet);
+        assert_eq!(gid_family(&v6("fd00::1")), AddrFamily::Inet6);
+        assert!(!gid_valid(&link_local()) && !gid_valid(&[0; 16]) && gid_valid(&v4(10, 0, 0, 1)));
+    }
+
+    #[test]
+    fn mtus() {
+        assert_eq!(mtu_bytes(1), 256);
+        assert_eq!(mtu_bytes(5), 4096);
+        assert_eq!(mtu_bytes(0), 0);
+    }
+}

@@ -1,0 +1,389 @@
+//! RAII verbs device context and protection domain, plus the queries discovery needs.
+//!
+//! Each object holds an `Arc` to its parent (PD → context → library), so a parent can never be
+//! freed under a child. Drop errors are logged, never panicked on.
+
+use super::{sys, Verbs};
+use crate::error::{Error, Result};
+use parking_lot::Mutex;
+use std::ffi::{c_int, CStr};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// `verbs_context.query_port`: the extended op with the caller's struct size.
+type QueryPortFn =
+    unsafe extern "C" fn(*mut sys::ibv_context, u8, *mut sys::ibv_port_attr, usize) -> c_int;
+
+/// What discovery needs from `ibv_query_device`.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub name: String,
+    /// `/sys/class/infiniband/<name>` as the library reports it.
+    pub ibdev_path: String,
+    pub sys_image_guid: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub max_qp: i32,
+    pub max_qp_wr: i32,
+    pub max_cqe: i32,
+    pub phys_port_cnt: u8,
+}
+
+/// What discovery needs from `ibv_query_port`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortInfo {
+    pub state: u32,
+    pub active_mtu: u32,
+    pub gid_tbl_len: i32,
+    pub lid: u16,
+    pub active_width: u8,
+    pub active_speed: u8,
+    pub link_layer: u8,
+}
+
+/// An open device (`ibv_context`) with its async-event thread.
+pub struct Context {
+    pub verbs: Arc<Verbs>,
+    raw: *mut sys::ibv_context,
+    pub info: DeviceInfo,
+    /// Fatal async events seen (device fatal, QP/CQ errors); later calls fail once non-zero.
+    pub fatal_events: Arc<AtomicU32>,
+    stop: Arc<AtomicBool>,
+    events_thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+// SAFETY: ibv_context is thread-safe per rdma-core; the raw pointer is owned by this object.
+unsafe impl Send for Context {}
+// SAFETY: see Send.
+unsafe impl Sync for Context {}
+
+struct SendPtr(*mut sys::ibv_context);
+// SAFETY: the context outlives the event thread (Drop joins it before closing the device).
+unsafe impl Send for SendPtr {}
+
+impl Context {
+    /// Opens `device` (from `ibv_get_device_list`) and queries it.
+    ///
+    /// # Safety
+    /// `device` is an entry of a device list from `verbs` that has not been freed yet.
+    pub unsafe fn open(verbs: Arc<Verbs>, device: *mut sys::ibv_device) -> Result<Arc<Context>> {
+        // SAFETY: caller guarantees `device` is a live list entry.
+        let name = unsafe { CStr::from_ptr((verbs.ibv_get_device_name)(device)) }
+            .to_string_lossy()
+            .into_owned();
+        // SAFETY: ibdev_path is a NUL-terminated array inside the live ibv_device.
+        let ibdev_path = unsafe { CStr::from_ptr((*device).ibdev_path.as_ptr()) }
+            .to_string_lossy()
+            .into_owned();
+        // SAFETY: as above.
+        let raw = unsafe { (verbs.ibv_open_device)(device) };
+        if raw.is_null() {
+            return Err(Error::last_os(&format!("ibv_open_device({name})")));
+        }
+        // SAFETY: zeroed ibv_device_attr is a valid out-buffer (plain integers and arrays).
+        let mut attr: sys::ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: raw is the live context just opened; attr is a valid out-pointer.
+        let rc = unsafe { (verbs.ibv_query_device)(raw, &mut attr) };
+        if rc != 0 {
+            // SAFETY: raw is live and owned here.
+            unsafe { (verbs.ibv_close_device)(raw) };
+            return Err(Error::system(format!(
+                "ibv_query_device({name}) failed: {}",
+                std::io::Error::from_raw_os_error(rc)
+            )));
+        }
+        let info = DeviceInfo {
+            name,
+            ibdev_path,
+            sys_image_guid: u64::from_be(attr.sys_image_guid),
+            vendor_id: attr.vendor_id,
+            vendor_part_id: attr.vendor_part_id,
+            max_qp: attr.max_qp,
+            max_qp_wr: attr.max_qp_wr,
+            max_cqe: attr.max_cqe,
+            phys_port_cnt: attr.phys_port_cnt,
+        };
+        let ctx = Arc::new(Context {
+            verbs,
+            raw,
+            info,
+            fatal_events: Arc::new(AtomicU32::new(0)),
+            stop: Arc::new(AtomicBool::new(false)),
+            events_thread: Mutex::new(None),
+        });
+        ctx.start_event_thread();
+        Ok(ctx)
+    }
+
+    /// The raw context, for creating children.
+    pub fn as_ptr(&self) -> *mut sys::ibv_context {
+        self.raw
+    }
+
+    /// `ibv_query_port` as the `verbs.h` inline does it: the extended op when the provider has
+    /// one (it knows the full struct size), else the exported compat function.
+    pub fn query_port(&self, port: u8) -> Result<PortInfo> {
+        // SAFETY: zeroed ibv_port_attr is a valid out-buffer.
+        let mut attr: sys::ibv_port_attr = unsafe { std::mem::zeroed() };
+        let rc = match self.extended_query_port() {
+            // SAFETY: live context; attr is a valid out-buffer of the size we pass.
+            Some(f) => unsafe {
+                f(
+                    self.raw,
+                    port,
+                    &mut attr,
+                    std::mem::size_of::<sys::ibv_port_attr>(),
+                )
+            },
+            // SAFETY: the compat struct is a prefix of ibv_port_attr, so the buffer is big enough.
+            None => unsafe {
+                (self.verbs.ibv_query_port)(
+                    self.raw,
+                    port,
+                    (&mut attr as *mut sys::ibv_port_attr).cast(),
+                )
+            },
+        };
+        if rc != 0 {
+            return Err(Error::system(format!(
+                "ibv_query_port({}, port {port}) failed: {}",
+                self.info.name,
+                std::io::Error::from_raw_os_error(rc.abs())
+            )));
+        }
+        Ok(PortInfo {
+            state: attr.state,
+            active_mtu: attr.active_mtu,
+            gid_tbl_len: attr.gid_tbl_len,
+            lid: attr.lid,
+            active_width: attr.active_width,
+            active_speed: attr.active_speed,
+            link_layer: attr.link_layer,
+        })
+    }
+
+    fn extended_query_port(&self) -> Option<QueryPortFn> {
+        // SAFETY: raw is live. `abi_compat == UINTPTR_MAX` marks an ibv_context embedded at the
+        // end of a verbs_context (verbs.h `verbs_get_ctx`); only then is the container read,
+        // and `sz` says how much of it the provider filled (verbs_get_ctx_op).
+        unsafe {
+            if (*self.raw).abi_compat as usize != usize::MAX {
+                return None;
+            }
+            let offset = std::mem::offset_of!(sys::verbs_context, context);
+            let vctx = (self.raw as *mut u8).sub(offset) as *const sys::verbs_context;
+            let needed = std::mem::size_of::<sys::verbs_context>()
+                - std::mem::offset_of!(sys::verbs_context, query_port);
+            if (*vctx).sz < needed {
+                return None;
+            }
+            (*vctx).query_port
+        }
+    }
+
+    /// GID `index` of `port`.
+    pub fn query_gid(&self, port: u8, index: i32) -> Result<[u8; 16]> {
+        // SAFETY: zeroed ibv_gid (a byte union) is valid.
+        let mut gid: sys::ibv_gid = unsafe { std::mem::zeroed() };
+        // SAFETY: live context, valid out-pointer.
+        let rc = unsafe { (self.verbs.ibv_query_gid)(self.raw, port, index, &mut gid) };
+        if rc != 0 {
+            return Err(Error::system(format!(
+                "ibv_query_gid({}, port {port}, index {index}) failed",
+                self.info.name
+            )));
+        }
+        // SAFETY: every bit pattern is a valid [u8; 16].
+        Ok(unsafe { gid.raw })
+    }
+
+    /// The RoCE version of GID `index` (1 or 2), `Ok(None)` when unknown (spec §8.6 step 4).
+    /// Asks the library (`ibv_query_gid_ex`) first, then sysfs as NCCL does.
+    pub fn gid_roce_version(&self, port: u8, index: i32) -> Result<Option<u8>> {
+        if let Some(query) = self.verbs._ibv_query_gid_ex {
+            // SAFETY: zeroed ibv_gid_entry is valid.
+            let mut entry: sys::ibv_gid_entry = unsafe { std::mem::zeroed() };
+            // SAFETY: live context; entry is a valid out-buffer of the size passed.
+            let rc = unsafe {
+                query(
+                    self.raw,
+                    u32::from(port),
+                    index as u32,
+                    &mut entry,
+                    0,
+                    std::mem::size_of::<sys::ibv_gid_entry>(),
+                )
+            };
+            if rc == 0 {
+                // IBV_GID_TYPE_IB = 0, ROCE_V1 = 1, ROCE_V2 = 2.
+                return Ok(match entry.gid_type {
+                    0 | 1 => Some(1),
+                    2 => Some(2),
+                    _ => None,
+                });
+            }
+        }
+        let path = format!(
+            "{}/ports/{port}/gid_attrs/types/{index}",
+            self.info.ibdev_path
+        );
+        crate::device::read_roce_type(std::fs::read_to_string(&path)).map_err(|e| {
+            Error::system(format!(
+                "cannot read the RoCE type of GID {index} of {} port {port}: {path}: {e}",
+                self.info.name
+            ))
+        })
+    }
+
+    fn start_event_thread(self: &Arc<Self>) {
+        // SAFETY: raw is live; async_fd is the context's event fd.
+        let fd = unsafe { (*self.raw).async_fd };
+        // SAFETY: fd is the context's own async fd; making it non-blocking lets the thread
+        // notice `stop` (poll with a timeout) instead of blocking in ibv_get_async_event.
+        unsafe {
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK);
+        }
+        let verbs = self.verbs.clone();
+        let stop = self.stop.clone();
+        let fatal = self.fatal_events.clone();
+        let name = self.info.name.clone();
+        let raw = SendPtr(self.raw);
+        let spawned = std::thread::Builder::new().name(format!("ferroce-ev-{name}")).spawn(move || {
+            let raw = raw;
+            while !stop.load(Ordering::Acquire) {
+                let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+                // SAFETY: one valid pollfd.
+                let n = unsafe { libc::poll(&mut pfd, 1, 100) };
+                if n <= 0 {
+                    continue;
+                }
+                // SAFETY: zeroed ibv_async_event is a valid out-buffer.
+                let mut ev: sys::ibv_async_event = unsafe { std::mem::zeroed() };
+                // SAFETY: live context (Drop joins this thread before closing it).
+                if unsafe { (verbs.ibv_get_async_event)(raw.0, &mut ev) } != 0 {
+                    continue;
+                }
+                let kind = ev.event_type;
+                // SAFETY: ev was filled by ibv_get_async_event and is acked exactly once.
+                unsafe { (verbs.ibv_ack_async_event)(&mut ev) };
+                use sys::ibv_event_type::*;
+                let is_fatal = matches!(
+                    kind,
+                    IBV_EVENT_DEVICE_FATAL
+                        | IBV_EVENT_CQ_ERR
+                        | IBV_EVENT_QP_FATAL
+                        | IBV_EVENT_QP_REQ_ERR
+                        | IBV_EVENT_QP_ACCESS_ERR
+                        | IBV_EVENT_SRQ_ERR
+                );
+                let text = verbs.event_type_str(kind as u32);
+                if is_fatal {
+                    fatal.fetch_add(1, Ordering::AcqRel);
+                    crate::log_warn!("device {name}: fatal async event '{text}' — the NIC or a queue pair failed; check the link and `dmesg`");
+                } else {
+                    crate::log_info!(crate::log::subsys::NET, "device {name}: async event '{text}'");
+                }
+            }
+        });
+        match spawned {
+            Ok(handle) => *self.events_thread.lock() = Some(handle),
+            Err(e) => crate::log_warn!(
+                "device {}: cannot start the async-event thread: {e}",
+                self.info.name
+            ),
+        }
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(handle) = self.events_thread.lock().take() {
+            let _ = handle.join();
+        }
+        // SAFETY: every child holds an Arc to this context, so none is alive; raw is owned.
+        let rc = unsafe { (self.verbs.ibv_close_device)(self.raw) };
+        if rc != 0 {
+            crate::log_warn!(
+                "ibv_close_device({}) failed: {}",
+                self.info.name,
+                std::io::Error::from_raw_os_error(rc.abs())
+            );
+        }
+    }
+}
+
+/// A protection domain, shared by every connection on one device.
+pub struct ProtectionDomain {
+    pub context: Arc<Context>,
+    raw: *mut sys::ibv_pd,
+}
+
+// SAFETY: ibv_pd is thread-safe per rdma-core; owned pointer.
+unsafe impl Send for ProtectionDomain {}
+// SAFETY: see Send.
+unsafe impl Sync for ProtectionDomain {}
+
+impl ProtectionDomain {
+    pub fn new(context: Arc<Context>) -> Result<Arc<ProtectionDomain>> {
+        // SAFETY: live context.
+        let raw = unsafe { (context.verbs.ibv_alloc_pd)(context.as_ptr()) };
+        if raw.is_null() {
+            return Err(Error::last_os(&format!(
+                "ibv_alloc_pd({})",
+                context.info.name
+            )));
+        }
+        Ok(Arc::new(ProtectionDomain { context, raw }))
+    }
+
+    pub fn as_ptr(&self) -> *mut sys::ibv_pd {
+        self.raw
+    }
+
+    /// Whether `ibv_reg_dmabuf_mr` is supported (spec §8.3): a registration with fd -1 must fail,
+    /// and only EOPNOTSUPP/EPROTONOSUPPORT mean "no support".
+    pub fn probe_dmabuf(&self) -> bool {
+        let Some(reg) = self.context.verbs.ibv_reg_dmabuf_mr else {
+            return false;
+        };
+        // SAFETY: a deliberately invalid registration (fd -1, length 0) on a live PD.
+        let mr = unsafe { reg(self.raw, 0, 0, 0, -1, 0) };
+        if !mr.is_null() {
+            // SAFETY: mr was just returned by the library and is freed once.
+            unsafe { (self.context.verbs.ibv_dereg_mr)(mr) };
+            return true;
+        }
+        let errno = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+        !matches!(errno, libc::EOPNOTSUPP | libc::EPROTONOSUPPORT)
+    }
+}
+
+impl Drop for ProtectionDomain {
+    fn drop(&mut self) {
+        // SAFETY: every MR/QP holds an Arc to this PD, so none is alive; raw is owned.
+        let rc = unsafe { (self.context.verbs.ibv_dealloc_pd)(self.raw) };
+        if rc != 0 {
+            crate::log_warn!(
+                "ibv_dealloc_pd({}) failed: {}",
+                self.context.info.name,
+                std::io::Error::from_raw_os_error(rc.abs())
+            );
+        }
+    }
+}
+
+/// `c_int` result helper shared by the verbs wrappers: 0 → Ok, else the errno as a system error.
+pub fn check_rc(rc: c_int, what: impl FnOnce() -> String) -> Result<()> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(Error::system(format!(
+            "{} failed: {}",
+            what(),
+            std::io::Error::from_raw_os_error(rc.abs())
+        )))
+    }
+}
