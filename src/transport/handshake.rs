@@ -1,0 +1,790 @@
+//! Connection handle and side-channel handshake wire formats (pure: no I/O, no unsafe).
+//!
+//! Two levels, in the smoltcp style: fixed byte ranges in `mod field`, and `Repr` types with
+//! `parse` (checked: after it no accessor can panic) and `emit`. Every integer is little-endian
+//! except the TCP port in the handle, which is kept in network order like a `sockaddr`.
+//!
+//! # The handle (128 bytes, written by `listen`, delivered verbatim to `connect`)
+//!
+//! | off | size | field |
+//! |---|---|---|
+//! | 0 | 8 | magic [`HANDLE_MAGIC`] |
+//! | 8 | 2 | version [`VERSION`] |
+//! | 10 | 1 | address family: 4 or 6 |
+//! | 11 | 1 | listener's member-device count (1..=8) |
+//! | 12 | 2 | TCP port (big-endian) |
+//! | 16 | 16 | IP address (IPv4 in the first 4 bytes) |
+//! | 32 | 4 | IPv6 scope id |
+//! | 40 | 8 | nonce: identifies this listener; the connector echoes it |
+//! | 64 | 8 | connect stage magic (0 as written by `listen`) |
+//! | 72 | 8 | connect stage id (the connector's in-progress record) |
+//!
+//! # Side-channel frames
+//!
+//! Each frame is a 16-byte header — magic [`WIRE_MAGIC`] (u64), version (u16), kind (u8),
+//! reserved (u8), body length (u32, at most [`MAX_BODY`]) — and a body:
+//!
+//! * `ConnectReq` (connector → listener) and `ConnectResp` (listener → connector): an
+//!   [`EndpointRepr`]: nonce, member devices (GID, LID, port, link layer, MTU, GID index, rkey,
+//!   name), every QP (number, device), the FIFO / completion-record address, tc, sl, flags.
+//! * `Ready` (connector → listener): the nonce; sent once the connector's QPs are in RTS.
+//! * `Reject` (either way): a reason code and a UTF-8 text, sent before closing on a mismatch.
+//!
+//! Anything else — wrong magic, version, kind, oversize length, inconsistent counts — is a
+//! [`WireError`]; the listener WARNs and drops that TCP connection only.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+
+/// "ferroceH" handle magic.
+pub const HANDLE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceH");
+/// "ferroceW" frame magic.
+pub const WIRE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceW");
+/// "ferroceS" connect-stage magic (connector's bytes in the handle).
+pub const STAGE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceS");
+/// Wire version; a peer with another version is rejected.
+pub const VERSION: u16 = 1;
+/// Size of the handle NCCL allocates.
+pub const HANDLE_BYTES: usize = 128;
+/// Largest frame body accepted.
+pub const MAX_BODY: usize = 64 * 1024;
+/// Frame header bytes.
+pub const HEADER_BYTES: usize = 16;
+/// Most member devices per side.
+pub const MAX_DEVS: usize = 8;
+/// Most QPs per connection (NCCL_IB_QPS_PER_CONNECTION ≤ 128, × 8 devices).
+pub const MAX_QPS: usize = 1024;
+/// Bytes of one per-device record.
+pub const DEV_BYTES: usize = 48;
+/// Bytes of one per-QP record.
+pub const QP_BYTES: usize = 8;
+/// Longest device name carried (NUL-padded).
+pub const NAME_BYTES: usize = 20;
+
+mod field {
+    use std::ops::Range;
+    // handle
+    pub const H_MAGIC: Range<usize> = 0..8;
+    pub const H_VERSION: Range<usize> = 8..10;
+    pub const H_FAMILY: usize = 10;
+    pub const H_NDEVS: usize = 11;
+    pub const H_PORT: Range<usize> = 12..14;
+    pub const H_ADDR: Range<usize> = 16..32;
+    pub const H_SCOPE: Range<usize> = 32..36;
+    pub const H_NONCE: Range<usize> = 40..48;
+    pub const H_STAGE_MAGIC: Range<usize> = 64..72;
+    pub const H_STAGE_ID: Range<usize> = 72..80;
+    // frame header
+    pub const F_MAGIC: Range<usize> = 0..8;
+    pub const F_VERSION: Range<usize> = 8..10;
+    pub const F_KIND: usize = 10;
+    pub const F_LEN: Range<usize> = 12..16;
+    // endpoint body
+    pub const E_NONCE: Range<usize> = 0..8;
+    pub const E_NDEVS: usize = 8;
+    pub const E_TC: usize = 9;
+    pub const E_SL: usize = 10;
+    pub const E_FLAGS: usize = 11;
+    pub const E_NQPS: Range<usize> = 12..14;
+    pub const E_ADDR: Range<usize> = 16..24;
+    pub const E_DEVS: usize = 24;
+    // device record
+    pub const D_GID: Range<usize> = 0..16;
+    pub const D_LID: Range<usize> = 16..18;
+    pub const D_PORT: usize = 18;
+    pub const D_LINK: usize = 19;
+    pub const D_MTU: usize = 20;
+    pub const D_GID_INDEX: usize = 21;
+    pub const D_RKEY: Range<usize> = 24..28;
+    pub const D_NAME: Range<usize> = 28..48;
+    // qp record
+    pub const Q_QPN: Range<usize> = 0..4;
+    pub const Q_DEV: usize = 4;
+}
+
+/// Why bytes were rejected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WireError {
+    Truncated { need: usize, got: usize },
+    BadMagic(u64),
+    BadVersion(u16),
+    BadKind(u8),
+    TooLong(u32),
+    BadField(&'static str),
+}
+
+impl std::fmt::Display for WireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WireError::Truncated { need, got } => write!(f, "truncated: need {need} bytes, got {got}"),
+            WireError::BadMagic(m) => write!(f, "bad magic {m:#018x} (not a ferroce peer)"),
+            WireError::BadVersion(v) => write!(f, "unsupported version {v} (this side speaks {VERSION})"),
+            WireError::BadKind(k) => write!(f, "unknown message kind {k}"),
+            WireError::TooLong(n) => write!(f, "message body of {n} bytes exceeds {MAX_BODY}"),
+            WireError::BadField(s) => write!(f, "invalid field: {s}"),
+        }
+    }
+}
+
+fn u16_at(b: &[u8], r: std::ops::Range<usize>) -> u16 {
+    let mut a = [0u8; 2];
+    a.copy_from_slice(&b[r]);
+    u16::from_le_bytes(a)
+}
+fn u32_at(b: &[u8], r: std::ops::Range<usize>) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[r]);
+    u32::from_le_bytes(a)
+}
+fn u64_at(b: &[u8], r: std::ops::Range<usize>) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[r]);
+    u64::from_le_bytes(a)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Handle
+// ---------------------------------------------------------------------------------------------
+
+/// What `listen` publishes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HandleRepr {
+    pub addr: SocketAddr,
+    pub ndevs: u8,
+    pub nonce: u64,
+}
+
+impl HandleRepr {
+    /// Parse the listener part of a handle. The connect-stage bytes are ignored here.
+    pub fn parse(h: &[u8; HANDLE_BYTES]) -> Result<HandleRepr, WireError> {
+        let magic = u64_at(h, field::H_MAGIC);
+        if magic != HANDLE_MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        let v = u16_at(h, field::H_VERSION);
+        if v != VERSION {
+            return Err(WireError::BadVersion(v));
+        }
+        let ndevs = h[field::H_NDEVS];
+        if ndevs == 0 || ndevs as usize > MAX_DEVS {
+            return Err(WireError::BadField("handle device count"));
+        }
+        let port = u16::from_be_bytes([h[field::H_PORT.start], h[field::H_PORT.start + 1]]);
+        if port == 0 {
+            return Err(WireError::BadField("handle port"));
+        }
+        let mut a = [0u8; 16];
+        a.copy_from_slice(&h[field::H_ADDR]);
+        let addr = match h[field::H_FAMILY] {
+            4 => SocketAddr::new(IpAddr::V4(Ipv4Addr::new(a[0], a[1], a[2], a[3])), port),
+            6 => SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(a), port, 0, u32_at(h, field::H_SCOPE))),
+            _ => return Err(WireError::BadField("handle address family")),
+        };
+        Ok(HandleRepr { addr, ndevs, nonce: u64_at(h, field::H_NONCE) })
+    }
+
+    /// Write a fresh handle (all other bytes zero, so no stage is recorded).
+    pub fn emit(&self, h: &mut [u8; HANDLE_BYTES]) {
+        h.fill(0);
+        h[field::H_MAGIC].copy_from_slice(&HANDLE_MAGIC.to_le_bytes());
+        h[field::H_VERSION].copy_from_slice(&VERSION.to_le_bytes());
+        h[field::H_NDEVS] = self.ndevs;
+        h[field::H_PORT].copy_from_slice(&self.addr.port().to_be_bytes());
+        match self.addr {
+            SocketAddr::V4(a) => {
+                h[field::H_FAMILY] = 4;
+                h[field::H_ADDR.start..field::H_ADDR.start + 4].copy_from_slice(&a.ip().octets());
+            }
+            SocketAddr::V6(a) => {
+                h[field::H_FAMILY] = 6;
+                h[field::H_ADDR].copy_from_slice(&a.ip().octets());
+                h[field::H_SCOPE].copy_from_slice(&a.scope_id().to_le_bytes());
+            }
+        }
+        h[field::H_NONCE].copy_from_slice(&self.nonce.to_le_bytes());
+    }
+}
+
+/// The connector's in-progress id stored in the handle, if any.
+pub fn read_stage(h: &[u8; HANDLE_BYTES]) -> Option<u64> {
+    (u64_at(h, field::H_STAGE_MAGIC) == STAGE_MAGIC).then(|| u64_at(h, field::H_STAGE_ID))
+}
+
+/// Record (`Some`) or clear (`None`) the connector's in-progress id in the handle.
+pub fn write_stage(h: &mut [u8; HANDLE_BYTES], id: Option<u64>) {
+    let (m, i) = match id {
+        Some(i) => (STAGE_MAGIC, i),
+        None => (0, 0),
+    };
+    h[field::H_STAGE_MAGIC].copy_from_slice(&m.to_le_bytes());
+    h[field::H_STAGE_ID].copy_from_slice(&i.to_le_bytes());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Frames
+// ---------------------------------------------------------------------------------------------
+
+/// Message kinds; unknown values are kept, never a panic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    ConnectReq,
+    ConnectResp,
+    Ready,
+    Reject,
+    Unknown(u8),
+}
+
+impl From<u8> for Kind {
+    fn from(v: u8) -> Kind {
+        match v {
+            1 => Kind::ConnectReq,
+            2 => Kind::ConnectResp,
+            3 => Kind::Ready,
+            4 => Kind::Reject,
+            x => Kind::Unknown(x),
+        }
+    }
+}
+
+impl From<Kind> for u8 {
+    fn from(k: Kind) -> u8 {
+        match k {
+            Kind::ConnectReq => 1,
+            Kind::ConnectResp => 2,
+            Kind::Ready => 3,
+            Kind::Reject => 4,
+            Kind::Unknown(x) => x,
+        }
+    }
+}
+
+/// A checked header: magic, version and length are valid, kind is known.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeaderRepr {
+    pub kind: Kind,
+    pub body_len: usize,
+}
+
+impl HeaderRepr {
+    pub fn parse(b: &[u8]) -> Result<HeaderRepr, WireError> {
+        if b.len() < HEADER_BYTES {
+            return Err(WireError::Truncated { need: HEADER_BYTES, got: b.len() });
+        }
+        let magic = u64_at(b, field::F_MAGIC);
+        if magic != WIRE_MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        let v = u16_at(b, field::F_VERSION);
+        if v != VERSION {
+            return Err(WireError::BadVersion(v));
+        }
+        let kind = Kind::from(b[field::F_KIND]);
+        if let Kind::Unknown(k) = kind {
+            return Err(WireError::BadKind(k));
+        }
+        let len = u32_at(b, field::F_LEN);
+        if len as usize > MAX_BODY {
+            return Err(WireError::TooLong(len));
+        }
+        Ok(HeaderRepr { kind, body_len: len as usize })
+    }
+
+    pub fn emit(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.resize(start + HEADER_BYTES, 0);
+        let b = &mut out[start..];
+        b[field::F_MAGIC].copy_from_slice(&WIRE_MAGIC.to_le_bytes());
+        b[field::F_VERSION].copy_from_slice(&VERSION.to_le_bytes());
+        b[field::F_KIND] = self.kind.into();
+        b[field::F_LEN].copy_from_slice(&(self.body_len as u32).to_le_bytes());
+    }
+}
+
+/// Link layer of a port as carried on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkLayer {
+    InfiniBand,
+    Ethernet,
+    Unknown(u8),
+}
+
+impl From<u8> for LinkLayer {
+    fn from(v: u8) -> Self {
+        match v {
+            1 => LinkLayer::InfiniBand,
+            2 => LinkLayer::Ethernet,
+            x => LinkLayer::Unknown(x),
+        }
+    }
+}
+impl From<LinkLayer> for u8 {
+    fn from(v: LinkLayer) -> u8 {
+        match v {
+            LinkLayer::InfiniBand => 1,
+            LinkLayer::Ethernet => 2,
+            LinkLayer::Unknown(x) => x,
+        }
+    }
+}
+
+/// One member device of an endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DevRepr {
+    pub gid: [u8; 16],
+    pub lid: u16,
+    pub port: u8,
+    pub link_layer: LinkLayer,
+    /// `ibv_mtu` enum value, 1 (256) ..= 5 (4096).
+    pub mtu: u8,
+    pub gid_index: u8,
+    /// Sender: rkey of its CTS FIFO. Receiver: rkey of its completion records.
+    pub rkey: u32,
+    pub name: [u8; NAME_BYTES],
+}
+
+impl DevRepr {
+    pub fn name_str(&self) -> String {
+        let end = self.name.iter().position(|&c| c == 0).unwrap_or(NAME_BYTES);
+        String::from_utf8_lossy(&self.name[..end]).into_owned()
+    }
+    pub fn set_name(&mut self, s: &str) {
+        self.name = [0; NAME_BYTES];
+        let b = s.as_bytes();
+        let n = b.len().min(NAME_BYTES - 1);
+        self.name[..n].copy_from_slice(&b[..n]);
+    }
+}
+
+/// One QP of an endpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpRepr {
+    pub qpn: u32,
+    /// Index into the endpoint's device list.
+    pub dev: u8,
+}
+
+/// Flag: the connector splits every message over all QPs (NCCL_IB_SPLIT_DATA_ON_QPS=1).
+pub const FLAG_SPLIT: u8 = 1;
+
+/// Everything one side needs to know about the other to bring QPs up and move data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndpointRepr {
+    pub nonce: u64,
+    pub tc: u8,
+    pub sl: u8,
+    pub flags: u8,
+    /// Sender: CTS FIFO address. Receiver: completion-records address.
+    pub addr: u64,
+    pub devs: Vec<DevRepr>,
+    pub qps: Vec<QpRepr>,
+}
+
+impl EndpointRepr {
+    pub fn buffer_len(&self) -> usize {
+        field::E_DEVS + self.devs.len() * DEV_BYTES + self.qps.len() * QP_BYTES
+    }
+
+    pub fn parse(b: &[u8]) -> Result<EndpointRepr, WireError> {
+        if b.len() < field::E_DEVS {
+            return Err(WireError::Truncated { need: field::E_DEVS, got: b.len() });
+        }
+        let ndevs = b[field::E_NDEVS] as usize;
+        if ndevs == 0 || ndevs > MAX_DEVS {
+            return Err(WireError::BadField("device count"));
+        }
+        let nqps = u16_at(b, field::E_NQPS) as usize;
+        if nqps == 0 || nqps > MAX_QPS || nqps < ndevs {
+            return Err(WireError::BadField("QP count"));
+        }
+        let need = field::E_DEVS + ndevs * DEV_BYTES + nqps * QP_BYTES;
+        if b.len() != need {
+            return Err(WireError::Truncated { need, got: b.len() });
+        }
+        let mut devs = Vec::with_capacity(ndevs);
+        for i in 0..ndevs {
+            let d = &b[field::E_DEVS + i * DEV_BYTES..field::E_DEVS + (i + 1) * DEV_BYTES];
+            let mut gid = [0u8; 16];
+            gid.copy_from_slice(&d[field::D_GID]);
+            let mut name = [0u8; NAME_BYTES];
+            name.copy_from_slice(&d[field::D_NAME]);
+            let mtu = d[field::D_MTU];
+            if !(1..=5).contains(&mtu) {
+                return Err(WireError::BadField("MTU"));
+            }
+            let link_layer = LinkLayer::from(d[field::D_LINK]);
+            if let LinkLayer::Unknown(_) = link_layer {
+                return Err(WireError::BadField("link layer"));
+            }
+            devs.push(DevRepr {
+                gid,
+                lid: u16_at(d, field::D_LID),
+                port: d[field::D_PORT],
+                link_layer,
+                mtu,
+                gid_index: d[field::D_GID_INDEX],
+                rkey: u32_at(d, field::D_RKEY),
+                name,
+            });
+        }
+        let qbase = field::E_DEVS + ndevs * DEV_BYTES;
+        let mut qps = Vec::with_capacity(nqps);
+        for i in 0..nqps {
+            let q = &b[qbase + i * QP_BYTES..qbase + (i + 1) * QP_BYTES];
+            let qpn = u32_at(q, field::Q_QPN);
+            if qpn == 0 || qpn >= 1 << 24 {
+                return Err(WireError::BadField("QP number"));
+            }
+            let dev = q[field::Q_DEV];
+            if dev as usize >= ndevs {
+                return Err(WireError::BadField("QP device index"));
+            }
+            qps.push(QpRepr { qpn, dev });
+        }
+        Ok(EndpointRepr {
+            nonce: u64_at(b, field::E_NONCE),
+            tc: b[field::E_TC],
+            sl: b[field::E_SL],
+            flags: b[field::E_FLAGS],
+            addr: u64_at(b, field::E_ADDR),
+            devs,
+            qps,
+        })
+    }
+
+    /// Append the body to `out`.
+    pub fn emit(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.resize(start + self.buffer_len(), 0);
+        let b = &mut out[start..];
+        b[field::E_NONCE].copy_from_slice(&self.nonce.to_le_bytes());
+        b[field::E_NDEVS] = self.devs.len() as u8;
+        b[field::E_TC] = self.tc;
+        b[field::E_SL] = self.sl;
+        b[field::E_FLAGS] = self.flags;
+        b[field::E_NQPS].copy_from_slice(&(self.qps.len() as u16).to_le_bytes());
+        b[field::E_ADDR].copy_from_slice(&self.addr.to_le_bytes());
+        for (i, dv) in self.devs.iter().enumerate() {
+            let d = &mut b[field::E_DEVS + i * DEV_BYTES..field::E_DEVS + (i + 1) * DEV_BYTES];
+            d[field::D_GID].copy_from_slice(&dv.gid);
+            d[field::D_LID].copy_from_slice(&dv.lid.to_le_bytes());
+            d[field::D_PORT] = dv.port;
+            d[field::D_LINK] = dv.link_layer.into();
+            d[field::D_MTU] = dv.mtu;
+            d[field::D_GID_INDEX] = dv.gid_index;
+            d[field::D_RKEY].copy_from_slice(&dv.rkey.to_le_bytes());
+            d[field::D_NAME].copy_from_slice(&dv.name);
+        }
+        let qbase = field::E_DEVS + self.devs.len() * DEV_BYTES;
+        for (i, qp) in self.qps.iter().enumerate() {
+            let q = &mut b[qbase + i * QP_BYTES..qbase + (i + 1) * QP_BYTES];
+            q[field::Q_QPN].copy_from_slice(&qp.qpn.to_le_bytes());
+            q[field::Q_DEV] = qp.dev;
+        }
+    }
+}
+
+/// A whole side-channel message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Message {
+    ConnectReq(EndpointRepr),
+    ConnectResp(EndpointRepr),
+    Ready { nonce: u64 },
+    Reject { code: u32, text: String },
+}
+
+impl Message {
+    /// Append header + body to `out`.
+    pub fn emit(&self, out: &mut Vec<u8>) {
+        let mut body = Vec::new();
+        let kind = match self {
+            Message::ConnectReq(e) => {
+                e.emit(&mut body);
+                Kind::ConnectReq
+            }
+            Message::ConnectResp(e) => {
+                e.emit(&mut body);
+                Kind::ConnectResp
+            }
+            Message::Ready { nonce } => {
+                body.extend_from_slice(&nonce.to_le_bytes());
+                Kind::Ready
+            }
+            Message::Reject { code, text } => {
+                body.extend_from_slice(&code.to_le_bytes());
+                let t = text.as_bytes();
+                body.extend_from_slice(&t[..t.len().min(1024)]);
+                Kind::Reject
+            }
+        };
+        HeaderRepr { kind, body_len: body.len() }.emit(out);
+        out.extend_from_slice(&body);
+    }
+
+    pub fn parse(kind: Kind, body: &[u8]) -> Result<Message, WireError> {
+        match kind {
+            Kind::ConnectReq => Ok(Message::ConnectReq(EndpointRepr::parse(body)?)),
+            Kind::ConnectResp => Ok(Message::ConnectResp(EndpointRepr::parse(body)?)),
+            Kind::Ready => {
+                if body.len() != 8 {
+                    return Err(WireError::Truncated { need: 8, got: body.len() });
+                }
+                Ok(Message::Ready { nonce: u64_at(body, 0..8) })
+            }
+            Kind::Reject => {
+                if body.len() < 4 {
+                    return Err(WireError::Truncated { need: 4, got: body.len() });
+                }
+                Ok(Message::Reject {
+                    code: u32_at(body, 0..4),
+                    text: String::from_utf8_lossy(&body[4..]).into_owned(),
+                })
+            }
+            Kind::Unknown(k) => Err(WireError::BadKind(k)),
+        }
+    }
+}
+
+/// Incremental frame reassembly: feed bytes as they arrive, take whole messages out.
+/// A bad header is reported as soon as its 16 bytes are in (no waiting for a body).
+#[derive(Debug, Default)]
+pub struct FrameReader {
+    buf: Vec<u8>,
+}
+
+impl FrameReader {
+    /// Bytes the reader wants next (at least 1): the rest of the header or of the body.
+    pub fn want(&self) -> usize {
+        if self.buf.len() < HEADER_BYTES {
+            return HEADER_BYTES - self.buf.len();
+        }
+        match HeaderRepr::parse(&self.buf) {
+            Ok(h) => (HEADER_BYTES + h.body_len).saturating_sub(self.buf.len()).max(1),
+            Err(_) => 1,
+        }
+    }
+
+    pub fn handle_bytes(&mut self, b: &[u8]) {
+        self.buf.extend_from_slice(b);
+    }
+
+    /// The next whole message, `Ok(None)` while incomplete.
+    pub fn poll_message(&mut self) -> Result<Option<Message>, WireError> {
+        if self.buf.len() < HEADER_BYTES {
+            return Ok(None);
+        }
+        let h = HeaderRepr::parse(&self.buf)?;
+        let total = HEADER_BYTES + h.body_len;
+        if self.buf.len() < total {
+            return Ok(None);
+        }
+        let m = Message::parse(h.kind, &self.buf[HEADER_BYTES..total]);
+        self.buf.drain(..total);
+        m.map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn endpoint(ndevs: usize, nqps: usize) -> EndpointRepr {
+        let devs = (0..ndevs)
+            .map(|i| {
+                let mut d = DevRepr {
+                    gid: [i as u8; 16],
+                    lid: 0x100 + i as u16,
+                    port: 1,
+                    link_layer: LinkLayer::Ethernet,
+                    mtu: 3,
+                    gid_index: 3,
+                    rkey: 0xabc0 + i as u32,
+                    name: [0; NAME_BYTES],
+                };
+                d.set_name(&format!("softroce{i}"));
+                d
+            })
+            .collect();
+        let qps = (0..nqps).map(|i| QpRepr { qpn: 0x11 + i as u32, dev: (i % ndevs) as u8 }).collect();
+        EndpointRepr { nonce: 0x1234_5678_9abc_def0, tc: 106, sl: 3, flags: FLAG_SPLIT, addr: 0x7f00_dead_b000, devs, qps }
+    }
+
+    #[test]
+    fn handle_round_trip_v4_v6() {
+        for addr in ["127.0.40.1:45678".parse().unwrap(), "[fe80::1%3]:1000".parse::<SocketAddr>().unwrap()] {
+            let r = HandleRepr { addr, ndevs: 2, nonce: 77 };
+            let mut h = [0xffu8; HANDLE_BYTES];
+            r.emit(&mut h);
+            assert_eq!(HandleRepr::parse(&h), Ok(r));
+            assert_eq!(read_stage(&h), None);
+            write_stage(&mut h, Some(5));
+            assert_eq!(read_stage(&h), Some(5));
+            assert_eq!(HandleRepr::parse(&h), Ok(r), "stage bytes do not disturb the listener part");
+            write_stage(&mut h, None);
+            assert_eq!(read_stage(&h), None);
+        }
+    }
+
+    #[test]
+    fn handle_literal_bytes() {
+        let r = HandleRepr { addr: "10.1.2.3:4660".parse().unwrap(), ndevs: 1, nonce: 0x0102030405060708 };
+        let mut h = [0u8; HANDLE_BYTES];
+        r.emit(&mut h);
+        assert_eq!(&h[0..8], b"ferroceH");
+        assert_eq!(&h[8..16], &[1, 0, 4, 1, 0x12, 0x34, 0, 0]);
+        assert_eq!(&h[16..20], &[10, 1, 2, 3]);
+        assert_eq!(&h[40..48], &[8, 7, 6, 5, 4, 3, 2, 1]);
+        assert!(h[48..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn handle_garbage_rejected() {
+        let h = [0u8; HANDLE_BYTES];
+        assert!(matches!(HandleRepr::parse(&h), Err(WireError::BadMagic(0))));
+        let mut h = [0u8; HANDLE_BYTES];
+        HandleRepr { addr: "1.2.3.4:5".parse().unwrap(), ndevs: 1, nonce: 0 }.emit(&mut h);
+        let mut bad = h;
+        bad[8] = 9;
+        assert!(matches!(HandleRepr::parse(&bad), Err(WireError::BadVersion(9))));
+        let mut bad = h;
+        bad[10] = 5;
+        assert!(HandleRepr::parse(&bad).is_err());
+        let mut bad = h;
+        bad[11] = 0;
+        assert!(HandleRepr::parse(&bad).is_err());
+        let mut bad = h;
+        bad[12] = 0;
+        bad[13] = 0;
+        assert!(HandleRepr::parse(&bad).is_err());
+    }
+
+    #[test]
+    fn endpoint_round_trip() {
+        for (nd, nq) in [(1, 1), (2, 4), (8, 1024)] {
+            let e = endpoint(nd, nq);
+            let mut out = Vec::new();
+            Message::ConnectReq(e.clone()).emit(&mut out);
+            assert_eq!(out.len(), HEADER_BYTES + e.buffer_len());
+            let mut r = FrameReader::default();
+            // Byte-by-byte delivery.
+            let mut got = None;
+            for b in &out {
+                assert!(r.want() >= 1);
+                r.handle_bytes(std::slice::from_ref(b));
+                if let Some(m) = r.poll_message().unwrap() {
+                    got = Some(m);
+                }
+            }
+            assert_eq!(got, Some(Message::ConnectReq(e.clone())));
+            assert_eq!(e.devs[0].name_str(), "softroce0");
+        }
+    }
+
+    #[test]
+    fn small_messages_round_trip() {
+        for m in [Message::Ready { nonce: 9 }, Message::Reject { code: 2, text: "nonce mismatch".into() }] {
+            let mut out = Vec::new();
+            m.emit(&mut out);
+            let mut r = FrameReader::default();
+            r.handle_bytes(&out);
+            assert_eq!(r.poll_message().unwrap(), Some(m));
+            assert_eq!(r.poll_message().unwrap(), None);
+        }
+    }
+
+    #[test]
+    fn frame_header_literal() {
+        let mut out = Vec::new();
+        Message::Ready { nonce: 1 }.emit(&mut out);
+        assert_eq!(&out[..16], b"ferroceW\x01\x00\x03\x00\x08\x00\x00\x00");
+    }
+
+    #[test]
+    fn garbage_frames_rejected_early() {
+        // An HTTP request, NCCL's own socket magic, random bytes.
+        let nccl = 0x564ab9f2fc4b9d6cu64.to_le_bytes();
+        for junk in [&b"GET / HTTP/1.1\r\nHost: x\r\n\r\n"[..], &nccl[..], &[0xffu8; 64][..]] {
+            let mut r = FrameReader::default();
+            r.handle_bytes(junk);
+            if junk.len() >= HEADER_BYTES {
+                assert!(r.poll_message().is_err());
+            } else {
+                assert_eq!(r.poll_message(), Ok(None));
+            }
+        }
+        // Valid header, unknown kind / wrong version / oversize.
+        let mut out = Vec::new();
+        Message::Ready { nonce: 1 }.emit(&mut out);
+        let mut k = out.clone();
+        k[10] = 99;
+        assert_eq!(HeaderRepr::parse(&k), Err(WireError::BadKind(99)));
+        let mut v = out.clone();
+        v[8] = 2;
+        assert_eq!(HeaderRepr::parse(&v), Err(WireError::BadVersion(2)));
+        let mut l = out.clone();
+        l[12..16].copy_from_slice(&(MAX_BODY as u32 + 1).to_le_bytes());
+        assert!(matches!(HeaderRepr::parse(&l), Err(WireError::TooLong(_))));
+    }
+
+    #[test]
+    fn endpoint_inconsistent_rejected() {
+        let e = endpoint(2, 4);
+        let mut body = Vec::new();
+        e.emit(&mut body);
+        // Truncated.
+        assert!(EndpointRepr::parse(&body[..body.len() - 1]).is_err());
+        // Trailing junk.
+        let mut long = body.clone();
+        long.push(0);
+        assert!(EndpointRepr::parse(&long).is_err());
+        // QP pointing at a device that does not exist.
+        let mut bad = body.clone();
+        let qoff = 24 + 2 * DEV_BYTES + 4;
+        bad[qoff] = 2;
+        assert_eq!(EndpointRepr::parse(&bad), Err(WireError::BadField("QP device index")));
+        // QP number 0 / ≥ 2^24.
+        let mut bad = body.clone();
+        bad[24 + 2 * DEV_BYTES..24 + 2 * DEV_BYTES + 4].copy_from_slice(&(1u32 << 24).to_le_bytes());
+        assert!(EndpointRepr::parse(&bad).is_err());
+        // MTU out of range.
+        let mut bad = body.clone();
+        bad[24 + 20] = 9;
+        assert_eq!(EndpointRepr::parse(&bad), Err(WireError::BadField("MTU")));
+        // Zero devices, too few QPs.
+        let mut bad = body.clone();
+        bad[8] = 0;
+        assert!(EndpointRepr::parse(&bad).is_err());
+        let mut bad = body;
+        bad[12..14].copy_from_slice(&1u16.to_le_bytes());
+        assert!(EndpointRepr::parse(&bad).is_err());
+    }
+
+    #[test]
+    fn fuzz_never_panics() {
+        let mut seed = 0x2545f4914f6cdd1du64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut good = Vec::new();
+        Message::ConnectReq(endpoint(2, 4)).emit(&mut good);
+        for _ in 0..20000 {
+            let mut b = good.clone();
+            let flips = rnd() % 4 + 1;
+            for _ in 0..flips {
+                let i = (rnd() as usize) % b.len();
+                b[i] = rnd() as u8;
+            }
+            b.truncate((rnd() as usize) % (b.len() + 1));
+            let mut r = FrameReader::default();
+            r.handle_bytes(&b);
+            let _ = r.poll_message();
+            let _ = r.want();
+            let mut h = [0u8; HANDLE_BYTES];
+            for x in h.iter_mut() {
+                *x = rnd() as u8;
+            }
+            let _ = HandleRepr::parse(&h);
+        }
+    }
+}

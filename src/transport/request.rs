@@ -1,0 +1,223 @@
+//! Request slots and completion counting (pure bookkeeping, no I/O, no unsafe).
+//!
+//! Every comm owns a fixed pool of [`MAX_REQUESTS`] requests allocated once at connect time;
+//! NCCL receives raw pointers into it. `alloc`/`free` never allocate (the free list is a
+//! pre-sized stack). A request is done when the completions it still expects (`pending`) reach
+//! zero; a completion error marks it failed instead.
+
+/// Requests per comm: NCCL_NET_MAX_REQUESTS (32) × maxRecvs (8), as NCCL's IB transport.
+/// Covers 32 grouped receives (+ flushes) on a recvComm and 32 × 8 isends on a sendComm.
+pub const MAX_REQUESTS: usize = 256;
+/// Most buffers per grouped receive.
+pub const MAX_RECVS: usize = 8;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReqKind {
+    /// In the free list; NCCL must not hold a pointer to it.
+    Free,
+    Send,
+    Recv,
+    Flush,
+}
+
+/// One in-flight operation. NCCL holds `*mut Request`; `owner` leads back to the comm.
+#[derive(Debug)]
+pub struct Request {
+    /// The comm's data-path state (`SendDp` or `RecvDp`, by `kind`). Set once at pool creation.
+    pub owner: *mut (),
+    pub kind: ReqKind,
+    /// Position in the pool (also what goes into `wr_id`).
+    pub index: u16,
+    /// Completions still expected.
+    pub pending: u32,
+    /// Buffers of a grouped receive, or `nreqs` of the group a send belongs to.
+    pub n: u8,
+    /// FIFO slot (send) / posting counter low bits (recv).
+    pub slot: u16,
+    /// Send: bytes sent. Receive: bytes posted, replaced by bytes received at completion.
+    pub sizes: [usize; MAX_RECVS],
+    /// A completion error hit this request.
+    pub failed: bool,
+}
+
+impl Request {
+    fn new(owner: *mut (), index: u16) -> Request {
+        Request {
+            owner,
+            kind: ReqKind::Free,
+            index,
+            pending: 0,
+            n: 0,
+            slot: 0,
+            sizes: [0; MAX_RECVS],
+            failed: false,
+        }
+    }
+
+    /// One expected completion arrived; true when none is left.
+    pub fn complete_one(&mut self) -> bool {
+        self.pending = self.pending.saturating_sub(1);
+        self.pending == 0
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.pending == 0
+    }
+}
+
+/// A fixed pool of requests with a LIFO free list.
+pub struct RequestPool {
+    reqs: Box<[Request]>,
+    free: Vec<u16>,
+}
+
+impl RequestPool {
+    /// `owner` is stored in every request (the comm's data-path state, which must not move
+    /// afterwards — it is boxed by the caller).
+    pub fn new(owner: *mut ()) -> RequestPool {
+        let reqs: Box<[Request]> = (0..MAX_REQUESTS as u16).map(|i| Request::new(owner, i)).collect();
+        // Lowest index on top, so tests and logs see 0, 1, 2, ...
+        let free = (0..MAX_REQUESTS as u16).rev().collect();
+        RequestPool { reqs, free }
+    }
+
+    /// Re-point every request at `owner` (after the owner got its final address).
+    pub fn set_owner(&mut self, owner: *mut ()) {
+        for r in self.reqs.iter_mut() {
+            r.owner = owner;
+        }
+    }
+
+    /// Take a free request and mark it `kind`; `None` when all are in flight.
+    pub fn alloc(&mut self, kind: ReqKind) -> Option<u16> {
+        let i = self.free.pop()?;
+        let r = &mut self.reqs[i as usize];
+        r.kind = kind;
+        r.pending = 0;
+        r.n = 0;
+        r.slot = 0;
+        r.sizes = [0; MAX_RECVS];
+        r.failed = false;
+        Some(i)
+    }
+
+    /// Return a request to the pool. Freeing a free or unknown request is ignored.
+    pub fn free(&mut self, i: u16) {
+        if let Some(r) = self.reqs.get_mut(i as usize) {
+            if r.kind != ReqKind::Free {
+                r.kind = ReqKind::Free;
+                self.free.push(i);
+            }
+        }
+    }
+
+    pub fn get(&self, i: u16) -> Option<&Request> {
+        self.reqs.get(i as usize)
+    }
+
+    pub fn get_mut(&mut self, i: u16) -> Option<&mut Request> {
+        self.reqs.get_mut(i as usize)
+    }
+
+    /// Pointer handed to NCCL; stable for the pool's life.
+    pub fn ptr(&mut self, i: u16) -> *mut Request {
+        &mut self.reqs[i as usize] as *mut Request
+    }
+
+    /// Index of a pointer NCCL gave back, if it points into this pool.
+    pub fn index_of(&self, p: *const Request) -> Option<u16> {
+        let base = self.reqs.as_ptr() as usize;
+        let off = (p as usize).checked_sub(base)?;
+        let sz = std::mem::size_of::<Request>();
+        (off % sz == 0 && off / sz < self.reqs.len()).then_some((off / sz) as u16)
+    }
+
+    pub fn in_flight(&self) -> usize {
+        MAX_REQUESTS - self.free.len()
+    }
+
+    /// Every request not free (for failing them all on a fatal error).
+    pub fn busy_mut(&mut self) -> impl Iterator<Item = &mut Request> {
+        self.reqs.iter_mut().filter(|r| r.kind != ReqKind::Free)
+    }
+}
+
+/// Pack up to 8 request indices (< 256) into a `wr_id`, one per 8-bit lane (spec §8.8).
+pub fn pack_wr_id(indices: &[u16]) -> u64 {
+    indices
+        .iter()
+        .take(8)
+        .enumerate()
+        .fold(0u64, |acc, (lane, &i)| acc | (u64::from(i as u8) << (8 * lane)))
+}
+
+/// Lane `lane` of a packed `wr_id`.
+pub fn wr_id_lane(wr_id: u64, lane: usize) -> u16 {
+    ((wr_id >> (8 * (lane % 8))) & 0xff) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_alloc_free_exhaustion() {
+        let mut p = RequestPool::new(std::ptr::null_mut());
+        let mut got = vec![];
+        for _ in 0..MAX_REQUESTS {
+            got.push(p.alloc(ReqKind::Send).unwrap());
+        }
+        assert_eq!(got[..3], [0, 1, 2]);
+        assert_eq!(p.in_flight(), MAX_REQUESTS);
+        assert_eq!(p.alloc(ReqKind::Recv), None, "exhausted pool says retry later");
+        p.free(17);
+        p.free(17); // double free ignored
+        assert_eq!(p.in_flight(), MAX_REQUESTS - 1);
+        assert_eq!(p.alloc(ReqKind::Recv), Some(17));
+        assert_eq!(p.get(17).unwrap().kind, ReqKind::Recv);
+        p.free(9999); // unknown ignored
+    }
+
+    #[test]
+    fn at_least_32_in_flight_with_flushes() {
+        let mut p = RequestPool::new(std::ptr::null_mut());
+        for _ in 0..32 {
+            p.alloc(ReqKind::Recv).unwrap();
+            p.alloc(ReqKind::Flush).unwrap();
+        }
+        assert!(p.in_flight() >= 64);
+    }
+
+    #[test]
+    fn completion_counting() {
+        let mut p = RequestPool::new(std::ptr::null_mut());
+        let i = p.alloc(ReqKind::Recv).unwrap();
+        let r = p.get_mut(i).unwrap();
+        r.pending = 3;
+        assert!(!r.complete_one());
+        assert!(!r.complete_one());
+        assert!(r.complete_one());
+        assert!(r.is_done());
+        assert!(r.complete_one(), "extra completions never underflow");
+    }
+
+    #[test]
+    fn pointers_round_trip() {
+        let mut p = RequestPool::new(std::ptr::null_mut());
+        let i = p.alloc(ReqKind::Send).unwrap();
+        let ptr = p.ptr(i);
+        assert_eq!(p.index_of(ptr), Some(i));
+        assert_eq!(p.index_of((ptr as usize + 1) as *const Request), None);
+        assert_eq!(p.index_of(std::ptr::null()), None);
+    }
+
+    #[test]
+    fn wr_id_lanes() {
+        let w = pack_wr_id(&[1, 2, 255, 0, 7]);
+        assert_eq!(wr_id_lane(w, 0), 1);
+        assert_eq!(wr_id_lane(w, 1), 2);
+        assert_eq!(wr_id_lane(w, 2), 255);
+        assert_eq!(wr_id_lane(w, 4), 7);
+        assert_eq!(pack_wr_id(&[5; 8]), 0x0505050505050505);
+    }
+}
