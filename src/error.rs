@@ -36,6 +36,9 @@ pub enum ErrorKind {
 pub struct Error {
     pub kind: ErrorKind,
     pub message: String,
+    /// The detailed WARN was already emitted where the error arose (e.g. a completion error
+    /// with its hints); the FFI layer then does not log it again.
+    pub logged: bool,
 }
 
 impl Error {
@@ -43,6 +46,7 @@ impl Error {
         Error {
             kind,
             message: message.into(),
+            logged: false,
         }
     }
     pub fn system(message: impl Into<String>) -> Self {
@@ -76,6 +80,12 @@ impl Error {
             ErrorKind::InvalidUsage => code::INVALID_USAGE,
             ErrorKind::Remote => code::REMOTE_ERROR,
         }
+    }
+
+    /// Marks the error as already reported through the logger.
+    pub fn mark_logged(mut self) -> Self {
+        self.logged = true;
+        self
     }
 
     /// Prefixes the message with context, keeping the kind.

@@ -7,7 +7,10 @@
 
 #[macro_use]
 pub mod log;
+pub mod abi;
+pub mod api;
 pub mod config;
 pub mod device;
 pub mod error;
 pub mod ibv;
+pub mod transport;

@@ -12,8 +12,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 /// `verbs_context.query_port`: the extended op with the caller's struct size.
-type QueryPortFn =
-    unsafe extern "C" fn(*mut sys::ibv_context, u8, *mut sys::ibv_port_attr, usize) -> c_int;
+type QueryPortFn = unsafe extern "C" fn(*mut sys::ibv_context, u8, *mut sys::ibv_port_attr, usize) -> c_int;
 
 /// What discovery needs from `ibv_query_device`.
 #[derive(Debug, Clone)]
@@ -128,21 +127,10 @@ impl Context {
         let mut attr: sys::ibv_port_attr = unsafe { std::mem::zeroed() };
         let rc = match self.extended_query_port() {
             // SAFETY: live context; attr is a valid out-buffer of the size we pass.
-            Some(f) => unsafe {
-                f(
-                    self.raw,
-                    port,
-                    &mut attr,
-                    std::mem::size_of::<sys::ibv_port_attr>(),
-                )
-            },
+            Some(f) => unsafe { f(self.raw, port, &mut attr, std::mem::size_of::<sys::ibv_port_attr>()) },
             // SAFETY: the compat struct is a prefix of ibv_port_attr, so the buffer is big enough.
             None => unsafe {
-                (self.verbs.ibv_query_port)(
-                    self.raw,
-                    port,
-                    (&mut attr as *mut sys::ibv_port_attr).cast(),
-                )
+                (self.verbs.ibv_query_port)(self.raw, port, (&mut attr as *mut sys::ibv_port_attr).cast())
             },
         };
         if rc != 0 {
@@ -173,8 +161,8 @@ impl Context {
             }
             let offset = std::mem::offset_of!(sys::verbs_context, context);
             let vctx = (self.raw as *mut u8).sub(offset) as *const sys::verbs_context;
-            let needed = std::mem::size_of::<sys::verbs_context>()
-                - std::mem::offset_of!(sys::verbs_context, query_port);
+            let needed =
+                std::mem::size_of::<sys::verbs_context>() - std::mem::offset_of!(sys::verbs_context, query_port);
             if (*vctx).sz < needed {
                 return None;
             }
@@ -224,10 +212,7 @@ impl Context {
                 });
             }
         }
-        let path = format!(
-            "{}/ports/{port}/gid_attrs/types/{index}",
-            self.info.ibdev_path
-        );
+        let path = format!("{}/ports/{port}/gid_attrs/types/{index}", self.info.ibdev_path);
         crate::device::read_roce_type(std::fs::read_to_string(&path)).map_err(|e| {
             Error::system(format!(
                 "cannot read the RoCE type of GID {index} of {} port {port}: {path}: {e}",
@@ -289,20 +274,24 @@ impl Context {
         });
         match spawned {
             Ok(handle) => *self.events_thread.lock() = Some(handle),
-            Err(e) => crate::log_warn!(
-                "device {}: cannot start the async-event thread: {e}",
-                self.info.name
-            ),
+            Err(e) => crate::log_warn!("device {}: cannot start the async-event thread: {e}", self.info.name),
+        }
+    }
+}
+
+impl Context {
+    /// Stops and joins the async-event thread (idempotent).
+    pub fn stop_events(&self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(handle) = self.events_thread.lock().take() {
+            let _ = handle.join();
         }
     }
 }
 
 impl Drop for Context {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(handle) = self.events_thread.lock().take() {
-            let _ = handle.join();
-        }
+        self.stop_events();
         // SAFETY: every child holds an Arc to this context, so none is alive; raw is owned.
         let rc = unsafe { (self.verbs.ibv_close_device)(self.raw) };
         if rc != 0 {
@@ -331,10 +320,7 @@ impl ProtectionDomain {
         // SAFETY: live context.
         let raw = unsafe { (context.verbs.ibv_alloc_pd)(context.as_ptr()) };
         if raw.is_null() {
-            return Err(Error::last_os(&format!(
-                "ibv_alloc_pd({})",
-                context.info.name
-            )));
+            return Err(Error::last_os(&format!("ibv_alloc_pd({})", context.info.name)));
         }
         Ok(Arc::new(ProtectionDomain { context, raw }))
     }

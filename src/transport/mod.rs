@@ -22,6 +22,7 @@ pub mod split;
 use crate::api::CommContext;
 use crate::device::VirtualDevice;
 use crate::error::Error;
+use std::sync::Arc;
 
 pub use request::Request;
 
@@ -60,7 +61,7 @@ fn not_yet() -> Error {
 /// Never blocks; always returns a comm on success.
 pub fn listen(
     _ctx: &CommContext,
-    _dev: &VirtualDevice,
+    _dev: &Arc<VirtualDevice>,
     _handle: &mut [u8; 128],
 ) -> Result<Box<ListenComm>, Error> {
     Err(not_yet())
@@ -70,7 +71,7 @@ pub fn listen(
 /// in-progress state lives in this module, keyed by an id recorded in the handle.
 pub fn connect(
     _ctx: &CommContext,
-    _dev: &VirtualDevice,
+    _dev: &Arc<VirtualDevice>,
     _handle: &mut [u8; 128],
 ) -> Result<Option<Box<SendComm>>, Error> {
     Err(not_yet())
@@ -149,12 +150,30 @@ impl RecvComm {
     }
 }
 
-/// Progress the request's comm and report whether `req` is done. On done, `sizes_out` (if
-/// given) receives the byte counts (1 for a send, n for a grouped receive) and the request is
-/// reclaimed.
+/// Progress the request's comm and report whether `req` is done. On done, `sizes` (if
+/// non-NULL) receives the byte counts (1 for a send, n for a grouped receive) and the request
+/// is reclaimed.
 ///
 /// # Safety
-/// `req` came from isend/irecv/iflush of a comm that is still open, and has not completed yet.
-pub unsafe fn test(_req: *mut Request, _sizes_out: Option<&mut [i32]>) -> Result<bool, Error> {
+/// `req` came from isend/irecv/iflush of a comm that is still open, and has not completed yet;
+/// `sizes` is NULL or has room for the request's count.
+pub unsafe fn test(_req: *mut Request, _sizes: *mut i32) -> Result<bool, Error> {
+    Err(not_yet())
+}
+
+/// Registers `[addr, addr+len)` on every member device (process-wide MR cache); needs no comm,
+/// so the service thread never aliases a comm the progress thread is using.
+pub fn reg_mr(
+    _dev: &Arc<VirtualDevice>,
+    _addr: usize,
+    _len: usize,
+    _kind: MemKind,
+    _dmabuf: Option<(i32, u64)>,
+) -> Result<Box<MemHandle>, Error> {
+    Err(not_yet())
+}
+
+/// Releases a registration made by [`reg_mr`].
+pub fn dereg_mr(_mh: Box<MemHandle>) -> Result<(), Error> {
     Err(not_yet())
 }

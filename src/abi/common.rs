@@ -1,0 +1,586 @@
+//! Slots shared by several table versions, written against the newest ABI.
+//!
+//! Every function body runs inside [`ffi::call`]: no panic crosses into NCCL, errors are logged
+//! once and mapped to `ncclResult_t`, and out-pointers are written only on success.
+
+use super::ffi::{self, non_null};
+use super::types::*;
+use crate::api::{self, CommContext, ListenHandle, RecvHandle, SendHandle};
+use crate::error::Error;
+use crate::transport::{MemHandle, Request};
+use std::ffi::{c_int, c_void};
+
+/// Converts NCCL's handle buffer (NCCL_NET_HANDLE_MAXSIZE bytes) into an array reference.
+///
+/// # Safety
+/// `handle` points at 128 writable bytes that live for the call.
+unsafe fn handle_bytes<'a>(handle: *mut c_void) -> Result<&'a mut [u8; NCCL_NET_HANDLE_MAXSIZE], Error> {
+    let p = non_null(handle, "handle")?;
+    // SAFETY: NCCL passes a buffer of NCCL_NET_HANDLE_MAXSIZE bytes (spec §7.2); u8 has align 1.
+    Ok(unsafe { &mut *(p as *mut [u8; NCCL_NET_HANDLE_MAXSIZE]) })
+}
+
+/// `init` of v6–v9 (and v10 without the profiler): once per load, one implicit context.
+pub fn init_legacy(logger: NcclLogger) -> NcclResult {
+    ffi::call("init", || api::init(logger, -1).map(drop))
+}
+
+pub unsafe extern "C" fn init_v6(logger: NcclLogger) -> NcclResult {
+    init_legacy(logger)
+}
+
+pub unsafe extern "C" fn devices(ndev: *mut c_int) -> NcclResult {
+    ffi::call("devices", || {
+        let out = non_null(ndev, "ndev")?;
+        let n = api::devices()?;
+        // SAFETY: non-NULL out-pointer from NCCL.
+        unsafe { *out = n };
+        Ok(())
+    })
+}
+
+/// Fills any version's properties struct from the newest form.
+pub fn get_properties<P>(
+    name: &str,
+    dev: c_int,
+    props: *mut P,
+    convert: impl FnOnce(&api::Properties) -> P,
+) -> NcclResult {
+    ffi::call(name, || {
+        let out = non_null(props, "props")?;
+        let p = api::properties(dev)?;
+        // SAFETY: NCCL passes a (possibly uninitialized) struct of this version's layout; we
+        // write it whole without reading it.
+        unsafe { out.write(convert(&p)) };
+        Ok(())
+    })
+}
+
+/// The member list of a device in a fixed-size vProps array.
+pub fn vprops<const N: usize>(p: &api::Properties) -> (c_int, [c_int; N]) {
+    let mut devs = [0; N];
+    for (d, s) in devs.iter_mut().zip(&p.vdevs) {
+        *d = *s;
+    }
+    (p.vdevs.len().min(N) as c_int, devs)
+}
+
+/// # Safety
+/// As NCCL's `listen`: `handle` has 128 bytes, `listen_comm` is an out-pointer.
+pub unsafe fn listen(ctx: &CommContext, dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> NcclResult {
+    ffi::call("listen", || {
+        let out = non_null(listen_comm, "listenComm")?;
+        // SAFETY: forwarded contract.
+        let bytes = unsafe { handle_bytes(handle)? };
+        let comm = api::listen(ctx, dev, bytes)?;
+        // SAFETY: non-NULL out-pointer.
+        unsafe { *out = Box::into_raw(comm).cast() };
+        Ok(())
+    })
+}
+
+pub unsafe extern "C" fn listen_v6(dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> NcclResult {
+    // SAFETY: NCCL's contract for listen.
+    unsafe { listen(&api::LEGACY_CONTEXT, dev, handle, listen_comm) }
+}
+
+/// # Safety
+/// As NCCL's `connect`; `dev_comm` may be NULL or point at NULL, and is left untouched (HOST plugin).
+pub unsafe fn connect(ctx: &CommContext, dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void) -> NcclResult {
+    ffi::call("connect", || {
+        let out = non_null(send_comm, "sendComm")?;
+        // SAFETY: forwarded contract; the same handle address comes back on every retry.
+        let bytes = unsafe { handle_bytes(handle)? };
+        let comm = api::connect(ctx, dev, bytes)?;
+        // SAFETY: non-NULL out-pointer; NULL means "not connected yet, call again".
+        unsafe { *out = comm.map_or(std::ptr::null_mut(), |c| Box::into_raw(c).cast()) };
+        Ok(())
+    })
+}
+
+pub unsafe extern "C" fn connect_v6(dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void) -> NcclResult {
+    // SAFETY: NCCL's contract for connect.
+    unsafe { connect(&api::LEGACY_CONTEXT, dev, handle, send_comm) }
+}
+
+pub unsafe extern "C" fn connect_v7(
+    dev: c_int,
+    handle: *mut c_void,
+    send_comm: *mut *mut c_void,
+    _dev_comm: *mut *mut NcclNetDeviceHandle,
+) -> NcclResult {
+    // SAFETY: NCCL's contract for connect.
+    unsafe { connect(&api::LEGACY_CONTEXT, dev, handle, send_comm) }
+}
+
+pub unsafe extern "C" fn accept_v6(listen_comm: *mut c_void, recv_comm: *mut *mut c_void) -> NcclResult {
+    ffi::call("accept", || {
+        let out = non_null(recv_comm, "recvComm")?;
+        let listen = non_null(listen_comm.cast::<ListenHandle>(), "listenComm")?;
+        // SAFETY: a live listenComm from our listen; NCCL drives one accept at a time.
+        let comm = api::accept(unsafe { &mut *listen })?;
+        // SAFETY: non-NULL out-pointer.
+        unsafe { *out = comm.map_or(std::ptr::null_mut(), |c| Box::into_raw(c).cast()) };
+        Ok(())
+    })
+}
+
+pub unsafe extern "C" fn accept(
+    listen_comm: *mut c_void,
+    recv_comm: *mut *mut c_void,
+    _dev_comm: *mut *mut NcclNetDeviceHandle,
+) -> NcclResult {
+    // SAFETY: NCCL's contract for accept.
+    unsafe { accept_v6(listen_comm, recv_comm) }
+}
+
+fn reg(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    ptr_type: c_int,
+    dmabuf: Option<(i32, u64)>,
+    mhandle: *mut *mut c_void,
+) -> NcclResult {
+    ffi::call("regMr", || {
+        let out = non_null(mhandle, "mhandle")?;
+        let comm = non_null(comm, "comm")?;
+        // SAFETY: NCCL passes a live send or receive comm of ours.
+        let device = unsafe { api::comm_device(comm) };
+        let mh = api::reg_mr(device, data as usize, size, ptr_type, dmabuf)?;
+        // SAFETY: non-NULL out-pointer.
+        unsafe { *out = Box::into_raw(mh).cast() };
+        Ok(())
+    })
+}
+
+pub unsafe extern "C" fn reg_mr(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    ptr_type: c_int,
+    mhandle: *mut *mut c_void,
+) -> NcclResult {
+    reg(comm, data, size, ptr_type, None, mhandle)
+}
+
+pub unsafe extern "C" fn reg_mr_int(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: c_int,
+    ptr_type: c_int,
+    mhandle: *mut *mut c_void,
+) -> NcclResult {
+    match ffi::int_size(size, "regMr size") {
+        Ok(size) => reg(comm, data, size, ptr_type, None, mhandle),
+        Err(e) => ffi::call("regMr", || Err(e)),
+    }
+}
+
+pub unsafe extern "C" fn reg_mr_dma_buf(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    ptr_type: c_int,
+    offset: u64,
+    fd: c_int,
+    mhandle: *mut *mut c_void,
+) -> NcclResult {
+    reg(comm, data, size, ptr_type, Some((fd, offset)), mhandle)
+}
+
+pub unsafe extern "C" fn dereg_mr(_comm: *mut c_void, mhandle: *mut c_void) -> NcclResult {
+    ffi::call("deregMr", || {
+        if mhandle.is_null() {
+            return Ok(());
+        }
+        // SAFETY: NCCL passes each mhandle from our regMr to deregMr exactly once.
+        api::dereg_mr(unsafe { Box::from_raw(mhandle.cast::<MemHandle>()) })
+    })
+}
+
+/// # Safety
+/// `mhandle` is a live handle of ours.
+unsafe fn mem_handle<'a>(mhandle: *mut c_void) -> Result<&'a MemHandle, Error> {
+    let p = non_null(mhandle.cast::<MemHandle>(), "mhandle")?;
+    // SAFETY: per the contract.
+    Ok(unsafe { &*p })
+}
+
+/// # Safety
+/// NCCL's isend contract; `size` already widened.
+pub unsafe fn isend(
+    send_comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    tag: c_int,
+    mhandle: *mut c_void,
+    request: *mut *mut c_void,
+) -> NcclResult {
+    ffi::call("isend", || {
+        let out = non_null(request, "request")?;
+        let comm = non_null(send_comm.cast::<SendHandle>(), "sendComm")?;
+        // SAFETY: live handles from NCCL; isend runs on the comm's progress thread.
+        let req = unsafe { api::isend(&*comm, data as usize, size, tag, mem_handle(mhandle)?)? };
+        // SAFETY: non-NULL out-pointer; NULL = retry later.
+        unsafe { *out = req.map_or(std::ptr::null_mut(), |r| r.cast()) };
+        Ok(())
+    })
+}
+
+pub unsafe extern "C" fn isend_int(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: c_int,
+    tag: c_int,
+    mh: *mut c_void,
+    request: *mut *mut c_void,
+) -> NcclResult {
+    match ffi::int_size(size, "isend size") {
+        // SAFETY: NCCL's contract.
+        Ok(size) => unsafe { isend(comm, data, size, tag, mh, request) },
+        Err(e) => ffi::call("isend", || Err(e)),
+    }
+}
+
+pub unsafe extern "C" fn isend_v9(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    tag: c_int,
+    mh: *mut c_void,
+    request: *mut *mut c_void,
+) -> NcclResult {
+    // SAFETY: NCCL's contract.
+    unsafe { isend(comm, data, size, tag, mh, request) }
+}
+
+pub unsafe extern "C" fn isend_v10(
+    comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    tag: c_int,
+    mh: *mut c_void,
+    _phandle: *mut c_void,
+    request: *mut *mut c_void,
+) -> NcclResult {
+    // SAFETY: NCCL's contract.
+    unsafe { isend(comm, data, size, tag, mh, request) }
+}
+
+/// # Safety
+/// NCCL's irecv contract: the arrays have `n` entries; `sizes` already widened.
+/// `hint_allowed`: v9+ NCCL may pass NCCL_NET_OPTIONAL_RECV_COMPLETION in `*request` (§12.10).
+pub unsafe fn irecv(
+    recv_comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: &[usize],
+    tags: *mut c_int,
+    mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+    hint_allowed: bool,
+) -> NcclResult {
+    let rc = ffi::call("irecv", || {
+        let out = non_null(request, "request")?;
+        let comm = non_null(recv_comm.cast::<RecvHandle>(), "recvComm")?;
+        let n = ffi::int_size(n, "irecv n")?;
+        if n != sizes.len() {
+            return Err(Error::internal("irecv: size array length mismatch"));
+        }
+        // SAFETY: NCCL passes arrays of n entries.
+        let (data, tags, mhs) = unsafe {
+            (
+                std::slice::from_raw_parts(non_null(data, "data")?.cast::<usize>(), n),
+                std::slice::from_raw_parts(non_null(tags, "tags")?, n),
+                std::slice::from_raw_parts(non_null(mhandles, "mhandles")?, n),
+            )
+        };
+        // SAFETY: live handles from our regMr.
+        let handles = unsafe { handle_array(mhs)? };
+        // SAFETY: reading the value NCCL stored before the call.
+        let hint = hint_allowed && unsafe { *out } as usize == NCCL_NET_OPTIONAL_RECV_COMPLETION;
+        // SAFETY: live comm; irecv runs on the comm's progress thread.
+        let req = unsafe { api::irecv(&*comm, data, sizes, tags, &handles.0[..handles.1], hint)? };
+        // SAFETY: non-NULL out-pointer; always overwritten, a 0x1 hint must never stay.
+        unsafe { *out = req.map_or(std::ptr::null_mut(), |r| r.cast()) };
+        Ok(())
+    });
+    if rc != 0 && !request.is_null() {
+        // SAFETY: non-NULL out-pointer. Never leave NCCL's 0x1 hint behind, even on error.
+        unsafe { *request = std::ptr::null_mut() };
+    }
+    rc
+}
+
+/// The `n` (1..=8) handles of a grouped call as references in a fixed array: no allocation on
+/// the data path. Entries past `n` repeat the first and are never used.
+///
+/// # Safety
+/// Every pointer is a live handle of ours.
+unsafe fn handle_array<'a>(mhs: &[*mut c_void]) -> Result<([&'a MemHandle; api::MAX_RECVS as usize], usize), Error> {
+    let n = mhs.len();
+    if n == 0 || n > api::MAX_RECVS as usize {
+        return Err(Error::internal(format!(
+            "grouped call with n={n} (1..={} allowed)",
+            api::MAX_RECVS
+        )));
+    }
+    // SAFETY: per the contract.
+    let first = unsafe { mem_handle(mhs[0])? };
+    let mut handles = [first; api::MAX_RECVS as usize];
+    for (slot, &p) in handles.iter_mut().zip(mhs).skip(1) {
+        // SAFETY: per the contract.
+        *slot = unsafe { mem_handle(p)? };
+    }
+    Ok((handles, n))
+}
+
+pub unsafe extern "C" fn irecv_int(
+    comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut c_int,
+    tags: *mut c_int,
+    mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> NcclResult {
+    let mut wide = [0usize; api::MAX_RECVS as usize];
+    let widened = (|| {
+        let n = ffi::int_size(n, "irecv n")?;
+        if n > wide.len() {
+            return Err(Error::internal(format!(
+                "irecv with n={n} (at most {} allowed)",
+                api::MAX_RECVS
+            )));
+        }
+        // SAFETY: NCCL passes n sizes.
+        let s = unsafe { std::slice::from_raw_parts(non_null(sizes, "sizes")?, n) };
+        for (w, &v) in wide.iter_mut().zip(s) {
+            *w = ffi::int_size(v, "irecv size")?;
+        }
+        Ok(n)
+    })();
+    match widened {
+        // SAFETY: NCCL's contract; v6–v8 NCCL clears the hint itself.
+        Ok(n) => unsafe { irecv(comm, n as c_int, data, &wide[..n], tags, mhandles, request, false) },
+        Err(e) => ffi::call("irecv", || Err(e)),
+    }
+}
+
+/// # Safety
+/// `sizes` has `n` entries or `n` is invalid (then an error is returned first).
+unsafe fn size_t_sizes<'a>(n: c_int, sizes: *mut usize) -> Result<&'a [usize], Error> {
+    let n = ffi::int_size(n, "irecv n")?;
+    // SAFETY: NCCL passes n sizes.
+    Ok(unsafe { std::slice::from_raw_parts(non_null(sizes, "sizes")?, n) })
+}
+
+pub unsafe extern "C" fn irecv_v9(
+    comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut usize,
+    tags: *mut c_int,
+    mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> NcclResult {
+    // SAFETY: NCCL's contract.
+    match unsafe { size_t_sizes(n, sizes) } {
+        // SAFETY: NCCL's contract.
+        Ok(s) => unsafe { irecv(comm, n, data, s, tags, mhandles, request, true) },
+        Err(e) => ffi::call("irecv", || Err(e)),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn irecv_v10(
+    comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut usize,
+    tags: *mut c_int,
+    mhandles: *mut *mut c_void,
+    _phandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> NcclResult {
+    // SAFETY: NCCL's contract.
+    unsafe { irecv_v9(comm, n, data, sizes, tags, mhandles, request) }
+}
+
+pub unsafe extern "C" fn iflush(
+    recv_comm: *mut c_void,
+    n: c_int,
+    data: *mut *mut c_void,
+    sizes: *mut c_int,
+    mhandles: *mut *mut c_void,
+    request: *mut *mut c_void,
+) -> NcclResult {
+    ffi::call("iflush", || {
+        let out = non_null(request, "request")?;
+        let comm = non_null(recv_comm.cast::<RecvHandle>(), "recvComm")?;
+        let n = ffi::int_size(n, "iflush n")?;
+        if n == 0 || n > api::MAX_RECVS as usize {
+            return Err(Error::internal(format!("iflush with n={n}")));
+        }
+        // SAFETY: NCCL passes arrays of n entries.
+        let (data, sizes, mhs) = unsafe {
+            (
+                std::slice::from_raw_parts(non_null(data, "data")?.cast::<usize>(), n),
+                std::slice::from_raw_parts(non_null(sizes, "sizes")?, n),
+                std::slice::from_raw_parts(non_null(mhandles, "mhandles")?, n),
+            )
+        };
+        // SAFETY: live handles from our regMr.
+        let handles = unsafe { handle_array(mhs)? };
+        // SAFETY: live comm on its progress thread.
+        let req = unsafe { api::iflush(&*comm, data, sizes, &handles.0[..handles.1])? };
+        // SAFETY: non-NULL out-pointer; NULL = nothing to flush.
+        unsafe { *out = req.map_or(std::ptr::null_mut(), |r| r.cast()) };
+        Ok(())
+    })
+}
+
+pub unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> NcclResult {
+    ffi::call("test", || {
+        let out = non_null(done, "done")?;
+        let req = non_null(request.cast::<Request>(), "request")?;
+        // SAFETY: a request of ours not yet reported done; sizes is NULL or has room for its count.
+        let finished = unsafe { api::test(req, sizes)? };
+        // SAFETY: non-NULL out-pointer.
+        unsafe { *out = finished as c_int };
+        Ok(())
+    })
+}
+
+pub unsafe extern "C" fn close_send(comm: *mut c_void) -> NcclResult {
+    ffi::call("closeSend", || {
+        if !comm.is_null() {
+            // SAFETY: NCCL closes each comm of ours once, with no call in flight on it.
+            drop(unsafe { Box::from_raw(comm.cast::<SendHandle>()) });
+        }
+        Ok(())
+    })
+}
+
+pub unsafe extern "C" fn close_recv(comm: *mut c_void) -> NcclResult {
+    ffi::call("closeRecv", || {
+        if !comm.is_null() {
+            // SAFETY: as close_send.
+            drop(unsafe { Box::from_raw(comm.cast::<RecvHandle>()) });
+        }
+        Ok(())
+    })
+}
+
+pub unsafe extern "C" fn close_listen(comm: *mut c_void) -> NcclResult {
+    ffi::call("closeListen", || {
+        if !comm.is_null() {
+            // SAFETY: as close_send.
+            drop(unsafe { Box::from_raw(comm.cast::<ListenHandle>()) });
+        }
+        Ok(())
+    })
+}
+
+/// `makeVDevice` for a vProps type with `N` member slots.
+pub fn make_vdevice(d: *mut c_int, ndevs: c_int, devs: &[c_int], max: usize) -> NcclResult {
+    ffi::call("makeVDevice", || {
+        let out = non_null(d, "d")?;
+        let n = ffi::int_size(ndevs, "vProps.ndevs")?;
+        if n > devs.len() {
+            return Err(Error::internal(format!("makeVDevice with ndevs={n} (at most {max})")));
+        }
+        let idx = api::make_vdevice(&devs[..n], max)?;
+        // SAFETY: non-NULL out-pointer.
+        unsafe { *out = idx };
+        Ok(())
+    })
+}
+
+pub unsafe extern "C" fn make_vdevice_v9(d: *mut c_int, props: *mut NcclNetVDevicePropsV9) -> NcclResult {
+    match non_null(props, "vProps") {
+        // SAFETY: NCCL passes a valid vProps struct.
+        Ok(p) => unsafe { make_vdevice(d, (*p).ndevs, &(*p).devs, NCCL_NET_MAX_DEVS_PER_NIC_V9) },
+        Err(e) => ffi::call("makeVDevice", || Err(e)),
+    }
+}
+
+/// v11+ `init`: one context per communicator.
+pub unsafe extern "C" fn init_v11(
+    ctx: *mut *mut c_void,
+    _comm_id: u64,
+    config: *mut NcclNetCommConfig,
+    logger: NcclLogger,
+    _profiler: NcclProfilerCallback,
+) -> NcclResult {
+    ffi::call("init", || {
+        let out = non_null(ctx, "ctx")?;
+        // The config lives on NCCL's stack: copy the value, keep no pointer.
+        // SAFETY: NULL-checked; NCCL passes a valid config for the call's duration.
+        let traffic_class = if config.is_null() {
+            -1
+        } else {
+            unsafe { (*config).traffic_class }
+        };
+        let context = api::init(logger, traffic_class)?;
+        // SAFETY: non-NULL out-pointer.
+        unsafe { *out = Box::into_raw(context).cast() };
+        Ok(())
+    })
+}
+
+/// # Safety
+/// `ctx` is NULL or a context from `init_v11`.
+pub unsafe fn context<'a>(ctx: *mut c_void) -> &'a CommContext {
+    if ctx.is_null() {
+        &api::LEGACY_CONTEXT
+    } else {
+        // SAFETY: per the contract.
+        unsafe { &*ctx.cast::<CommContext>() }
+    }
+}
+
+pub unsafe extern "C" fn listen_v11(
+    ctx: *mut c_void,
+    dev: c_int,
+    handle: *mut c_void,
+    listen_comm: *mut *mut c_void,
+) -> NcclResult {
+    // SAFETY: NCCL passes back the ctx of init; other arguments as listen.
+    unsafe { listen(context(ctx), dev, handle, listen_comm) }
+}
+
+pub unsafe extern "C" fn connect_v11(
+    ctx: *mut c_void,
+    dev: c_int,
+    handle: *mut c_void,
+    send_comm: *mut *mut c_void,
+    _dev_comm: *mut *mut NcclNetDeviceHandle,
+) -> NcclResult {
+    // SAFETY: as listen_v11.
+    unsafe { connect(context(ctx), dev, handle, send_comm) }
+}
+
+pub unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
+    ffi::call("finalize", || {
+        let ctx = non_null(ctx.cast::<CommContext>(), "ctx")?;
+        // SAFETY: the ctx from init_v11, finalized once by NCCL.
+        api::finalize(unsafe { Box::from_raw(ctx) })
+    })
+}
+
+/// `setNetAttr` hints are advisory (spec §7.12); ferroce's QP layout does not depend on them.
+pub unsafe extern "C" fn set_net_attr(_ctx: *mut c_void, _attr: *mut NcclNetAttr) -> NcclResult {
+    ffi::call("setNetAttr", || Ok(()))
+}
+
+/// Stops the plugin's threads when the library is unloaded without `finalize` (v6–v10 NCCL):
+/// no code of ours may run after `dlclose` unmaps it.
+extern "C" fn on_unload() {
+    let _ = std::panic::catch_unwind(api::stop_threads_for_unload);
+}
+
+#[used]
+#[link_section = ".fini_array"]
+static ON_UNLOAD: extern "C" fn() = on_unload;

@@ -1,0 +1,41 @@
+//! The FFI boundary: panics never cross it, NULLs are checked, outputs are written only on
+//! success, and every error is logged once and mapped to `ncclResult_t` in one place.
+
+use crate::error::{code, Error, Result};
+
+/// Runs `body` for the exported function `name`: `Ok` → ncclSuccess; `Err` → one WARN (unless the
+/// error was already reported) and its code; a panic → one WARN and ncclInternalError.
+pub fn call(name: &str, body: impl FnOnce() -> Result<()>) -> i32 {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
+        Ok(Ok(())) => code::SUCCESS,
+        Ok(Err(e)) => {
+            if !e.logged {
+                crate::log_warn!("{name}: {e}");
+            }
+            e.result_code()
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            crate::log_warn!("{name}: internal error (panic: {what}); please report this to the ferroce developers");
+            code::INTERNAL_ERROR
+        }
+    }
+}
+
+/// A non-NULL pointer or an internal error naming the argument.
+pub fn non_null<T>(p: *mut T, what: &str) -> Result<*mut T> {
+    if p.is_null() {
+        Err(Error::internal(format!("{what} is NULL")))
+    } else {
+        Ok(p)
+    }
+}
+
+/// A size NCCL passed as `int`, which must not be negative.
+pub fn int_size(size: i32, what: &str) -> Result<usize> {
+    usize::try_from(size).map_err(|_| Error::internal(format!("{what} is negative ({size})")))
+}

@@ -1,0 +1,43 @@
+//! The `ncclNetPlugin_v6` table (NCCL 2.13–2.18): int sizes, no device offload.
+
+#![allow(non_upper_case_globals)]
+
+use super::common::*;
+use super::types::*;
+
+unsafe extern "C" fn get_properties_v6(dev: std::ffi::c_int, props: *mut NcclNetPropertiesV6) -> NcclResult {
+    get_properties("getProperties", dev, props, |p| NcclNetPropertiesV6 {
+        name: p.name,
+        pci_path: p.pci_path,
+        guid: p.guid,
+        ptr_support: p.ptr_support,
+        speed: p.speed,
+        port: p.port,
+        latency: p.latency,
+        max_comms: p.max_comms,
+        max_recvs: p.max_recvs,
+    })
+}
+
+/// Exported data symbol NCCL finds with `dlsym` (spec §2).
+#[no_mangle]
+#[used]
+pub static ncclNetPlugin_v6: NcclNetV6 = NcclNetV6 {
+    name: PLUGIN_NAME,
+    init: Some(init_v6),
+    get_properties: Some(get_properties_v6),
+    listen: Some(listen_v6),
+    connect: Some(connect_v6),
+    accept: Some(accept_v6),
+    reg_mr: Some(reg_mr_int),
+    isend: Some(isend_int),
+    irecv: Some(irecv_int),
+    devices: Some(devices),
+    reg_mr_dma_buf: Some(reg_mr_dma_buf),
+    dereg_mr: Some(dereg_mr),
+    iflush: Some(iflush),
+    test: Some(test),
+    close_send: Some(close_send),
+    close_recv: Some(close_recv),
+    close_listen: Some(close_listen),
+};

@@ -1,0 +1,435 @@
+//! The one internal API behind every exported table version.
+//!
+//! The per-version shims in `abi` only adapt argument types and call these functions, which
+//! check arguments, own the process-wide state and map nothing to C: errors stay [`Error`]s
+//! until the shim's `ffi_call!` turns them into `ncclResult_t`.
+//!
+//! Lifetime: the process-wide [`Registry`] (libibverbs, devices, virtual devices) is created by
+//! the first `init` and reference-counted by contexts; the last `finalize` drops it, which closes
+//! the devices and joins their threads. Comms hold `Arc`s to their devices, so a comm NCCL never
+//! closed (after an abort) keeps its device alive instead of dangling.
+
+use crate::config;
+use crate::device::{self, NetDevice, VirtualDevice};
+use crate::error::{Error, Result};
+use crate::ibv::Verbs;
+use crate::log::{subsys, Logger};
+use crate::transport::{self, ListenComm, MemHandle, MemKind, RecvComm, Request, SendComm};
+use parking_lot::Mutex;
+use std::cell::UnsafeCell;
+use std::ffi::{c_char, CString};
+use std::sync::Arc;
+
+/// Per-communicator context (v11+ `init` writes one; older versions share [`LEGACY_CONTEXT`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommContext {
+    /// `ncclNetCommConfig.trafficClass`, -1 when unset.
+    pub traffic_class: i32,
+}
+
+/// The context of v6–v10 callers, which have no per-communicator init.
+pub const LEGACY_CONTEXT: CommContext = CommContext { traffic_class: -1 };
+
+/// Most virtual devices (spec §8.2).
+pub const MAX_VIRTUAL_DEVICES: usize = 256;
+/// `maxRecvs` we report: grouped receives up to 8, as NCCL's IB transport.
+pub const MAX_RECVS: i32 = 8;
+/// `maxP2pBytes`: NCCL's upper bound (spec §1.4).
+pub const MAX_P2P_BYTES: usize = 1 << 40;
+/// `maxCollBytes`, as NCCL's IB transport.
+pub const MAX_COLL_BYTES: usize = 512 << 20;
+
+/// Process-wide state shared by all contexts.
+pub struct Registry {
+    pub verbs: Arc<Verbs>,
+    pub physical: Vec<Arc<NetDevice>>,
+    pub virtual_devices: Mutex<Vec<Arc<VirtualDevice>>>,
+    pub peer_memory: bool,
+}
+
+struct Global {
+    registry: Option<Arc<Registry>>,
+    contexts: usize,
+}
+
+static GLOBAL: Mutex<Global> = Mutex::new(Global {
+    registry: None,
+    contexts: 0,
+});
+
+fn registry() -> Result<Arc<Registry>> {
+    GLOBAL
+        .lock()
+        .registry
+        .clone()
+        .ok_or_else(|| Error::internal("the plugin is not initialized (init was not called or failed)"))
+}
+
+/// `init`: stores the logger, discovers devices on first use, and counts one more context.
+/// Fails (one WARN, via the caller) when libibverbs or a usable device is missing, because
+/// NCCL requires `devices()` never to report 0.
+pub fn init(logger: Option<Logger>, traffic_class: i32) -> Result<Box<CommContext>> {
+    crate::log::set_logger(logger);
+    let cfg = config::get();
+    let mut g = GLOBAL.lock();
+    if g.registry.is_none() {
+        let verbs = Arc::new(Verbs::load(cfg.ibverbs_lib.as_deref())?);
+        let found = device::discover(&verbs, cfg)?;
+        for d in &found.devices {
+            log_info!(
+                subsys::INIT | subsys::NET,
+                "device {} {} port {} {:?} GID[{}] {} speed {} Mbps MTU {} pci {} dmabuf {}",
+                d.index,
+                d.name,
+                d.port,
+                d.link_layer,
+                d.gid_index,
+                device::format_gid(&d.gid),
+                d.speed_mbps,
+                device::mtu_bytes(d.active_mtu),
+                d.pci_path.as_deref().unwrap_or("(none)"),
+                d.dmabuf
+            );
+        }
+        let virtual_devices = found
+            .devices
+            .iter()
+            .map(|d| Arc::new(VirtualDevice::single(d.clone())))
+            .collect();
+        log_info!(
+            subsys::INIT | subsys::NET,
+            "using {} device(s) through {}; GPUDirect peer memory {}",
+            found.devices.len(),
+            verbs.path,
+            if found.peer_memory { "present" } else { "absent" }
+        );
+        g.registry = Some(Arc::new(Registry {
+            verbs,
+            physical: found.devices,
+            virtual_devices: Mutex::new(virtual_devices),
+            peer_memory: found.peer_memory,
+        }));
+    }
+    g.contexts += 1;
+    Ok(Box::new(CommContext { traffic_class }))
+}
+
+/// `finalize` (v11+): the last context drops the registry, closing devices and joining threads.
+pub fn finalize(ctx: Box<CommContext>) -> Result<()> {
+    drop(ctx);
+    let old = {
+        let mut g = GLOBAL.lock();
+        g.contexts = g.contexts.saturating_sub(1);
+        if g.contexts == 0 {
+            g.registry.take()
+        } else {
+            None
+        }
+    };
+    // Dropped outside the lock: closing devices joins threads.
+    drop(old);
+    Ok(())
+}
+
+/// Stops every thread the plugin started, for an unload without `finalize` (v6–v10 callers):
+/// the library's code must not run after `dlclose`. Devices stay open (other threads may still
+/// use them during process exit).
+pub fn stop_threads_for_unload() {
+    let reg = GLOBAL.lock().registry.clone();
+    if let Some(reg) = reg {
+        for d in &reg.physical {
+            d.context.stop_events();
+        }
+    }
+}
+
+/// `devices`: physical plus virtual devices.
+pub fn devices() -> Result<i32> {
+    Ok(registry()?.virtual_devices.lock().len() as i32)
+}
+
+fn virtual_device(dev: i32) -> Result<Arc<VirtualDevice>> {
+    let reg = registry()?;
+    let list = reg.virtual_devices.lock();
+    usize::try_from(dev)
+        .ok()
+        .and_then(|i| list.get(i).cloned())
+        .ok_or_else(|| {
+            Error::internal(format!(
+                "device {dev} does not exist (ferroce has {} devices)",
+                list.len()
+            ))
+        })
+}
+
+/// Properties in the newest layout; the shims copy what their version has.
+#[derive(Debug, Clone)]
+pub struct Properties {
+    pub name: *const c_char,
+    pub pci_path: *const c_char,
+    pub guid: u64,
+    pub ptr_support: i32,
+    pub reg_is_global: i32,
+    pub force_flush: i32,
+    pub speed: i32,
+    pub port: i32,
+    pub latency: f32,
+    pub max_comms: i32,
+    pub max_recvs: i32,
+    pub net_device_type: i32,
+    pub net_device_version: i32,
+    pub vdevs: Vec<i32>,
+    pub max_p2p_bytes: usize,
+    pub max_coll_bytes: usize,
+    pub max_multi_request_size: i32,
+    pub rail_id: i16,
+    pub plane_id: i16,
+}
+
+/// Returns a C string that stays valid for as long as the library is mapped (NCCL keeps the
+/// `name` and `pciPath` pointers). Equal strings share one allocation, so repeated calls and
+/// reloads do not grow the table.
+fn interned(s: &str) -> *const c_char {
+    static STRINGS: Mutex<Vec<CString>> = Mutex::new(Vec::new());
+    let mut table = STRINGS.lock();
+    if let Some(c) = table.iter().find(|c| c.to_bytes() == s.as_bytes()) {
+        return c.as_ptr();
+    }
+    let c = CString::new(s.replace('\0', "")).unwrap_or_default();
+    let p = c.as_ptr();
+    table.push(c);
+    p
+}
+
+/// `getProperties` (spec §4, §12.6): every field.
+pub fn properties(dev: i32) -> Result<Properties> {
+    let reg = registry()?;
+    let vdev = virtual_device(dev)?;
+    let first = &vdev.members[0];
+    let mut ptr_support = crate::abi::types::NCCL_PTR_HOST;
+    if reg.peer_memory {
+        ptr_support |= crate::abi::types::NCCL_PTR_CUDA;
+    }
+    if vdev.members.iter().all(|d| d.dmabuf) {
+        ptr_support |= crate::abi::types::NCCL_PTR_DMABUF;
+    }
+    let is_physical = vdev.members.len() == 1;
+    Ok(Properties {
+        name: interned(&vdev.name),
+        // A device without a PCI function (softroce, a virtual NIC) reports NULL: NCCL then
+        // attaches it to the CPU, as documented for virtual NICs.
+        pci_path: first.pci_path.as_deref().map(interned).unwrap_or(std::ptr::null()),
+        guid: first.guid,
+        ptr_support,
+        reg_is_global: 1,
+        force_flush: 0,
+        speed: vdev.speed_mbps(),
+        port: i32::from(first.port) + if is_physical { first.real_port } else { 0 },
+        latency: 0.0,
+        max_comms: vdev.members.iter().map(|d| d.max_qp).min().unwrap_or(0).max(1),
+        max_recvs: MAX_RECVS,
+        net_device_type: crate::abi::types::NCCL_NET_DEVICE_HOST,
+        net_device_version: 0,
+        vdevs: vdev.members.iter().map(|d| d.index as i32).collect(),
+        max_p2p_bytes: MAX_P2P_BYTES,
+        max_coll_bytes: MAX_COLL_BYTES,
+        max_multi_request_size: 1,
+        rail_id: vdev.rail,
+        plane_id: vdev.plane,
+    })
+}
+
+/// `makeVDevice` (spec §7.10, §8.2): fuses physical devices; returns the new device index. An
+/// identical group made before (e.g. by a previous load) returns the same index.
+pub fn make_vdevice(members: &[i32], max_members: usize) -> Result<i32> {
+    let reg = registry()?;
+    if members.is_empty() || members.len() > max_members {
+        return Err(Error::internal(format!(
+            "makeVDevice with {} devices (1..={max_members} allowed)",
+            members.len()
+        )));
+    }
+    if members.len() > 1 && !config::get().merge_nics {
+        return Err(Error::usage("NIC fusion is disabled by NCCL_IB_MERGE_NICS=0"));
+    }
+    let mut devs = Vec::with_capacity(members.len());
+    for &m in members {
+        let d = usize::try_from(m)
+            .ok()
+            .and_then(|i| reg.physical.get(i))
+            .ok_or_else(|| {
+                Error::internal(format!(
+                    "makeVDevice: {m} is not a physical device (0..{})",
+                    reg.physical.len()
+                ))
+            })?;
+        if devs.iter().any(|x: &Arc<NetDevice>| Arc::ptr_eq(x, d)) {
+            return Err(Error::internal(format!("makeVDevice: device {m} listed twice")));
+        }
+        devs.push(d.clone());
+    }
+    let mut list = reg.virtual_devices.lock();
+    let same = |v: &Arc<VirtualDevice>| {
+        v.members.len() == devs.len() && v.members.iter().zip(&devs).all(|(a, b)| Arc::ptr_eq(a, b))
+    };
+    if let Some(i) = list.iter().skip(reg.physical.len()).position(same) {
+        return Ok((reg.physical.len() + i) as i32);
+    }
+    if list.len() >= MAX_VIRTUAL_DEVICES {
+        return Err(Error::internal(format!(
+            "makeVDevice: already {MAX_VIRTUAL_DEVICES} devices"
+        )));
+    }
+    let fused = VirtualDevice::fused(devs)?;
+    log_info!(
+        subsys::INIT | subsys::NET,
+        "fused device {} = {}",
+        list.len(),
+        fused.name
+    );
+    list.push(Arc::new(fused));
+    Ok((list.len() - 1) as i32)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connections and the data path
+
+/// What NCCL holds as a send or receive comm: the transport object plus the device it lives on.
+///
+/// Registration (NCCL's service thread) uses only `device`; the data path (progress thread)
+/// uses only `inner`; NCCL never runs a close concurrently with either. So `inner` is reached
+/// through `UnsafeCell` by one thread at a time and no `&`/`&mut` pair ever aliases.
+#[repr(C)]
+pub struct CommHandle<T> {
+    /// First field, at offset 0 for every `T` (`repr(C)`): see [`comm_device`].
+    device: Arc<VirtualDevice>,
+    inner: UnsafeCell<Box<T>>,
+}
+
+pub type SendHandle = CommHandle<SendComm>;
+pub type RecvHandle = CommHandle<RecvComm>;
+
+impl<T> CommHandle<T> {
+    fn new(device: Arc<VirtualDevice>, inner: Box<T>) -> Box<Self> {
+        Box::new(CommHandle {
+            device,
+            inner: UnsafeCell::new(inner),
+        })
+    }
+
+    /// # Safety
+    /// Only the thread that runs this comm's data path calls it, and not concurrently with a close.
+    pub unsafe fn data_path(&self) -> &mut T {
+        // SAFETY: per the contract above this is the only live reference to `inner`.
+        unsafe { &mut *self.inner.get() }
+    }
+}
+
+/// The device of a send or receive comm that NCCL passes as `void*` without saying which.
+///
+/// # Safety
+/// `comm` is a live `SendHandle` or `RecvHandle` pointer (both are `repr(C)` with the device
+/// first) and stays live while the returned reference is used.
+pub unsafe fn comm_device<'a>(comm: *mut std::ffi::c_void) -> &'a Arc<VirtualDevice> {
+    // SAFETY: per the contract, `comm` points at a CommHandle<T>, whose offset 0 is the Arc.
+    unsafe { &*(comm as *const Arc<VirtualDevice>) }
+}
+
+/// Listen state as NCCL holds it.
+pub struct ListenHandle {
+    device: Arc<VirtualDevice>,
+    inner: Box<ListenComm>,
+}
+
+pub fn listen(ctx: &CommContext, dev: i32, handle: &mut [u8; 128]) -> Result<Box<ListenHandle>> {
+    let device = virtual_device(dev)?;
+    let inner = transport::listen(ctx, &device, handle)?;
+    Ok(Box::new(ListenHandle { device, inner }))
+}
+
+pub fn connect(ctx: &CommContext, dev: i32, handle: &mut [u8; 128]) -> Result<Option<Box<SendHandle>>> {
+    let device = virtual_device(dev)?;
+    Ok(transport::connect(ctx, &device, handle)?.map(|c| CommHandle::new(device, c)))
+}
+
+pub fn accept(listen: &mut ListenHandle) -> Result<Option<Box<RecvHandle>>> {
+    let device = listen.device.clone();
+    Ok(listen.inner.accept()?.map(|c| CommHandle::new(device, c)))
+}
+
+/// Registration (spec §7.4): host memory always; CUDA memory through peer memory or DMA-BUF.
+pub fn reg_mr(
+    device: &Arc<VirtualDevice>,
+    addr: usize,
+    len: usize,
+    ptr_type: i32,
+    dmabuf: Option<(i32, u64)>,
+) -> Result<Box<MemHandle>> {
+    use crate::abi::types::{NCCL_PTR_CUDA, NCCL_PTR_HOST};
+    let kind = match ptr_type {
+        NCCL_PTR_HOST => MemKind::Host,
+        NCCL_PTR_CUDA => MemKind::Cuda,
+        other => return Err(Error::internal(format!("regMr: unknown memory type {other}"))),
+    };
+    if addr == 0 && len > 0 {
+        return Err(Error::internal("regMr: NULL buffer"));
+    }
+    transport::reg_mr(device, addr, len, kind, dmabuf)
+}
+
+pub fn dereg_mr(mh: Box<MemHandle>) -> Result<()> {
+    transport::dereg_mr(mh)
+}
+
+/// # Safety
+/// As [`CommHandle::data_path`]; `mh` is a live handle from `reg_mr`.
+pub unsafe fn isend(
+    comm: &SendHandle,
+    data: usize,
+    size: usize,
+    tag: i32,
+    mh: &MemHandle,
+) -> Result<Option<*mut Request>> {
+    // SAFETY: forwarded contract.
+    unsafe { comm.data_path() }.isend(data, size, tag, mh)
+}
+
+/// # Safety
+/// As [`CommHandle::data_path`]; the handles are live.
+pub unsafe fn irecv(
+    comm: &RecvHandle,
+    data: &[usize],
+    sizes: &[usize],
+    tags: &[i32],
+    mhs: &[&MemHandle],
+    optional_completion: bool,
+) -> Result<Option<*mut Request>> {
+    if data.is_empty() || data.len() > MAX_RECVS as usize {
+        return Err(Error::internal(format!(
+            "irecv with n={} (1..={MAX_RECVS} allowed)",
+            data.len()
+        )));
+    }
+    // SAFETY: forwarded contract.
+    unsafe { comm.data_path() }.irecv(data, sizes, tags, mhs, optional_completion)
+}
+
+/// # Safety
+/// As [`irecv`].
+pub unsafe fn iflush(
+    comm: &RecvHandle,
+    data: &[usize],
+    sizes: &[i32],
+    mhs: &[&MemHandle],
+) -> Result<Option<*mut Request>> {
+    // SAFETY: forwarded contract.
+    unsafe { comm.data_path() }.iflush(data, sizes, mhs)
+}
+
+/// # Safety
+/// `req` came from isend/irecv/iflush and has not been reported done; `sizes` is NULL or has room
+/// for the request's count.
+pub unsafe fn test(req: *mut Request, sizes: *mut i32) -> Result<bool> {
+    // SAFETY: forwarded contract.
+    unsafe { transport::test(req, sizes) }
+}
