@@ -1,0 +1,30 @@
+#!/bin/sh
+# Builds target/release/softroce/libibverbs.so.1: the softroce staticlib linked
+# into a shared object with rdma-core 44's version nodes (spec §1.5).
+#
+#   SOFTROCE_PRIVATE_NODE  private version node of the targeted rdma-core
+#                          (default IBVERBS_PRIVATE_34 = rdma-core 44, Debian 12)
+#   CARGO, CC              tools to use (default cargo, cc)
+set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+node=${SOFTROCE_PRIVATE_NODE:-IBVERBS_PRIVATE_34}
+out=target/release/softroce
+"${CARGO:-cargo}" build --release -p softroce
+mkdir -p "$out"
+sed "s/IBVERBS_PRIVATE_34/$node/g" softroce/libibverbs.map > "$out/libibverbs.map"
+"${CC:-cc}" -shared -o "$out/libibverbs.so.1.tmp" \
+    -Wl,--whole-archive target/release/libsoftroce.a -Wl,--no-whole-archive \
+    -Wl,--version-script="$out/libibverbs.map" \
+    -Wl,-soname,libibverbs.so.1 \
+    -Wl,--gc-sections -Wl,-z,now -Wl,--no-undefined \
+    -lpthread -ldl -lm -lgcc_s -lc
+mv "$out/libibverbs.so.1.tmp" "$out/libibverbs.so.1"
+# Sanity: every symbol of the map must be exported with its version.
+want=$(grep -cE '^\s+[A-Za-z_][A-Za-z0-9_]*;' "$out/libibverbs.map")
+have=$(objdump -T "$out/libibverbs.so.1" | grep -cE ' (IBVERBS_[0-9.]+|'"$node"')\s')
+if [ "$have" -lt "$want" ]; then
+    echo "build.sh: only $have of $want versioned exports in libibverbs.so.1" >&2
+    exit 1
+fi
+echo "built $out/libibverbs.so.1 ($have versioned exports, private node $node)"

@@ -1,0 +1,93 @@
+//! Every environment tunable of softroce, each read once, with its default.
+
+use std::net::Ipv4Addr;
+use std::sync::OnceLock;
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|s| !s.trim().is_empty())
+}
+
+/// `SOFTROCE_DEVICES` (default 1): number of devices `softroce0..N-1`.
+pub fn num_devices() -> usize {
+    static V: OnceLock<usize> = OnceLock::new();
+    *V.get_or_init(|| {
+        env("SOFTROCE_DEVICES")
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(1usize)
+            .clamp(1, 64)
+    })
+}
+
+/// `SOFTROCE_ADDR` (default unset): IPv4 address(es) to bind port 4791 on,
+/// comma-separated, entry *i* for device *i*. Unset: see `device` (auto rules).
+pub fn addr_list() -> Option<Vec<Ipv4Addr>> {
+    static V: OnceLock<Option<Vec<Ipv4Addr>>> = OnceLock::new();
+    V.get_or_init(|| {
+        env("SOFTROCE_ADDR").map(|s| {
+            s.split(',')
+                .filter_map(|x| x.trim().parse::<Ipv4Addr>().ok())
+                .filter(|a| !a.is_unspecified())
+                .collect()
+        })
+    })
+    .clone()
+}
+
+/// `SOFTROCE_MTU` (default: derived from the interface MTU, 4096 on `lo`):
+/// active/max port MTU, in bytes (256..4096) or as the ibv_mtu enum (1..5).
+pub fn mtu_override() -> Option<u32> {
+    static V: OnceLock<Option<u32>> = OnceLock::new();
+    *V.get_or_init(|| {
+        let v: u32 = env("SOFTROCE_MTU")?.trim().parse().ok()?;
+        match v {
+            1..=5 => Some(v),
+            256 => Some(1),
+            512 => Some(2),
+            1024 => Some(3),
+            2048 => Some(4),
+            4096 => Some(5),
+            _ => None,
+        }
+    })
+}
+
+/// `SOFTROCE_ICRC_CHECK` (default 1): verify the ICRC of received packets
+/// (0 to accept peers that do not use IP ID 0, e.g. kernel rxe or NICs).
+pub fn icrc_check() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| env("SOFTROCE_ICRC_CHECK").map(|s| s.trim() != "0").unwrap_or(true))
+}
+
+/// `SOFTROCE_LOSS` (default 0): probability in [0,1] that a received packet is dropped.
+pub fn loss() -> f64 {
+    static V: OnceLock<f64> = OnceLock::new();
+    *V.get_or_init(|| {
+        env("SOFTROCE_LOSS")
+            .and_then(|s| s.trim().parse::<f64>().ok())
+            .filter(|p| p.is_finite())
+            .map(|p| p.clamp(0.0, 1.0))
+            .unwrap_or(0.0)
+    })
+}
+
+/// `SOFTROCE_SEED` (default: derived from pid and time): seed of the fault injector.
+pub fn seed() -> u64 {
+    static V: OnceLock<u64> = OnceLock::new();
+    *V.get_or_init(|| {
+        env("SOFTROCE_SEED")
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or_else(|| {
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(1);
+                t ^ ((std::process::id() as u64) << 32)
+            })
+    })
+}
+
+/// `SOFTROCE_DEBUG` (default 0): log engine events to stderr.
+pub fn debug() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| env("SOFTROCE_DEBUG").map(|s| s.trim() != "0").unwrap_or(false))
+}

@@ -1,0 +1,617 @@
+//! Device list, contexts, device/port/GID queries and async events.
+
+use std::collections::VecDeque;
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::{Arc, Mutex};
+
+use rdma_sys::{
+    ibv_async_event, ibv_context, ibv_device, ibv_device_attr, ibv_device_attr_ex, ibv_event_type, ibv_gid,
+    ibv_gid_entry, ibv_port_attr, ibv_query_device_ex_input, verbs_context,
+};
+
+use super::{ffi_guard, int_err, minus_one, null_err, set_errno};
+use crate::device::{self, Device, IbvDevice};
+
+/// What we allocate for `ibv_open_device`: the 648-byte `verbs_context`
+/// (whose embedded `ibv_context` is what the application sees) and our state.
+#[repr(C)]
+pub struct Context {
+    pub vctx: verbs_context,
+    pub dev: Arc<Device>,
+    pub async_q: Arc<AsyncQueue>,
+}
+
+/// `__VERBS_ABI_IS_EXTENDED`.
+const ABI_IS_EXTENDED: usize = usize::MAX;
+
+impl Context {
+    /// Recovers our context from the application's `ibv_context` pointer.
+    ///
+    /// # Safety
+    /// `ctx` must be NULL or a pointer returned by our `ibv_open_device` and not yet closed.
+    pub unsafe fn from_ibv<'a>(ctx: *mut ibv_context) -> Option<&'a Context> {
+        if ctx.is_null() {
+            return None;
+        }
+        let off = std::mem::offset_of!(verbs_context, context);
+        // SAFETY: per the contract, ctx points `off` bytes into a live Context
+        // whose first field is the verbs_context.
+        Some(unsafe { &*((ctx as *mut u8).sub(off) as *const Context) })
+    }
+}
+
+/// Asynchronous event queue of a context; `async_fd` is an eventfd in
+/// semaphore mode counting queued events (pollable, blocking by default).
+pub struct AsyncQueue {
+    pub fd: c_int,
+    q: Mutex<VecDeque<(ibv_event_type, usize)>>,
+}
+
+impl AsyncQueue {
+    fn new() -> std::io::Result<AsyncQueue> {
+        // SAFETY: plain eventfd(2) call.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(AsyncQueue {
+            fd,
+            q: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    /// Queues an event; `element` is the cq/qp/srq pointer or the port number.
+    pub fn push(&self, ev: ibv_event_type, element: usize) {
+        self.q.lock().unwrap().push_back((ev, element));
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
+        unsafe { libc::write(self.fd, &one as *const u64 as *const c_void, 8) };
+    }
+}
+
+impl Drop for AsyncQueue {
+    fn drop(&mut self) {
+        // SAFETY: we own fd.
+        unsafe { libc::close(self.fd) };
+    }
+}
+
+fn device_of(dev: *mut ibv_device) -> Option<&'static IbvDevice> {
+    device::device_list()
+        .iter()
+        .find(|d| std::ptr::eq(&d.ibv, dev as *const ibv_device))
+        .map(|d| &**d)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
+    ffi_guard!(std::ptr::null_mut(), {
+        let list = device::device_list();
+        let n = list.len();
+        // SAFETY: calloc of n+1 pointers; freed by ibv_free_device_list.
+        let arr = unsafe { libc::calloc(n + 1, std::mem::size_of::<*mut ibv_device>()) } as *mut *mut ibv_device;
+        if arr.is_null() {
+            return null_err(libc::ENOMEM);
+        }
+        for (i, d) in list.iter().enumerate() {
+            // SAFETY: arr has n+1 slots.
+            unsafe { *arr.add(i) = &d.ibv as *const ibv_device as *mut ibv_device };
+        }
+        if !num_devices.is_null() {
+            // SAFETY: caller passes a valid int pointer or NULL.
+            unsafe { *num_devices = n as c_int };
+        }
+        arr
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
+    ffi_guard!((), {
+        // SAFETY: list came from ibv_get_device_list (calloc) or is NULL.
+        unsafe { libc::free(list as *mut c_void) };
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_name(dev: *mut ibv_device) -> *const c_char {
+    ffi_guard!(std::ptr::null(), {
+        match device_of(dev) {
+            Some(d) => d.ibv.name.as_ptr(),
+            None => null_err::<c_char>(libc::EINVAL) as *const c_char,
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_index(dev: *mut ibv_device) -> c_int {
+    ffi_guard!(-1, {
+        match device_of(dev) {
+            Some(d) => d.index as c_int,
+            None => minus_one(libc::EINVAL),
+        }
+    })
+}
+
+/// Node GUID of device `index` without binding its socket (big-endian value).
+fn guid_of_index(index: usize) -> u64 {
+    match device::instance(index) {
+        Ok(d) => d.guid.to_be(),
+        Err(_) => 0,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
+    ffi_guard!(0, {
+        match device_of(dev) {
+            Some(d) => guid_of_index(d.index),
+            None => {
+                set_errno(libc::EINVAL);
+                0
+            }
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
+    ffi_guard!(std::ptr::null_mut(), {
+        let Some(d) = device_of(dev) else {
+            return null_err(libc::ENODEV);
+        };
+        let inst = match device::instance(d.index) {
+            Ok(i) => i,
+            Err(e) => {
+                eprintln!("softroce: cannot bind {} (port 4791): {e}; set SOFTROCE_ADDR", d.index);
+                return null_err(e.raw_os_error().unwrap_or(libc::EADDRNOTAVAIL));
+            }
+        };
+        let async_q = match AsyncQueue::new() {
+            Ok(q) => Arc::new(q),
+            Err(e) => return null_err(e.raw_os_error().unwrap_or(libc::EMFILE)),
+        };
+        // SAFETY: verbs_context is plain data (pointers, Option<fn>, ints,
+        // an opaque pthread mutex) for which all-zero is valid (and is
+        // PTHREAD_MUTEX_INITIALIZER on glibc).
+        let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
+        vctx.sz = std::mem::size_of::<verbs_context>();
+        vctx.query_port = Some(query_port_ex);
+        vctx.query_device_ex = Some(query_device_ex);
+        let c = &mut vctx.context;
+        c.device = dev;
+        c.cmd_fd = -1;
+        c.async_fd = async_q.fd;
+        c.num_comp_vectors = 1;
+        c.abi_compat = ABI_IS_EXTENDED as *mut c_void;
+        c.ops.poll_cq = Some(super::cq::poll_cq);
+        c.ops.req_notify_cq = Some(super::cq::req_notify_cq);
+        c.ops.post_send = Some(super::qp::post_send);
+        c.ops.post_recv = Some(super::qp::post_recv);
+        c.ops.post_srq_recv = Some(super::qp::post_srq_recv);
+        let b = Box::new(Context {
+            vctx,
+            dev: inst,
+            async_q,
+        });
+        let p = Box::into_raw(b);
+        // SAFETY: p is a live, uniquely owned Context.
+        unsafe { &mut (*p).vctx.context as *mut ibv_context }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
+    ffi_guard!(-1, {
+        if ctx.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        let off = std::mem::offset_of!(verbs_context, context);
+        // SAFETY: ctx came from ibv_open_device; the Box is freed exactly once here.
+        drop(unsafe { Box::from_raw((ctx as *mut u8).sub(off) as *mut Context) });
+        0
+    })
+}
+
+/// Fills the device attributes we advertise.
+pub fn fill_device_attr(dev: &Device, a: &mut ibv_device_attr) {
+    // SAFETY: ibv_device_attr is plain data.
+    *a = unsafe { std::mem::zeroed() };
+    let fw = b"softroce 0.1.0\0";
+    for (d, s) in a.fw_ver.iter_mut().zip(fw.iter()) {
+        *d = *s as c_char;
+    }
+    a.node_guid = dev.guid.to_be();
+    a.sys_image_guid = dev.guid.to_be();
+    a.max_mr_size = u64::MAX;
+    a.page_size_cap = 0xffff_f000;
+    a.vendor_id = device::VENDOR_ID;
+    a.vendor_part_id = device::VENDOR_PART_ID;
+    a.hw_ver = 1;
+    a.max_qp = device::MAX_QP as c_int;
+    a.max_qp_wr = device::MAX_QP_WR as c_int;
+    // RC_RNR_NAK_GEN (1<<12) | PORT_ACTIVE_EVENT (1<<14)
+    a.device_cap_flags = (1 << 12) | (1 << 14);
+    a.max_sge = device::MAX_SGE as c_int;
+    a.max_sge_rd = device::MAX_SGE as c_int;
+    a.max_cq = device::MAX_QP as c_int;
+    a.max_cqe = device::MAX_CQE as c_int;
+    a.max_mr = device::MAX_MR as c_int;
+    a.max_pd = device::MAX_PD as c_int;
+    a.max_qp_rd_atom = device::MAX_QP_RD_ATOM as c_int;
+    a.max_res_rd_atom = (device::MAX_QP_RD_ATOM * 1024) as c_int;
+    a.max_qp_init_rd_atom = device::MAX_QP_RD_ATOM as c_int;
+    a.atomic_cap = rdma_sys::ibv_atomic_cap::IBV_ATOMIC_HCA;
+    a.max_ah = 1 << 16;
+    a.max_srq = device::MAX_SRQ as c_int;
+    a.max_pkeys = 1;
+    a.local_ca_ack_delay = 15;
+    a.phys_port_cnt = 1;
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_device(ctx: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
+    ffi_guard!(libc::EIO, {
+        // SAFETY: ctx is ours per the API contract.
+        let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
+            return int_err(libc::EINVAL);
+        };
+        if attr.is_null() {
+            return int_err(libc::EINVAL);
+        }
+        // SAFETY: attr is a valid out-pointer per the API contract.
+        fill_device_attr(&c.dev, unsafe { &mut *attr });
+        0
+    })
+}
+
+/// `verbs_context.query_device_ex`: fills `attr_size` bytes of `ibv_device_attr_ex`.
+unsafe extern "C" fn query_device_ex(
+    ctx: *mut ibv_context,
+    input: *const ibv_query_device_ex_input,
+    attr: *mut ibv_device_attr_ex,
+    attr_size: usize,
+) -> c_int {
+    ffi_guard!(libc::EIO, {
+        // SAFETY: ctx is ours.
+        let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
+            return int_err(libc::EINVAL);
+        };
+        if attr.is_null() || attr_size < std::mem::size_of::<ibv_device_attr>() {
+            return int_err(libc::EINVAL);
+        }
+        // SAFETY: input is NULL or a valid pointer.
+        if !input.is_null() && unsafe { (*input).comp_mask } != 0 {
+            return int_err(libc::EINVAL);
+        }
+        // SAFETY: ibv_device_attr_ex is plain data.
+        let mut ex: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
+        fill_device_attr(&c.dev, &mut ex.orig_attr);
+        ex.phys_port_cnt_ex = 1;
+        let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
+        // SAFETY: the caller's buffer holds attr_size bytes; we copy at most that.
+        unsafe {
+            std::ptr::write_bytes(attr as *mut u8, 0, attr_size);
+            std::ptr::copy_nonoverlapping(&ex as *const _ as *const u8, attr as *mut u8, n);
+        }
+        0
+    })
+}
+
+fn fill_port_attr(dev: &Device, a: &mut ibv_port_attr) {
+    // SAFETY: plain data.
+    *a = unsafe { std::mem::zeroed() };
+    a.state = rdma_sys::ibv_port_state::IBV_PORT_ACTIVE;
+    a.max_mtu = dev.active_mtu.max(device::mtu_enum_for_link(dev.link_mtu)).min(5);
+    a.active_mtu = dev.active_mtu;
+    a.gid_tbl_len = device::GID_TABLE_LEN as c_int;
+    // IBV_PORT_CM_SUP
+    a.port_cap_flags = 1 << 16;
+    a.max_msg_sz = device::MAX_MSG_SZ;
+    a.pkey_tbl_len = 1;
+    a.lid = 0;
+    a.sm_lid = 0;
+    a.lmc = 0;
+    a.max_vl_num = 1;
+    a.active_width = 2; // 4X
+    a.active_speed = 32; // 25 Gb/s (EDR)
+    a.phys_state = 5; // LinkUp
+    a.link_layer = 2; // IBV_LINK_LAYER_ETHERNET
+}
+
+/// `verbs_context.query_port` (the path of the `ibv_query_port` inline).
+unsafe extern "C" fn query_port_ex(
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: *mut ibv_port_attr,
+    attr_len: usize,
+) -> c_int {
+    ffi_guard!(libc::EIO, {
+        // SAFETY: ctx is ours.
+        let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
+            return int_err(libc::EINVAL);
+        };
+        if port != 1 || attr.is_null() {
+            return int_err(libc::EINVAL);
+        }
+        // SAFETY: plain data.
+        let mut a: ibv_port_attr = unsafe { std::mem::zeroed() };
+        fill_port_attr(&c.dev, &mut a);
+        let n = attr_len.min(std::mem::size_of::<ibv_port_attr>());
+        // SAFETY: the caller's buffer holds attr_len bytes; we write at most that.
+        unsafe { std::ptr::copy_nonoverlapping(&a as *const _ as *const u8, attr as *mut u8, n) };
+        0
+    })
+}
+
+/// Exported compat `ibv_query_port@1.1`: writes the 48-byte `_compat_ibv_port_attr`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_port(
+    ctx: *mut ibv_context,
+    port: u8,
+    attr: *mut rdma_sys::_compat_ibv_port_attr,
+) -> c_int {
+    // SAFETY: forwards the caller's pointers; size limits the write.
+    unsafe {
+        query_port_ex(
+            ctx,
+            port,
+            attr as *mut ibv_port_attr,
+            std::mem::size_of::<rdma_sys::_compat_ibv_port_attr>(),
+        )
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid(ctx: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
+    ffi_guard!(-1, {
+        // SAFETY: ctx is ours.
+        let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
+            return minus_one(libc::EINVAL);
+        };
+        if port != 1 || gid.is_null() || index < 0 || index as usize >= device::GID_TABLE_LEN {
+            return minus_one(libc::EINVAL);
+        }
+        let raw = c.dev.gid(index as usize).unwrap_or([0; 16]);
+        // SAFETY: gid is a valid out-pointer.
+        unsafe { (*gid).raw = raw };
+        0
+    })
+}
+
+/// `ibv_query_gid_type` (PRIVATE): 0 = IB/RoCE v1, 1 = RoCE v2 (sysfs numbering).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_gid_type(ctx: *mut ibv_context, port: u8, index: u32, ty: *mut u32) -> c_int {
+    ffi_guard!(-1, {
+        // SAFETY: ctx is ours.
+        let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
+            return minus_one(libc::EINVAL);
+        };
+        if port != 1 || ty.is_null() || index as usize >= device::GID_TABLE_LEN {
+            return minus_one(libc::EINVAL);
+        }
+        // rdma-core reads sysfs; an empty slot there still reads as "IB/RoCE v1".
+        let t = match c.dev.gid_type(index as usize) {
+            Some(device::GID_TYPE_ROCE_V2) => device::GID_TYPE_SYSFS_ROCE_V2,
+            _ => device::GID_TYPE_SYSFS_ROCE_V1,
+        };
+        // SAFETY: ty is a valid out-pointer.
+        unsafe { *ty = t };
+        0
+    })
+}
+
+fn gid_entry(dev: &Device, index: usize) -> Option<ibv_gid_entry> {
+    let gid = dev.gid(index)?;
+    // SAFETY: plain data.
+    let mut e: ibv_gid_entry = unsafe { std::mem::zeroed() };
+    e.gid.raw = gid;
+    e.gid_index = index as u32;
+    e.port_num = 1;
+    e.gid_type = dev.gid_type(index)?;
+    e.ndev_ifindex = 0;
+    Some(e)
+}
+
+/// `_ibv_query_gid_ex` (what the `ibv_query_gid_ex` macro calls).
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_ex(
+    ctx: *mut ibv_context,
+    port: u32,
+    index: u32,
+    entry: *mut ibv_gid_entry,
+    flags: u32,
+    entry_size: usize,
+) -> c_int {
+    ffi_guard!(libc::EIO, {
+        // SAFETY: ctx is ours.
+        let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
+            return int_err(libc::EINVAL);
+        };
+        if flags != 0 || entry.is_null() || entry_size < std::mem::size_of::<ibv_gid_entry>() {
+            return int_err(libc::EINVAL);
+        }
+        if port != 1 || index as usize >= device::GID_TABLE_LEN {
+            return int_err(libc::EINVAL);
+        }
+        match gid_entry(&c.dev, index as usize) {
+            Some(e) => {
+                // SAFETY: entry holds at least one ibv_gid_entry.
+                unsafe { *entry = e };
+                0
+            }
+            None => int_err(libc::ENODATA),
+        }
+    })
+}
+
+/// `_ibv_query_gid_table`: returns the number of valid entries written.
+#[no_mangle]
+pub unsafe extern "C" fn _ibv_query_gid_table(
+    ctx: *mut ibv_context,
+    entries: *mut ibv_gid_entry,
+    max_entries: usize,
+    flags: u32,
+    entry_size: usize,
+) -> isize {
+    ffi_guard!(-(libc::EIO as isize), {
+        // SAFETY: ctx is ours.
+        let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
+            return -(libc::EINVAL as isize);
+        };
+        if flags != 0 || entries.is_null() || entry_size < std::mem::size_of::<ibv_gid_entry>() {
+            return -(libc::EINVAL as isize);
+        }
+        let mut n = 0usize;
+        for i in 0..device::GID_TABLE_LEN {
+            if let Some(e) = gid_entry(&c.dev, i) {
+                if n == max_entries {
+                    return -(libc::EINVAL as isize);
+                }
+                // SAFETY: entries holds max_entries records of entry_size bytes.
+                unsafe {
+                    let dst = (entries as *mut u8).add(n * entry_size) as *mut ibv_gid_entry;
+                    std::ptr::write_unaligned(dst, e);
+                }
+                n += 1;
+            }
+        }
+        n as isize
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_pkey(ctx: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
+    ffi_guard!(-1, {
+        // SAFETY: ctx is ours.
+        if unsafe { Context::from_ibv(ctx) }.is_none() || pkey.is_null() || port != 1 {
+            return minus_one(libc::EINVAL);
+        }
+        if index != 0 {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: valid out-pointer.
+        unsafe { *pkey = 0xffffu16.to_be() };
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_pkey_index(ctx: *mut ibv_context, port: u8, pkey: u16) -> c_int {
+    ffi_guard!(-libc::EIO, {
+        // SAFETY: ctx is ours.
+        if unsafe { Context::from_ibv(ctx) }.is_none() || port != 1 {
+            return -libc::EINVAL;
+        }
+        if u16::from_be(pkey) & 0x7fff == 0x7fff {
+            0
+        } else {
+            -libc::ENOENT
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
+    ffi_guard!(-1, {
+        // SAFETY: ctx is ours.
+        let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
+            return minus_one(libc::EINVAL);
+        };
+        if event.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        let mut v: u64 = 0;
+        // SAFETY: reads 8 bytes into a live u64 (blocks unless O_NONBLOCK was set by the app).
+        let r = unsafe { libc::read(c.async_q.fd, &mut v as *mut u64 as *mut c_void, 8) };
+        if r != 8 {
+            return -1;
+        }
+        let Some((ty, elem)) = c.async_q.q.lock().unwrap().pop_front() else {
+            return minus_one(libc::EAGAIN);
+        };
+        // SAFETY: event is a valid out-pointer; the union member we write
+        // matches the event type (pointer or port number).
+        unsafe {
+            (*event).event_type = ty;
+            match ty {
+                ibv_event_type::IBV_EVENT_PORT_ACTIVE
+                | ibv_event_type::IBV_EVENT_PORT_ERR
+                | ibv_event_type::IBV_EVENT_LID_CHANGE
+                | ibv_event_type::IBV_EVENT_PKEY_CHANGE
+                | ibv_event_type::IBV_EVENT_SM_CHANGE
+                | ibv_event_type::IBV_EVENT_CLIENT_REREGISTER
+                | ibv_event_type::IBV_EVENT_GID_CHANGE => (*event).element.port_num = elem as c_int,
+                ibv_event_type::IBV_EVENT_DEVICE_FATAL => (*event).element.port_num = 0,
+                _ => (*event).element.qp = elem as *mut rdma_sys::ibv_qp,
+            }
+        }
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
+    ffi_guard!((), {
+        if event.is_null() {
+            return;
+        }
+        // SAFETY: event came from ibv_get_async_event.
+        let ev = unsafe { &*event };
+        match ev.event_type {
+            ibv_event_type::IBV_EVENT_CQ_ERR => {
+                // SAFETY: the element of a CQ event is our CQ.
+                unsafe { super::cq::ack_async(ev.element.cq) }
+            }
+            ibv_event_type::IBV_EVENT_QP_FATAL
+            | ibv_event_type::IBV_EVENT_QP_REQ_ERR
+            | ibv_event_type::IBV_EVENT_QP_ACCESS_ERR
+            | ibv_event_type::IBV_EVENT_COMM_EST
+            | ibv_event_type::IBV_EVENT_SQ_DRAINED
+            | ibv_event_type::IBV_EVENT_PATH_MIG
+            | ibv_event_type::IBV_EVENT_PATH_MIG_ERR
+            | ibv_event_type::IBV_EVENT_QP_LAST_WQE_REACHED => {
+                // SAFETY: the element of a QP event is our QP.
+                unsafe { super::qp::ack_async(ev.element.qp) }
+            }
+            _ => {}
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_read_sysfs_file(
+    dir: *const c_char,
+    file: *const c_char,
+    buf: *mut c_char,
+    size: usize,
+) -> c_int {
+    ffi_guard!(-1, {
+        if dir.is_null() || file.is_null() || buf.is_null() || size == 0 {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: NUL-terminated strings from the caller.
+        let (d, f) = unsafe { (CStr::from_ptr(dir), CStr::from_ptr(file)) };
+        let path = format!("{}/{}", d.to_string_lossy(), f.to_string_lossy());
+        match std::fs::read(&path) {
+            Ok(mut data) => {
+                data.truncate(size - 1);
+                if data.last() == Some(&b'\n') {
+                    data.pop();
+                }
+                // SAFETY: buf holds size bytes; we write data.len()+1 <= size.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(data.as_ptr(), buf as *mut u8, data.len());
+                    *buf.add(data.len()) = 0;
+                }
+                data.len() as c_int
+            }
+            Err(e) => minus_one(e.raw_os_error().unwrap_or(libc::ENOENT)),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_sysfs_path() -> *const c_char {
+    ffi_guard!(std::ptr::null(), { c"/sys".as_ptr() })
+}

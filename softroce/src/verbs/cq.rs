@@ -1,0 +1,444 @@
+//! Completion queues and completion channels.
+//!
+//! The engine pushes completions with [`CqInner::push`]; `ibv_poll_cq` checks an
+//! atomic count first, so polling an empty CQ takes no lock. A completion
+//! channel is a pipe carrying the 8-byte handle of each CQ that fired; the
+//! read end is `channel->fd` (real, pollable, blocking unless the app changes it).
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicI32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use rdma_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_wc};
+
+use super::context::Context;
+use super::{ffi_guard, int_err, minus_one, null_err};
+use crate::device;
+
+/// One work completion, as the engine produces it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Wc {
+    pub wr_id: u64,
+    pub status: u32,
+    pub opcode: u32,
+    pub vendor_err: u32,
+    pub byte_len: u32,
+    /// Network byte order, as in `ibv_wc.imm_data` (stored as the raw u32).
+    pub imm_data: u32,
+    pub qp_num: u32,
+    pub src_qp: u32,
+    pub wc_flags: u32,
+    /// The message carried the Solicited Event bit (for solicited-only arming).
+    pub solicited: bool,
+}
+
+/// Shared CQ state (the engine holds it through the QPs).
+pub struct CqInner {
+    queue: Mutex<VecDeque<Wc>>,
+    len: AtomicUsize,
+    /// 0 = not armed, 1 = next completion, 2 = next solicited completion.
+    armed: AtomicU8,
+    channel: Option<Arc<ChannelFds>>,
+    pub handle: u64,
+    cqe: AtomicI32,
+    /// Events handed out by ibv_get_cq_event and events acknowledged.
+    events: Mutex<(u64, u64)>,
+    events_cv: Condvar,
+}
+
+impl CqInner {
+    /// Appends a completion and fires the completion channel if armed.
+    pub fn push(&self, wc: Wc) {
+        {
+            let mut q = self.queue.lock().unwrap();
+            q.push_back(wc);
+            self.len.store(q.len(), Ordering::Release);
+        }
+        self.maybe_fire(wc.solicited || wc.status != 0);
+    }
+
+    /// Appends several completions (one lock, one event).
+    pub fn push_many(&self, wcs: &[Wc]) {
+        if wcs.is_empty() {
+            return;
+        }
+        {
+            let mut q = self.queue.lock().unwrap();
+            q.extend(wcs.iter().copied());
+            self.len.store(q.len(), Ordering::Release);
+        }
+        self.maybe_fire(wcs.iter().any(|w| w.solicited || w.status != 0));
+    }
+
+    fn maybe_fire(&self, solicited: bool) {
+        let a = self.armed.load(Ordering::Acquire);
+        if a == 0 || (a == 2 && !solicited) {
+            return;
+        }
+        if self
+            .armed
+            .compare_exchange(a, 0, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            if let Some(ch) = &self.channel {
+                ch.notify(self.handle);
+            }
+        }
+    }
+
+    fn poll(&self, out: &mut [Wc]) -> usize {
+        if self.len.load(Ordering::Acquire) == 0 || out.is_empty() {
+            return 0;
+        }
+        let mut q = self.queue.lock().unwrap();
+        let mut n = 0;
+        while n < out.len() {
+            match q.pop_front() {
+                Some(w) => {
+                    out[n] = w;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        self.len.store(q.len(), Ordering::Release);
+        n
+    }
+
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+}
+
+/// `struct ibv_cq` and our state.
+#[repr(C)]
+pub struct Cq {
+    pub ibv: ibv_cq,
+    pub inner: Arc<CqInner>,
+}
+
+impl Cq {
+    /// # Safety
+    /// `cq` must be NULL or a live CQ created by our `ibv_create_cq`.
+    pub unsafe fn from_ibv<'a>(cq: *mut ibv_cq) -> Option<&'a Cq> {
+        // SAFETY: per the contract.
+        unsafe { (cq as *const Cq).as_ref() }
+    }
+}
+
+/// Handle -> CQ pointer of live CQs, so that an event read after the CQ was
+/// destroyed is dropped instead of handing out a dangling pointer.
+static LIVE_CQS: Mutex<Option<HashMap<u64, usize>>> = Mutex::new(None);
+static NEXT_CQ_HANDLE: AtomicUsize = AtomicUsize::new(1);
+
+pub struct ChannelFds {
+    rd: c_int,
+    wr: c_int,
+}
+
+impl ChannelFds {
+    fn notify(&self, handle: u64) {
+        // SAFETY: writes 8 bytes from a live u64 to our pipe (non-blocking write end).
+        unsafe { libc::write(self.wr, &handle as *const u64 as *const c_void, 8) };
+    }
+}
+
+impl Drop for ChannelFds {
+    fn drop(&mut self) {
+        // SAFETY: we own both ends.
+        unsafe {
+            libc::close(self.rd);
+            libc::close(self.wr);
+        }
+    }
+}
+
+/// `struct ibv_comp_channel` and its pipe.
+#[repr(C)]
+pub struct Channel {
+    pub ibv: ibv_comp_channel,
+    fds: Arc<ChannelFds>,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
+    ffi_guard!(std::ptr::null_mut(), {
+        // SAFETY: ctx is ours.
+        if unsafe { Context::from_ibv(ctx) }.is_none() {
+            return null_err(libc::EINVAL);
+        }
+        let mut fds = [0 as c_int; 2];
+        // SAFETY: fds has room for two descriptors.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+            return null_err(super::errno());
+        }
+        // SAFETY: sets O_NONBLOCK on the write end we own.
+        unsafe {
+            let fl = libc::fcntl(fds[1], libc::F_GETFL);
+            libc::fcntl(fds[1], libc::F_SETFL, fl | libc::O_NONBLOCK);
+        }
+        let ch = Box::new(Channel {
+            ibv: ibv_comp_channel {
+                context: ctx,
+                fd: fds[0],
+                refcnt: 0,
+            },
+            fds: Arc::new(ChannelFds { rd: fds[0], wr: fds[1] }),
+        });
+        Box::into_raw(ch) as *mut ibv_comp_channel
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
+    ffi_guard!(-1, {
+        if ch.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: ch is ours.
+        let c = unsafe { &*(ch as *const Channel) };
+        if c.ibv.refcnt != 0 || Arc::strong_count(&c.fds) > 1 {
+            return minus_one(libc::EBUSY);
+        }
+        // SAFETY: freed once.
+        drop(unsafe { Box::from_raw(ch as *mut Channel) });
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_cq(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> *mut ibv_cq {
+    ffi_guard!(std::ptr::null_mut(), {
+        // SAFETY: ctx is ours.
+        let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
+            return null_err(libc::EINVAL);
+        };
+        if cqe < 1 || cqe as u32 > device::MAX_CQE || comp_vector < 0 || comp_vector >= 1 {
+            return null_err(libc::EINVAL);
+        }
+        let ch_fds = if channel.is_null() {
+            None
+        } else {
+            // SAFETY: channel is ours.
+            let ch = unsafe { &mut *(channel as *mut Channel) };
+            ch.ibv.refcnt += 1;
+            Some(ch.fds.clone())
+        };
+        let handle = NEXT_CQ_HANDLE.fetch_add(1, Ordering::Relaxed) as u64;
+        let inner = Arc::new(CqInner {
+            queue: Mutex::new(VecDeque::with_capacity(cqe as usize)),
+            len: AtomicUsize::new(0),
+            armed: AtomicU8::new(0),
+            channel: ch_fds,
+            handle,
+            cqe: AtomicI32::new(cqe),
+            events: Mutex::new((0, 0)),
+            events_cv: Condvar::new(),
+        });
+        // SAFETY: ibv_cq is plain data; zeroed mutex/cond are the static initialisers.
+        let mut ibv: ibv_cq = unsafe { std::mem::zeroed() };
+        ibv.context = ctx;
+        ibv.channel = channel;
+        ibv.cq_context = cq_context;
+        ibv.handle = handle as u32;
+        ibv.cqe = cqe;
+        let p = Box::into_raw(Box::new(Cq { ibv, inner }));
+        LIVE_CQS
+            .lock()
+            .unwrap()
+            .get_or_insert_with(HashMap::new)
+            .insert(handle, p as usize);
+        let _ = c;
+        p as *mut ibv_cq
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    ffi_guard!(libc::EIO, {
+        if cq.is_null() || cqe < 1 || cqe as u32 > device::MAX_CQE {
+            return int_err(libc::EINVAL);
+        }
+        // SAFETY: cq is ours.
+        let c = unsafe { &mut *(cq as *mut Cq) };
+        if (cqe as usize) < c.inner.len() {
+            return int_err(libc::EINVAL);
+        }
+        c.inner.cqe.store(cqe, Ordering::Relaxed);
+        c.ibv.cqe = cqe;
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
+    ffi_guard!(libc::EIO, {
+        if cq.is_null() {
+            return int_err(libc::EINVAL);
+        }
+        // SAFETY: cq is ours.
+        let c = unsafe { &*(cq as *const Cq) };
+        if Arc::strong_count(&c.inner) > 1 {
+            // still used by a QP
+            return int_err(libc::EBUSY);
+        }
+        // Wait until every event handed out was acknowledged (as rdma-core does).
+        {
+            let mut ev = c.inner.events.lock().unwrap();
+            while ev.1 < ev.0 {
+                ev = c.inner.events_cv.wait(ev).unwrap();
+            }
+        }
+        if let Some(m) = LIVE_CQS.lock().unwrap().as_mut() {
+            m.remove(&c.inner.handle);
+        }
+        if !c.ibv.channel.is_null() {
+            // SAFETY: the channel outlives its CQs (destroy_comp_channel checks refcnt).
+            unsafe { (*(c.ibv.channel as *mut Channel)).ibv.refcnt -= 1 };
+        }
+        // SAFETY: freed once.
+        drop(unsafe { Box::from_raw(cq as *mut Cq) });
+        0
+    })
+}
+
+/// `ops.poll_cq`.
+pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
+    ffi_guard!(-1, {
+        // SAFETY: cq is ours.
+        let Some(c) = (unsafe { Cq::from_ibv(cq) }) else {
+            return -1;
+        };
+        if num <= 0 || wc.is_null() {
+            return 0;
+        }
+        let mut buf = [Wc::default(); 32];
+        let mut total = 0usize;
+        let want = num as usize;
+        while total < want {
+            let k = (want - total).min(buf.len());
+            let n = c.inner.poll(&mut buf[..k]);
+            for (i, w) in buf[..n].iter().enumerate() {
+                // SAFETY: wc has room for `num` entries; total + i < num.
+                unsafe { write_wc(wc.add(total + i), w) };
+            }
+            total += n;
+            if n < k {
+                break;
+            }
+        }
+        total as c_int
+    })
+}
+
+/// # Safety
+/// `dst` must be valid for writing one `ibv_wc`.
+unsafe fn write_wc(dst: *mut ibv_wc, w: &Wc) {
+    // SAFETY: per the contract; every field is written.
+    unsafe {
+        let d = &mut *dst;
+        d.wr_id = w.wr_id;
+        d.status = w.status;
+        d.opcode = w.opcode;
+        d.vendor_err = w.vendor_err;
+        d.byte_len = w.byte_len;
+        d.imm_data_invalidated_rkey_union.imm_data = w.imm_data;
+        d.qp_num = w.qp_num;
+        d.src_qp = w.src_qp;
+        d.wc_flags = w.wc_flags;
+        d.pkey_index = 0;
+        d.slid = 0;
+        d.sl = 0;
+        d.dlid_path_bits = 0;
+    }
+}
+
+/// `ops.req_notify_cq`.
+pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
+    ffi_guard!(libc::EIO, {
+        // SAFETY: cq is ours.
+        let Some(c) = (unsafe { Cq::from_ibv(cq) }) else {
+            return libc::EINVAL;
+        };
+        if c.inner.channel.is_none() {
+            // Arming works without a channel too; nothing will be delivered.
+        }
+        let want = if solicited_only != 0 { 2 } else { 1 };
+        // Never narrow an "any completion" arm to "solicited only".
+        let _ = c.inner.armed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
+            if cur == 1 {
+                None
+            } else {
+                Some(want)
+            }
+        });
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_cq_event(
+    ch: *mut ibv_comp_channel,
+    cq: *mut *mut ibv_cq,
+    cq_context: *mut *mut c_void,
+) -> c_int {
+    ffi_guard!(-1, {
+        if ch.is_null() || cq.is_null() || cq_context.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: ch is ours.
+        let fd = unsafe { (*ch).fd };
+        loop {
+            let mut h: u64 = 0;
+            // SAFETY: reads 8 bytes into a live u64 (pipe writes of 8 bytes are atomic).
+            let r = unsafe { libc::read(fd, &mut h as *mut u64 as *mut c_void, 8) };
+            if r != 8 {
+                return -1;
+            }
+            let p = LIVE_CQS.lock().unwrap().as_ref().and_then(|m| m.get(&h).copied());
+            let Some(p) = p else { continue };
+            let c = p as *mut Cq;
+            // SAFETY: the CQ is live (it is in LIVE_CQS); outputs are valid pointers.
+            unsafe {
+                let cqr = &*c;
+                cqr.inner.events.lock().unwrap().0 += 1;
+                *cq = c as *mut ibv_cq;
+                *cq_context = cqr.ibv.cq_context;
+            }
+            return 0;
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
+    ffi_guard!((), {
+        if cq.is_null() {
+            return;
+        }
+        // SAFETY: cq is ours.
+        let c = unsafe { &mut *(cq as *mut Cq) };
+        let mut ev = c.inner.events.lock().unwrap();
+        ev.1 += nevents as u64;
+        c.ibv.comp_events_completed = c.ibv.comp_events_completed.wrapping_add(nevents);
+        c.inner.events_cv.notify_all();
+    })
+}
+
+/// Acknowledges an async event whose element is this CQ.
+///
+/// # Safety
+/// `cq` must be NULL or our live CQ.
+pub unsafe fn ack_async(cq: *mut ibv_cq) {
+    if !cq.is_null() {
+        // SAFETY: per the contract.
+        unsafe { (*cq).async_events_completed += 1 };
+    }
+}

@@ -1,0 +1,307 @@
+//! Self-contained helpers: string tables, rate conversions, fork support,
+//! address handles, and the verbs that fail because the device lacks the feature.
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+
+use rdma_sys::{ibv_ah, ibv_ah_attr, ibv_context, ibv_gid, ibv_grh, ibv_pd, ibv_qp, ibv_wc};
+
+use super::mr::Pd;
+use super::{ffi_guard, int_err, minus_one, null_err};
+
+fn cstr(s: &'static CStr) -> *const c_char {
+    s.as_ptr()
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_wc_status_str(status: u32) -> *const c_char {
+    ffi_guard!(std::ptr::null(), {
+        cstr(match status {
+            0 => c"success",
+            1 => c"local length error",
+            2 => c"local QP operation error",
+            3 => c"local EE context operation error",
+            4 => c"local protection error",
+            5 => c"Work Request Flushed Error",
+            6 => c"memory management operation error",
+            7 => c"bad response error",
+            8 => c"local access error",
+            9 => c"remote invalid request error",
+            10 => c"remote access error",
+            11 => c"remote operation error",
+            12 => c"transport retry counter exceeded",
+            13 => c"RNR retry counter exceeded",
+            14 => c"local RDD violation error",
+            15 => c"remote invalid RD request",
+            16 => c"aborted error",
+            17 => c"invalid EE context number",
+            18 => c"invalid EE context state",
+            19 => c"fatal error",
+            20 => c"response timeout error",
+            21 => c"general error",
+            22 => c"TM error",
+            23 => c"TM software rendezvous",
+            _ => c"unknown",
+        })
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_node_type_str(t: u32) -> *const c_char {
+    ffi_guard!(std::ptr::null(), {
+        cstr(match t {
+            1 => c"InfiniBand channel adapter",
+            2 => c"InfiniBand switch",
+            3 => c"InfiniBand router",
+            4 => c"iWARP NIC",
+            5 => c"usNIC",
+            6 => c"usNIC UDP",
+            7 => c"unspecified",
+            _ => c"unknown",
+        })
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_port_state_str(s: u32) -> *const c_char {
+    ffi_guard!(std::ptr::null(), {
+        cstr(match s {
+            0 => c"no state change (NOP)",
+            1 => c"down",
+            2 => c"init",
+            3 => c"armed",
+            4 => c"active",
+            5 => c"active defer",
+            _ => c"unknown",
+        })
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_event_type_str(e: u32) -> *const c_char {
+    ffi_guard!(std::ptr::null(), {
+        cstr(match e {
+            0 => c"CQ error",
+            1 => c"local work queue catastrophic error",
+            2 => c"invalid request local work queue error",
+            3 => c"local access violation work queue error",
+            4 => c"communication established",
+            5 => c"send queue drained",
+            6 => c"path migrated",
+            7 => c"path migration request error",
+            8 => c"local catastrophic error",
+            9 => c"port active",
+            10 => c"port error",
+            11 => c"LID change",
+            12 => c"P_Key change",
+            13 => c"SM change",
+            14 => c"SRQ catastrophic error",
+            15 => c"SRQ limit reached",
+            16 => c"last WQE reached",
+            17 => c"client reregistration",
+            18 => c"GID table change",
+            19 => c"WQ fatal",
+            _ => c"unknown",
+        })
+    })
+}
+
+/// (enum ibv_rate, multiple of 2.5 Gb/s, Mb/s)
+const RATES: &[(c_int, c_int, c_int)] = &[
+    (2, 1, 2500),
+    (5, 2, 5000),
+    (3, 4, 10000),
+    (6, 8, 20000),
+    (4, 12, 30000),
+    (7, 16, 40000),
+    (8, 24, 60000),
+    (9, 32, 80000),
+    (10, 48, 120000),
+    (11, -1, 14062),
+    (12, -1, 56250),
+    (13, -1, 112500),
+    (14, -1, 168750),
+    (15, -1, 25781),
+    (16, -1, 103125),
+    (17, -1, 206250),
+    (18, -1, 309375),
+    (19, -1, 28125),
+    (20, -1, 53125),
+    (21, -1, 425000),
+    (22, -1, 637500),
+];
+
+#[no_mangle]
+pub extern "C" fn ibv_rate_to_mult(rate: c_int) -> c_int {
+    RATES.iter().find(|r| r.0 == rate && r.1 > 0).map(|r| r.1).unwrap_or(-1)
+}
+
+#[no_mangle]
+pub extern "C" fn mult_to_ibv_rate(mult: c_int) -> c_int {
+    RATES.iter().find(|r| r.1 == mult && mult > 0).map(|r| r.0).unwrap_or(0)
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_rate_to_mbps(rate: c_int) -> c_int {
+    RATES.iter().find(|r| r.0 == rate).map(|r| r.2).unwrap_or(-1)
+}
+
+#[no_mangle]
+pub extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> c_int {
+    RATES.iter().find(|r| r.2 == mbps).map(|r| r.0).unwrap_or(0)
+}
+
+/// Memory is never pinned, so fork needs no preparation.
+#[no_mangle]
+pub extern "C" fn ibv_fork_init() -> c_int {
+    0
+}
+
+/// `IBV_FORK_UNNEEDED`: nothing is pinned, a forked child sees ordinary memory.
+#[no_mangle]
+pub extern "C" fn ibv_is_fork_initialized() -> u32 {
+    rdma_sys::IBV_FORK_UNNEEDED
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_int {
+    0
+}
+
+#[no_mangle]
+pub extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
+    0
+}
+
+/// An address handle: a validated copy of the attributes (used only by UD,
+/// which this device does not offer, but creating one is legal).
+#[repr(C)]
+pub struct Ah {
+    pub ibv: ibv_ah,
+    pub attr: ibv_ah_attr,
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    ffi_guard!(std::ptr::null_mut(), {
+        // SAFETY: pd is ours.
+        let Some(p) = (unsafe { Pd::from_ibv(pd) }) else {
+            return null_err(libc::EINVAL);
+        };
+        if attr.is_null() {
+            return null_err(libc::EINVAL);
+        }
+        // SAFETY: attr is valid for reading.
+        let a = unsafe { *attr };
+        if a.is_global == 0 || (a.port_num != 1 && a.port_num != 0) {
+            return null_err(libc::EINVAL);
+        }
+        if p.dev.gid(a.grh.sgid_index as usize).is_none() {
+            return null_err(libc::EINVAL);
+        }
+        Box::into_raw(Box::new(Ah {
+            ibv: ibv_ah {
+                context: p.ibv.context,
+                pd,
+                handle: p.dev.alloc_handle(),
+            },
+            attr: a,
+        })) as *mut ibv_ah
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    ffi_guard!(libc::EIO, {
+        if ah.is_null() {
+            return int_err(libc::EINVAL);
+        }
+        // SAFETY: ah is ours; freed once.
+        drop(unsafe { Box::from_raw(ah as *mut Ah) });
+        0
+    })
+}
+
+/// Needs a GRH in the receive buffer, which only UD receives carry.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_init_ah_from_wc(
+    _ctx: *mut ibv_context,
+    _port: u8,
+    _wc: *mut ibv_wc,
+    _grh: *mut ibv_grh,
+    _ah_attr: *mut ibv_ah_attr,
+) -> c_int {
+    ffi_guard!(-1, { minus_one(libc::EOPNOTSUPP) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(
+    _pd: *mut ibv_pd,
+    _wc: *mut ibv_wc,
+    _grh: *mut ibv_grh,
+    _port: u8,
+) -> *mut ibv_ah {
+    ffi_guard!(std::ptr::null_mut(), { null_err(libc::EOPNOTSUPP) })
+}
+
+/// Multicast needs UD QPs, which this device does not offer.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
+    ffi_guard!(libc::EIO, { int_err(libc::EOPNOTSUPP) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
+    ffi_guard!(libc::EIO, { int_err(libc::EOPNOTSUPP) })
+}
+
+/// The kernel resolves L2 for our UDP socket; there is no MAC to report.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_resolve_eth_l2_from_gid(
+    _ctx: *mut ibv_context,
+    _attr: *mut ibv_ah_attr,
+    _eth_mac: *mut u8,
+    _vid: *mut u16,
+) -> c_int {
+    ffi_guard!(libc::EIO, { int_err(libc::EOPNOTSUPP) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_ece(_qp: *mut ibv_qp, _ece: *mut c_void) -> c_int {
+    ffi_guard!(libc::EIO, { int_err(libc::EOPNOTSUPP) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_set_ece(_qp: *mut ibv_qp, _ece: *mut c_void) -> c_int {
+    ffi_guard!(libc::EIO, { int_err(libc::EOPNOTSUPP) })
+}
+
+/// Sharing objects across processes through a command fd needs the kernel.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_import_device(_cmd_fd: c_int) -> *mut ibv_context {
+    ffi_guard!(std::ptr::null_mut(), { null_err(libc::EOPNOTSUPP) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_import_pd(_ctx: *mut ibv_context, _h: u32) -> *mut ibv_pd {
+    ffi_guard!(std::ptr::null_mut(), { null_err(libc::EOPNOTSUPP) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_import_mr(_pd: *mut ibv_pd, _h: u32) -> *mut rdma_sys::ibv_mr {
+    ffi_guard!(std::ptr::null_mut(), { null_err(libc::EOPNOTSUPP) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_import_dm(_ctx: *mut ibv_context, _h: u32) -> *mut rdma_sys::ibv_dm {
+    ffi_guard!(std::ptr::null_mut(), { null_err(libc::EOPNOTSUPP) })
+}
+
+/// Nothing can have been imported (every import fails), so there is nothing to release.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_unimport_pd(_pd: *mut ibv_pd) {}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_unimport_mr(_mr: *mut rdma_sys::ibv_mr) {}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_unimport_dm(_dm: *mut rdma_sys::ibv_dm) {}

@@ -1,0 +1,322 @@
+//! Protection domains and memory regions.
+
+use std::ffi::{c_int, c_void};
+use std::sync::Arc;
+
+use rdma_sys::{ibv_context, ibv_mr, ibv_pd};
+
+use super::context::Context;
+use super::{ffi_guard, int_err, null_err};
+use crate::device::{Device, MrInfo};
+
+/// `struct ibv_pd` plus nothing else (the context pointer leads to the device).
+#[repr(C)]
+pub struct Pd {
+    pub ibv: ibv_pd,
+    pub dev: Arc<Device>,
+}
+
+impl Pd {
+    /// # Safety
+    /// `pd` must be NULL or a live PD returned by our `ibv_alloc_pd`.
+    pub unsafe fn from_ibv<'a>(pd: *mut ibv_pd) -> Option<&'a Pd> {
+        // SAFETY: per the contract.
+        unsafe { (pd as *const Pd).as_ref() }
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
+    ffi_guard!(std::ptr::null_mut(), {
+        // SAFETY: ctx is ours.
+        let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
+            return null_err(libc::EINVAL);
+        };
+        let pd = Box::new(Pd {
+            ibv: ibv_pd {
+                context: ctx,
+                handle: c.dev.alloc_handle(),
+            },
+            dev: c.dev.clone(),
+        });
+        Box::into_raw(pd) as *mut ibv_pd
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
+    ffi_guard!(libc::EIO, {
+        if pd.is_null() {
+            return int_err(libc::EINVAL);
+        }
+        // SAFETY: pd came from ibv_alloc_pd.
+        let p = unsafe { &*(pd as *const Pd) };
+        let h = p.ibv.handle;
+        if p.dev.mrs.read().unwrap().values().any(|m| m.pd == h) || p.dev.engine.pd_in_use(h) {
+            return int_err(libc::EBUSY);
+        }
+        // SAFETY: freed once.
+        drop(unsafe { Box::from_raw(pd as *mut Pd) });
+        0
+    })
+}
+
+/// `struct ibv_mr` plus the mapping we own for a dmabuf MR.
+#[repr(C)]
+pub struct Mr {
+    pub ibv: ibv_mr,
+    dev: Arc<Device>,
+    /// (base, len) of an mmap of a dmabuf fd, unmapped at deregistration.
+    map: Option<(usize, usize)>,
+}
+
+pub const ACCESS_LOCAL_WRITE: u32 = 1;
+pub const ACCESS_REMOTE_WRITE: u32 = 2;
+pub const ACCESS_REMOTE_READ: u32 = 4;
+pub const ACCESS_REMOTE_ATOMIC: u32 = 8;
+const ACCESS_MW_BIND: u32 = 0x10;
+const ACCESS_ZERO_BASED: u32 = 0x20;
+const ACCESS_ON_DEMAND: u32 = 0x40;
+const ACCESS_HUGETLB: u32 = 0x80;
+const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
+
+/// Validates access flags the way a real provider does; returns the flags kept.
+fn check_access(access: c_int) -> Result<u32, i32> {
+    let a = access as u32 & !ACCESS_OPTIONAL_RANGE;
+    let known = ACCESS_LOCAL_WRITE
+        | ACCESS_REMOTE_WRITE
+        | ACCESS_REMOTE_READ
+        | ACCESS_REMOTE_ATOMIC
+        | ACCESS_MW_BIND
+        | ACCESS_HUGETLB;
+    if a & (ACCESS_ZERO_BASED | ACCESS_ON_DEMAND) != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    if a & !known != 0 {
+        return Err(libc::EINVAL);
+    }
+    // IBTA: remote write / atomic need local write.
+    if a & (ACCESS_REMOTE_WRITE | ACCESS_REMOTE_ATOMIC) != 0 && a & ACCESS_LOCAL_WRITE == 0 {
+        return Err(libc::EINVAL);
+    }
+    Ok(a)
+}
+
+fn register(
+    pd: *mut ibv_pd,
+    host: usize,
+    len: usize,
+    iova: u64,
+    access: c_int,
+    map: Option<(usize, usize)>,
+) -> Result<*mut ibv_mr, i32> {
+    // SAFETY: pd is ours per the API contract.
+    let p = unsafe { Pd::from_ibv(pd) }.ok_or(libc::EINVAL)?;
+    let access = check_access(access)?;
+    if (host as u64).checked_add(len as u64).is_none() || iova.checked_add(len as u64).is_none() {
+        return Err(libc::EINVAL);
+    }
+    let dev = &p.dev;
+    let key = dev.alloc_key();
+    let mr = Box::new(Mr {
+        ibv: ibv_mr {
+            context: p.ibv.context,
+            pd,
+            addr: host as *mut c_void,
+            length: len,
+            handle: dev.alloc_handle(),
+            lkey: key,
+            rkey: key,
+        },
+        dev: dev.clone(),
+        map,
+    });
+    dev.mrs.write().unwrap().insert(
+        key,
+        MrInfo {
+            addr: host,
+            len,
+            iova,
+            access,
+            pd: p.ibv.handle,
+        },
+    );
+    Ok(Box::into_raw(mr) as *mut ibv_mr)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
+    ffi_guard!(std::ptr::null_mut(), {
+        match register(pd, addr as usize, length, addr as u64, access, None) {
+            Ok(m) => m,
+            Err(e) => null_err(e),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: c_int,
+) -> *mut ibv_mr {
+    ffi_guard!(std::ptr::null_mut(), {
+        match register(pd, addr as usize, length, iova, access, None) {
+            Ok(m) => m,
+            Err(e) => null_err(e),
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_mr_iova2(
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> *mut ibv_mr {
+    ffi_guard!(std::ptr::null_mut(), {
+        match register(pd, addr as usize, length, iova, access as c_int, None) {
+            Ok(m) => m,
+            Err(e) => null_err(e),
+        }
+    })
+}
+
+/// dmabuf MR: we map `[offset, offset+length)` of the fd and do not keep the fd.
+/// As in rdma-core, `mr->addr` reports `offset`; the data path uses the mapping,
+/// addressed through `iova`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
+    pd: *mut ibv_pd,
+    offset: u64,
+    length: usize,
+    iova: u64,
+    fd: c_int,
+    access: c_int,
+) -> *mut ibv_mr {
+    ffi_guard!(std::ptr::null_mut(), {
+        if length == 0 || fd < 0 {
+            return null_err(libc::EINVAL);
+        }
+        if let Err(e) = check_access(access) {
+            return null_err(e);
+        }
+        // SAFETY: sysconf is always safe.
+        let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+        let base_off = offset & !(page - 1);
+        let skew = (offset - base_off) as usize;
+        let map_len = length + skew;
+        // SAFETY: maps a shared view of the caller's fd; checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd,
+                base_off as libc::off_t,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return null_err(super::errno());
+        }
+        let host = p as usize + skew;
+        match register(pd, host, length, iova, access, Some((p as usize, map_len))) {
+            Ok(m) => {
+                // SAFETY: m is the MR just created.
+                unsafe { (*m).addr = offset as usize as *mut c_void };
+                m
+            }
+            Err(e) => {
+                // SAFETY: unmaps what we mapped above.
+                unsafe { libc::munmap(p, map_len) };
+                null_err(e)
+            }
+        }
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
+    ffi_guard!(libc::EIO, {
+        if mr.is_null() {
+            return int_err(libc::EINVAL);
+        }
+        // SAFETY: mr came from one of our registration functions; freed once.
+        let m = unsafe { Box::from_raw(mr as *mut Mr) };
+        m.dev.mrs.write().unwrap().remove(&m.ibv.lkey);
+        if let Some((base, len)) = m.map {
+            // SAFETY: unmaps the mapping this MR owns.
+            unsafe { libc::munmap(base as *mut c_void, len) };
+        }
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_rereg_mr(
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
+) -> c_int {
+    // IBV_REREG_MR_CHANGE_TRANSLATION 1, _PD 2, _ACCESS 4; errors are the
+    // negative IBV_REREG_MR_ERR_* codes with errno set.
+    const ERR_INPUT: c_int = -1;
+    const ERR_CMD: c_int = -3;
+    ffi_guard!(ERR_CMD, {
+        if mr.is_null() || flags & !7 != 0 || flags == 0 {
+            super::set_errno(libc::EINVAL);
+            return ERR_INPUT;
+        }
+        // SAFETY: mr is ours.
+        let m = unsafe { &mut *(mr as *mut Mr) };
+        if m.map.is_some() {
+            super::set_errno(libc::EOPNOTSUPP);
+            return ERR_CMD;
+        }
+        let mut guard = m.dev.mrs.write().unwrap();
+        let Some(info) = guard.get(&m.ibv.lkey).copied() else {
+            super::set_errno(libc::EINVAL);
+            return ERR_INPUT;
+        };
+        let mut ni = info;
+        if flags & 1 != 0 {
+            ni.addr = addr as usize;
+            ni.len = length;
+            ni.iova = addr as u64;
+        }
+        if flags & 2 != 0 {
+            // SAFETY: pd is ours.
+            let Some(p) = (unsafe { Pd::from_ibv(pd) }) else {
+                super::set_errno(libc::EINVAL);
+                return ERR_INPUT;
+            };
+            ni.pd = p.ibv.handle;
+        }
+        if flags & 4 != 0 {
+            match check_access(access) {
+                Ok(a) => ni.access = a,
+                Err(e) => {
+                    super::set_errno(e);
+                    return ERR_INPUT;
+                }
+            }
+        }
+        guard.insert(m.ibv.lkey, ni);
+        if flags & 1 != 0 {
+            m.ibv.addr = addr;
+            m.ibv.length = length;
+        }
+        if flags & 2 != 0 {
+            m.ibv.pd = pd;
+        }
+        0
+    })
+}

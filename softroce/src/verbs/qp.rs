@@ -1,0 +1,535 @@
+//! RC queue pairs over [`QpCore`], and the SRQ verbs (not supported).
+
+use std::ffi::c_int;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rdma_sys::{
+    ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_srq, ibv_srq_attr, ibv_srq_init_attr,
+};
+
+use super::context::Context;
+use super::cq::Cq;
+use super::mr::Pd;
+use super::{ffi_guard, int_err, null_err};
+use crate::device::{self, gid_to_ipv4, Device};
+use crate::engine::{self, drain_locked, QpShared};
+use crate::proto::{attr_mask, AddressVector, ModifyAttrs, QpCaps, QpCore, QpState, RecvWr, SendWr, Sge, WrOpcode};
+
+/// `struct ibv_qp` and our state.
+#[repr(C)]
+pub struct Qp {
+    pub ibv: ibv_qp,
+    pub shared: Arc<QpShared>,
+    pub dev: Arc<Device>,
+    pub caps: QpCaps,
+}
+
+const IBV_QPT_RC: u32 = 2;
+
+fn send_flag(flags: u32, bit: u32) -> bool {
+    flags & bit != 0
+}
+const SEND_FENCE: u32 = 1;
+const SEND_SIGNALED: u32 = 2;
+const SEND_SOLICITED: u32 = 4;
+const SEND_INLINE: u32 = 8;
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(pd: *mut rdma_sys::ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    ffi_guard!(std::ptr::null_mut(), {
+        // SAFETY: pd is ours per the API contract.
+        let Some(p) = (unsafe { Pd::from_ibv(pd) }) else {
+            return null_err(libc::EINVAL);
+        };
+        if attr.is_null() {
+            return null_err(libc::EINVAL);
+        }
+        // SAFETY: attr is a valid in/out pointer.
+        let a = unsafe { &mut *attr };
+        if a.qp_type != IBV_QPT_RC {
+            return null_err(libc::EOPNOTSUPP);
+        }
+        if !a.srq.is_null() {
+            return null_err(libc::EOPNOTSUPP);
+        }
+        // SAFETY: CQ pointers are ours or NULL.
+        let (Some(scq), Some(rcq)) = (unsafe { Cq::from_ibv(a.send_cq) }, unsafe { Cq::from_ibv(a.recv_cq) }) else {
+            return null_err(libc::EINVAL);
+        };
+        let c = &a.cap;
+        if c.max_send_wr > device::MAX_QP_WR
+            || c.max_recv_wr > device::MAX_QP_WR
+            || c.max_send_sge > device::MAX_SGE
+            || c.max_recv_sge > device::MAX_SGE
+            || c.max_inline_data > device::MAX_INLINE
+        {
+            return null_err(libc::EINVAL);
+        }
+        let caps = QpCaps {
+            max_send_wr: c.max_send_wr.max(1),
+            max_recv_wr: c.max_recv_wr.max(1),
+            max_send_sge: c.max_send_sge.max(1),
+            max_recv_sge: c.max_recv_sge.max(1),
+            max_inline_data: device::MAX_INLINE,
+            sq_sig_all: a.sq_sig_all != 0,
+        };
+        let dev = p.dev.clone();
+        // SAFETY: the PD's context pointer is our live context.
+        let ctx = unsafe { Context::from_ibv(p.ibv.context) }.expect("PD without context");
+        let qpn = dev.alloc_qpn();
+        let shared = Arc::new(QpShared {
+            qpn,
+            pd: p.ibv.handle,
+            core: Mutex::new(QpCore::new(qpn, caps)),
+            send_cq: scq.inner.clone(),
+            recv_cq: rcq.inner.clone(),
+            async_q: ctx.async_q.clone(),
+            ibv_ptr: AtomicUsize::new(0),
+            dirty: AtomicBool::new(false),
+        });
+        // SAFETY: ibv_qp is plain data; zeroed mutex/cond are static initialisers.
+        let mut ibv: ibv_qp = unsafe { std::mem::zeroed() };
+        ibv.context = p.ibv.context;
+        ibv.qp_context = a.qp_context;
+        ibv.pd = pd;
+        ibv.send_cq = a.send_cq;
+        ibv.recv_cq = a.recv_cq;
+        ibv.srq = std::ptr::null_mut();
+        ibv.handle = dev.alloc_handle();
+        ibv.qp_num = qpn;
+        ibv.state = QpState::Reset as u32;
+        ibv.qp_type = IBV_QPT_RC;
+        let q = Box::into_raw(Box::new(Qp {
+            ibv,
+            shared: shared.clone(),
+            dev: dev.clone(),
+            caps,
+        }));
+        shared.ibv_ptr.store(q as usize, Ordering::Relaxed);
+        dev.engine.add_qp(shared);
+        // Granted capabilities go back to the caller.
+        a.cap.max_send_wr = caps.max_send_wr;
+        a.cap.max_recv_wr = caps.max_recv_wr;
+        a.cap.max_send_sge = caps.max_send_sge;
+        a.cap.max_recv_sge = caps.max_recv_sge;
+        a.cap.max_inline_data = caps.max_inline_data;
+        q as *mut ibv_qp
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    ffi_guard!(libc::EIO, {
+        if qp.is_null() {
+            return int_err(libc::EINVAL);
+        }
+        // SAFETY: qp came from ibv_create_qp; freed once.
+        let q = unsafe { Box::from_raw(qp as *mut Qp) };
+        q.dev.engine.remove_qp(q.shared.qpn);
+        0
+    })
+}
+
+fn state_of(v: u32) -> Result<QpState, i32> {
+    QpState::from_ibv(v).ok_or(libc::EINVAL)
+}
+
+/// Converts `ibv_qp_attr` + mask into the core's attributes, with the checks
+/// that need device knowledge (port, GID index, MTU, address family).
+fn to_modify_attrs(dev: &Device, a: &ibv_qp_attr, mask: u32) -> Result<ModifyAttrs, i32> {
+    let mut m = ModifyAttrs {
+        mask,
+        ..Default::default()
+    };
+    if mask & attr_mask::STATE != 0 {
+        m.qp_state = state_of(a.qp_state)?;
+    }
+    if mask & attr_mask::CUR_STATE != 0 {
+        m.cur_qp_state = state_of(a.cur_qp_state)?;
+    }
+    if mask & attr_mask::PATH_MTU != 0 {
+        let max = dev.active_mtu;
+        if a.path_mtu < 1 || a.path_mtu > max {
+            return Err(libc::EINVAL);
+        }
+        m.path_mtu = a.path_mtu as u8;
+    }
+    if mask & attr_mask::PORT != 0 && a.port_num != 1 {
+        return Err(libc::EINVAL);
+    }
+    if mask & attr_mask::PKEY_INDEX != 0 && a.pkey_index != 0 {
+        return Err(libc::EINVAL);
+    }
+    if mask & attr_mask::AV != 0 {
+        let ah = &a.ah_attr;
+        // RoCE needs a GRH (rc_pingpong without -g fails here, as on real RoCE).
+        if ah.is_global == 0 {
+            return Err(libc::EINVAL);
+        }
+        if dev.gid(ah.grh.sgid_index as usize).is_none() {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: reading the raw bytes of a 16-byte union.
+        let dgid = unsafe { ah.grh.dgid.raw };
+        if gid_to_ipv4(&dgid).is_none() {
+            // IPv6 / link-local destinations are not routable by this device.
+            return Err(libc::EINVAL);
+        }
+        if ah.port_num != 0 && ah.port_num != 1 {
+            return Err(libc::EINVAL);
+        }
+        m.ah = AddressVector {
+            dgid,
+            sgid_index: ah.grh.sgid_index,
+            hop_limit: ah.grh.hop_limit,
+            traffic_class: ah.grh.traffic_class,
+            flow_label: ah.grh.flow_label,
+            is_global: true,
+            port_num: 1,
+            sl: ah.sl,
+        };
+    }
+    if mask & attr_mask::ALT_PATH != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    if mask & attr_mask::MAX_QP_RD_ATOMIC != 0 && a.max_rd_atomic as u32 > device::MAX_QP_RD_ATOM {
+        return Err(libc::EINVAL);
+    }
+    if mask & attr_mask::MAX_DEST_RD_ATOMIC != 0 && a.max_dest_rd_atomic as u32 > device::MAX_QP_RD_ATOM {
+        return Err(libc::EINVAL);
+    }
+    m.qkey = a.qkey;
+    m.rq_psn = a.rq_psn;
+    m.sq_psn = a.sq_psn;
+    m.dest_qp_num = a.dest_qp_num;
+    m.qp_access_flags = a.qp_access_flags;
+    m.pkey_index = a.pkey_index;
+    m.port_num = a.port_num;
+    m.en_sqd_async_notify = a.en_sqd_async_notify;
+    m.max_rd_atomic = a.max_rd_atomic;
+    m.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    m.min_rnr_timer = a.min_rnr_timer;
+    m.timeout = a.timeout;
+    m.retry_cnt = a.retry_cnt;
+    m.rnr_retry = a.rnr_retry;
+    Ok(m)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+    ffi_guard!(libc::EIO, {
+        if qp.is_null() || attr.is_null() {
+            return int_err(libc::EINVAL);
+        }
+        // SAFETY: qp is ours; attr is valid for reading.
+        let (q, a) = unsafe { (&mut *(qp as *mut Qp), &*attr) };
+        let mask = mask as u32;
+        // RATE_LIMIT and bits we do not know.
+        if mask & !0x1f_ffff != 0 {
+            return int_err(libc::EOPNOTSUPP);
+        }
+        let m = match to_modify_attrs(&q.dev, a, mask) {
+            Ok(m) => m,
+            Err(e) => return int_err(e),
+        };
+        let t = engine::now();
+        let mut core = q.shared.core.lock().unwrap();
+        if let Err(e) = core.modify(&m) {
+            return int_err(e.0);
+        }
+        q.ibv.state = core.state() as u32;
+        let mut buf = Vec::new();
+        drain_locked(&q.dev, &q.shared, &mut core, t, &mut buf);
+        let deadline = core.poll_timeout();
+        drop(core);
+        q.dev.engine.note_deadline(deadline);
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    ffi_guard!(libc::EIO, {
+        if qp.is_null() || attr.is_null() || init_attr.is_null() {
+            return int_err(libc::EINVAL);
+        }
+        // SAFETY: qp is ours.
+        let q = unsafe { &*(qp as *const Qp) };
+        let s = q.shared.core.lock().unwrap().query();
+        // SAFETY: plain data.
+        let mut o: ibv_qp_attr = unsafe { std::mem::zeroed() };
+        o.qp_state = s.qp_state as u32;
+        o.cur_qp_state = s.qp_state as u32;
+        o.path_mtu = s.path_mtu as u32;
+        o.path_mig_state = 0; // IBV_MIG_MIGRATED
+        o.qkey = s.qkey;
+        o.rq_psn = s.rq_psn;
+        o.sq_psn = s.sq_psn;
+        o.dest_qp_num = s.dest_qp_num;
+        o.qp_access_flags = s.qp_access_flags;
+        o.cap.max_send_wr = q.caps.max_send_wr;
+        o.cap.max_recv_wr = q.caps.max_recv_wr;
+        o.cap.max_send_sge = q.caps.max_send_sge;
+        o.cap.max_recv_sge = q.caps.max_recv_sge;
+        o.cap.max_inline_data = q.caps.max_inline_data;
+        o.ah_attr.grh.dgid.raw = s.ah.dgid;
+        o.ah_attr.grh.flow_label = s.ah.flow_label;
+        o.ah_attr.grh.sgid_index = s.ah.sgid_index;
+        o.ah_attr.grh.hop_limit = s.ah.hop_limit;
+        o.ah_attr.grh.traffic_class = s.ah.traffic_class;
+        o.ah_attr.is_global = s.ah.is_global as u8;
+        o.ah_attr.port_num = 1;
+        o.ah_attr.sl = s.ah.sl;
+        o.pkey_index = s.pkey_index;
+        o.en_sqd_async_notify = s.en_sqd_async_notify;
+        o.sq_draining = 0;
+        o.max_rd_atomic = s.max_rd_atomic;
+        o.max_dest_rd_atomic = s.max_dest_rd_atomic;
+        o.min_rnr_timer = s.min_rnr_timer;
+        o.port_num = 1;
+        o.timeout = s.timeout;
+        o.retry_cnt = s.retry_cnt;
+        o.rnr_retry = s.rnr_retry;
+        // SAFETY: both out-pointers are valid per the API contract.
+        unsafe {
+            let cap = o.cap;
+            *attr = o;
+            let ia = &mut *init_attr;
+            ia.qp_context = q.ibv.qp_context;
+            ia.send_cq = q.ibv.send_cq;
+            ia.recv_cq = q.ibv.recv_cq;
+            ia.srq = std::ptr::null_mut();
+            ia.cap = cap;
+            ia.qp_type = IBV_QPT_RC;
+            ia.sq_sig_all = q.caps.sq_sig_all as c_int;
+        }
+        0
+    })
+}
+
+/// # Safety
+/// `sg` must point to `n` valid `ibv_sge`s (or n == 0).
+unsafe fn sges(sg: *const rdma_sys::ibv_sge, n: c_int) -> Vec<Sge> {
+    if n <= 0 || sg.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: per the contract.
+    let s = unsafe { std::slice::from_raw_parts(sg, n as usize) };
+    s.iter()
+        .map(|e| Sge {
+            addr: e.addr,
+            length: e.length,
+            lkey: e.lkey,
+        })
+        .collect()
+}
+
+/// Converts one `ibv_send_wr` (inline payload copied now).
+///
+/// # Safety
+/// `w` must be a valid WR whose SGEs are valid; for INLINE their addresses
+/// must be readable for their lengths.
+unsafe fn to_send_wr(w: &ibv_send_wr, max_sge: u32) -> Result<SendWr, i32> {
+    let opcode = WrOpcode::from_ibv(w.opcode).ok_or(libc::EINVAL)?;
+    if w.num_sge < 0 || w.num_sge as u32 > max_sge {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: per the contract.
+    let sg = unsafe { sges(w.sg_list, w.num_sge) };
+    let inline = send_flag(w.send_flags, SEND_INLINE)
+        && matches!(
+            opcode,
+            WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm
+        );
+    let inline_data = if inline {
+        let total: u64 = sg.iter().map(|s| s.length as u64).sum();
+        if total > device::MAX_INLINE as u64 {
+            return Err(libc::EINVAL);
+        }
+        let mut v = Vec::with_capacity(total as usize);
+        for s in &sg {
+            if s.length > 0 {
+                // SAFETY: inline SGEs are plain readable buffers (no lkey check, as on HW).
+                v.extend_from_slice(unsafe {
+                    std::slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
+                });
+            }
+        }
+        Some(v)
+    } else {
+        None
+    };
+    // SAFETY: reading the union members that match the opcode.
+    let (remote_addr, rkey, compare_add, swap) = unsafe {
+        if opcode.is_atomic() {
+            let at = w.wr.atomic;
+            (at.remote_addr, at.rkey, at.compare_add, at.swap)
+        } else {
+            let r = w.wr.rdma;
+            (r.remote_addr, r.rkey, 0, 0)
+        }
+    };
+    Ok(SendWr {
+        wr_id: w.wr_id,
+        opcode,
+        sges: if inline { Vec::new() } else { sg },
+        inline_data,
+        remote_addr,
+        rkey,
+        // SAFETY: the union's imm_data member (raw u32, network order).
+        imm_data: unsafe { w.imm_data_invalidated_rkey_union.imm_data },
+        compare_add,
+        swap,
+        signaled: send_flag(w.send_flags, SEND_SIGNALED),
+        solicited: send_flag(w.send_flags, SEND_SOLICITED),
+        fence: send_flag(w.send_flags, SEND_FENCE),
+    })
+}
+
+/// `ops.post_send`.
+pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
+    ffi_guard!(libc::EIO, {
+        if qp.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: qp is ours.
+        let q = unsafe { &*(qp as *const Qp) };
+        let t = engine::now();
+        let mut core = q.shared.core.lock().unwrap();
+        let mut cur = wr;
+        let mut err = 0;
+        while !cur.is_null() {
+            // SAFETY: the WR chain is valid per the API contract.
+            let w = unsafe { &*cur };
+            // SAFETY: as above.
+            let r = unsafe { to_send_wr(w, q.caps.max_send_sge) }
+                .and_then(|sw| core.post_send(t, sw).map_err(|e| e.errno().0));
+            if let Err(e) = r {
+                err = e;
+                break;
+            }
+            cur = w.next;
+        }
+        if err != 0 && !bad_wr.is_null() {
+            // SAFETY: valid out-pointer.
+            unsafe { *bad_wr = cur };
+        }
+        let mut buf = Vec::with_capacity(4200);
+        drain_locked(&q.dev, &q.shared, &mut core, t, &mut buf);
+        let deadline = core.poll_timeout();
+        drop(core);
+        q.dev.engine.note_deadline(deadline);
+        err
+    })
+}
+
+/// `ops.post_recv`.
+pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
+    ffi_guard!(libc::EIO, {
+        if qp.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: qp is ours.
+        let q = unsafe { &*(qp as *const Qp) };
+        let mut core = q.shared.core.lock().unwrap();
+        let mut cur = wr;
+        let mut err = 0;
+        while !cur.is_null() {
+            // SAFETY: the WR chain is valid per the API contract.
+            let w = unsafe { &*cur };
+            if w.num_sge < 0 || w.num_sge as u32 > q.caps.max_recv_sge {
+                err = libc::EINVAL;
+                break;
+            }
+            let rw = RecvWr {
+                wr_id: w.wr_id,
+                // SAFETY: SGE list valid per the contract.
+                sges: unsafe { sges(w.sg_list, w.num_sge) },
+            };
+            if let Err(e) = core.post_recv(rw) {
+                err = e.errno().0;
+                break;
+            }
+            cur = w.next;
+        }
+        if err != 0 && !bad_wr.is_null() {
+            // SAFETY: valid out-pointer.
+            unsafe { *bad_wr = cur };
+        }
+        // Receives can unblock an RNR-waiting peer only via its retry; but in ERR
+        // they complete at once (flush), so deliver completions now.
+        let t = engine::now();
+        let mut buf = Vec::new();
+        drain_locked(&q.dev, &q.shared, &mut core, t, &mut buf);
+        err
+    })
+}
+
+/// `ops.post_srq_recv`: no SRQ can exist (ibv_create_srq fails), so any call is invalid.
+pub unsafe extern "C" fn post_srq_recv(
+    _srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    ffi_guard!(libc::EIO, {
+        if !bad_wr.is_null() {
+            // SAFETY: valid out-pointer.
+            unsafe { *bad_wr = wr };
+        }
+        libc::EOPNOTSUPP
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(pd: *mut rdma_sys::ibv_pd, _attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
+    ffi_guard!(std::ptr::null_mut(), {
+        let _ = pd;
+        null_err(libc::EOPNOTSUPP)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_srq(_srq: *mut ibv_srq, _attr: *mut ibv_srq_attr, _mask: c_int) -> c_int {
+    ffi_guard!(libc::EIO, { int_err(libc::EOPNOTSUPP) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_srq(_srq: *mut ibv_srq, _attr: *mut ibv_srq_attr) -> c_int {
+    ffi_guard!(libc::EIO, { int_err(libc::EOPNOTSUPP) })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(_srq: *mut ibv_srq) -> c_int {
+    ffi_guard!(libc::EIO, { int_err(libc::EOPNOTSUPP) })
+}
+
+/// Plain QPs have no `ibv_qp_ex` extension (as for any QP not created with
+/// `ibv_create_qp_ex` + send_ops_flags): NULL, errno untouched... rdma-core sets none.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut rdma_sys::ibv_qp_ex {
+    ffi_guard!(std::ptr::null_mut(), { std::ptr::null_mut() })
+}
+
+/// Acknowledges an async event whose element is this QP.
+///
+/// # Safety
+/// `qp` must be NULL or our live QP.
+pub unsafe fn ack_async(qp: *mut ibv_qp) {
+    if !qp.is_null() {
+        // SAFETY: per the contract.
+        unsafe { (*qp).events_completed += 1 };
+    }
+}
+
+/// `ibv_query_qp_data_in_order`: we guarantee nothing beyond the verbs
+/// ordering rules, like a provider without the op (returns 0).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp_data_in_order(_qp: *mut ibv_qp, _op: u32, _flags: u32) -> c_int {
+    ffi_guard!(0, { 0 })
+}
