@@ -78,33 +78,20 @@ impl AtomicOp {
 pub trait MemoryAccess {
     /// Check that `[addr, addr+len)` lies in the MR `lkey` (and, if `write`,
     /// that the MR has LOCAL_WRITE).
-    fn local_check(
-        &self,
-        lkey: u32,
-        addr: u64,
-        len: u64,
-        write: bool,
-    ) -> Result<(), LocalAccessError>;
+    fn local_check(&self, lkey: u32, addr: u64, len: u64, write: bool) -> Result<(), LocalAccessError>;
     /// Read local memory (gather for SEND/WRITE payloads).
     fn local_read(&self, lkey: u32, addr: u64, buf: &mut [u8]) -> Result<(), LocalAccessError>;
     /// Write local memory (scatter of received SENDs, READ responses, atomic results).
     fn local_write(&mut self, lkey: u32, addr: u64, data: &[u8]) -> Result<(), LocalAccessError>;
     /// Check that `[va, va+len)` lies in the MR `rkey` with permission `what`.
-    fn remote_check(
-        &self,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        what: RemoteAccess,
-    ) -> Result<(), RemoteAccessError>;
+    fn remote_check(&self, rkey: u32, va: u64, len: u64, what: RemoteAccess) -> Result<(), RemoteAccessError>;
     /// Execute an incoming RDMA WRITE segment.
     fn remote_write(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), RemoteAccessError>;
     /// Serve an RDMA READ response segment.
     fn remote_read(&self, rkey: u32, va: u64, buf: &mut [u8]) -> Result<(), RemoteAccessError>;
     /// Execute an atomic on the host-order u64 at `va` (must be 8-byte
     /// aligned); returns the original value.
-    fn remote_atomic(&mut self, rkey: u32, va: u64, op: AtomicOp)
-        -> Result<u64, RemoteAccessError>;
+    fn remote_atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, RemoteAccessError>;
 }
 
 /// One registered region of [`InMemory`].
@@ -203,9 +190,7 @@ impl InMemory {
         len: u64,
         what: RemoteAccess,
     ) -> Result<(usize, core::ops::Range<usize>), RemoteAccessError> {
-        let i = self
-            .find(rkey, false)
-            .ok_or(RemoteAccessError::InvalidKey)?;
+        let i = self.find(rkey, false).ok_or(RemoteAccessError::InvalidKey)?;
         let r = &self.regions[i];
         let need = match what {
             RemoteAccess::Write => access::REMOTE_WRITE,
@@ -221,13 +206,7 @@ impl InMemory {
 }
 
 impl MemoryAccess for InMemory {
-    fn local_check(
-        &self,
-        lkey: u32,
-        addr: u64,
-        len: u64,
-        write: bool,
-    ) -> Result<(), LocalAccessError> {
+    fn local_check(&self, lkey: u32, addr: u64, len: u64, write: bool) -> Result<(), LocalAccessError> {
         if len == 0 {
             return Ok(());
         }
@@ -249,13 +228,7 @@ impl MemoryAccess for InMemory {
         self.regions[i].data[rg].copy_from_slice(data);
         Ok(())
     }
-    fn remote_check(
-        &self,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        what: RemoteAccess,
-    ) -> Result<(), RemoteAccessError> {
+    fn remote_check(&self, rkey: u32, va: u64, len: u64, what: RemoteAccess) -> Result<(), RemoteAccessError> {
         if len == 0 {
             return Ok(());
         }
@@ -280,12 +253,7 @@ impl MemoryAccess for InMemory {
         buf.copy_from_slice(&self.regions[i].data[rg]);
         Ok(())
     }
-    fn remote_atomic(
-        &mut self,
-        rkey: u32,
-        va: u64,
-        op: AtomicOp,
-    ) -> Result<u64, RemoteAccessError> {
+    fn remote_atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, RemoteAccessError> {
         if va % 8 != 0 {
             return Err(RemoteAccessError::Misaligned);
         }

@@ -28,12 +28,13 @@
 
 pub mod mem;
 mod qp;
+mod requester;
+mod responder;
 pub mod state;
 pub mod time;
+pub mod timer;
 
-pub use mem::{
-    AtomicOp, InMemory, LocalAccessError, MemoryAccess, RemoteAccess, RemoteAccessError,
-};
+pub use mem::{AtomicOp, InMemory, LocalAccessError, MemoryAccess, RemoteAccess, RemoteAccessError};
 pub use qp::QpCore;
 pub use state::QpState;
 pub use time::{Duration, Instant};

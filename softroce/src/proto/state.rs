@@ -175,11 +175,7 @@ mod tests {
     #[test]
     fn every_legal_transition_accepted_with_required_mask() {
         for r in TRANSITIONS {
-            assert_eq!(
-                check_transition(r.from, r.to, m::STATE | r.required),
-                Ok(()),
-                "{r:?}"
-            );
+            assert_eq!(check_transition(r.from, r.to, m::STATE | r.required), Ok(()), "{r:?}");
             assert_eq!(
                 check_transition(r.from, r.to, m::STATE | r.required | r.optional),
                 Ok(()),
@@ -196,10 +192,7 @@ mod tests {
     fn illegal_transitions_rejected() {
         for from in ALL {
             for to in ALL {
-                if to == Reset
-                    || to == QpState::Err
-                    || TRANSITIONS.iter().any(|r| r.from == from && r.to == to)
-                {
+                if to == Reset || to == QpState::Err || TRANSITIONS.iter().any(|r| r.from == from && r.to == to) {
                     continue;
                 }
                 assert_eq!(

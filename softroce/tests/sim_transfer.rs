@@ -1,0 +1,368 @@
+//! Every opcode, several sizes, data checked byte for byte.
+
+mod sim_common;
+use sim_common::*;
+use softroce::proto::*;
+
+const SIZES: [u32; 9] = [0, 1, 3, 1023, 1024, 1025, 4096, 3 * 1024 + 5, 65536];
+
+#[test]
+fn send_and_send_imm_all_sizes() {
+    let mut p = Pair::new(&Setup::default(), 1);
+    let mut off = 0u64;
+    for (i, &len) in SIZES.iter().enumerate() {
+        let imm = i % 2 == 1;
+        let dl = p.b().dst_lkey;
+        p.b()
+            .qp
+            .post_recv(RecvWr {
+                wr_id: 100 + i as u64,
+                sges: sge(DST + off, len + 7, dl),
+            })
+            .unwrap();
+        let sl = p.a().src_lkey;
+        let mut wr = SendWr::new(i as u64, if imm { WrOpcode::SendWithImm } else { WrOpcode::Send });
+        wr.sges = sge(SRC + off, len, sl);
+        wr.imm_data = 0xdead_0000 + i as u32;
+        let now = p.now;
+        p.a().qp.post_send(now, wr).unwrap();
+        off += u64::from(len) + 64;
+    }
+    p.run();
+    assert_eq!(p.ep[0].send_cq.len(), SIZES.len());
+    assert_eq!(p.ep[1].recv_cq.len(), SIZES.len());
+    let mut off = 0u64;
+    for (i, &len) in SIZES.iter().enumerate() {
+        let s = p.ep[0].send_cq[i];
+        assert_eq!(
+            (s.wr_id, s.status, s.opcode, s.byte_len),
+            (i as u64, wc_status::SUCCESS, wc_opcode::SEND, len)
+        );
+        let r = p.ep[1].recv_cq[i];
+        assert_eq!(
+            (r.wr_id, r.status, r.opcode, r.byte_len),
+            (100 + i as u64, wc_status::SUCCESS, wc_opcode::RECV, len)
+        );
+        if i % 2 == 1 {
+            assert_eq!(r.imm_data, Some(0xdead_0000 + i as u32));
+            assert_ne!(r.wc_flags & wc_flags::WITH_IMM, 0);
+        } else {
+            assert_eq!(r.imm_data, None);
+        }
+        assert_eq!(r.src_qp, 0x11);
+        assert_eq!(
+            p.ep[1].peek(DST + off, len as usize),
+            p.ep[0].peek(SRC + off, len as usize),
+            "size {len}"
+        );
+        off += u64::from(len) + 64;
+    }
+    assert_eq!(p.ep[1].events, vec![]); // both in RTS: no COMM_EST
+}
+
+#[test]
+fn write_and_write_imm_all_sizes() {
+    let mut p = Pair::new(
+        &Setup {
+            mtu: MTU_4096,
+            ..Setup::default()
+        },
+        2,
+    );
+    let mut off = 0u64;
+    for (i, &len) in SIZES.iter().enumerate() {
+        let imm = i % 2 == 0;
+        if imm {
+            p.b()
+                .qp
+                .post_recv(RecvWr {
+                    wr_id: 200 + i as u64,
+                    sges: vec![],
+                })
+                .unwrap();
+        }
+        let (sl, rk) = (p.ep[0].src_lkey, p.ep[1].dst_rkey);
+        let mut wr = SendWr::new(
+            i as u64,
+            if imm {
+                WrOpcode::RdmaWriteWithImm
+            } else {
+                WrOpcode::RdmaWrite
+            },
+        );
+        wr.sges = sge(SRC + off, len, sl);
+        wr.remote_addr = DST + off;
+        wr.rkey = rk;
+        wr.imm_data = 0x0102_0304;
+        let now = p.now;
+        p.a().qp.post_send(now, wr).unwrap();
+        off += u64::from(len) + 64;
+    }
+    p.run();
+    assert_eq!(p.ep[0].send_cq.len(), SIZES.len());
+    let mut off = 0u64;
+    let mut imms = 0;
+    for (i, &len) in SIZES.iter().enumerate() {
+        let s = p.ep[0].send_cq[i];
+        assert_eq!(
+            (s.wr_id, s.status, s.opcode),
+            (i as u64, wc_status::SUCCESS, wc_opcode::RDMA_WRITE)
+        );
+        assert_eq!(
+            p.ep[1].peek(DST + off, len as usize),
+            p.ep[0].peek(SRC + off, len as usize),
+            "size {len}"
+        );
+        if i % 2 == 0 {
+            let r = p.ep[1].recv_cq[imms];
+            imms += 1;
+            assert_eq!(
+                (r.wr_id, r.status, r.opcode, r.byte_len),
+                (200 + i as u64, wc_status::SUCCESS, wc_opcode::RECV_RDMA_WITH_IMM, len)
+            );
+            assert_eq!(r.imm_data, Some(0x0102_0304));
+        }
+        off += u64::from(len) + 64;
+    }
+    assert_eq!(p.ep[1].recv_cq.len(), imms);
+}
+
+#[test]
+fn read_all_sizes() {
+    let mut p = Pair::new(&Setup::default(), 3);
+    let mut off = 0u64;
+    for (i, &len) in SIZES.iter().enumerate() {
+        let (dl, rk) = (p.ep[0].dst_lkey, p.ep[1].src_rkey);
+        let mut wr = SendWr::new(i as u64, WrOpcode::RdmaRead);
+        wr.sges = sge(DST + off, len, dl);
+        wr.remote_addr = SRC + off;
+        wr.rkey = rk;
+        let now = p.now;
+        p.a().qp.post_send(now, wr).unwrap();
+        off += u64::from(len) + 64;
+    }
+    p.run();
+    assert_eq!(p.ep[0].send_cq.len(), SIZES.len());
+    let mut off = 0u64;
+    for (i, &len) in SIZES.iter().enumerate() {
+        let s = p.ep[0].send_cq[i];
+        assert_eq!(
+            (s.wr_id, s.status, s.opcode, s.byte_len),
+            (i as u64, wc_status::SUCCESS, wc_opcode::RDMA_READ, len)
+        );
+        assert_eq!(
+            p.ep[0].peek(DST + off, len as usize),
+            p.ep[1].peek(SRC + off, len as usize),
+            "size {len}"
+        );
+        off += u64::from(len) + 64;
+    }
+    assert!(p.ep[1].recv_cq.is_empty());
+}
+
+#[test]
+fn atomics() {
+    let mut p = Pair::new(&Setup::default(), 4);
+    p.b().mem.poke(ATOM, &100u64.to_ne_bytes());
+    let (al, rk) = (p.ep[0].atom_lkey, p.ep[1].atom_rkey);
+    let mut fa = SendWr::new(1, WrOpcode::AtomicFetchAdd);
+    fa.sges = sge(ATOM, 8, al);
+    fa.remote_addr = ATOM;
+    fa.rkey = rk;
+    fa.compare_add = 5;
+    let mut cs_hit = SendWr::new(2, WrOpcode::AtomicCmpSwp);
+    cs_hit.sges = sge(ATOM + 8, 8, al);
+    cs_hit.remote_addr = ATOM;
+    cs_hit.rkey = rk;
+    cs_hit.compare_add = 105;
+    cs_hit.swap = 7;
+    let mut cs_miss = cs_hit.clone();
+    cs_miss.wr_id = 3;
+    cs_miss.sges = sge(ATOM + 16, 8, al);
+    cs_miss.swap = 9;
+    let now = p.now;
+    for wr in [fa, cs_hit, cs_miss] {
+        p.a().qp.post_send(now, wr).unwrap();
+    }
+    p.run();
+    let cq = &p.ep[0].send_cq;
+    assert_eq!(cq.len(), 3);
+    assert_eq!(
+        (cq[0].status, cq[0].opcode, cq[0].byte_len),
+        (wc_status::SUCCESS, wc_opcode::FETCH_ADD, 8)
+    );
+    assert_eq!((cq[1].status, cq[1].opcode), (wc_status::SUCCESS, wc_opcode::COMP_SWAP));
+    assert_eq!(cq[2].status, wc_status::SUCCESS);
+    let word = |e: &Endpoint, a: u64| u64::from_ne_bytes(e.peek(a, 8).try_into().unwrap());
+    assert_eq!(word(&p.ep[0], ATOM), 100);
+    assert_eq!(word(&p.ep[0], ATOM + 8), 105);
+    assert_eq!(word(&p.ep[0], ATOM + 16), 7);
+    assert_eq!(word(&p.ep[1], ATOM), 7);
+}
+
+#[test]
+fn bidirectional_mixed_with_selective_signaling_and_inline() {
+    let mut p = Pair::new(
+        &Setup {
+            mtu: 1,
+            ..Setup::default()
+        },
+        5,
+    ); // 256-byte MTU
+    let mut expect = [Vec::new(), Vec::new()];
+    for side in 0..2 {
+        let peer = 1 - side;
+        for k in 0..40u64 {
+            let len = (k * 97 % 3000) as u32;
+            let off = k * 4096;
+            let op = match k % 4 {
+                0 => WrOpcode::Send,
+                1 => WrOpcode::RdmaWrite,
+                2 => WrOpcode::RdmaRead,
+                _ => WrOpcode::RdmaWriteWithImm,
+            };
+            if matches!(op, WrOpcode::Send | WrOpcode::RdmaWriteWithImm) {
+                let dl = p.ep[peer].dst_lkey;
+                p.ep[peer]
+                    .qp
+                    .post_recv(RecvWr {
+                        wr_id: k,
+                        sges: sge(DST + off, 4096, dl),
+                    })
+                    .unwrap();
+            }
+            let mut wr = SendWr::new(k, op);
+            if op == WrOpcode::RdmaRead {
+                wr.sges = sge(DST + off, len, p.ep[side].dst_lkey);
+                wr.remote_addr = SRC + off;
+                wr.rkey = p.ep[peer].src_rkey;
+            } else {
+                wr.sges = sge(SRC + off, len, p.ep[side].src_lkey);
+                wr.remote_addr = DST + off;
+                wr.rkey = p.ep[peer].dst_rkey;
+            }
+            if op == WrOpcode::Send && len <= 400 {
+                wr.inline_data = Some(p.ep[side].peek(SRC + off, len as usize));
+                wr.sges.clear();
+            }
+            wr.signaled = k % 3 == 0 || k == 39;
+            if wr.signaled {
+                expect[side].push(k);
+            }
+            let now = p.now;
+            p.ep[side].qp.post_send(now, wr).unwrap();
+        }
+    }
+    p.run();
+    for side in 0..2 {
+        let peer = 1 - side;
+        let ids: Vec<u64> = p.ep[side].send_cq.iter().map(|c| c.wr_id).collect();
+        assert_eq!(ids, expect[side]);
+        assert!(p.ep[side].send_cq.iter().all(|c| c.status == wc_status::SUCCESS));
+        for k in 0..40u64 {
+            let len = (k * 97 % 3000) as usize;
+            let off = k * 4096;
+            let (got, want) = if k % 4 == 2 {
+                (p.ep[side].peek(DST + off, len), p.ep[peer].peek(SRC + off, len))
+            } else {
+                (p.ep[peer].peek(DST + off, len), p.ep[side].peek(SRC + off, len))
+            };
+            assert_eq!(got, want, "side {side} wr {k}");
+        }
+        assert!(p.ep[side].qp.is_idle());
+    }
+}
+
+#[test]
+fn responder_in_rtr_only_works_and_raises_comm_est() {
+    // perftest servers never reach RTS.
+    let s = Setup::default();
+    let mut p = Pair::new(&s, 6);
+    // Re-create B as RTR-only.
+    let mut b = Endpoint::new(0x22, [127, 0, 0, 2], s.caps);
+    b.fill_src(9);
+    b.qp.modify(&ModifyAttrs {
+        mask: attr_mask::STATE | attr_mask::PKEY_INDEX | attr_mask::PORT | attr_mask::ACCESS_FLAGS,
+        qp_state: QpState::Init,
+        port_num: 1,
+        qp_access_flags: s.access,
+        ..Default::default()
+    })
+    .unwrap();
+    b.qp.modify(&ModifyAttrs {
+        mask: attr_mask::STATE
+            | attr_mask::AV
+            | attr_mask::PATH_MTU
+            | attr_mask::DEST_QPN
+            | attr_mask::RQ_PSN
+            | attr_mask::MAX_DEST_RD_ATOMIC
+            | attr_mask::MIN_RNR_TIMER,
+        qp_state: QpState::Rtr,
+        path_mtu: s.mtu,
+        dest_qp_num: 0x11,
+        rq_psn: 0xFF_FFF0,
+        max_dest_rd_atomic: 4,
+        ah: AddressVector {
+            dgid: gid([127, 0, 0, 1]),
+            is_global: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    })
+    .unwrap();
+    p.ep[1] = b;
+    let (sl, rk) = (p.ep[0].src_lkey, p.ep[1].dst_rkey);
+    let mut wr = SendWr::new(1, WrOpcode::RdmaWrite);
+    wr.sges = sge(SRC, 10_000, sl);
+    wr.remote_addr = DST;
+    wr.rkey = rk;
+    let mut rd = SendWr::new(2, WrOpcode::RdmaRead);
+    rd.sges = sge(DST, 5000, p.ep[0].dst_lkey);
+    rd.remote_addr = SRC;
+    rd.rkey = p.ep[1].src_rkey;
+    let now = p.now;
+    p.a().qp.post_send(now, wr).unwrap();
+    p.a().qp.post_send(now, rd).unwrap();
+    p.run();
+    assert_eq!(p.ep[0].send_cq.iter().map(|c| c.status).collect::<Vec<_>>(), vec![0, 0]);
+    assert_eq!(p.ep[1].peek(DST, 10_000), p.ep[0].peek(SRC, 10_000));
+    assert_eq!(p.ep[0].peek(DST, 5000), p.ep[1].peek(SRC, 5000));
+    assert_eq!(p.ep[1].events, vec![AsyncEvent::CommEstablished]);
+    // post_send in RTR is EINVAL.
+    let now = p.now;
+    assert_eq!(
+        p.b().qp.post_send(now, SendWr::new(9, WrOpcode::Send)),
+        Err(PostError::InvalidState)
+    );
+}
+
+#[test]
+fn write_64k_at_mtu_4096_is_16_packets_and_few_acks() {
+    let mut p = Pair::new(
+        &Setup {
+            mtu: MTU_4096,
+            ..Setup::default()
+        },
+        7,
+    );
+    let (sl, rk) = (p.ep[0].src_lkey, p.ep[1].dst_rkey);
+    let n = 8;
+    for k in 0..n {
+        let mut wr = SendWr::new(k, WrOpcode::RdmaWrite);
+        wr.sges = sge(SRC + k * 65536, 65536, sl);
+        wr.remote_addr = DST + k * 65536;
+        wr.rkey = rk;
+        wr.signaled = k == n - 1;
+        let now = p.now;
+        p.a().qp.post_send(now, wr).unwrap();
+    }
+    p.run();
+    assert_eq!(p.sent[0], 16 * n);
+    // One ACK per message at most (coalesced).
+    assert!(p.sent[1] <= n, "acks: {}", p.sent[1]);
+    assert_eq!(p.ep[0].send_cq.len(), 1);
+    assert_eq!(
+        p.ep[1].peek(DST, 65536 * n as usize),
+        p.ep[0].peek(SRC, 65536 * n as usize)
+    );
+}

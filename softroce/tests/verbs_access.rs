@@ -1,0 +1,63 @@
+//! A remote WRITE with a wrong rkey, or outside the target MR, completes with
+//! IBV_WC_REM_ACCESS_ERR and writes nothing; the QP then flushes.
+
+mod verbs_util;
+
+use rdma_sys::ibv_sge;
+use verbs_util::*;
+
+fn write_expecting_access_error(c: &Ctx, remote_addr: u64, rkey: u32, len: u32) {
+    let (a, _b) = pair(c);
+    let mut src = Buf::new(c, 8192, ACCESS_ALL);
+    src.fill(|_| 0xAB);
+    let mut sge = ibv_sge { addr: src.addr(), length: len, lkey: src.lkey() };
+    let mut wr = send_wr(1, 0, &mut sge, SIGNALED);
+    wr.wr.rdma.remote_addr = remote_addr;
+    wr.wr.rdma.rkey = rkey;
+    assert_eq!(post_send(&a, &mut wr), 0);
+    let s = poll_one(a.cq);
+    assert_eq!((s.wr_id, s.status), (1, 10), "expected IBV_WC_REM_ACCESS_ERR: {s:?}");
+    // The QP is now in ERR: a further WR completes with WR_FLUSH_ERR.
+    let mut wr = send_wr(2, 0, &mut sge, SIGNALED);
+    wr.wr.rdma.remote_addr = remote_addr;
+    wr.wr.rdma.rkey = rkey;
+    let _ = post_send(&a, &mut wr);
+    let s = poll_one(a.cq);
+    assert_eq!((s.wr_id, s.status), (2, 5), "expected IBV_WC_WR_FLUSH_ERR: {s:?}");
+}
+
+#[test]
+fn wrong_rkey_and_out_of_bounds_write_nothing() {
+    let c = open("127.0.21.2");
+    // Guard zone: the MR covers [1024, 3072) of a 4096-byte buffer.
+    let mut big = vec![0u8; 4096];
+    let base = big.as_mut_ptr() as u64;
+    let mr = unsafe {
+        softroce::verbs::mr::ibv_reg_mr(c.pd, big.as_mut_ptr().add(1024) as *mut _, 2048, ACCESS_ALL)
+    };
+    assert!(!mr.is_null());
+    let rkey = unsafe { (*mr).rkey };
+
+    // Wrong rkey.
+    write_expecting_access_error(&c, base + 1024, rkey ^ 0x5500, 64);
+    // Starts inside, ends 1 byte past the end.
+    write_expecting_access_error(&c, base + 1024 + 2048 - 63, rkey, 64);
+    // Entirely before the MR.
+    write_expecting_access_error(&c, base, rkey, 64);
+    // Multi-packet write running past the end (first packets are in bounds).
+    write_expecting_access_error(&c, base + 1024, rkey, 4096);
+
+    let after: Vec<u8> = (0..4096)
+        .map(|i| unsafe { std::ptr::read_volatile(big.as_ptr().add(i)) })
+        .collect();
+    assert!(after.iter().all(|&b| b == 0), "no byte may be written");
+    unsafe { softroce::verbs::mr::ibv_dereg_mr(mr) };
+}
+
+#[test]
+fn remote_write_without_mr_permission_is_rejected() {
+    let c = open("127.0.21.2");
+    let target = Buf::new(&c, 4096, 1 | 4); // LOCAL_WRITE | REMOTE_READ only
+    write_expecting_access_error(&c, target.addr(), target.rkey(), 128);
+    assert!(target.read().iter().all(|&b| b == 0));
+}
