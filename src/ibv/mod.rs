@@ -1,7 +1,7 @@
 //! libibverbs, loaded at run time.
 //!
 //! The plugin has no DT_NEEDED on libibverbs: [`Verbs::load`] dlopens it (NCCL_IBVERBS_LIB, then
-//! `libibverbs.so`, then `libibverbs.so.1`, as NCCL does) and resolves every function the plugin
+//! `libibverbs.so.1`, then `libibverbs.so`) and resolves every function the plugin
 //! calls, by version node first (`dlvsym`), so a missing library or symbol is one clear error at
 //! init instead of a crash later. `rdma-sys` supplies the struct layouts only.
 //!
@@ -17,6 +17,13 @@ pub use rdma_sys;
 
 mod context;
 pub use context::{check_rc, Context, DeviceInfo, PortInfo, ProtectionDomain};
+
+pub mod cq;
+pub mod mr;
+pub mod qp;
+pub use cq::{CompletionQueue, WorkCompletion};
+pub use mr::MemoryRegion;
+pub use qp::QueuePair;
 
 /// Declares the function table: each entry is `name: fn type = "version node"`.
 macro_rules! verbs_table {
@@ -126,12 +133,14 @@ impl Verbs {
     pub fn load(explicit: Option<&str>) -> Result<Verbs> {
         let candidates: Vec<&str> = match explicit {
             Some(p) => vec![p],
-            None => vec!["libibverbs.so", "libibverbs.so.1"],
+            // The runtime SONAME first: `libibverbs.so` is only the -dev package's link, and a
+            // drop-in (softroce) on LD_LIBRARY_PATH provides the SONAME.
+            None => vec!["libibverbs.so.1", "libibverbs.so"],
         };
         let mut tried = Vec::new();
         for name in candidates {
-            let cname = CString::new(name)
-                .map_err(|_| Error::usage(format!("NCCL_IBVERBS_LIB={name:?} is not a path")))?;
+            let cname =
+                CString::new(name).map_err(|_| Error::usage(format!("NCCL_IBVERBS_LIB={name:?} is not a path")))?;
             // SAFETY: cname is NUL-terminated; RTLD_NOW makes missing symbols fail here, not later.
             let handle = unsafe { libc::dlopen(cname.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
             if handle.is_null() {
@@ -190,11 +199,7 @@ impl Drop for Verbs {
 /// # Safety
 /// `qp` is a live QP; every buffer named by `wr` stays registered and alive until its completion
 /// is polled (or the QP is destroyed).
-pub unsafe fn post_send(
-    qp: *mut sys::ibv_qp,
-    wr: *mut sys::ibv_send_wr,
-    bad: *mut *mut sys::ibv_send_wr,
-) -> c_int {
+pub unsafe fn post_send(qp: *mut sys::ibv_qp, wr: *mut sys::ibv_send_wr, bad: *mut *mut sys::ibv_send_wr) -> c_int {
     // SAFETY: caller guarantees qp is live; a live QP's context is live.
     match unsafe { (*(*qp).context).ops.post_send } {
         // SAFETY: provider function with the verbs.h signature.
@@ -207,11 +212,7 @@ pub unsafe fn post_send(
 ///
 /// # Safety
 /// As [`post_send`].
-pub unsafe fn post_recv(
-    qp: *mut sys::ibv_qp,
-    wr: *mut sys::ibv_recv_wr,
-    bad: *mut *mut sys::ibv_recv_wr,
-) -> c_int {
+pub unsafe fn post_recv(qp: *mut sys::ibv_qp, wr: *mut sys::ibv_recv_wr, bad: *mut *mut sys::ibv_recv_wr) -> c_int {
     // SAFETY: caller guarantees qp is live.
     match unsafe { (*(*qp).context).ops.post_recv } {
         // SAFETY: provider function with the verbs.h signature.

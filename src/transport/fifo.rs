@@ -151,7 +151,11 @@ pub fn check_slot(entries: &[CtsEntry], expected_idx: u64) -> Result<SlotState, 
             return Ok(SlotState::Incomplete);
         }
         if e.nreqs != head.nreqs {
-            return Err(FifoError::CountMismatch { first: head.nreqs, entry: i, got: e.nreqs });
+            return Err(FifoError::CountMismatch {
+                first: head.nreqs,
+                entry: i,
+                got: e.nreqs,
+            });
         }
         if e.size > i64::MAX as u64 {
             return Err(FifoError::BadSize(e.size));
@@ -190,7 +194,12 @@ pub fn fill_slot(
     tags: &[i32],
     rkeys: &[[u32; MAX_DEVS]],
 ) -> usize {
-    let n = addrs.len().min(sizes.len()).min(tags.len()).min(rkeys.len()).min(MAX_RECVS);
+    let n = addrs
+        .len()
+        .min(sizes.len())
+        .min(tags.len())
+        .min(rkeys.len())
+        .min(MAX_RECVS);
     for i in 0..n {
         out[i] = CtsEntry {
             addr: addrs[i] as u64,

@@ -179,7 +179,11 @@ impl HandleRepr {
             6 => SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(a), port, 0, u32_at(h, field::H_SCOPE))),
             _ => return Err(WireError::BadField("handle address family")),
         };
-        Ok(HandleRepr { addr, ndevs, nonce: u64_at(h, field::H_NONCE) })
+        Ok(HandleRepr {
+            addr,
+            ndevs,
+            nonce: u64_at(h, field::H_NONCE),
+        })
     }
 
     /// Write a fresh handle (all other bytes zero, so no stage is recorded).
@@ -267,7 +271,10 @@ pub struct HeaderRepr {
 impl HeaderRepr {
     pub fn parse(b: &[u8]) -> Result<HeaderRepr, WireError> {
         if b.len() < HEADER_BYTES {
-            return Err(WireError::Truncated { need: HEADER_BYTES, got: b.len() });
+            return Err(WireError::Truncated {
+                need: HEADER_BYTES,
+                got: b.len(),
+            });
         }
         let magic = u64_at(b, field::F_MAGIC);
         if magic != WIRE_MAGIC {
@@ -285,7 +292,10 @@ impl HeaderRepr {
         if len as usize > MAX_BODY {
             return Err(WireError::TooLong(len));
         }
-        Ok(HeaderRepr { kind, body_len: len as usize })
+        Ok(HeaderRepr {
+            kind,
+            body_len: len as usize,
+        })
     }
 
     pub fn emit(&self, out: &mut Vec<u8>) {
@@ -385,7 +395,10 @@ impl EndpointRepr {
 
     pub fn parse(b: &[u8]) -> Result<EndpointRepr, WireError> {
         if b.len() < field::E_DEVS {
-            return Err(WireError::Truncated { need: field::E_DEVS, got: b.len() });
+            return Err(WireError::Truncated {
+                need: field::E_DEVS,
+                got: b.len(),
+            });
         }
         let ndevs = b[field::E_NDEVS] as usize;
         if ndevs == 0 || ndevs > MAX_DEVS {
@@ -515,7 +528,11 @@ impl Message {
                 Kind::Reject
             }
         };
-        HeaderRepr { kind, body_len: body.len() }.emit(out);
+        HeaderRepr {
+            kind,
+            body_len: body.len(),
+        }
+        .emit(out);
         out.extend_from_slice(&body);
     }
 
@@ -525,13 +542,21 @@ impl Message {
             Kind::ConnectResp => Ok(Message::ConnectResp(EndpointRepr::parse(body)?)),
             Kind::Ready => {
                 if body.len() != 8 {
-                    return Err(WireError::Truncated { need: 8, got: body.len() });
+                    return Err(WireError::Truncated {
+                        need: 8,
+                        got: body.len(),
+                    });
                 }
-                Ok(Message::Ready { nonce: u64_at(body, 0..8) })
+                Ok(Message::Ready {
+                    nonce: u64_at(body, 0..8),
+                })
             }
             Kind::Reject => {
                 if body.len() < 4 {
-                    return Err(WireError::Truncated { need: 4, got: body.len() });
+                    return Err(WireError::Truncated {
+                        need: 4,
+                        got: body.len(),
+                    });
                 }
                 Ok(Message::Reject {
                     code: u32_at(body, 0..4),
@@ -603,21 +628,45 @@ mod tests {
                 d
             })
             .collect();
-        let qps = (0..nqps).map(|i| QpRepr { qpn: 0x11 + i as u32, dev: (i % ndevs) as u8 }).collect();
-        EndpointRepr { nonce: 0x1234_5678_9abc_def0, tc: 106, sl: 3, flags: FLAG_SPLIT, addr: 0x7f00_dead_b000, devs, qps }
+        let qps = (0..nqps)
+            .map(|i| QpRepr {
+                qpn: 0x11 + i as u32,
+                dev: (i % ndevs) as u8,
+            })
+            .collect();
+        EndpointRepr {
+            nonce: 0x1234_5678_9abc_def0,
+            tc: 106,
+            sl: 3,
+            flags: FLAG_SPLIT,
+            addr: 0x7f00_dead_b000,
+            devs,
+            qps,
+        }
     }
 
     #[test]
     fn handle_round_trip_v4_v6() {
-        for addr in ["127.0.40.1:45678".parse().unwrap(), "[fe80::1%3]:1000".parse::<SocketAddr>().unwrap()] {
-            let r = HandleRepr { addr, ndevs: 2, nonce: 77 };
+        for addr in [
+            "127.0.40.1:45678".parse().unwrap(),
+            "[fe80::1%3]:1000".parse::<SocketAddr>().unwrap(),
+        ] {
+            let r = HandleRepr {
+                addr,
+                ndevs: 2,
+                nonce: 77,
+            };
             let mut h = [0xffu8; HANDLE_BYTES];
             r.emit(&mut h);
             assert_eq!(HandleRepr::parse(&h), Ok(r));
             assert_eq!(read_stage(&h), None);
             write_stage(&mut h, Some(5));
             assert_eq!(read_stage(&h), Some(5));
-            assert_eq!(HandleRepr::parse(&h), Ok(r), "stage bytes do not disturb the listener part");
+            assert_eq!(
+                HandleRepr::parse(&h),
+                Ok(r),
+                "stage bytes do not disturb the listener part"
+            );
             write_stage(&mut h, None);
             assert_eq!(read_stage(&h), None);
         }
@@ -625,7 +674,11 @@ mod tests {
 
     #[test]
     fn handle_literal_bytes() {
-        let r = HandleRepr { addr: "10.1.2.3:4660".parse().unwrap(), ndevs: 1, nonce: 0x0102030405060708 };
+        let r = HandleRepr {
+            addr: "10.1.2.3:4660".parse().unwrap(),
+            ndevs: 1,
+            nonce: 0x0102030405060708,
+        };
         let mut h = [0u8; HANDLE_BYTES];
         r.emit(&mut h);
         assert_eq!(&h[0..8], b"ferroceH");
@@ -640,7 +693,12 @@ mod tests {
         let h = [0u8; HANDLE_BYTES];
         assert!(matches!(HandleRepr::parse(&h), Err(WireError::BadMagic(0))));
         let mut h = [0u8; HANDLE_BYTES];
-        HandleRepr { addr: "1.2.3.4:5".parse().unwrap(), ndevs: 1, nonce: 0 }.emit(&mut h);
+        HandleRepr {
+            addr: "1.2.3.4:5".parse().unwrap(),
+            ndevs: 1,
+            nonce: 0,
+        }
+        .emit(&mut h);
         let mut bad = h;
         bad[8] = 9;
         assert!(matches!(HandleRepr::parse(&bad), Err(WireError::BadVersion(9))));
@@ -680,7 +738,13 @@ mod tests {
 
     #[test]
     fn small_messages_round_trip() {
-        for m in [Message::Ready { nonce: 9 }, Message::Reject { code: 2, text: "nonce mismatch".into() }] {
+        for m in [
+            Message::Ready { nonce: 9 },
+            Message::Reject {
+                code: 2,
+                text: "nonce mismatch".into(),
+            },
+        ] {
             let mut out = Vec::new();
             m.emit(&mut out);
             let mut r = FrameReader::default();

@@ -14,9 +14,12 @@
 //! Errors: unreachable or failed peer → `ErrorKind::Remote`; OS / verbs failure → `System`;
 //! NCCL misuse → `Internal`. Completion errors are WARNed once per comm ([`errors`]).
 
+pub mod errors;
 pub mod fifo;
 pub mod handshake;
+pub mod mr_cache;
 pub mod request;
+pub mod sidechannel;
 pub mod split;
 
 use crate::api::CommContext;

@@ -76,7 +76,20 @@ mod tests {
     #[test]
     fn chunks_cover_message_exactly() {
         for &n in &[1usize, 2, 3, 4, 8, 128] {
-            for &size in &[0usize, 1, 127, 128, 129, 255, 256, 1000, 4096, 65_537, 1 << 20, (1 << 30) + 3] {
+            for &size in &[
+                0usize,
+                1,
+                127,
+                128,
+                129,
+                255,
+                256,
+                1000,
+                4096,
+                65_537,
+                1 << 20,
+                (1 << 30) + 3,
+            ] {
                 let mut next = 0;
                 for i in 0..n {
                     let (off, len) = chunk(size, n, i);

@@ -1,0 +1,195 @@
+//! Process-wide, reference-counted registration cache per device (spec §8.4).
+//!
+//! Ranges are rounded out to pages; a registration fully covering a requested range is reused
+//! (refcount + 1); the MR is deregistered when its last user releases it. The cache is behind
+//! its own mutex and is touched only by registration calls (NCCL's service thread): the data
+//! path uses the lkeys/rkeys copied into the [`MemHandle`](super::MemHandle), so it never waits
+//! for a registration.
+
+use crate::error::Result;
+use crate::ibv::mr::{MemoryRegion, ACCESS_DATA};
+use crate::ibv::ProtectionDomain;
+use parking_lot::Mutex;
+use std::sync::{Arc, Weak};
+
+/// Page size used for rounding.
+pub fn page_size() -> usize {
+    // SAFETY: sysconf is always safe to call.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 {
+        p as usize
+    } else {
+        4096
+    }
+}
+
+/// `[addr, addr + len)` rounded out to whole pages (`len` 0 counts as 1 byte).
+pub fn page_range(addr: usize, len: usize, page: usize) -> (usize, usize) {
+    let start = addr & !(page - 1);
+    let end = addr.saturating_add(len.max(1)).saturating_add(page - 1) & !(page - 1);
+    (start, end)
+}
+
+/// One cached registration.
+struct Entry<T> {
+    start: usize,
+    end: usize,
+    refs: usize,
+    value: Arc<T>,
+}
+
+/// The pure cache: a sorted list of ranges with refcounts; `T` is the registration.
+pub struct RangeCache<T> {
+    entries: Vec<Entry<T>>,
+}
+
+impl<T> Default for RangeCache<T> {
+    fn default() -> Self {
+        RangeCache { entries: Vec::new() }
+    }
+}
+
+impl<T> RangeCache<T> {
+    /// Reuse an entry covering `[start, end)` or create one with `register`.
+    pub fn acquire<E>(
+        &mut self,
+        start: usize,
+        end: usize,
+        register: impl FnOnce() -> std::result::Result<T, E>,
+    ) -> std::result::Result<Arc<T>, E> {
+        if let Some(e) = self.entries.iter_mut().find(|e| e.start <= start && end <= e.end) {
+            e.refs += 1;
+            return Ok(e.value.clone());
+        }
+        let value = Arc::new(register()?);
+        let pos = self.entries.partition_point(|e| e.start < start);
+        self.entries.insert(
+            pos,
+            Entry {
+                start,
+                end,
+                refs: 1,
+                value: value.clone(),
+            },
+        );
+        Ok(value)
+    }
+
+    /// Drop one reference to `value`; returns true when it was the last (entry removed).
+    pub fn release(&mut self, value: &Arc<T>) -> bool {
+        let Some(i) = self.entries.iter().position(|e| Arc::ptr_eq(&e.value, value)) else {
+            return false;
+        };
+        self.entries[i].refs -= 1;
+        if self.entries[i].refs == 0 {
+            self.entries.remove(i);
+            return true;
+        }
+        false
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+/// The registrations of one device (protection domain).
+pub struct DeviceCache {
+    pub pd: Arc<ProtectionDomain>,
+    cache: Mutex<RangeCache<MemoryRegion>>,
+}
+
+static CACHES: Mutex<Vec<(usize, Weak<DeviceCache>)>> = Mutex::new(Vec::new());
+
+/// The cache of `pd`'s device, created on first use; shared by every comm of the process.
+pub fn cache_for(pd: &Arc<ProtectionDomain>) -> Arc<DeviceCache> {
+    let key = Arc::as_ptr(pd) as usize;
+    let mut all = CACHES.lock();
+    all.retain(|(_, w)| w.strong_count() > 0);
+    if let Some(c) = all.iter().find(|(k, _)| *k == key).and_then(|(_, w)| w.upgrade()) {
+        return c;
+    }
+    let c = Arc::new(DeviceCache {
+        pd: pd.clone(),
+        cache: Mutex::new(RangeCache::default()),
+    });
+    all.push((key, Arc::downgrade(&c)));
+    c
+}
+
+impl DeviceCache {
+    /// A registration covering `[addr, addr + len)`: host memory (`dmabuf` None) or a DMA-BUF
+    /// `(fd, offset)` whose byte `offset` is mapped at `addr`.
+    pub fn acquire(&self, addr: usize, len: usize, dmabuf: Option<(i32, u64)>) -> Result<Arc<MemoryRegion>> {
+        let page = page_size();
+        let (start, end) = page_range(addr, len, page);
+        let mut cache = self.cache.lock();
+        match dmabuf {
+            None => cache.acquire(start, end, || {
+                // SAFETY: NCCL registers memory it owns and deregisters it before freeing it
+                // (spec §7.4); the range is page-rounded like NCCL's IB transport does.
+                unsafe { MemoryRegion::register(self.pd.clone(), start, end - start, ACCESS_DATA) }
+            }),
+            Some((fd, offset)) => {
+                // Round the start down only as far as the fd offset allows; never past the
+                // end the caller gave (the dma-buf may be exactly that long).
+                let back = (addr - start).min(offset as usize);
+                let (s, off) = (addr - back, offset - back as u64);
+                let l = len.max(1) + back;
+                cache.acquire(s, s + l, || {
+                    MemoryRegion::register_dmabuf(self.pd.clone(), off, l, s as u64, fd, ACCESS_DATA)
+                })
+            }
+        }
+    }
+
+    pub fn release(&self, mr: &Arc<MemoryRegion>) {
+        self.cache.lock().release(mr);
+    }
+
+    /// Registrations currently cached (for leak tests).
+    pub fn entries(&self) -> usize {
+        self.cache.lock().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn page_rounding() {
+        assert_eq!(page_range(0x1000, 0x1000, 0x1000), (0x1000, 0x2000));
+        assert_eq!(page_range(0x1001, 1, 0x1000), (0x1000, 0x2000));
+        assert_eq!(page_range(0x1fff, 2, 0x1000), (0x1000, 0x3000));
+        assert_eq!(page_range(0x1000, 0, 0x1000), (0x1000, 0x2000));
+    }
+
+    #[test]
+    fn refcounted_reuse() {
+        let mut c: RangeCache<u32> = RangeCache::default();
+        let mut regs = 0;
+        let mut reg = || -> std::result::Result<u32, ()> {
+            regs += 1;
+            Ok(regs)
+        };
+        let a = c.acquire(0x1000, 0x5000, &mut reg).unwrap();
+        let b = c.acquire(0x2000, 0x3000, &mut reg).unwrap(); // covered: reused
+        assert!(Arc::ptr_eq(&a, &b));
+        let d = c.acquire(0x4000, 0x6000, &mut reg).unwrap(); // not covered: new
+        assert!(!Arc::ptr_eq(&a, &d));
+        assert_eq!(c.len(), 2);
+        assert!(!c.release(&a));
+        assert!(c.release(&b), "last reference removes the entry");
+        assert!(c.release(&d));
+        assert!(c.is_empty());
+        assert!(!c.release(&d), "unknown value is ignored");
+        // Failed registration leaves nothing behind.
+        assert!(c.acquire(0, 0x1000, || Err::<u32, ()>(())).is_err());
+        assert!(c.is_empty());
+    }
+}
