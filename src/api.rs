@@ -68,7 +68,11 @@ fn registry() -> Result<Arc<Registry>> {
 /// `init`: stores the logger, discovers devices on first use, and counts one more context.
 /// Fails (one WARN, via the caller) when libibverbs or a usable device is missing, because
 /// NCCL requires `devices()` never to report 0.
-pub fn init(logger: Option<Logger>, traffic_class: i32) -> Result<Box<CommContext>> {
+///
+/// `once_per_load`: the caller is a v6–v10 table, whose `init` NCCL calls once per load of the
+/// library. If the library stayed mapped across an unload (glibc may keep it), the previous
+/// load's fused devices are dropped so the new load numbers devices from scratch.
+pub fn init(logger: Option<Logger>, traffic_class: i32, once_per_load: bool) -> Result<Box<CommContext>> {
     crate::log::set_logger(logger);
     let cfg = config::get();
     let mut g = GLOBAL.lock();
@@ -109,6 +113,11 @@ pub fn init(logger: Option<Logger>, traffic_class: i32) -> Result<Box<CommContex
             virtual_devices: Mutex::new(virtual_devices),
             peer_memory: found.peer_memory,
         }));
+    }
+    if once_per_load {
+        if let Some(reg) = &g.registry {
+            reg.virtual_devices.lock().truncate(reg.physical.len());
+        }
     }
     g.contexts += 1;
     Ok(Box::new(CommContext { traffic_class }))

@@ -22,7 +22,7 @@ unsafe fn handle_bytes<'a>(handle: *mut c_void) -> Result<&'a mut [u8; NCCL_NET_
 
 /// `init` of v6–v9 (and v10 without the profiler): once per load, one implicit context.
 pub fn init_legacy(logger: NcclLogger) -> NcclResult {
-    ffi::call("init", || api::init(logger, -1).map(drop))
+    ffi::call("init", || api::init(logger, -1, true).map(drop))
 }
 
 pub unsafe extern "C" fn init_v6(logger: NcclLogger) -> NcclResult {
@@ -523,7 +523,7 @@ pub unsafe extern "C" fn init_v11(
         } else {
             unsafe { (*config).traffic_class }
         };
-        let context = api::init(logger, traffic_class)?;
+        let context = api::init(logger, traffic_class, false)?;
         // SAFETY: non-NULL out-pointer.
         unsafe { *out = Box::into_raw(context).cast() };
         Ok(())

@@ -1,0 +1,29 @@
+#!/bin/sh
+# Installs the Debian packages ferroce needs to build and test, only when missing, and a Rust
+# toolchain when none is on PATH. Safe to run repeatedly (make runs it every time).
+set -eu
+packages="build-essential pkg-config libclang-dev libibverbs-dev librdmacm-dev ibverbs-utils perftest tshark iperf3 iproute2 binutils valgrind python3"
+missing=""
+for p in $packages; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    echo "install-deps: installing$missing"
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    # tshark asks whether non-root users may capture; answer for it.
+    echo "wireshark-common wireshark-common/install-setuid boolean false" | $sudo debconf-set-selections 2>/dev/null || true
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $missing >/dev/null
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+    if [ -x "$HOME/.cargo/bin/cargo" ]; then
+        echo "install-deps: cargo is in $HOME/.cargo/bin; add it to PATH" >&2
+    else
+        echo "install-deps: installing Rust with rustup (Debian's rustc is too old)"
+        command -v curl >/dev/null || { [ "$(id -u)" -eq 0 ] && apt-get install -y -qq curl >/dev/null || sudo apt-get install -y -qq curl >/dev/null; }
+        curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal >/dev/null
+    fi
+    echo "install-deps: run again with PATH=\$HOME/.cargo/bin:\$PATH" >&2
+    exit 1
+fi
