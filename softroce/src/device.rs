@@ -177,13 +177,28 @@ pub fn ipv4_mapped_gid(a: Ipv4Addr) -> [u8; 16] {
     g
 }
 
-/// The IPv4 address inside an IPv4-mapped GID.
+/// The node GUID (and link-local interface ID) of a device bound to `a`: a
+/// locally administered EUI-64 that embeds the address,
+/// `02:53:a:ff:fe:b:c:d` — so a link-local GID of a softroce peer
+/// (`fe80::253:aff:feb:c0d`, GID index 0/1, what `ibv_rc_pingpong -g 0`
+/// exchanges) can be routed to its IPv4 address.
+pub fn guid_for(a: Ipv4Addr) -> u64 {
+    let o = a.octets();
+    u64::from_be_bytes([0x02, 0x53, o[0], 0xff, 0xfe, o[1], o[2], o[3]])
+}
+
+/// The IPv4 destination of a GID: the address inside an IPv4-mapped GID
+/// (`::ffff:a.b.c.d`), or the address embedded in a softroce link-local GID
+/// (see [`guid_for`]). Other GIDs (IPv6) are not routable by this device.
 pub fn gid_to_ipv4(g: &[u8; 16]) -> Option<Ipv4Addr> {
     if g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff {
-        Some(Ipv4Addr::new(g[12], g[13], g[14], g[15]))
-    } else {
-        None
+        return Some(Ipv4Addr::new(g[12], g[13], g[14], g[15]));
     }
+    let ll = [0xfe, 0x80, 0, 0, 0, 0, 0, 0];
+    if g[..8] == ll && g[8] == 0x02 && g[9] == 0x53 && g[11] == 0xff && g[12] == 0xfe {
+        return Some(Ipv4Addr::new(g[10], g[13], g[14], g[15]));
+    }
+    None
 }
 
 /// Largest IB MTU enum value whose payload fits `link_mtu` (rxe's rule: - 80).
@@ -299,9 +314,7 @@ pub fn instance(index: usize) -> std::io::Result<Arc<Device>> {
     let (addr, sock) = bind_for(index)?;
     let link_mtu = link_mtu_of(addr);
     let active_mtu = config::mtu_override().unwrap_or_else(|| mtu_enum_for_link(link_mtu).min(5));
-    let o = addr.octets();
-    // Locally administered EUI-64 derived from the address: 02:00:a:b:ff:fe:c:d style.
-    let guid = u64::from_be_bytes([0x02, 0x53, o[0], 0xff, 0xfe, o[1], o[2], o[3]]) ^ (index as u64);
+    let guid = guid_for(addr);
     let sock = Arc::new(sock);
     let name = format!("softroce{index}");
     let dev = Arc::new_cyclic(|weak| Device {

@@ -344,6 +344,10 @@ unsafe extern "C" fn query_port_ex(
     })
 }
 
+/// `sizeof(struct _compat_ibv_port_attr)`: `ibv_port_attr` up to and
+/// including `flags` (the header only forward-declares it).
+pub const COMPAT_PORT_ATTR_LEN: usize = 48;
+
 /// Exported compat `ibv_query_port@1.1`: writes the 48-byte `_compat_ibv_port_attr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_port(
@@ -357,7 +361,7 @@ pub unsafe extern "C" fn ibv_query_port(
             ctx,
             port,
             attr as *mut ibv_port_attr,
-            std::mem::size_of::<rdma_sys::_compat_ibv_port_attr>(),
+            COMPAT_PORT_ATTR_LEN,
         )
     }
 }

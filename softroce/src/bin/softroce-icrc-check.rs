@@ -1,0 +1,68 @@
+//! Recomputes the ICRC of captured RoCEv2 packets with `softroce::wire::icrc`.
+//!
+//! Input (stdin), one packet per line, tab-separated, as printed by
+//! `tshark -r CAP -Y 'udp.dstport==4791' -T fields -E separator=/t -e ip.src
+//! -e ip.dst -e ip.id -e ip.flags -e ip.frag_offset -e udp.srcport -e udp.dstport -e udp.payload`.
+//! Prints a summary and exits 1 if any packet's ICRC is wrong or none was read.
+
+use std::io::BufRead;
+use std::net::Ipv4Addr;
+
+use softroce::wire::icrc::{verify_ipv4, Ipv4Fields};
+
+fn num(s: &str) -> Option<u32> {
+    let s = s.trim();
+    match s.strip_prefix("0x") {
+        Some(h) => u32::from_str_radix(h, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
+fn hex(s: &str) -> Option<Vec<u8>> {
+    let s: String = s.chars().filter(|c| c.is_ascii_hexdigit()).collect();
+    (0..s.len() / 2)
+        .map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).ok())
+        .collect()
+}
+
+fn main() {
+    let (mut ok, mut bad, mut skipped) = (0u64, 0u64, 0u64);
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let f: Vec<&str> = line.split('\t').collect();
+        if f.len() < 8 {
+            skipped += 1;
+            continue;
+        }
+        let parsed = (|| {
+            let src: Ipv4Addr = f[0].parse().ok()?;
+            let dst: Ipv4Addr = f[1].parse().ok()?;
+            let id = num(f[2])? as u16;
+            // tshark prints the flags either as the 3-bit field (DF = 0x2) or
+            // in place in the byte (DF = 0x40), depending on the version.
+            let flags = num(f[3])? as u16;
+            let flags = if flags <= 7 { flags << 13 } else { flags << 8 };
+            let frag = num(f[4]).unwrap_or(0) as u16;
+            let sport = num(f[5])? as u16;
+            let dport = num(f[6])? as u16;
+            let payload = hex(f[7])?;
+            let mut ip = Ipv4Fields::new(src.octets(), dst.octets(), id);
+            ip.flags_frag = flags | (frag / 8);
+            Some((ip, sport, dport, payload))
+        })();
+        let Some((ip, sport, dport, payload)) = parsed else {
+            skipped += 1;
+            continue;
+        };
+        if verify_ipv4(&ip, sport, dport, &payload).is_some() {
+            ok += 1;
+        } else {
+            bad += 1;
+            eprintln!("bad ICRC: {line:.160}");
+        }
+    }
+    println!("{ok} packets with a correct ICRC, {bad} with a wrong one, {skipped} lines skipped");
+    if bad > 0 || ok == 0 {
+        std::process::exit(1);
+    }
+}
