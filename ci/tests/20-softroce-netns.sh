@@ -1,0 +1,151 @@
+#!/bin/bash
+# softroce: ib_write_bw / ibv_rc_pingpong across two network namespaces joined by a veth pair
+# (addresses picked automatically from the namespace interface: no SOFTROCE_ADDR).
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+LIB=$ROOT/target/release/softroce
+if [ ! -e "$LIB/libibverbs.so.1" ]; then
+    echo "missing $LIB/libibverbs.so.1 (run softroce/build.sh)"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+T=${SOFTROCE_TEST_TIMEOUT:-60}
+D=$(mktemp -d /tmp/softroce-test.XXXXXX)
+PASS=0
+FAIL=0
+PIDS=""
+cleanup() {
+    for p in $PIDS; do kill "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    rm -rf "$D"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ok() { PASS=$((PASS + 1)); echo "   PASS $1"; }
+ko() {
+    FAIL=$((FAIL + 1))
+    echo "   FAIL $1"
+    shift
+    for f in "$@"; do
+        [ -e "$f" ] && { echo "   --- $(basename "$f"):"; tail -n 25 "$f" | sed 's/^/   | /'; }
+    done
+}
+
+# wait_port PORT [NETNS]: until a TCP listener is on PORT (5 s).
+wait_port() {
+    for _ in $(seq 100); do
+        if [ -n "${2:-}" ]; then
+            ip netns exec "$2" ss -ltnH "sport = :$1" | grep -q . && return 0
+        else
+            ss -ltnH "sport = :$1" | grep -q . && return 0
+        fi
+        sleep 0.05
+    done
+    return 1
+}
+
+# pair NAME PORT "SERVER_ENV" "CLIENT_ENV" SERVER_IP REGEX TOOL ARGS...
+# Runs TOOL as server (no host argument) and client (connecting to SERVER_IP),
+# both bounded by $T seconds; passes when both exit 0 and the client output
+# matches REGEX.
+pair() {
+    local name=$1 port=$2 senv=$3 cenv=$4 sip=$5 re=$6
+    shift 6
+    echo "== $name"
+    echo "   server: $senv $* -p $port"
+    echo "   client: $cenv $* -p $port $sip"
+    # shellcheck disable=SC2086
+    env LD_LIBRARY_PATH="$LIB" $senv timeout "$T" "$@" -p "$port" >"$D/$name.server" 2>&1 &
+    local spid=$!
+    PIDS="$PIDS $spid"
+    if ! wait_port "$port"; then
+        kill "$spid" 2>/dev/null
+        wait "$spid" 2>/dev/null
+        ko "$name (server did not listen)" "$D/$name.server"
+        return
+    fi
+    # shellcheck disable=SC2086
+    env LD_LIBRARY_PATH="$LIB" $cenv timeout "$T" "$@" -p "$port" "$sip" >"$D/$name.client" 2>&1
+    local crc=$?
+    wait "$spid"
+    local src=$?
+    if [ $crc -eq 0 ] && [ $src -eq 0 ] && grep -Eq "$re" "$D/$name.client"; then
+        grep -E "$re" "$D/$name.client" | tail -n 1 | sed 's/^/   > /'
+        ok "$name"
+    else
+        ko "$name (client rc=$crc, server rc=$src)" "$D/$name.server" "$D/$name.client"
+    fi
+}
+
+finish() {
+    echo "$PASS passed, $FAIL failed"
+    [ "$FAIL" -eq 0 ]
+    exit $?
+}
+
+NA=srt20a
+NB=srt20b
+netns_cleanup() {
+    ip netns del $NA 2>/dev/null
+    ip netns del $NB 2>/dev/null
+}
+trap 'cleanup; netns_cleanup' EXIT
+netns_cleanup
+if ! ip netns add $NA 2>"$D/netns.err"; then
+    echo "SKIP: cannot create network namespaces here ($(cat "$D/netns.err"))"
+    echo "0 passed, 0 failed"
+    exit 0
+fi
+set -e
+ip netns add $NB
+ip link add srt20va type veth peer name srt20vb
+ip link set srt20va netns $NA
+ip link set srt20vb netns $NB
+ip -n $NA addr add 10.77.20.1/24 dev srt20va
+ip -n $NB addr add 10.77.20.2/24 dev srt20vb
+for n in $NA $NB; do ip -n $n link set lo up; done
+ip -n $NA link set srt20va mtu 9000 up
+ip -n $NB link set srt20vb mtu 9000 up
+set +e
+echo "namespaces $NA (10.77.20.1) and $NB (10.77.20.2), veth mtu 9000"
+
+# npair NAME PORT REGEX TOOL ARGS...: server in $NB, client in $NA.
+npair() {
+    local name=$1 port=$2 re=$3
+    shift 3
+    echo "== $name"
+    echo "   server (netns $NB): $* -p $port"
+    echo "   client (netns $NA): $* -p $port 10.77.20.2"
+    ip netns exec $NB env LD_LIBRARY_PATH="$LIB" timeout "$T" "$@" -p "$port" >"$D/$name.server" 2>&1 &
+    local spid=$!
+    PIDS="$PIDS $spid"
+    if ! wait_port "$port" $NB; then
+        kill $spid 2>/dev/null
+        wait $spid 2>/dev/null
+        ko "$name (server did not listen)" "$D/$name.server"
+        return
+    fi
+    ip netns exec $NA env LD_LIBRARY_PATH="$LIB" timeout "$T" "$@" -p "$port" 10.77.20.2 >"$D/$name.client" 2>&1
+    local crc=$?
+    wait $spid
+    local src=$?
+    if [ $crc -eq 0 ] && [ $src -eq 0 ] && grep -Eq "$re" "$D/$name.client"; then
+        grep -E "$re" "$D/$name.client" | tail -n 1 | sed 's/^/   > /'
+        ok "$name"
+    else
+        ko "$name (client rc=$crc, server rc=$src)" "$D/$name.server" "$D/$name.client"
+    fi
+}
+
+echo "== netns-devinfo"
+ip netns exec $NA env LD_LIBRARY_PATH="$LIB" timeout "$T" ibv_devinfo -v >"$D/devinfo" 2>&1
+if grep -q '::ffff:10.77.20.1, RoCE v2' "$D/devinfo" && grep -Eq 'active_mtu:\s+4096' "$D/devinfo"; then
+    ok netns-devinfo
+else
+    ko netns-devinfo "$D/devinfo"
+fi
+npair netns-write_bw 28470 '^ *[0-9]+ +[0-9]+ +[0-9]+\.[0-9]+' ib_write_bw -d softroce0 -n 2000
+npair netns-pingpong 28471 '[0-9]+ iters in' ibv_rc_pingpong -g 3 -s 4096 -n 500
+finish

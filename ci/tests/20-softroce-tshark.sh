@@ -1,0 +1,153 @@
+#!/bin/bash
+# softroce: packets captured on lo decode as InfiniBand/RoCEv2 in tshark, and every ICRC is correct
+# (recomputed from the capture with softroce::wire::icrc by target/release/softroce-icrc-check).
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+LIB=$ROOT/target/release/softroce
+if [ ! -e "$LIB/libibverbs.so.1" ]; then
+    echo "missing $LIB/libibverbs.so.1 (run softroce/build.sh)"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+T=${SOFTROCE_TEST_TIMEOUT:-60}
+D=$(mktemp -d /tmp/softroce-test.XXXXXX)
+PASS=0
+FAIL=0
+PIDS=""
+cleanup() {
+    for p in $PIDS; do kill "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    rm -rf "$D"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ok() { PASS=$((PASS + 1)); echo "   PASS $1"; }
+ko() {
+    FAIL=$((FAIL + 1))
+    echo "   FAIL $1"
+    shift
+    for f in "$@"; do
+        [ -e "$f" ] && { echo "   --- $(basename "$f"):"; tail -n 25 "$f" | sed 's/^/   | /'; }
+    done
+}
+
+# wait_port PORT [NETNS]: until a TCP listener is on PORT (5 s).
+wait_port() {
+    for _ in $(seq 100); do
+        if [ -n "${2:-}" ]; then
+            ip netns exec "$2" ss -ltnH "sport = :$1" | grep -q . && return 0
+        else
+            ss -ltnH "sport = :$1" | grep -q . && return 0
+        fi
+        sleep 0.05
+    done
+    return 1
+}
+
+# pair NAME PORT "SERVER_ENV" "CLIENT_ENV" SERVER_IP REGEX TOOL ARGS...
+# Runs TOOL as server (no host argument) and client (connecting to SERVER_IP),
+# both bounded by $T seconds; passes when both exit 0 and the client output
+# matches REGEX.
+pair() {
+    local name=$1 port=$2 senv=$3 cenv=$4 sip=$5 re=$6
+    shift 6
+    echo "== $name"
+    echo "   server: $senv $* -p $port"
+    echo "   client: $cenv $* -p $port $sip"
+    # shellcheck disable=SC2086
+    env LD_LIBRARY_PATH="$LIB" $senv timeout "$T" "$@" -p "$port" >"$D/$name.server" 2>&1 &
+    local spid=$!
+    PIDS="$PIDS $spid"
+    if ! wait_port "$port"; then
+        kill "$spid" 2>/dev/null
+        wait "$spid" 2>/dev/null
+        ko "$name (server did not listen)" "$D/$name.server"
+        return
+    fi
+    # shellcheck disable=SC2086
+    env LD_LIBRARY_PATH="$LIB" $cenv timeout "$T" "$@" -p "$port" "$sip" >"$D/$name.client" 2>&1
+    local crc=$?
+    wait "$spid"
+    local src=$?
+    if [ $crc -eq 0 ] && [ $src -eq 0 ] && grep -Eq "$re" "$D/$name.client"; then
+        grep -E "$re" "$D/$name.client" | tail -n 1 | sed 's/^/   > /'
+        ok "$name"
+    else
+        ko "$name (client rc=$crc, server rc=$src)" "$D/$name.server" "$D/$name.client"
+    fi
+}
+
+finish() {
+    echo "$PASS passed, $FAIL failed"
+    [ "$FAIL" -eq 0 ]
+    exit $?
+}
+
+CHECK=$ROOT/target/release/softroce-icrc-check
+if ! command -v tshark >/dev/null; then
+    echo "tshark not installed"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+if [ ! -x "$CHECK" ]; then
+    echo "missing $CHECK (run softroce/build.sh)"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+S="SOFTROCE_ADDR=127.0.20.41"
+C="SOFTROCE_ADDR=127.0.20.42"
+CAP=$D/roce.pcapng
+echo "== capture: tshark -i lo -f 'udp port 4791 and host 127.0.20.41' -w $CAP"
+timeout 120 tshark -i lo -f 'udp port 4791 and host 127.0.20.41' -w "$CAP" >"$D/tshark.log" 2>&1 &
+TPID=$!
+PIDS="$PIDS $TPID"
+for _ in $(seq 100); do grep -q "Capturing on" "$D/tshark.log" && break; sleep 0.1; done
+sleep 0.5
+RE='^ *[0-9]+ +[0-9]+ +[0-9]+\.[0-9]+'
+pair cap-pingpong 28480 "$S" "$C" 127.0.20.41 '[0-9]+ iters in' ibv_rc_pingpong -g 3 -s 3000 -n 20
+pair cap-write 28481 "$S" "$C" 127.0.20.41 "$RE" ib_write_bw -d softroce0 -s 100 -n 20
+pair cap-read 28482 "$S" "$C" 127.0.20.41 "$RE" ib_read_bw -d softroce0 -s 5000 -n 20
+pair cap-atomic 28483 "$S" "$C" 127.0.20.41 "$RE" ib_atomic_bw -d softroce0 -n 20
+pair cap-atomic-cs 28484 "$S" "$C" 127.0.20.41 "$RE" ib_atomic_bw -d softroce0 -n 20 -A CMP_AND_SWAP
+sleep 1
+kill -INT $TPID 2>/dev/null
+wait $TPID 2>/dev/null
+
+echo "== decode: tshark -r CAP (all UDP/4791 frames must carry an InfiniBand layer)"
+nudp=$(tshark -r "$CAP" -Y 'udp.dstport == 4791' 2>/dev/null | wc -l)
+nib=$(tshark -r "$CAP" -Y 'infiniband.bth' 2>/dev/null | wc -l)
+echo "   $nudp UDP/4791 frames, $nib decoded with a BTH"
+if [ "$nudp" -gt 0 ] && [ "$nudp" -eq "$nib" ]; then ok decode-all; else ko "decode-all" "$D/tshark.log"; fi
+
+tshark -r "$CAP" -Y infiniband.bth -T fields -e infiniband.bth.opcode 2>/dev/null | sort -n | uniq -c >"$D/opcodes"
+sed 's/^/   /' "$D/opcodes"
+# SEND First/Middle/Last, WRITE Only, READ request/response First/Last, ACK, atomic ACK, CmpSwap, FetchAdd
+want="0 1 2 10 12 13 15 17 18 19 20"
+missing=""
+for op in $want; do awk '{print $2}' "$D/opcodes" | grep -qx "$op" || missing="$missing $op"; done
+if [ -z "$missing" ]; then ok opcodes-seen; else ko "opcodes-seen (missing:$missing)" "$D/opcodes"; fi
+
+tshark -r "$CAP" -V -c 200 2>/dev/null >"$D/verbose"
+if grep -q "InfiniBand" "$D/verbose" && grep -q "Base Transport Header" "$D/verbose" \
+    && grep -q "RETH - RDMA Extended Transport Header" "$D/verbose" && grep -q "Invariant CRC" "$D/verbose"; then
+    ok decode-verbose
+else
+    ko decode-verbose "$D/verbose"
+fi
+
+echo "== icrc: tshark -T fields ... | softroce-icrc-check"
+tshark -r "$CAP" -Y 'udp.dstport == 4791' -T fields -E separator=/t \
+    -e ip.src -e ip.dst -e ip.id -e ip.flags -e ip.frag_offset -e udp.srcport -e udp.dstport -e udp.payload \
+    2>/dev/null >"$D/fields"
+if "$CHECK" <"$D/fields" >"$D/icrc.out" 2>&1; then
+    sed 's/^/   > /' "$D/icrc.out"
+    ok icrc-correct
+else
+    ko icrc-correct "$D/icrc.out"
+fi
+# The checker must reject a corrupted ICRC (flip one payload byte of the first packet).
+head -n 1 "$D/fields" | awk -F'\t' 'BEGIN{OFS="\t"} {p=$8; c=substr(p,1,1); c=(c=="0")?"1":"0"; $8=c substr(p,2); print}' >"$D/bad"
+if ! "$CHECK" <"$D/bad" >/dev/null 2>&1; then ok icrc-detects-corruption; else ko icrc-detects-corruption; fi
+finish
