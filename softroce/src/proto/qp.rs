@@ -125,6 +125,10 @@ pub struct QpCore {
     /// `una` at the last immediate (NAK/gap driven) rewind, to rewind once per hole.
     pub(crate) fast_rewind_at: Option<Psn>,
     pub(crate) sq_drained_pending: bool,
+    /// Highest "next expected PSN" the responder has reported (ACK psn + 1 or
+    /// NAK psn). A report beyond it is progress even while `una` is held
+    /// back by an unanswered READ.
+    pub(crate) peer_epsn: Psn,
 
     // ---- responder ----
     pub(crate) rq: VecDeque<RecvWr>,
@@ -187,6 +191,7 @@ impl QpCore {
             max_inflight: DEFAULT_MAX_INFLIGHT_PSNS,
             fast_rewind_at: None,
             sq_drained_pending: false,
+            peer_epsn: Psn::new(0),
             rq: VecDeque::new(),
             epsn: Psn::new(0),
             msn: 0,
@@ -357,6 +362,7 @@ impl QpCore {
                 self.next_psn = p;
                 self.una = p;
                 self.snd_max = p;
+                self.peer_epsn = p;
                 self.retry_left = self.attrs.retry_cnt;
                 self.rnr_retry_left = self.attrs.rnr_retry;
             }

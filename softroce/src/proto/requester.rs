@@ -368,6 +368,9 @@ impl QpCore {
 
     /// Forward progress: reset retry counters and the retransmit timer.
     fn on_progress(&mut self, now: Instant) {
+        if self.una - self.peer_epsn > 0 {
+            self.peer_epsn = self.una;
+        }
         self.retry_left = self.attrs.retry_cnt;
         self.rnr_retry_left = self.attrs.rnr_retry;
         self.fast_rewind_at = None;
@@ -417,6 +420,18 @@ impl QpCore {
         lost
     }
 
+    /// Record the responder's expected PSN from an ACK/NAK; `true` (and the
+    /// retry counter is refilled) if it moved forward.
+    fn note_peer_epsn(&mut self, p: Psn) -> bool {
+        if p - self.peer_epsn > 0 && p - self.snd_max <= 0 {
+            self.peer_epsn = p;
+            self.retry_left = self.attrs.retry_cnt;
+            true
+        } else {
+            false
+        }
+    }
+
     /// Retransmit from `una` now (once per hole).
     fn fast_rewind(&mut self) {
         if self.fast_rewind_at == Some(self.una) {
@@ -437,6 +452,7 @@ impl QpCore {
         let syndrome = p.aeth.map(|a| a.syndrome);
         match (kind, syndrome) {
             (MsgKind::Ack, Some(Syndrome::Ack { .. })) => {
+                self.note_peer_epsn(psn + 1);
                 if self.ack_before(now, psn + 1) {
                     self.fast_rewind();
                 }
@@ -524,15 +540,19 @@ impl QpCore {
                 if psn - self.una < 0 || self.rnr_wait {
                     return;
                 }
+                let fresh = self.note_peer_epsn(psn);
                 self.ack_before(now, psn);
                 if self.attrs.qp_state == QpState::Err {
                     return;
                 }
-                if self.retry_left == 0 {
-                    self.complete_head(wc_status::RETRY_EXC_ERR);
-                    return;
+                if !fresh {
+                    // The same hole again: a retry without progress.
+                    if self.retry_left == 0 {
+                        self.complete_head(wc_status::RETRY_EXC_ERR);
+                        return;
+                    }
+                    self.retry_left -= 1;
                 }
-                self.retry_left -= 1;
                 self.fast_rewind_at = None;
                 self.fast_rewind();
             }

@@ -149,16 +149,25 @@ impl QpCore {
                         len,
                     } if psn - first_psn >= 0 && (psn - first_psn) < npkts as i32 => {
                         let off = (psn - first_psn) as u32 * mtu;
-                        Some((va.wrapping_add(u64::from(off)), rkey, len.saturating_sub(off)))
+                        Some((
+                            first_psn,
+                            npkts,
+                            va.wrapping_add(u64::from(off)),
+                            rkey,
+                            len.saturating_sub(off),
+                        ))
                     }
                     _ => None,
                 });
-                let Some((va, rkey, remaining)) = found else { return };
-                // Already queued from at least this PSN? Then nothing to add.
-                let queued = self
-                    .out
-                    .iter()
-                    .any(|o| matches!(o, RespOut::Read { psn: q, .. } if *q - psn <= 0 && (psn - *q) < 1 << 20));
+                let Some((first_psn, npkts, va, rkey, remaining)) = found else {
+                    return;
+                };
+                // Responses of this resource already queued from this PSN or
+                // earlier? Then they will cover it.
+                let queued = self.out.iter().any(|o| {
+                    matches!(o, RespOut::Read { psn: q, .. }
+                        if *q - first_psn >= 0 && *q - first_psn < npkts as i32 && *q - psn <= 0)
+                });
                 if queued {
                     return;
                 }

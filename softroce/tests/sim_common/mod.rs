@@ -131,6 +131,7 @@ pub struct Pair {
     pub sent: [u64; 2],
     pub delivered: [u64; 2],
     pub icrc_drops: u64,
+    pub trace: bool,
     buf: Vec<u8>,
 }
 
@@ -239,6 +240,7 @@ impl Pair {
             sent: [0; 2],
             delivered: [0; 2],
             icrc_drops: 0,
+            trace: std::env::var("SIM_TRACE").is_ok(),
             buf: Vec::with_capacity(8192),
         }
     }
@@ -310,6 +312,21 @@ impl Pair {
                 continue;
             };
             self.delivered[to] += 1;
+            if self.trace {
+                if let Ok(r) = softroce::wire::RocePacketRepr::parse(t) {
+                    eprintln!(
+                        "{:>10} {}->{} {:?} psn={} ar={} aeth={:?} len={}",
+                        now.as_nanos(),
+                        1 - to,
+                        to,
+                        r.bth.opcode,
+                        r.bth.psn.value(),
+                        r.bth.ack_req,
+                        r.aeth.map(|a| a.syndrome),
+                        r.payload.len()
+                    );
+                }
+            }
             let ep = &mut self.ep[to];
             ep.qp.handle_packet(now, t, &mut ep.mem);
             ep.collect();
@@ -345,6 +362,9 @@ impl Pair {
             for i in 0..2 {
                 if self.ep[i].qp.poll_timeout().is_some_and(|t| t <= self.now) {
                     let now = self.now;
+                    if self.trace {
+                        eprintln!("{:>10} timeout at {}", now.as_nanos(), i);
+                    }
                     self.ep[i].qp.handle_timeout(now);
                     self.ep[i].collect();
                 }
