@@ -1,6 +1,7 @@
 /* Static layout checks of include/ferroce/nccl_net.h against spec/nccl-net-abi.md (sections 1,
  * 3, 4). Compiling this file is the test; running it prints one line so the suite can count it. */
-#include <ferroce/nccl_net.h>
+#include <ferroce/ferroce_abi.h> /* cbindgen's rendering of the Rust declarations */
+#include <ferroce/nccl_net.h>    /* the hand-written declarations from the spec */
 #include <stddef.h>
 #include <stdio.h>
 
@@ -99,6 +100,28 @@ CHECK_SIZE(ferroce_net_v11_t, 176);
 SLOTS16(ferroce_net_v12_t);
 CHECK_OFF(ferroce_net_v12_t, finalize, 160);
 CHECK_SIZE(ferroce_net_v12_t, 176);
+
+/* The Rust declarations (through cbindgen) agree with the hand-written header. */
+#define SAME(rs, c) _Static_assert(sizeof(rs) == sizeof(c), "Rust and C disagree on " #c)
+SAME(ferroce_rs_NcclNetV6, ferroce_net_v6_t);
+SAME(ferroce_rs_NcclNetV7, ferroce_net_v7_t);
+SAME(ferroce_rs_NcclNetV8, ferroce_net_v8_t);
+SAME(ferroce_rs_NcclNetV9, ferroce_net_v9_t);
+SAME(ferroce_rs_NcclNetV10, ferroce_net_v10_t);
+SAME(ferroce_rs_NcclNetV11, ferroce_net_v11_t);
+SAME(ferroce_rs_NcclNetV12, ferroce_net_v12_t);
+SAME(ferroce_rs_NcclNetPropertiesV6, ferroce_net_properties_v6_t);
+SAME(ferroce_rs_NcclNetPropertiesV7, ferroce_net_properties_v7_t);
+SAME(ferroce_rs_NcclNetPropertiesV8, ferroce_net_properties_v8_t);
+SAME(ferroce_rs_NcclNetPropertiesV9, ferroce_net_properties_v9_t);
+SAME(ferroce_rs_NcclNetPropertiesV11, ferroce_net_properties_v11_t);
+SAME(ferroce_rs_NcclNetPropertiesV12, ferroce_net_properties_v12_t);
+SAME(ferroce_rs_NcclNetDeviceHandle, ferroce_net_device_handle_t);
+SAME(ferroce_rs_NcclNetAttr, ferroce_net_attr_t);
+_Static_assert(offsetof(ferroce_rs_NcclNetPropertiesV12, max_p2p_bytes) == offsetof(ferroce_net_properties_v12_t, maxP2pBytes), "v12 maxP2pBytes");
+_Static_assert(offsetof(ferroce_rs_NcclNetPropertiesV12, plane_id) == offsetof(ferroce_net_properties_v12_t, planeId), "v12 planeId");
+_Static_assert(offsetof(ferroce_rs_NcclNetV12, set_net_attr) == offsetof(ferroce_net_v12_t, setNetAttr), "v12 setNetAttr");
+_Static_assert(offsetof(ferroce_rs_NcclNetV9, make_vdevice) == offsetof(ferroce_net_v9_t, makeVDevice), "v9 makeVDevice");
 
 int main(void) {
   printf("abi_layout_test: every size and offset of spec sections 1, 3, 4 holds\n");

@@ -13,7 +13,7 @@ use crate::config;
 use crate::device::{self, NetDevice, VirtualDevice};
 use crate::error::{Error, Result};
 use crate::ibv::Verbs;
-use crate::log::{subsys, Logger};
+use crate::log::{subsys, NcclLogger};
 use crate::transport::{self, ListenComm, MemHandle, MemKind, RecvComm, Request, SendComm};
 use parking_lot::Mutex;
 use std::cell::UnsafeCell;
@@ -72,7 +72,7 @@ fn registry() -> Result<Arc<Registry>> {
 /// `once_per_load`: the caller is a v6–v10 table, whose `init` NCCL calls once per load of the
 /// library. If the library stayed mapped across an unload (glibc may keep it), the previous
 /// load's fused devices are dropped so the new load numbers devices from scratch.
-pub fn init(logger: Option<Logger>, traffic_class: i32, once_per_load: bool) -> Result<Box<CommContext>> {
+pub fn init(logger: NcclLogger, traffic_class: i32, once_per_load: bool) -> Result<Box<CommContext>> {
     crate::log::set_logger(logger);
     let cfg = config::get();
     let mut g = GLOBAL.lock();

@@ -4,18 +4,11 @@
 //! pre-formatted, NUL-terminated string, so no user text is ever interpreted as a format.
 //! Before `init` (or when NCCL passed NULL) warnings go to stderr so they are never lost.
 
-use std::ffi::{c_char, c_int, c_ulong, CString};
+use std::ffi::{c_int, c_ulong, CString};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// `ncclDebugLogger_t`.
-pub type Logger = unsafe extern "C" fn(
-    level: c_int,
-    flags: c_ulong,
-    file: *const c_char,
-    line: c_int,
-    fmt: *const c_char,
-    ...
-);
+/// `ncclDebugLogger_t`, declared with the ABI.
+pub use crate::abi::types::NcclLogger;
 
 /// `ncclDebugLogLevel` values.
 pub mod level {
@@ -38,7 +31,7 @@ pub const PREFIX: &str = "NET/ferroce";
 static LOGGER: AtomicUsize = AtomicUsize::new(0);
 
 /// Stores NCCL's logger; `None` keeps the previous one.
-pub fn set_logger(logger: Option<Logger>) {
+pub fn set_logger(logger: NcclLogger) {
     if let Some(f) = logger {
         LOGGER.store(f as usize, Ordering::Release);
     }
@@ -49,14 +42,11 @@ pub fn clear_logger() {
     LOGGER.store(0, Ordering::Release);
 }
 
-fn logger() -> Option<Logger> {
+fn logger() -> NcclLogger {
     let raw = LOGGER.load(Ordering::Acquire);
-    if raw == 0 {
-        None
-    } else {
-        // SAFETY: the only non-zero values stored are `Logger` function pointers (set_logger).
-        Some(unsafe { std::mem::transmute::<usize, Logger>(raw) })
-    }
+    // SAFETY: the only values stored are 0 and function pointers of this type (set_logger);
+    // Option<fn> has the null-pointer niche, so 0 is None.
+    unsafe { std::mem::transmute::<usize, NcclLogger>(raw) }
 }
 
 /// Sends one line to NCCL's logger. `file` is printed by NCCL for WARN lines.

@@ -9,8 +9,17 @@ use std::ffi::{c_char, c_int, c_void};
 /// `ncclResult_t`.
 pub type NcclResult = c_int;
 
-/// `ncclDebugLogger_t` (nullable).
-pub type NcclLogger = Option<crate::log::Logger>;
+/// `ncclDebugLogger_t` (nullable): level, subsystem flags, file, line, printf format, arguments.
+pub type NcclLogger = Option<
+    unsafe extern "C" fn(
+        level: c_int,
+        flags: std::ffi::c_ulong,
+        file: *const c_char,
+        line: c_int,
+        fmt: *const c_char,
+        ...
+    ),
+>;
 
 /// `ncclProfilerCallback_t` (nullable; NULL on Windows builds). ferroce does not call it.
 pub type NcclProfilerCallback =
@@ -203,52 +212,59 @@ pub struct NcclNetPropertiesV12 {
 type Comm = *mut c_void;
 type Out = *mut *mut c_void;
 
-// Slot types. Names follow the spec's parameter lists (§3.1).
-pub type InitV6 = unsafe extern "C" fn(NcclLogger) -> NcclResult;
-pub type InitV10 = unsafe extern "C" fn(NcclLogger, NcclProfilerCallback) -> NcclResult;
+// Slot types: nullable function pointers (NULL = absent). Parameters follow spec §3.1.
+pub type InitV6 = Option<unsafe extern "C" fn(NcclLogger) -> NcclResult>;
+pub type InitV10 = Option<unsafe extern "C" fn(NcclLogger, NcclProfilerCallback) -> NcclResult>;
 pub type InitV11 =
-    unsafe extern "C" fn(Out, u64, *mut NcclNetCommConfig, NcclLogger, NcclProfilerCallback) -> NcclResult;
-pub type Devices = unsafe extern "C" fn(*mut c_int) -> NcclResult;
-pub type GetProperties<P> = unsafe extern "C" fn(c_int, *mut P) -> NcclResult;
-pub type ListenV6 = unsafe extern "C" fn(c_int, *mut c_void, Out) -> NcclResult;
-pub type ListenV11 = unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, Out) -> NcclResult;
-pub type ConnectV6 = unsafe extern "C" fn(c_int, *mut c_void, Out) -> NcclResult;
-pub type ConnectV7 = unsafe extern "C" fn(c_int, *mut c_void, Out, *mut *mut NcclNetDeviceHandle) -> NcclResult;
-pub type ConnectV10 =
-    unsafe extern "C" fn(c_int, *mut NcclNetCommConfig, *mut c_void, Out, *mut *mut NcclNetDeviceHandle) -> NcclResult;
+    Option<unsafe extern "C" fn(Out, u64, *mut NcclNetCommConfig, NcclLogger, NcclProfilerCallback) -> NcclResult>;
+pub type Devices = Option<unsafe extern "C" fn(*mut c_int) -> NcclResult>;
+pub type GetProperties<P> = Option<unsafe extern "C" fn(c_int, *mut P) -> NcclResult>;
+pub type ListenV6 = Option<unsafe extern "C" fn(c_int, *mut c_void, Out) -> NcclResult>;
+pub type ListenV11 = Option<unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, Out) -> NcclResult>;
+pub type ConnectV6 = Option<unsafe extern "C" fn(c_int, *mut c_void, Out) -> NcclResult>;
+pub type ConnectV7 = Option<unsafe extern "C" fn(c_int, *mut c_void, Out, *mut *mut NcclNetDeviceHandle) -> NcclResult>;
+pub type ConnectV10 = Option<
+    unsafe extern "C" fn(c_int, *mut NcclNetCommConfig, *mut c_void, Out, *mut *mut NcclNetDeviceHandle) -> NcclResult,
+>;
 pub type ConnectV11 =
-    unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, Out, *mut *mut NcclNetDeviceHandle) -> NcclResult;
-pub type AcceptV6 = unsafe extern "C" fn(Comm, Out) -> NcclResult;
-pub type AcceptV7 = unsafe extern "C" fn(Comm, Out, *mut *mut NcclNetDeviceHandle) -> NcclResult;
-pub type RegMrV6 = unsafe extern "C" fn(Comm, *mut c_void, c_int, c_int, Out) -> NcclResult;
-pub type RegMrV8 = unsafe extern "C" fn(Comm, *mut c_void, usize, c_int, Out) -> NcclResult;
-pub type RegMrDmaBuf = unsafe extern "C" fn(Comm, *mut c_void, usize, c_int, u64, c_int, Out) -> NcclResult;
-pub type DeregMr = unsafe extern "C" fn(Comm, *mut c_void) -> NcclResult;
-pub type IsendV6 = unsafe extern "C" fn(Comm, *mut c_void, c_int, c_int, *mut c_void, Out) -> NcclResult;
-pub type IsendV9 = unsafe extern "C" fn(Comm, *mut c_void, usize, c_int, *mut c_void, Out) -> NcclResult;
-pub type IsendV10 = unsafe extern "C" fn(Comm, *mut c_void, usize, c_int, *mut c_void, *mut c_void, Out) -> NcclResult;
-pub type IrecvV6 =
-    unsafe extern "C" fn(Comm, c_int, *mut *mut c_void, *mut c_int, *mut c_int, *mut *mut c_void, Out) -> NcclResult;
-pub type IrecvV9 =
-    unsafe extern "C" fn(Comm, c_int, *mut *mut c_void, *mut usize, *mut c_int, *mut *mut c_void, Out) -> NcclResult;
-pub type IrecvV10 = unsafe extern "C" fn(
-    Comm,
-    c_int,
-    *mut *mut c_void,
-    *mut usize,
-    *mut c_int,
-    *mut *mut c_void,
-    *mut *mut c_void,
-    Out,
-) -> NcclResult;
-pub type Iflush = unsafe extern "C" fn(Comm, c_int, *mut *mut c_void, *mut c_int, *mut *mut c_void, Out) -> NcclResult;
-pub type Test = unsafe extern "C" fn(*mut c_void, *mut c_int, *mut c_int) -> NcclResult;
-pub type Close = unsafe extern "C" fn(Comm) -> NcclResult;
-pub type GetDeviceMr = unsafe extern "C" fn(Comm, *mut c_void, Out) -> NcclResult;
-pub type IrecvConsumed = unsafe extern "C" fn(Comm, c_int, *mut c_void) -> NcclResult;
-pub type MakeVDevice<VP> = unsafe extern "C" fn(*mut c_int, *mut VP) -> NcclResult;
-pub type Finalize = unsafe extern "C" fn(*mut c_void) -> NcclResult;
-pub type SetNetAttr = unsafe extern "C" fn(*mut c_void, *mut NcclNetAttr) -> NcclResult;
+    Option<unsafe extern "C" fn(*mut c_void, c_int, *mut c_void, Out, *mut *mut NcclNetDeviceHandle) -> NcclResult>;
+pub type AcceptV6 = Option<unsafe extern "C" fn(Comm, Out) -> NcclResult>;
+pub type AcceptV7 = Option<unsafe extern "C" fn(Comm, Out, *mut *mut NcclNetDeviceHandle) -> NcclResult>;
+pub type RegMrV6 = Option<unsafe extern "C" fn(Comm, *mut c_void, c_int, c_int, Out) -> NcclResult>;
+pub type RegMrV8 = Option<unsafe extern "C" fn(Comm, *mut c_void, usize, c_int, Out) -> NcclResult>;
+pub type RegMrDmaBuf = Option<unsafe extern "C" fn(Comm, *mut c_void, usize, c_int, u64, c_int, Out) -> NcclResult>;
+pub type DeregMr = Option<unsafe extern "C" fn(Comm, *mut c_void) -> NcclResult>;
+pub type IsendV6 = Option<unsafe extern "C" fn(Comm, *mut c_void, c_int, c_int, *mut c_void, Out) -> NcclResult>;
+pub type IsendV9 = Option<unsafe extern "C" fn(Comm, *mut c_void, usize, c_int, *mut c_void, Out) -> NcclResult>;
+pub type IsendV10 =
+    Option<unsafe extern "C" fn(Comm, *mut c_void, usize, c_int, *mut c_void, *mut c_void, Out) -> NcclResult>;
+pub type IrecvV6 = Option<
+    unsafe extern "C" fn(Comm, c_int, *mut *mut c_void, *mut c_int, *mut c_int, *mut *mut c_void, Out) -> NcclResult,
+>;
+pub type IrecvV9 = Option<
+    unsafe extern "C" fn(Comm, c_int, *mut *mut c_void, *mut usize, *mut c_int, *mut *mut c_void, Out) -> NcclResult,
+>;
+pub type IrecvV10 = Option<
+    unsafe extern "C" fn(
+        Comm,
+        c_int,
+        *mut *mut c_void,
+        *mut usize,
+        *mut c_int,
+        *mut *mut c_void,
+        *mut *mut c_void,
+        Out,
+    ) -> NcclResult,
+>;
+pub type Iflush =
+    Option<unsafe extern "C" fn(Comm, c_int, *mut *mut c_void, *mut c_int, *mut *mut c_void, Out) -> NcclResult>;
+pub type Test = Option<unsafe extern "C" fn(*mut c_void, *mut c_int, *mut c_int) -> NcclResult>;
+pub type Close = Option<unsafe extern "C" fn(Comm) -> NcclResult>;
+pub type GetDeviceMr = Option<unsafe extern "C" fn(Comm, *mut c_void, Out) -> NcclResult>;
+pub type IrecvConsumed = Option<unsafe extern "C" fn(Comm, c_int, *mut c_void) -> NcclResult>;
+pub type MakeVDevice<VP> = Option<unsafe extern "C" fn(*mut c_int, *mut VP) -> NcclResult>;
+pub type Finalize = Option<unsafe extern "C" fn(*mut c_void) -> NcclResult>;
+pub type SetNetAttr = Option<unsafe extern "C" fn(*mut c_void, *mut NcclNetAttr) -> NcclResult>;
 
 /// The plugin name, a static C string valid for as long as the library is mapped.
 #[repr(transparent)]
@@ -262,174 +278,174 @@ pub const PLUGIN_NAME: NamePtr = NamePtr(c"ferroce".as_ptr());
 #[repr(C)]
 pub struct NcclNetV6 {
     pub name: NamePtr,
-    pub init: Option<InitV6>,
-    pub devices: Option<Devices>,
-    pub get_properties: Option<GetProperties<NcclNetPropertiesV6>>,
-    pub listen: Option<ListenV6>,
-    pub connect: Option<ConnectV6>,
-    pub accept: Option<AcceptV6>,
-    pub reg_mr: Option<RegMrV6>,
-    pub reg_mr_dma_buf: Option<RegMrDmaBuf>,
-    pub dereg_mr: Option<DeregMr>,
-    pub isend: Option<IsendV6>,
-    pub irecv: Option<IrecvV6>,
-    pub iflush: Option<Iflush>,
-    pub test: Option<Test>,
-    pub close_send: Option<Close>,
-    pub close_recv: Option<Close>,
-    pub close_listen: Option<Close>,
+    pub init: InitV6,
+    pub devices: Devices,
+    pub get_properties: GetProperties<NcclNetPropertiesV6>,
+    pub listen: ListenV6,
+    pub connect: ConnectV6,
+    pub accept: AcceptV6,
+    pub reg_mr: RegMrV6,
+    pub reg_mr_dma_buf: RegMrDmaBuf,
+    pub dereg_mr: DeregMr,
+    pub isend: IsendV6,
+    pub irecv: IrecvV6,
+    pub iflush: Iflush,
+    pub test: Test,
+    pub close_send: Close,
+    pub close_recv: Close,
+    pub close_listen: Close,
 }
 
 /// `ncclNet_v7` (152 bytes).
 #[repr(C)]
 pub struct NcclNetV7 {
     pub name: NamePtr,
-    pub init: Option<InitV6>,
-    pub devices: Option<Devices>,
-    pub get_properties: Option<GetProperties<NcclNetPropertiesV7>>,
-    pub listen: Option<ListenV6>,
-    pub connect: Option<ConnectV7>,
-    pub accept: Option<AcceptV7>,
-    pub reg_mr: Option<RegMrV6>,
-    pub reg_mr_dma_buf: Option<RegMrDmaBuf>,
-    pub dereg_mr: Option<DeregMr>,
-    pub isend: Option<IsendV6>,
-    pub irecv: Option<IrecvV6>,
-    pub iflush: Option<Iflush>,
-    pub test: Option<Test>,
-    pub close_send: Option<Close>,
-    pub close_recv: Option<Close>,
-    pub close_listen: Option<Close>,
-    pub get_device_mr: Option<GetDeviceMr>,
-    pub irecv_consumed: Option<IrecvConsumed>,
+    pub init: InitV6,
+    pub devices: Devices,
+    pub get_properties: GetProperties<NcclNetPropertiesV7>,
+    pub listen: ListenV6,
+    pub connect: ConnectV7,
+    pub accept: AcceptV7,
+    pub reg_mr: RegMrV6,
+    pub reg_mr_dma_buf: RegMrDmaBuf,
+    pub dereg_mr: DeregMr,
+    pub isend: IsendV6,
+    pub irecv: IrecvV6,
+    pub iflush: Iflush,
+    pub test: Test,
+    pub close_send: Close,
+    pub close_recv: Close,
+    pub close_listen: Close,
+    pub get_device_mr: GetDeviceMr,
+    pub irecv_consumed: IrecvConsumed,
 }
 
 /// `ncclNet_v8` (152 bytes).
 #[repr(C)]
 pub struct NcclNetV8 {
     pub name: NamePtr,
-    pub init: Option<InitV6>,
-    pub devices: Option<Devices>,
-    pub get_properties: Option<GetProperties<NcclNetPropertiesV8>>,
-    pub listen: Option<ListenV6>,
-    pub connect: Option<ConnectV7>,
-    pub accept: Option<AcceptV7>,
-    pub reg_mr: Option<RegMrV8>,
-    pub reg_mr_dma_buf: Option<RegMrDmaBuf>,
-    pub dereg_mr: Option<DeregMr>,
-    pub isend: Option<IsendV6>,
-    pub irecv: Option<IrecvV6>,
-    pub iflush: Option<Iflush>,
-    pub test: Option<Test>,
-    pub close_send: Option<Close>,
-    pub close_recv: Option<Close>,
-    pub close_listen: Option<Close>,
-    pub get_device_mr: Option<GetDeviceMr>,
-    pub irecv_consumed: Option<IrecvConsumed>,
+    pub init: InitV6,
+    pub devices: Devices,
+    pub get_properties: GetProperties<NcclNetPropertiesV8>,
+    pub listen: ListenV6,
+    pub connect: ConnectV7,
+    pub accept: AcceptV7,
+    pub reg_mr: RegMrV8,
+    pub reg_mr_dma_buf: RegMrDmaBuf,
+    pub dereg_mr: DeregMr,
+    pub isend: IsendV6,
+    pub irecv: IrecvV6,
+    pub iflush: Iflush,
+    pub test: Test,
+    pub close_send: Close,
+    pub close_recv: Close,
+    pub close_listen: Close,
+    pub get_device_mr: GetDeviceMr,
+    pub irecv_consumed: IrecvConsumed,
 }
 
 /// `ncclNet_v9` (160 bytes).
 #[repr(C)]
 pub struct NcclNetV9 {
     pub name: NamePtr,
-    pub init: Option<InitV6>,
-    pub devices: Option<Devices>,
-    pub get_properties: Option<GetProperties<NcclNetPropertiesV9>>,
-    pub listen: Option<ListenV6>,
-    pub connect: Option<ConnectV7>,
-    pub accept: Option<AcceptV7>,
-    pub reg_mr: Option<RegMrV8>,
-    pub reg_mr_dma_buf: Option<RegMrDmaBuf>,
-    pub dereg_mr: Option<DeregMr>,
-    pub isend: Option<IsendV9>,
-    pub irecv: Option<IrecvV9>,
-    pub iflush: Option<Iflush>,
-    pub test: Option<Test>,
-    pub close_send: Option<Close>,
-    pub close_recv: Option<Close>,
-    pub close_listen: Option<Close>,
-    pub get_device_mr: Option<GetDeviceMr>,
-    pub irecv_consumed: Option<IrecvConsumed>,
-    pub make_vdevice: Option<MakeVDevice<NcclNetVDevicePropsV9>>,
+    pub init: InitV6,
+    pub devices: Devices,
+    pub get_properties: GetProperties<NcclNetPropertiesV9>,
+    pub listen: ListenV6,
+    pub connect: ConnectV7,
+    pub accept: AcceptV7,
+    pub reg_mr: RegMrV8,
+    pub reg_mr_dma_buf: RegMrDmaBuf,
+    pub dereg_mr: DeregMr,
+    pub isend: IsendV9,
+    pub irecv: IrecvV9,
+    pub iflush: Iflush,
+    pub test: Test,
+    pub close_send: Close,
+    pub close_recv: Close,
+    pub close_listen: Close,
+    pub get_device_mr: GetDeviceMr,
+    pub irecv_consumed: IrecvConsumed,
+    pub make_vdevice: MakeVDevice<NcclNetVDevicePropsV9>,
 }
 
 /// `ncclNet_v10` (160 bytes).
 #[repr(C)]
 pub struct NcclNetV10 {
     pub name: NamePtr,
-    pub init: Option<InitV10>,
-    pub devices: Option<Devices>,
-    pub get_properties: Option<GetProperties<NcclNetPropertiesV9>>,
-    pub listen: Option<ListenV6>,
-    pub connect: Option<ConnectV10>,
-    pub accept: Option<AcceptV7>,
-    pub reg_mr: Option<RegMrV8>,
-    pub reg_mr_dma_buf: Option<RegMrDmaBuf>,
-    pub dereg_mr: Option<DeregMr>,
-    pub isend: Option<IsendV10>,
-    pub irecv: Option<IrecvV10>,
-    pub iflush: Option<Iflush>,
-    pub test: Option<Test>,
-    pub close_send: Option<Close>,
-    pub close_recv: Option<Close>,
-    pub close_listen: Option<Close>,
-    pub get_device_mr: Option<GetDeviceMr>,
-    pub irecv_consumed: Option<IrecvConsumed>,
-    pub make_vdevice: Option<MakeVDevice<NcclNetVDevicePropsV9>>,
+    pub init: InitV10,
+    pub devices: Devices,
+    pub get_properties: GetProperties<NcclNetPropertiesV9>,
+    pub listen: ListenV6,
+    pub connect: ConnectV10,
+    pub accept: AcceptV7,
+    pub reg_mr: RegMrV8,
+    pub reg_mr_dma_buf: RegMrDmaBuf,
+    pub dereg_mr: DeregMr,
+    pub isend: IsendV10,
+    pub irecv: IrecvV10,
+    pub iflush: Iflush,
+    pub test: Test,
+    pub close_send: Close,
+    pub close_recv: Close,
+    pub close_listen: Close,
+    pub get_device_mr: GetDeviceMr,
+    pub irecv_consumed: IrecvConsumed,
+    pub make_vdevice: MakeVDevice<NcclNetVDevicePropsV9>,
 }
 
 /// `ncclNet_v11` (176 bytes).
 #[repr(C)]
 pub struct NcclNetV11 {
     pub name: NamePtr,
-    pub init: Option<InitV11>,
-    pub devices: Option<Devices>,
-    pub get_properties: Option<GetProperties<NcclNetPropertiesV11>>,
-    pub listen: Option<ListenV11>,
-    pub connect: Option<ConnectV11>,
-    pub accept: Option<AcceptV7>,
-    pub reg_mr: Option<RegMrV8>,
-    pub reg_mr_dma_buf: Option<RegMrDmaBuf>,
-    pub dereg_mr: Option<DeregMr>,
-    pub isend: Option<IsendV10>,
-    pub irecv: Option<IrecvV10>,
-    pub iflush: Option<Iflush>,
-    pub test: Option<Test>,
-    pub close_send: Option<Close>,
-    pub close_recv: Option<Close>,
-    pub close_listen: Option<Close>,
-    pub get_device_mr: Option<GetDeviceMr>,
-    pub irecv_consumed: Option<IrecvConsumed>,
-    pub make_vdevice: Option<MakeVDevice<NcclNetVDevicePropsV9>>,
-    pub finalize: Option<Finalize>,
-    pub set_net_attr: Option<SetNetAttr>,
+    pub init: InitV11,
+    pub devices: Devices,
+    pub get_properties: GetProperties<NcclNetPropertiesV11>,
+    pub listen: ListenV11,
+    pub connect: ConnectV11,
+    pub accept: AcceptV7,
+    pub reg_mr: RegMrV8,
+    pub reg_mr_dma_buf: RegMrDmaBuf,
+    pub dereg_mr: DeregMr,
+    pub isend: IsendV10,
+    pub irecv: IrecvV10,
+    pub iflush: Iflush,
+    pub test: Test,
+    pub close_send: Close,
+    pub close_recv: Close,
+    pub close_listen: Close,
+    pub get_device_mr: GetDeviceMr,
+    pub irecv_consumed: IrecvConsumed,
+    pub make_vdevice: MakeVDevice<NcclNetVDevicePropsV9>,
+    pub finalize: Finalize,
+    pub set_net_attr: SetNetAttr,
 }
 
 /// `ncclNet_v12` (176 bytes).
 #[repr(C)]
 pub struct NcclNetV12 {
     pub name: NamePtr,
-    pub init: Option<InitV11>,
-    pub devices: Option<Devices>,
-    pub get_properties: Option<GetProperties<NcclNetPropertiesV12>>,
-    pub listen: Option<ListenV11>,
-    pub connect: Option<ConnectV11>,
-    pub accept: Option<AcceptV7>,
-    pub reg_mr: Option<RegMrV8>,
-    pub reg_mr_dma_buf: Option<RegMrDmaBuf>,
-    pub dereg_mr: Option<DeregMr>,
-    pub isend: Option<IsendV10>,
-    pub irecv: Option<IrecvV10>,
-    pub iflush: Option<Iflush>,
-    pub test: Option<Test>,
-    pub close_send: Option<Close>,
-    pub close_recv: Option<Close>,
-    pub close_listen: Option<Close>,
-    pub get_device_mr: Option<GetDeviceMr>,
-    pub irecv_consumed: Option<IrecvConsumed>,
-    pub make_vdevice: Option<MakeVDevice<NcclNetVDevicePropsV12>>,
-    pub finalize: Option<Finalize>,
-    pub set_net_attr: Option<SetNetAttr>,
+    pub init: InitV11,
+    pub devices: Devices,
+    pub get_properties: GetProperties<NcclNetPropertiesV12>,
+    pub listen: ListenV11,
+    pub connect: ConnectV11,
+    pub accept: AcceptV7,
+    pub reg_mr: RegMrV8,
+    pub reg_mr_dma_buf: RegMrDmaBuf,
+    pub dereg_mr: DeregMr,
+    pub isend: IsendV10,
+    pub irecv: IrecvV10,
+    pub iflush: Iflush,
+    pub test: Test,
+    pub close_send: Close,
+    pub close_recv: Close,
+    pub close_listen: Close,
+    pub get_device_mr: GetDeviceMr,
+    pub irecv_consumed: IrecvConsumed,
+    pub make_vdevice: MakeVDevice<NcclNetVDevicePropsV12>,
+    pub finalize: Finalize,
+    pub set_net_attr: SetNetAttr,
 }
 
 #[cfg(test)]
