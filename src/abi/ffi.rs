@@ -39,3 +39,23 @@ pub fn non_null<T>(p: *mut T, what: &str) -> Result<*mut T> {
 pub fn int_size(size: i32, what: &str) -> Result<usize> {
     usize::try_from(size).map_err(|_| Error::internal(format!("{what} is negative ({size})")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn success_error_and_panic_map_to_nccl_codes() {
+        assert_eq!(call("t", || Ok(())), code::SUCCESS);
+        assert_eq!(call("t", || Err(Error::remote("peer gone"))), code::REMOTE_ERROR);
+        assert_eq!(call("t", || Err(Error::usage("bad env"))), code::INVALID_USAGE);
+        assert_eq!(call("t", || panic!("boom")), code::INTERNAL_ERROR);
+    }
+
+    #[test]
+    fn null_and_negative_arguments_are_internal_errors() {
+        assert_eq!(non_null(std::ptr::null_mut::<u8>(), "x").unwrap_err().result_code(), code::INTERNAL_ERROR);
+        assert_eq!(int_size(-1, "size").unwrap_err().result_code(), code::INTERNAL_ERROR);
+        assert_eq!(int_size(7, "size").unwrap(), 7);
+    }
+}
