@@ -1,0 +1,648 @@
+//! Error completions: remote access, retry exceeded, RNR, flush, local
+//! errors, post errors, QP modify checks, malformed input.
+
+mod sim_common;
+use sim_common::*;
+use softroce::proto::*;
+
+fn write_wr(p: &Pair, id: u64, off: u64, len: u32, rkey: u32, remote: u64) -> SendWr {
+    let mut wr = SendWr::new(id, WrOpcode::RdmaWrite);
+    wr.sges = sge(SRC + off, len, p.ep[0].src_lkey);
+    wr.remote_addr = remote;
+    wr.rkey = rkey;
+    wr
+}
+
+fn statuses(cq: &[Completion]) -> Vec<(u64, u32)> {
+    cq.iter().map(|c| (c.wr_id, c.status)).collect()
+}
+
+#[test]
+fn wrong_rkey_is_remote_access_error_and_writes_nothing() {
+    for (rkey_bad, addr, len) in [
+        (true, DST, 5000u32),
+        (false, DST + REGION as u64 - 100, 5000),
+        (false, DST - 8, 16),
+    ] {
+        let mut p = Pair::new(&Setup::default(), 11);
+        let before = p.ep[1].peek(DST, REGION);
+        let rk = if rkey_bad { 0xBAD } else { p.ep[1].dst_rkey };
+        let ok = write_wr(&p, 1, 0, 100, p.ep[1].dst_rkey, DST + 1000);
+        let bad = write_wr(&p, 2, 0, len, rk, addr);
+        let after = write_wr(&p, 3, 0, 100, p.ep[1].dst_rkey, DST + 2000);
+        let now = p.now;
+        p.a().qp.post_send(now, ok).unwrap();
+        p.a().qp.post_send(now, bad).unwrap();
+        p.a().qp.post_send(now, after).unwrap();
+        p.b()
+            .qp
+            .post_recv(RecvWr {
+                wr_id: 77,
+                sges: vec![],
+            })
+            .unwrap();
+        p.run();
+        assert_eq!(
+            statuses(&p.ep[0].send_cq),
+            vec![
+                (1, wc_status::SUCCESS),
+                (2, wc_status::REM_ACCESS_ERR),
+                (3, wc_status::WR_FLUSH_ERR)
+            ]
+        );
+        assert_eq!(p.ep[0].qp.state(), QpState::Err);
+        // Responder: only the first write landed; QP in error with an access-error event.
+        let mut expect = before.clone();
+        expect[1000..1100].copy_from_slice(&p.ep[0].peek(SRC, 100));
+        assert!(p.ep[1].peek(DST, REGION) == expect, "responder memory changed");
+        assert_eq!(p.ep[1].qp.state(), QpState::Err);
+        assert_eq!(p.ep[1].events, vec![AsyncEvent::QpAccessError]);
+        assert_eq!(statuses(&p.ep[1].recv_cq), vec![(77, wc_status::WR_FLUSH_ERR)]);
+    }
+}
+
+#[test]
+fn remote_read_and_atomic_access_errors() {
+    let mut p = Pair::new(&Setup::default(), 12);
+    let mut rd = SendWr::new(1, WrOpcode::RdmaRead);
+    rd.sges = sge(DST, 64, p.ep[0].dst_lkey);
+    rd.remote_addr = SRC;
+    rd.rkey = 0xBAD;
+    let now = p.now;
+    p.a().qp.post_send(now, rd).unwrap();
+    p.run();
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::REM_ACCESS_ERR)]);
+
+    // Misaligned atomic → invalid request.
+    let mut p = Pair::new(&Setup::default(), 13);
+    let mut fa = SendWr::new(1, WrOpcode::AtomicFetchAdd);
+    fa.sges = sge(ATOM, 8, p.ep[0].atom_lkey);
+    fa.remote_addr = ATOM + 4;
+    fa.rkey = p.ep[1].atom_rkey;
+    let now = p.now;
+    p.a().qp.post_send(now, fa).unwrap();
+    p.run();
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::REM_INV_REQ_ERR)]);
+    assert_eq!(p.ep[1].events, vec![AsyncEvent::QpRequestError]);
+}
+
+#[test]
+fn qp_access_flags_enforced() {
+    // Responder QP without REMOTE_WRITE: NAK invalid request.
+    let s = Setup {
+        access: mem::access::LOCAL_WRITE | mem::access::REMOTE_READ,
+        ..Setup::default()
+    };
+    let mut p = Pair::new(&s, 14);
+    let wr = write_wr(&p, 1, 0, 10, p.ep[1].dst_rkey, DST);
+    let now = p.now;
+    p.a().qp.post_send(now, wr).unwrap();
+    p.run();
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::REM_INV_REQ_ERR)]);
+    assert_eq!(p.ep[1].peek(DST, 10), vec![0; 10]);
+}
+
+#[test]
+fn peer_gone_retry_exceeded_after_retry_cnt() {
+    for retry_cnt in [0u8, 3, 7] {
+        let mut p = Pair::new(
+            &Setup {
+                retry_cnt,
+                timeout: 8,
+                ..Setup::default()
+            },
+            15,
+        );
+        p.link_up = [false, false];
+        let w1 = write_wr(&p, 1, 0, 3000, p.ep[1].dst_rkey, DST);
+        let w2 = write_wr(&p, 2, 0, 10, p.ep[1].dst_rkey, DST);
+        let now = p.now;
+        p.a().qp.post_send(now, w1).unwrap();
+        p.a().qp.post_send(now, w2).unwrap();
+        let t0 = p.now;
+        p.run();
+        assert_eq!(
+            statuses(&p.ep[0].send_cq),
+            vec![(1, wc_status::RETRY_EXC_ERR), (2, wc_status::WR_FLUSH_ERR)],
+            "retry_cnt {retry_cnt}"
+        );
+        let st = p.ep[0].qp.stats();
+        // The original transmission plus retry_cnt retransmissions, each timed out.
+        assert_eq!(st.timeouts, u64::from(retry_cnt) + 1);
+        assert_eq!(p.sent[0], 4 * (u64::from(retry_cnt) + 1));
+        // 4.096 µs · 2^8 ≈ 1.05 ms per try.
+        let per_try = 4096 * 256;
+        let elapsed = (p.now - t0).as_nanos();
+        assert!(elapsed >= per_try * (u64::from(retry_cnt) + 1), "{elapsed}");
+        assert!(elapsed < per_try * (u64::from(retry_cnt) + 2), "{elapsed}");
+        assert_eq!(p.ep[0].qp.state(), QpState::Err);
+    }
+}
+
+#[test]
+fn rnr_nak_then_success_once_recv_posted() {
+    let mut p = Pair::new(
+        &Setup {
+            min_rnr_timer: 12,
+            rnr_retry: 7,
+            ..Setup::default()
+        },
+        16,
+    );
+    let mut wr = SendWr::new(1, WrOpcode::Send);
+    wr.sges = sge(SRC, 3000, p.ep[0].src_lkey);
+    let now = p.now;
+    p.a().qp.post_send(now, wr).unwrap();
+    // Let it bounce off the missing receive a few times.
+    p.run_for(Duration::from_millis(3));
+    assert!(p.ep[0].send_cq.is_empty());
+    assert!(p.ep[0].qp.stats().rnr_naks_received >= 3);
+    assert!(p.ep[1].qp.stats().rnr_naks_sent >= 3);
+    let dl = p.ep[1].dst_lkey;
+    p.b()
+        .qp
+        .post_recv(RecvWr {
+            wr_id: 9,
+            sges: sge(DST, 4096, dl),
+        })
+        .unwrap();
+    p.run();
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::SUCCESS)]);
+    assert_eq!(statuses(&p.ep[1].recv_cq), vec![(9, wc_status::SUCCESS)]);
+    assert_eq!(p.ep[1].peek(DST, 3000), p.ep[0].peek(SRC, 3000));
+}
+
+#[test]
+fn rnr_retry_exceeded() {
+    for rnr_retry in [0u8, 2, 5] {
+        let mut p = Pair::new(
+            &Setup {
+                min_rnr_timer: 1,
+                rnr_retry,
+                ..Setup::default()
+            },
+            17,
+        );
+        let mut wr = SendWr::new(1, WrOpcode::SendWithImm);
+        wr.sges = sge(SRC, 10, p.ep[0].src_lkey);
+        let mut w2 = wr.clone();
+        w2.wr_id = 2;
+        let now = p.now;
+        p.a().qp.post_send(now, wr).unwrap();
+        p.a().qp.post_send(now, w2).unwrap();
+        p.run();
+        assert_eq!(
+            statuses(&p.ep[0].send_cq),
+            vec![(1, wc_status::RNR_RETRY_EXC_ERR), (2, wc_status::WR_FLUSH_ERR)]
+        );
+        assert_eq!(p.ep[0].qp.stats().rnr_naks_received, u64::from(rnr_retry) + 1);
+        // An RNR NAK is not fatal for the responder.
+        assert_eq!(p.ep[1].qp.state(), QpState::Rts);
+    }
+}
+
+#[test]
+fn write_with_imm_needs_recv_wqe() {
+    let mut p = Pair::new(&Setup::default(), 18);
+    let mut wr = write_wr(&p, 1, 0, 5000, p.ep[1].dst_rkey, DST);
+    wr.opcode = WrOpcode::RdmaWriteWithImm;
+    wr.imm_data = 42;
+    let now = p.now;
+    p.a().qp.post_send(now, wr).unwrap();
+    p.run_for(Duration::from_micros(200));
+    assert!(p.ep[1].qp.stats().rnr_naks_sent >= 1);
+    p.b().qp.post_recv(RecvWr { wr_id: 5, sges: vec![] }).unwrap();
+    p.run();
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, 0)]);
+    let r = p.ep[1].recv_cq[0];
+    assert_eq!(
+        (r.wr_id, r.opcode, r.byte_len, r.imm_data),
+        (5, wc_opcode::RECV_RDMA_WITH_IMM, 5000, Some(42))
+    );
+    assert_eq!(p.ep[1].peek(DST, 5000), p.ep[0].peek(SRC, 5000));
+}
+
+#[test]
+fn modify_to_err_flushes_everything_outstanding() {
+    let mut p = Pair::new(&Setup::default(), 19);
+    p.link_up = [false, true];
+    let now = p.now;
+    for k in 0..5 {
+        let mut wr = write_wr(&p, k, 0, 100, p.ep[1].dst_rkey, DST);
+        wr.signaled = k % 2 == 0; // flush completions are reported regardless
+        p.a().qp.post_send(now, wr).unwrap();
+    }
+    let dl = p.ep[0].dst_lkey;
+    p.a()
+        .qp
+        .post_recv(RecvWr {
+            wr_id: 50,
+            sges: sge(DST, 10, dl),
+        })
+        .unwrap();
+    p.a()
+        .qp
+        .post_recv(RecvWr {
+            wr_id: 51,
+            sges: sge(DST, 10, dl),
+        })
+        .unwrap();
+    p.run_for(Duration::from_micros(100));
+    p.a()
+        .qp
+        .modify(&ModifyAttrs {
+            mask: attr_mask::STATE,
+            qp_state: QpState::Err,
+            ..Default::default()
+        })
+        .unwrap();
+    p.run();
+    let st: Vec<_> = statuses(&p.ep[0].send_cq);
+    assert_eq!(st, (0..5).map(|k| (k, wc_status::WR_FLUSH_ERR)).collect::<Vec<_>>());
+    assert_eq!(
+        statuses(&p.ep[0].recv_cq),
+        vec![(50, wc_status::WR_FLUSH_ERR), (51, wc_status::WR_FLUSH_ERR)]
+    );
+    // Posting in ERR completes at once with a flush error.
+    let now = p.now;
+    p.a().qp.post_send(now, SendWr::new(9, WrOpcode::Send)).unwrap();
+    p.a()
+        .qp
+        .post_recv(RecvWr {
+            wr_id: 52,
+            sges: vec![],
+        })
+        .unwrap();
+    assert_eq!(
+        p.a().qp.poll_completion().map(|c| (c.wr_id, c.status)),
+        Some((9, wc_status::WR_FLUSH_ERR))
+    );
+    assert_eq!(
+        p.a().qp.poll_completion().map(|c| (c.wr_id, c.status)),
+        Some((52, wc_status::WR_FLUSH_ERR))
+    );
+    assert_eq!(p.a().qp.poll_timeout(), None);
+    // RESET then reconnect works again.
+    p.a()
+        .qp
+        .modify(&ModifyAttrs {
+            mask: attr_mask::STATE,
+            qp_state: QpState::Reset,
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(p.ep[0].qp.state(), QpState::Reset);
+}
+
+#[test]
+fn local_errors() {
+    // Bad lkey on a SEND → LOC_PROT_ERR, later WRs flushed, nothing sent.
+    let mut p = Pair::new(&Setup::default(), 20);
+    let mut bad = SendWr::new(1, WrOpcode::Send);
+    bad.sges = sge(SRC, 10, 0xBAD);
+    let mut next = SendWr::new(2, WrOpcode::Send);
+    next.sges = sge(SRC, 10, p.ep[0].src_lkey);
+    let now = p.now;
+    p.a().qp.post_send(now, bad).unwrap();
+    p.a().qp.post_send(now, next).unwrap();
+    p.run();
+    assert_eq!(
+        statuses(&p.ep[0].send_cq),
+        vec![(1, wc_status::LOC_PROT_ERR), (2, wc_status::WR_FLUSH_ERR)]
+    );
+    assert_eq!(p.sent[0], 0);
+
+    // Local error behind a good WR waits for the good one to complete first.
+    let mut p = Pair::new(&Setup::default(), 21);
+    p.b()
+        .qp
+        .post_recv(RecvWr {
+            wr_id: 1,
+            sges: sge(DST, 100, 0),
+        })
+        .unwrap();
+    let good = write_wr(&p, 1, 0, 100, p.ep[1].dst_rkey, DST);
+    let mut bad = write_wr(&p, 2, 0, 100, p.ep[1].dst_rkey, DST);
+    bad.sges = sge(SRC + REGION as u64 - 10, 100, p.ep[0].src_lkey); // out of MR bounds
+    let now = p.now;
+    p.a().qp.post_send(now, good).unwrap();
+    p.a().qp.post_send(now, bad).unwrap();
+    p.run();
+    assert_eq!(
+        statuses(&p.ep[0].send_cq),
+        vec![(1, wc_status::SUCCESS), (2, wc_status::LOC_PROT_ERR)]
+    );
+
+    // READ into a buffer without LOCAL_WRITE.
+    let mut p = Pair::new(&Setup::default(), 22);
+    let (ro_lkey, _) = p.a().mem.register(0x5000_0000, 4096, 0);
+    let mut rd = SendWr::new(1, WrOpcode::RdmaRead);
+    rd.sges = sge(0x5000_0000, 64, ro_lkey);
+    rd.remote_addr = SRC;
+    rd.rkey = p.ep[1].src_rkey;
+    let now = p.now;
+    p.a().qp.post_send(now, rd).unwrap();
+    p.run();
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::LOC_PROT_ERR)]);
+}
+
+#[test]
+fn send_larger_than_recv_buffer() {
+    let mut p = Pair::new(&Setup::default(), 23);
+    let dl = p.ep[1].dst_lkey;
+    p.b()
+        .qp
+        .post_recv(RecvWr {
+            wr_id: 1,
+            sges: sge(DST, 100, dl),
+        })
+        .unwrap();
+    let mut wr = SendWr::new(1, WrOpcode::Send);
+    wr.sges = sge(SRC, 3000, p.ep[0].src_lkey);
+    let now = p.now;
+    p.a().qp.post_send(now, wr).unwrap();
+    p.run();
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::REM_INV_REQ_ERR)]);
+    assert_eq!(statuses(&p.ep[1].recv_cq), vec![(1, wc_status::LOC_LEN_ERR)]);
+}
+
+#[test]
+fn post_errors() {
+    let caps = QpCaps {
+        max_send_wr: 2,
+        max_recv_wr: 1,
+        max_send_sge: 1,
+        max_inline_data: 16,
+        ..QpCaps::default()
+    };
+    let mut qp = QpCore::new(5, caps);
+    let now = Instant::ZERO;
+    assert_eq!(
+        qp.post_send(now, SendWr::new(1, WrOpcode::Send)),
+        Err(PostError::InvalidState)
+    );
+    assert_eq!(qp.post_recv(RecvWr::default()), Err(PostError::InvalidState));
+    assert_eq!(PostError::InvalidState.errno(), Errno::EINVAL);
+    assert_eq!(PostError::QueueFull.errno(), Errno::ENOMEM);
+    connect_qp(
+        &mut qp,
+        &Setup {
+            caps,
+            ..Setup::default()
+        },
+        6,
+        gid([127, 0, 0, 9]),
+        0,
+        0,
+    );
+    qp.post_recv(RecvWr::default()).unwrap();
+    assert_eq!(qp.post_recv(RecvWr::default()), Err(PostError::QueueFull));
+    let mut two_sges = SendWr::new(1, WrOpcode::Send);
+    two_sges.sges = vec![Sge::default(), Sge::default()];
+    assert_eq!(qp.post_send(now, two_sges), Err(PostError::InvalidWr));
+    let mut big_inline = SendWr::new(1, WrOpcode::Send);
+    big_inline.inline_data = Some(vec![0; 17]);
+    assert_eq!(qp.post_send(now, big_inline), Err(PostError::InvalidWr));
+    qp.post_send(now, SendWr::new(1, WrOpcode::Send)).unwrap();
+    qp.post_send(now, SendWr::new(2, WrOpcode::Send)).unwrap();
+    assert_eq!(
+        qp.post_send(now, SendWr::new(3, WrOpcode::Send)),
+        Err(PostError::QueueFull)
+    );
+}
+
+#[test]
+fn modify_qp_checks() {
+    use attr_mask as m;
+    let mut qp = QpCore::new(5, QpCaps::default());
+    let init = ModifyAttrs {
+        mask: m::STATE | m::PKEY_INDEX | m::PORT | m::ACCESS_FLAGS,
+        qp_state: QpState::Init,
+        port_num: 1,
+        ..Default::default()
+    };
+    // RESET → RTR is illegal.
+    assert_eq!(
+        qp.modify(&ModifyAttrs {
+            qp_state: QpState::Rtr,
+            ..init
+        }),
+        Err(Errno::EINVAL)
+    );
+    // Missing PORT.
+    assert_eq!(
+        qp.modify(&ModifyAttrs {
+            mask: init.mask & !m::PORT,
+            ..init
+        }),
+        Err(Errno::EINVAL)
+    );
+    // Bad port number.
+    assert_eq!(qp.modify(&ModifyAttrs { port_num: 2, ..init }), Err(Errno::EINVAL));
+    assert_eq!(qp.state(), QpState::Reset);
+    qp.modify(&init).unwrap();
+    assert_eq!(qp.state(), QpState::Init);
+    let rtr = ModifyAttrs {
+        mask: m::STATE | m::AV | m::PATH_MTU | m::DEST_QPN | m::RQ_PSN | m::MAX_DEST_RD_ATOMIC | m::MIN_RNR_TIMER,
+        qp_state: QpState::Rtr,
+        path_mtu: 5,
+        dest_qp_num: 9,
+        rq_psn: 0x1234,
+        max_dest_rd_atomic: 4,
+        min_rnr_timer: 12,
+        ah: AddressVector {
+            dgid: gid([127, 0, 0, 2]),
+            is_global: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    for bit in [
+        m::AV,
+        m::PATH_MTU,
+        m::DEST_QPN,
+        m::RQ_PSN,
+        m::MAX_DEST_RD_ATOMIC,
+        m::MIN_RNR_TIMER,
+    ] {
+        assert_eq!(
+            qp.modify(&ModifyAttrs {
+                mask: rtr.mask & !bit,
+                ..rtr
+            }),
+            Err(Errno::EINVAL),
+            "{bit:#x}"
+        );
+    }
+    assert_eq!(qp.modify(&ModifyAttrs { path_mtu: 6, ..rtr }), Err(Errno::EINVAL));
+    assert_eq!(qp.modify(&ModifyAttrs { path_mtu: 0, ..rtr }), Err(Errno::EINVAL));
+    // RoCE needs a GRH.
+    assert_eq!(
+        qp.modify(&ModifyAttrs {
+            ah: AddressVector {
+                is_global: false,
+                ..rtr.ah
+            },
+            ..rtr
+        }),
+        Err(Errno::EINVAL)
+    );
+    // SQ_PSN does not belong on INIT→RTR.
+    assert_eq!(
+        qp.modify(&ModifyAttrs {
+            mask: rtr.mask | m::SQ_PSN,
+            ..rtr
+        }),
+        Err(Errno::EINVAL)
+    );
+    assert_eq!(qp.state(), QpState::Init);
+    qp.modify(&rtr).unwrap();
+    // post_send in RTR: EINVAL.
+    assert_eq!(
+        qp.post_send(Instant::ZERO, SendWr::new(1, WrOpcode::Send)),
+        Err(PostError::InvalidState)
+    );
+    let rts = ModifyAttrs {
+        mask: m::STATE | m::SQ_PSN | m::TIMEOUT | m::RETRY_CNT | m::RNR_RETRY | m::MAX_QP_RD_ATOMIC,
+        qp_state: QpState::Rts,
+        sq_psn: 0x1_00_0005, // masked to 24 bits
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 1,
+        ..Default::default()
+    };
+    for bit in [m::SQ_PSN, m::TIMEOUT, m::RETRY_CNT, m::RNR_RETRY, m::MAX_QP_RD_ATOMIC] {
+        assert_eq!(
+            qp.modify(&ModifyAttrs {
+                mask: rts.mask & !bit,
+                ..rts
+            }),
+            Err(Errno::EINVAL)
+        );
+    }
+    assert_eq!(qp.modify(&ModifyAttrs { retry_cnt: 8, ..rts }), Err(Errno::EINVAL));
+    assert_eq!(qp.modify(&ModifyAttrs { timeout: 32, ..rts }), Err(Errno::EINVAL));
+    // CUR_STATE must match.
+    assert_eq!(
+        qp.modify(&ModifyAttrs {
+            mask: rts.mask | m::CUR_STATE,
+            cur_qp_state: QpState::Init,
+            ..rts
+        }),
+        Err(Errno::EINVAL)
+    );
+    qp.modify(&rts).unwrap();
+    let q = qp.query();
+    assert_eq!(
+        (q.qp_state, q.sq_psn, q.rq_psn, q.dest_qp_num, q.path_mtu, q.timeout),
+        (QpState::Rts, 5, 0x1234, 9, 5, 14)
+    );
+    assert_ne!(q.mask & m::STATE, 0);
+    // RTS → RTS with an allowed attribute; with a disallowed one.
+    qp.modify(&ModifyAttrs {
+        mask: m::MIN_RNR_TIMER,
+        min_rnr_timer: 3,
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(
+        qp.modify(&ModifyAttrs {
+            mask: m::PATH_MTU,
+            path_mtu: 3,
+            ..Default::default()
+        }),
+        Err(Errno::EINVAL)
+    );
+    // RTS → SQD → RTS.
+    qp.modify(&ModifyAttrs {
+        mask: m::STATE,
+        qp_state: QpState::Sqd,
+        ..Default::default()
+    })
+    .unwrap();
+    qp.modify(&ModifyAttrs {
+        mask: m::STATE,
+        qp_state: QpState::Rts,
+        ..Default::default()
+    })
+    .unwrap();
+    // Any → ERR → RESET.
+    qp.modify(&ModifyAttrs {
+        mask: m::STATE,
+        qp_state: QpState::Err,
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(
+        qp.modify(&ModifyAttrs {
+            mask: m::STATE,
+            qp_state: QpState::Rts,
+            ..Default::default()
+        }),
+        Err(Errno::EINVAL)
+    );
+    qp.modify(&ModifyAttrs {
+        mask: m::STATE,
+        qp_state: QpState::Reset,
+        ..Default::default()
+    })
+    .unwrap();
+    assert_eq!(qp.state(), QpState::Reset);
+}
+
+#[test]
+fn sqd_drains_and_notifies() {
+    let mut p = Pair::new(&Setup::default(), 24);
+    let now = p.now;
+    let wr = write_wr(&p, 1, 0, 5000, p.ep[1].dst_rkey, DST);
+    p.a().qp.post_send(now, wr).unwrap();
+    p.a()
+        .qp
+        .modify(&ModifyAttrs {
+            mask: attr_mask::STATE | attr_mask::EN_SQD_ASYNC_NOTIFY,
+            qp_state: QpState::Sqd,
+            en_sqd_async_notify: 1,
+            ..Default::default()
+        })
+        .unwrap();
+    // Not started before SQD: stays queued, drained immediately.
+    let wr2 = write_wr(&p, 2, 0, 10, p.ep[1].dst_rkey, DST);
+    p.a().qp.post_send(now, wr2).unwrap();
+    p.run();
+    assert!(p.ep[0].send_cq.is_empty());
+    p.a()
+        .qp
+        .modify(&ModifyAttrs {
+            mask: attr_mask::STATE,
+            qp_state: QpState::Rts,
+            ..Default::default()
+        })
+        .unwrap();
+    p.run();
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, 0), (2, 0)]);
+}
+
+#[test]
+fn malformed_and_misaddressed_packets_are_dropped_never_panic() {
+    let mut p = Pair::new(&Setup::default(), 25);
+    let mut r = Rng(99);
+    let mut mem = InMemory::new();
+    let now = p.now;
+    for n in 0..20_000 {
+        let len = r.below(80) as usize;
+        let mut pkt: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
+        if n % 2 == 0 && pkt.len() >= 12 {
+            // Make many of them well-formed-looking RC packets for QP 0x22.
+            pkt[0] = (r.below(0x18)) as u8;
+            pkt[1] &= 0xF0;
+            pkt[5..8].copy_from_slice(&[0, 0, 0x22]);
+        }
+        p.b().qp.handle_packet(now, &pkt, &mut mem);
+        let mut buf = Vec::new();
+        while p.b().qp.poll_transmit(now, &mut mem, &mut buf).is_some() {}
+        while p.b().qp.poll_completion().is_some() {}
+    }
+    let st = p.ep[1].qp.stats();
+    assert!(st.rx_malformed > 0);
+}
