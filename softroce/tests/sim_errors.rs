@@ -1,5 +1,6 @@
 //! Error completions: remote access, retry exceeded, RNR, flush, local
 //! errors, post errors, QP modify checks, malformed input.
+#![allow(clippy::needless_range_loop)]
 
 mod sim_common;
 use sim_common::*;
@@ -505,7 +506,7 @@ fn modify_qp_checks() {
     let rts = ModifyAttrs {
         mask: m::STATE | m::SQ_PSN | m::TIMEOUT | m::RETRY_CNT | m::RNR_RETRY | m::MAX_QP_RD_ATOMIC,
         qp_state: QpState::Rts,
-        sq_psn: 0x1_00_0005, // masked to 24 bits
+        sq_psn: 0x0100_0005, // masked to 24 bits
         timeout: 14,
         retry_cnt: 7,
         rnr_retry: 7,

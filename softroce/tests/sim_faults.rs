@@ -1,5 +1,6 @@
 //! Seeded loss, reordering, duplication and bit flips: everything still
 //! completes, in order, with the right bytes.
+#![allow(clippy::needless_range_loop)]
 
 mod sim_common;
 use sim_common::*;

@@ -1,4 +1,5 @@
 //! Every opcode, several sizes, data checked byte for byte.
+#![allow(clippy::needless_range_loop)]
 
 mod sim_common;
 use sim_common::*;

@@ -232,7 +232,7 @@ impl MemoryAccess for InMemory {
         if len == 0 {
             return Ok(());
         }
-        if what == RemoteAccess::Atomic && va % 8 != 0 {
+        if what == RemoteAccess::Atomic && !va.is_multiple_of(8) {
             return Err(RemoteAccessError::Misaligned);
         }
         self.remote_range(rkey, va, len, what).map(|_| ())
@@ -254,7 +254,7 @@ impl MemoryAccess for InMemory {
         Ok(())
     }
     fn remote_atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, RemoteAccessError> {
-        if va % 8 != 0 {
+        if !va.is_multiple_of(8) {
             return Err(RemoteAccessError::Misaligned);
         }
         let (i, rg) = self.remote_range(rkey, va, 8, RemoteAccess::Atomic)?;

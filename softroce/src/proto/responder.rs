@@ -132,11 +132,9 @@ impl QpCore {
         let psn = p.bth.psn;
         let Some((kind, _)) = p.bth.opcode.kind() else { return };
         match kind {
-            MsgKind::Send | MsgKind::Write => {
-                if p.bth.ack_req {
-                    let last = self.epsn - 1;
-                    self.queue_ack(last);
-                }
+            MsgKind::Send | MsgKind::Write if p.bth.ack_req => {
+                let last = self.epsn - 1;
+                self.queue_ack(last);
             }
             MsgKind::Read => {
                 let mtu = self.mtu;
@@ -311,7 +309,7 @@ impl QpCore {
                 let a = p.atomic_eth.ok_or(Fatal::InvalidRequest)?;
                 //# the target memory word is a host-order 64-bit integer that must be
                 //# 8-byte aligned (else NAK Invalid Request)
-                if a.va % 8 != 0 {
+                if !a.va.is_multiple_of(8) {
                     return Err(Fatal::InvalidRequest);
                 }
                 let aop = if op == OpCode::CompareSwap {

@@ -183,10 +183,7 @@ mod tests {
             ),
         ];
         for (bytes, repr) in cases {
-            assert_eq!(
-                Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
-                Ok(repr)
-            );
+            assert_eq!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()), Ok(repr));
             let mut out = [0u8; 4];
             repr.emit(&mut Packet::new_unchecked(&mut out[..]));
             assert_eq!(out, bytes);
@@ -199,17 +196,11 @@ mod tests {
             assert_eq!(Syndrome::from_byte(b).to_byte(), b);
         }
         assert_eq!(Syndrome::from_byte(0x45), Syndrome::Reserved(0x45));
-        assert_eq!(
-            Syndrome::from_byte(0x75),
-            Syndrome::Nak(NakCode::Unknown(0x15))
-        );
+        assert_eq!(Syndrome::from_byte(0x75), Syndrome::Nak(NakCode::Unknown(0x15)));
     }
 
     #[test]
     fn short() {
-        assert_eq!(
-            Packet::new_checked(&[0u8; 3][..]).err(),
-            Some(Error::Truncated)
-        );
+        assert_eq!(Packet::new_checked(&[0u8; 3][..]).err(), Some(Error::Truncated));
     }
 }

@@ -75,16 +75,10 @@ mod tests {
         let repr = Repr {
             orig: 0x0123_4567_89ab_cdef,
         };
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
-            Ok(repr)
-        );
+        assert_eq!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()), Ok(repr));
         let mut out = [0u8; 8];
         repr.emit(&mut Packet::new_unchecked(&mut out[..]));
         assert_eq!(out, bytes);
-        assert_eq!(
-            Packet::new_checked(&bytes[..7]).err(),
-            Some(Error::Truncated)
-        );
+        assert_eq!(Packet::new_checked(&bytes[..7]).err(), Some(Error::Truncated));
     }
 }

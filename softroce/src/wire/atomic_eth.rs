@@ -128,16 +128,10 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&BYTES[..]).unwrap()),
-            Ok(REPR)
-        );
+        assert_eq!(Repr::parse(&Packet::new_checked(&BYTES[..]).unwrap()), Ok(REPR));
         let mut out = [0u8; 28];
         REPR.emit(&mut Packet::new_unchecked(&mut out[..]));
         assert_eq!(out, BYTES);
-        assert_eq!(
-            Packet::new_checked(&BYTES[..27]).err(),
-            Some(Error::Truncated)
-        );
+        assert_eq!(Packet::new_checked(&BYTES[..27]).err(), Some(Error::Truncated));
     }
 }

@@ -106,10 +106,8 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
     /// Set SE, M, PadCnt and TVer at once.
     pub fn set_flags(&mut self, solicited: bool, mig_req: bool, pad_count: u8, tver: u8) {
-        self.buffer.as_mut()[field::FLAGS] = (u8::from(solicited) << 7)
-            | (u8::from(mig_req) << 6)
-            | ((pad_count & 3) << 4)
-            | (tver & 0xF);
+        self.buffer.as_mut()[field::FLAGS] =
+            (u8::from(solicited) << 7) | (u8::from(mig_req) << 6) | ((pad_count & 3) << 4) | (tver & 0xF);
     }
     pub fn set_pkey(&mut self, v: u16) {
         self.buffer.as_mut()[field::PKEY].copy_from_slice(&v.to_be_bytes());
@@ -186,9 +184,7 @@ mod tests {
     use super::*;
 
     // WRITE Only, SE=0 pad=0, pkey ffff, QPN 0x11, AckReq, PSN 0x123456 (spec §3.6 capture).
-    static BYTES: [u8; 12] = [
-        0x0a, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x80, 0x12, 0x34, 0x56,
-    ];
+    static BYTES: [u8; 12] = [0x0a, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x80, 0x12, 0x34, 0x56];
 
     fn repr() -> Repr {
         Repr {
@@ -234,10 +230,7 @@ mod tests {
             buf,
             [0x0a, 0xb0, 0xff, 0xff, 0x80, 0xab, 0xcd, 0xef, 0x00, 0x12, 0x34, 0x56]
         );
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&buf[..]).unwrap()).unwrap(),
-            r
-        );
+        assert_eq!(Repr::parse(&Packet::new_checked(&buf[..]).unwrap()).unwrap(), r);
     }
 
     #[test]
@@ -263,10 +256,7 @@ mod tests {
     #[test]
     fn rejects_short_and_bad_tver() {
         for n in 0..12 {
-            assert_eq!(
-                Packet::new_checked(&BYTES[..n]).err(),
-                Some(Error::Truncated)
-            );
+            assert_eq!(Packet::new_checked(&BYTES[..n]).err(), Some(Error::Truncated));
         }
         let mut buf = BYTES;
         buf[1] = 0x01;

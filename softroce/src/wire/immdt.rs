@@ -75,16 +75,10 @@ mod tests {
     fn round_trip() {
         let bytes = [0xde, 0xad, 0xbe, 0xef];
         let repr = Repr { imm: 0xdead_beef };
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()),
-            Ok(repr)
-        );
+        assert_eq!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()), Ok(repr));
         let mut out = [0u8; 4];
         repr.emit(&mut Packet::new_unchecked(&mut out[..]));
         assert_eq!(out, bytes);
-        assert_eq!(
-            Packet::new_checked(&bytes[..3]).err(),
-            Some(Error::Truncated)
-        );
+        assert_eq!(Packet::new_checked(&bytes[..3]).err(), Some(Error::Truncated));
     }
 }

@@ -82,10 +82,7 @@ impl OpCode {
     pub fn is_request(self) -> bool {
         matches!(
             self.kind(),
-            Some((
-                MsgKind::Send | MsgKind::Write | MsgKind::Read | MsgKind::Atomic,
-                _
-            ))
+            Some((MsgKind::Send | MsgKind::Write | MsgKind::Read | MsgKind::Atomic, _))
         )
     }
 
@@ -101,10 +98,7 @@ impl OpCode {
     /// RETH follows the BTH (WRITE First/Only, READ Request).
     pub fn has_reth(self) -> bool {
         use OpCode::*;
-        matches!(
-            self,
-            WriteFirst | WriteOnly | WriteOnlyWithImm | ReadRequest
-        )
+        matches!(self, WriteFirst | WriteOnly | WriteOnlyWithImm | ReadRequest)
     }
     /// AtomicETH follows the BTH.
     pub fn has_atomic_eth(self) -> bool {
@@ -120,21 +114,14 @@ impl OpCode {
     }
     /// IETH follows the BTH.
     pub fn has_ieth(self) -> bool {
-        matches!(
-            self,
-            OpCode::SendLastWithInvalidate | OpCode::SendOnlyWithInvalidate
-        )
+        matches!(self, OpCode::SendLastWithInvalidate | OpCode::SendOnlyWithInvalidate)
     }
     /// AETH follows the BTH.
     pub fn has_aeth(self) -> bool {
         use OpCode::*;
         matches!(
             self,
-            ReadResponseFirst
-                | ReadResponseLast
-                | ReadResponseOnly
-                | Acknowledge
-                | AtomicAcknowledge
+            ReadResponseFirst | ReadResponseLast | ReadResponseOnly | Acknowledge | AtomicAcknowledge
         )
     }
     /// AtomicAckETH follows the AETH.

@@ -2,9 +2,7 @@
 //! implies (in IBTA order: RETH, AtomicETH, AETH, AtomicAckETH, ImmDt,
 //! IETH), payload and pad. The ICRC is not part of it (see [`super::icrc`]).
 
-use super::{
-    aeth, atomic_ack_eth, atomic_eth, bth, ieth, immdt, pad_len, reth, Error, OpCode, Result,
-};
+use super::{aeth, atomic_ack_eth, atomic_eth, bth, ieth, immdt, pad_len, reth, Error, OpCode, Result};
 
 /// Parsed transport packet borrowing its payload.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,30 +40,26 @@ impl<'a> Repr<'a> {
             Ok(h)
         };
         let reth = if op.has_reth() {
-            Some(reth::Repr::parse(&reth::Packet::new_checked(take(
-                reth::HEADER_LEN,
-            )?)?)?)
+            Some(reth::Repr::parse(&reth::Packet::new_checked(take(reth::HEADER_LEN)?)?)?)
         } else {
             None
         };
         let atomic_eth = if op.has_atomic_eth() {
-            Some(atomic_eth::Repr::parse(&atomic_eth::Packet::new_checked(
-                take(atomic_eth::HEADER_LEN)?,
-            )?)?)
-        } else {
-            None
-        };
-        let aeth = if op.has_aeth() {
-            Some(aeth::Repr::parse(&aeth::Packet::new_checked(take(
-                aeth::HEADER_LEN,
+            Some(atomic_eth::Repr::parse(&atomic_eth::Packet::new_checked(take(
+                atomic_eth::HEADER_LEN,
             )?)?)?)
         } else {
             None
         };
+        let aeth = if op.has_aeth() {
+            Some(aeth::Repr::parse(&aeth::Packet::new_checked(take(aeth::HEADER_LEN)?)?)?)
+        } else {
+            None
+        };
         let atomic_ack_eth = if op.has_atomic_ack_eth() {
-            Some(atomic_ack_eth::Repr::parse(
-                &atomic_ack_eth::Packet::new_checked(take(atomic_ack_eth::HEADER_LEN)?)?,
-            )?)
+            Some(atomic_ack_eth::Repr::parse(&atomic_ack_eth::Packet::new_checked(
+                take(atomic_ack_eth::HEADER_LEN)?,
+            )?)?)
         } else {
             None
         };
@@ -126,9 +120,7 @@ impl<'a> Repr<'a> {
         let mut off = bth::HEADER_LEN;
         if op.has_reth() {
             let r = self.reth.unwrap_or_default();
-            r.emit(&mut reth::Packet::new_unchecked(
-                &mut buf[off..off + reth::HEADER_LEN],
-            ));
+            r.emit(&mut reth::Packet::new_unchecked(&mut buf[off..off + reth::HEADER_LEN]));
             off += reth::HEADER_LEN;
         }
         if op.has_atomic_eth() {
@@ -143,9 +135,7 @@ impl<'a> Repr<'a> {
                 syndrome: aeth::Syndrome::ACK_NO_CREDITS,
                 msn: 0,
             });
-            r.emit(&mut aeth::Packet::new_unchecked(
-                &mut buf[off..off + aeth::HEADER_LEN],
-            ));
+            r.emit(&mut aeth::Packet::new_unchecked(&mut buf[off..off + aeth::HEADER_LEN]));
             off += aeth::HEADER_LEN;
         }
         if op.has_atomic_ack_eth() {
@@ -168,9 +158,7 @@ impl<'a> Repr<'a> {
             let r = ieth::Repr {
                 rkey: self.ieth.unwrap_or(0),
             };
-            r.emit(&mut ieth::Packet::new_unchecked(
-                &mut buf[off..off + ieth::HEADER_LEN],
-            ));
+            r.emit(&mut ieth::Packet::new_unchecked(&mut buf[off..off + ieth::HEADER_LEN]));
         }
     }
 
@@ -187,9 +175,7 @@ impl<'a> Repr<'a> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{
-        AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, NakCode, Psn, RethRepr, Syndrome,
-    };
+    use super::super::{AethRepr, AtomicAckEthRepr, AtomicEthRepr, BthRepr, NakCode, Psn, RethRepr, Syndrome};
     use super::*;
 
     fn bth(op: OpCode) -> BthRepr {
@@ -207,9 +193,7 @@ mod tests {
         }
     }
 
-    const BTH_TAIL: [u8; 11] = [
-        0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x80, 0x12, 0x34, 0x56,
-    ];
+    const BTH_TAIL: [u8; 11] = [0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x80, 0x12, 0x34, 0x56];
 
     fn lit(op: u8, flags: u8, rest: &[u8]) -> Vec<u8> {
         let mut v = vec![op];
@@ -231,9 +215,7 @@ mod tests {
         }
     }
 
-    const RETH: [u8; 16] = [
-        0, 0, 0x7f, 0, 0, 0, 0x10, 0, 0, 0, 0x12, 0x34, 0, 0, 0, 0x10,
-    ];
+    const RETH: [u8; 16] = [0, 0, 0x7f, 0, 0, 0, 0x10, 0, 0, 0, 0x12, 0x34, 0, 0, 0, 0x10];
     const RETH_R: RethRepr = RethRepr {
         va: 0x7f00_0000_1000,
         rkey: 0x1234,
@@ -443,15 +425,9 @@ mod tests {
         // Unknown opcode (UC SEND Only).
         assert_eq!(Repr::parse(&lit(0x24, 0, &[])), Err(Error::Malformed));
         // Pad count larger than the payload.
-        assert_eq!(
-            Repr::parse(&lit(0x04, 0x30, &[1, 2])),
-            Err(Error::Malformed)
-        );
+        assert_eq!(Repr::parse(&lit(0x04, 0x30, &[1, 2])), Err(Error::Malformed));
         // Payload on an ACK.
-        assert_eq!(
-            Repr::parse(&lit(0x11, 0, &[0x1f, 0, 0, 0, 1])),
-            Err(Error::Malformed)
-        );
+        assert_eq!(Repr::parse(&lit(0x11, 0, &[0x1f, 0, 0, 0, 1])), Err(Error::Malformed));
         // Missing RETH.
         assert_eq!(Repr::parse(&lit(0x0A, 0, &[0; 15])), Err(Error::Truncated));
         // Short BTH.

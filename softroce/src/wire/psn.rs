@@ -107,9 +107,7 @@ mod tests {
     #[test]
     fn wraparound_compare_matches_oracle() {
         let mut s = 0x1234_5678_9abc_def0u64;
-        let edges = [
-            0u32, 1, 2, 0x7F_FFFF, 0x80_0000, 0x80_0001, 0xFF_FFFE, 0xFF_FFFF,
-        ];
+        let edges = [0u32, 1, 2, 0x7F_FFFF, 0x80_0000, 0x80_0001, 0xFF_FFFE, 0xFF_FFFF];
         let mut cases: Vec<(u32, u32)> = Vec::new();
         for &a in &edges {
             for &b in &edges {
@@ -127,11 +125,7 @@ mod tests {
         }
         for (a, b) in cases {
             let (pa, pb) = (Psn::new(a), Psn::new(b));
-            assert_eq!(
-                pa.partial_cmp(&pb),
-                Some(oracle_cmp(a, b)),
-                "{a:#x} vs {b:#x}"
-            );
+            assert_eq!(pa.partial_cmp(&pb), Some(oracle_cmp(a, b)), "{a:#x} vs {b:#x}");
             // add/sub consistency
             let d = pa - pb;
             assert_eq!(pb + (d as u32), pa);

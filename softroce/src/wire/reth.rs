@@ -100,9 +100,7 @@ mod tests {
     use super::*;
 
     // From the spec §3.6 capture: VA 0x7f0000001000, rkey 0x1234, 16 bytes.
-    static BYTES: [u8; 16] = [
-        0, 0, 0x7f, 0, 0, 0, 0x10, 0, 0, 0, 0x12, 0x34, 0, 0, 0, 0x10,
-    ];
+    static BYTES: [u8; 16] = [0, 0, 0x7f, 0, 0, 0, 0x10, 0, 0, 0, 0x12, 0x34, 0, 0, 0, 0x10];
     const REPR: Repr = Repr {
         va: 0x7f00_0000_1000,
         rkey: 0x1234,
@@ -111,10 +109,7 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        assert_eq!(
-            Repr::parse(&Packet::new_checked(&BYTES[..]).unwrap()),
-            Ok(REPR)
-        );
+        assert_eq!(Repr::parse(&Packet::new_checked(&BYTES[..]).unwrap()), Ok(REPR));
         let mut buf = [0u8; 16];
         REPR.emit(&mut Packet::new_unchecked(&mut buf[..]));
         assert_eq!(buf, BYTES);
@@ -122,9 +117,6 @@ mod tests {
 
     #[test]
     fn short() {
-        assert_eq!(
-            Packet::new_checked(&BYTES[..15]).err(),
-            Some(Error::Truncated)
-        );
+        assert_eq!(Packet::new_checked(&BYTES[..15]).err(), Some(Error::Truncated));
     }
 }
