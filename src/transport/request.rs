@@ -38,6 +38,8 @@ pub struct Request {
     pub sizes: [usize; MAX_RECVS],
     /// A completion error hit this request.
     pub failed: bool,
+    /// Receive with n == 1: the size the sender announced in the immediate.
+    pub imm: u32,
 }
 
 impl Request {
@@ -51,6 +53,7 @@ impl Request {
             slot: 0,
             sizes: [0; MAX_RECVS],
             failed: false,
+            imm: 0,
         }
     }
 
@@ -98,6 +101,7 @@ impl RequestPool {
         r.slot = 0;
         r.sizes = [0; MAX_RECVS];
         r.failed = false;
+        r.imm = 0;
         Some(i)
     }
 

@@ -1,0 +1,284 @@
+//! What both ends of a connection share: member devices with their CQs, the RC QPs and how
+//! they pair with the peer's, internally registered buffers, QP bring-up (spec §8.7) and the
+//! handshake records describing this side (spec §8.5).
+
+use super::handshake::{DevRepr, EndpointRepr, LinkLayer as WireLinkLayer, QpRepr};
+use super::sidechannel::Channel;
+use crate::config::Config;
+use crate::device::{LinkLayer, NetDevice};
+use crate::error::{Error, Result};
+use crate::ibv::mr::MemoryRegion;
+use crate::ibv::qp::{ModifyRetry, QpCaps, RtrAttrs};
+use crate::ibv::{CompletionQueue, QueuePair};
+use std::alloc::Layout;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// Zeroed, page-aligned heap memory (FIFOs, staging areas), freed on drop.
+pub struct AlignedBuf {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+// SAFETY: plain owned memory.
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    pub fn new(len: usize) -> Result<AlignedBuf> {
+        let page = super::mr_cache::page_size();
+        let layout = Layout::from_size_align(len.max(1).next_multiple_of(page), page)
+            .map_err(|e| Error::internal(format!("bad buffer layout: {e}")))?;
+        // SAFETY: non-zero size layout.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::system(format!("cannot allocate {} bytes", layout.size())));
+        }
+        Ok(AlignedBuf { ptr, layout })
+    }
+
+    pub fn addr(&self) -> usize {
+        self.ptr as usize
+    }
+
+    pub fn len(&self) -> usize {
+        self.layout.size()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+    }
+}
+
+/// A buffer registered on every member device. Field order matters: MRs go before memory.
+pub struct RegBuf {
+    pub mrs: Vec<MemoryRegion>,
+    pub buf: AlignedBuf,
+}
+
+impl RegBuf {
+    pub fn new(devs: &[LocalDev], len: usize, access: u32) -> Result<RegBuf> {
+        let buf = AlignedBuf::new(len)?;
+        let mut mrs = Vec::with_capacity(devs.len());
+        for d in devs {
+            // SAFETY: `buf` is owned by the same RegBuf and outlives the MRs (dropped after them).
+            mrs.push(unsafe { MemoryRegion::register(d.dev.pd.clone(), buf.addr(), buf.len(), access)? });
+        }
+        Ok(RegBuf { mrs, buf })
+    }
+
+    pub fn addr(&self) -> usize {
+        self.buf.addr()
+    }
+}
+
+/// One member device as a comm uses it.
+pub struct LocalDev {
+    pub dev: Arc<NetDevice>,
+    pub cq: Arc<CompletionQueue>,
+    /// `fatal_events` of the context when the comm was made; more means the NIC failed.
+    pub fatal_base: u32,
+}
+
+/// One QP of the connection and where its peer QP lives.
+pub struct ConnQp {
+    pub qp: QueuePair,
+    /// Local member-device index.
+    pub dev: usize,
+    /// The peer's member-device index of the paired QP.
+    pub remote_dev: usize,
+}
+
+/// Traffic class and service level of the data QPs (spec §8.5 step 7).
+pub fn tc_sl(cfg: &Config, comm_tc: i32) -> (u8, u8) {
+    let pick = |v: i32| {
+        if v >= 0 {
+            v
+        } else if comm_tc >= 0 {
+            comm_tc
+        } else {
+            0
+        }
+    };
+    ((pick(cfg.tc) & 0xff) as u8, (pick(cfg.sl) & 0xf) as u8)
+}
+
+pub fn modify_retry(cfg: &Config) -> ModifyRetry {
+    ModifyRetry {
+        count: cfg.mqp_retry_cnt,
+        sleep_ms: cfg.mqp_retry_sleep_ms,
+        all_errors: cfg.mqp_retry_all,
+    }
+}
+
+/// Member devices with a CQ of `cqe_per_qp × (QPs on that device) + extra` entries.
+pub fn local_devs(members: &[Arc<NetDevice>], nqps: usize, cqe_per_qp: usize, extra: usize) -> Result<Vec<LocalDev>> {
+    let nl = members.len();
+    members
+        .iter()
+        .enumerate()
+        .map(|(d, dev)| {
+            let qps_here = (d..nqps).step_by(nl).count();
+            let cqe = (qps_here * cqe_per_qp + extra).min(i32::MAX as usize) as i32;
+            Ok(LocalDev {
+                dev: dev.clone(),
+                cq: CompletionQueue::new(dev.context.clone(), cqe)?,
+                fatal_base: dev.context.fatal_events.load(Ordering::Acquire),
+            })
+        })
+        .collect()
+}
+
+/// Create `nqps` RC QPs striped over the local devices (QP i on device i mod ndevs), in INIT.
+pub fn create_qps(devs: &[LocalDev], nqps: usize, caps: QpCaps, access: u32, cfg: &Config) -> Result<Vec<QueuePair>> {
+    (0..nqps)
+        .map(|i| {
+            let d = &devs[i % devs.len()];
+            let qp = QueuePair::new_rc(d.dev.pd.clone(), d.cq.clone(), d.cq.clone(), caps, modify_retry(cfg))?;
+            qp.to_init(d.dev.port, cfg.pkey_index, access)?;
+            Ok(qp)
+        })
+        .collect()
+}
+
+fn wire_ll(l: LinkLayer) -> WireLinkLayer {
+    match l {
+        LinkLayer::InfiniBand => WireLinkLayer::InfiniBand,
+        LinkLayer::Ethernet => WireLinkLayer::Ethernet,
+    }
+}
+
+/// This side's handshake record. `rkeys[d]` is the rkey of the buffer at `addr` on device d.
+pub fn endpoint(
+    devs: &[LocalDev],
+    qps: &[QueuePair],
+    nonce: u64,
+    tc: u8,
+    sl: u8,
+    flags: u8,
+    addr: u64,
+    rkeys: &[u32],
+) -> EndpointRepr {
+    EndpointRepr {
+        nonce,
+        tc,
+        sl,
+        flags,
+        addr,
+        devs: devs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let mut r = DevRepr {
+                    gid: d.dev.gid,
+                    lid: d.dev.lid,
+                    port: d.dev.port,
+                    link_layer: wire_ll(d.dev.link_layer),
+                    mtu: d.dev.active_mtu.clamp(1, 5) as u8,
+                    gid_index: d.dev.gid_index.clamp(0, 255) as u8,
+                    rkey: rkeys.get(i).copied().unwrap_or(0),
+                    name: [0; super::handshake::NAME_BYTES],
+                };
+                r.set_name(&d.dev.name);
+                r
+            })
+            .collect(),
+        qps: qps
+            .iter()
+            .enumerate()
+            .map(|(i, q)| QpRepr {
+                qpn: q.qpn(),
+                dev: (i % devs.len()) as u8,
+            })
+            .collect(),
+    }
+}
+
+/// Check the peer's record against ours: every QP paired, link layers equal.
+pub fn check_peer(devs: &[LocalDev], nqps: usize, peer: &EndpointRepr) -> Result<()> {
+    if peer.qps.len() != nqps {
+        return Err(Error::remote(format!(
+            "the peer has {} QPs for this connection, this side {nqps}: are NCCL_IB_QPS_PER_CONNECTION and the fused devices the same on both ends?",
+            peer.qps.len()
+        )));
+    }
+    let ours = wire_ll(devs[0].dev.link_layer);
+    if let Some(d) = peer.devs.iter().find(|d| d.link_layer != ours) {
+        return Err(Error::remote(format!(
+            "link layer mismatch: local {} is {:?}, peer {} is {:?} — RoCE and InfiniBand ports cannot talk to each other",
+            devs[0].dev.name,
+            ours,
+            d.name_str(),
+            d.link_layer
+        )));
+    }
+    Ok(())
+}
+
+/// RTR + RTS of QP i against the peer's QP i.
+pub fn bring_up(
+    devs: &[LocalDev],
+    qps: Vec<QueuePair>,
+    peer: &EndpointRepr,
+    tc: u8,
+    sl: u8,
+    cfg: &Config,
+) -> Result<Vec<ConnQp>> {
+    let mut out = Vec::with_capacity(qps.len());
+    for (i, qp) in qps.into_iter().enumerate() {
+        let ldev = i % devs.len();
+        let l = &devs[ldev].dev;
+        let rq = peer.qps[i];
+        let r = &peer.devs[rq.dev as usize];
+        let global = l.link_layer == LinkLayer::Ethernet || r.gid[..8] != l.gid[..8];
+        qp.to_rtr(&RtrAttrs {
+            path_mtu: l.active_mtu.clamp(1, 5).min(u32::from(r.mtu)),
+            dest_qpn: rq.qpn,
+            global,
+            dgid: r.gid,
+            sgid_index: l.gid_index.clamp(0, 255) as u8,
+            traffic_class: tc,
+            dlid: r.lid,
+            sl,
+            port_num: l.port,
+        })?;
+        qp.to_rts(cfg.timeout, cfg.retry_cnt)?;
+        out.push(ConnQp {
+            qp,
+            dev: ldev,
+            remote_dev: rq.dev as usize,
+        });
+    }
+    Ok(out)
+}
+
+/// Everything a live connection holds besides its data-path buffers. Field order is drop
+/// order: QPs are destroyed before the CQs and before the caller's registered buffers.
+pub struct Conn {
+    pub qps: Vec<ConnQp>,
+    pub devs: Vec<LocalDev>,
+    pub peer: EndpointRepr,
+    pub chan: Channel,
+    /// QPs each message is spread over.
+    pub qps_per_req: usize,
+}
+
+impl Conn {
+    /// The device index and paired peer device of the QP with this number (for WARNs).
+    pub fn qp_by_num(&self, qpn: u32) -> Option<&ConnQp> {
+        self.qps.iter().find(|q| q.qp.qpn() == qpn)
+    }
+
+    /// A fatal async event happened on one of our devices since the comm was made.
+    pub fn fatal_event(&self) -> Option<&LocalDev> {
+        self.devs
+            .iter()
+            .find(|d| d.dev.context.fatal_events.load(Ordering::Relaxed) != d.fatal_base)
+    }
+}

@@ -1,0 +1,333 @@
+//! The sender's data path (spec §8.8): read the receiver's CTS entries from our FIFO, match
+//! isends to the buffers of the oldest slot by tag, and when a slot's group is complete post
+//! RDMA WRITEs (split in 128-byte multiples over the chosen QPs) ending in one signaled
+//! RDMA WRITE WITH IMMEDIATE per QP.
+//!
+//! Nothing on this path allocates, locks or makes a syscall except `ibv_post_send` and the
+//! rate-limited liveness probe when idle.
+
+use super::conn::RegBuf;
+use super::core::Core;
+use super::fifo::{self, CtsEntry, SlotState, MAX_RECVS};
+use super::request::{pack_wr_id, wr_id_lane, ReqKind, Request, RequestPool};
+use super::split;
+use super::MemHandle;
+use crate::error::{Error, Result};
+use crate::ibv::cq::Completed;
+use crate::ibv::sys;
+use std::sync::atomic::{fence, Ordering};
+
+/// Data WRs of a group plus the completion-carrying write.
+const MAX_CHAIN: usize = MAX_RECVS + 1;
+
+/// The oldest FIFO slot once all its entries have landed.
+struct CurSlot {
+    active: bool,
+    n: usize,
+    entries: [CtsEntry; MAX_RECVS],
+    matched: u8,
+    reqs: [u16; MAX_RECVS],
+    data: [usize; MAX_RECVS],
+    len: [usize; MAX_RECVS],
+    lkeys: [[u32; fifo::MAX_DEVS]; MAX_RECVS],
+}
+
+pub struct SendDp {
+    /// First: QPs are destroyed before the FIFO memory they write into is freed.
+    pub core: Core,
+    /// The CTS FIFO the receiver writes into (remote-writable).
+    pub fifo: RegBuf,
+    /// Sizes of grouped sends, the source of the completion-record write.
+    pub sizes_src: RegBuf,
+    /// FIFO slots consumed so far.
+    counter: u64,
+    cur: CurSlot,
+    ar: bool,
+    ar_threshold: usize,
+    truncate_warned: bool,
+    wrs: [sys::ibv_send_wr; MAX_CHAIN],
+    sges: [sys::ibv_sge; MAX_CHAIN],
+}
+
+// SAFETY: the raw pointers (requests' owner, WR chains) all point into this boxed object;
+// it is used by one thread at a time (NCCL's contract), never shared.
+unsafe impl Send for SendDp {}
+
+impl SendDp {
+    pub fn new(core: Core, fifo: RegBuf, sizes_src: RegBuf, ar: bool, ar_threshold: usize) -> Box<SendDp> {
+        let mut dp = Box::new(SendDp {
+            core,
+            fifo,
+            sizes_src,
+            counter: 0,
+            cur: CurSlot {
+                active: false,
+                n: 0,
+                entries: [CtsEntry::default(); MAX_RECVS],
+                matched: 0,
+                reqs: [0; MAX_RECVS],
+                data: [0; MAX_RECVS],
+                len: [0; MAX_RECVS],
+                lkeys: [[0; fifo::MAX_DEVS]; MAX_RECVS],
+            },
+            ar,
+            ar_threshold,
+            truncate_warned: false,
+            // SAFETY: ibv_send_wr / ibv_sge are plain data; zero is a valid (empty) value.
+            wrs: unsafe { std::mem::zeroed() },
+            // SAFETY: as above.
+            sges: unsafe { std::mem::zeroed() },
+        });
+        let owner = &mut *dp as *mut SendDp as *mut ();
+        dp.core.pool.set_owner(owner);
+        dp
+    }
+
+    /// Read the oldest slot; true when all its entries are there.
+    fn load_slot(&mut self) -> Result<bool> {
+        let slot = fifo::slot_of(self.counter);
+        let expected = fifo::stamp(self.counter);
+        let base = (self.fifo.addr() as *const CtsEntry).wrapping_add(slot * MAX_RECVS);
+        // SAFETY: `base` is inside the FIFO (slot < SLOTS) which lives as long as self; the
+        // NIC writes it concurrently, hence the volatile read of a plain-data struct.
+        let head = CtsEntry::from_wire(&unsafe { std::ptr::read_volatile(base) });
+        let n = match fifo::check_head(&head, expected) {
+            Ok(None) => return Ok(false),
+            Ok(Some(n)) => n,
+            Err(e) => {
+                return Err(self.core.fail(Error::remote(format!(
+                    "corrupt CTS entry from the receiver {}: {e}",
+                    self.core.conn.chan.peer
+                ))))
+            }
+        };
+        fence(Ordering::Acquire);
+        let mut es = [CtsEntry::default(); MAX_RECVS];
+        for (i, e) in es.iter_mut().enumerate().take(n) {
+            // SAFETY: i < n ≤ MAX_RECVS entries of this slot, inside the FIFO.
+            *e = CtsEntry::from_wire(&unsafe { std::ptr::read_volatile(base.add(i)) });
+        }
+        match fifo::check_slot(&es[..n], expected) {
+            Ok(SlotState::Ready(n)) => {
+                fence(Ordering::Acquire);
+                self.cur.active = true;
+                self.cur.n = n;
+                self.cur.entries = es;
+                self.cur.matched = 0;
+                Ok(true)
+            }
+            Ok(_) => Ok(false),
+            Err(e) => Err(self.core.fail(Error::remote(format!(
+                "corrupt CTS slot from the receiver {}: {e}",
+                self.core.conn.chan.peer
+            )))),
+        }
+    }
+
+    fn idle(&mut self) -> Result<Option<*mut Request>> {
+        if self.core.idle_probe()? {
+            // Nothing to re-poll for a send that has not started: the receiver is gone.
+            return Err(self.core.fail_peer_gone("a send waiting for the receiver's buffer"));
+        }
+        Ok(None)
+    }
+
+    pub fn isend(&mut self, data: usize, size: usize, tag: i32, mh: &MemHandle) -> Result<Option<*mut Request>> {
+        self.core.check()?;
+        if !self.cur.active && !self.load_slot()? {
+            return self.idle();
+        }
+        let n = self.cur.n;
+        let Some(i) = fifo::match_tag(&self.cur.entries[..n], self.cur.matched, tag) else {
+            return self.idle();
+        };
+        mh.check(data, size, self.core.conn.devs.len())?;
+        let Some(r) = self.core.pool.alloc(ReqKind::Send) else {
+            return Ok(None);
+        };
+        let posted = self.cur.entries[i].size as usize;
+        let len = size.min(posted);
+        if size > posted && !self.truncate_warned {
+            self.truncate_warned = true;
+            crate::log_warn!(
+                "isend of {size} bytes (tag {tag}) into a {posted}-byte receive buffer of {}: truncated to {posted} bytes (NCCL never does this; the receiver and sender disagree on sizes)",
+                self.core.conn.chan.peer
+            );
+        }
+        self.cur.reqs[i] = r;
+        self.cur.data[i] = data;
+        self.cur.len[i] = len;
+        self.cur.lkeys[i] = mh.lkeys;
+        self.cur.matched |= 1 << i;
+        let slot = fifo::slot_of(self.counter) as u16;
+        let req = self.core.pool.get_mut(r).expect("index from alloc");
+        req.n = n as u8;
+        req.slot = slot;
+        req.sizes[0] = len;
+        // Not posted yet: one placeholder completion, replaced when the group is posted.
+        req.pending = 1;
+        let ptr = self.core.pool.ptr(r);
+        if self.cur.matched == fifo::full_mask(n) {
+            if let Err(e) = self.post_group() {
+                return Err(self.core.fail(e));
+            }
+        }
+        Ok(Some(ptr))
+    }
+
+    fn post_group(&mut self) -> Result<()> {
+        let id = self.counter;
+        let slot = fifo::slot_of(id);
+        let n = self.cur.n;
+        let conn = &self.core.conn;
+        let nq = conn.qps_per_req;
+        let nqps = conn.qps.len();
+        let ar_split = n == 1 && self.ar && self.cur.len[0] > self.ar_threshold;
+        let sizes_addr = self.sizes_src.addr() + slot * MAX_RECVS * 4;
+        if n > 1 {
+            for i in 0..n {
+                // SAFETY: slot * 8 + i is inside the sizes staging array (SLOTS × 8 u32).
+                unsafe { std::ptr::write_volatile((sizes_addr as *mut u32).add(i), (self.cur.len[i] as u32).to_le()) };
+            }
+        }
+        let wr_id = pack_wr_id(&self.cur.reqs[..n]);
+        for j in 0..nq {
+            let q = split::qp_for_chunk(id, nq, j, nqps);
+            let cq = &conn.qps[q];
+            let (ldev, rdev) = (cq.dev, cq.remote_dev);
+            let mut k = 0;
+            for i in 0..n {
+                let (off, len) = split::chunk(self.cur.len[i], nq, j);
+                let carries_imm = n == 1 && !ar_split;
+                if len == 0 && !carries_imm {
+                    continue;
+                }
+                let e = &self.cur.entries[i];
+                self.sges[k] = sys::ibv_sge {
+                    addr: (self.cur.data[i] + off) as u64,
+                    length: len as u32,
+                    lkey: self.cur.lkeys[i][ldev],
+                };
+                let w = &mut self.wrs[k];
+                w.wr_id = wr_id;
+                w.sg_list = if len > 0 {
+                    &mut self.sges[k]
+                } else {
+                    std::ptr::null_mut()
+                };
+                w.num_sge = (len > 0) as i32;
+                w.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+                w.send_flags = 0;
+                w.wr.rdma = sys::rdma_t {
+                    remote_addr: e.addr + off as u64,
+                    rkey: e.rkeys[rdev.min(fifo::MAX_DEVS - 1)],
+                };
+                k += 1;
+            }
+            if n == 1 && !ar_split {
+                let w = &mut self.wrs[k - 1];
+                w.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+                w.imm_data_invalidated_rkey_union.imm_data = (self.cur.len[0] as u32).to_be();
+                w.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+            } else {
+                let w = &mut self.wrs[k];
+                w.wr_id = wr_id;
+                w.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+                w.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+                if n == 1 {
+                    // AR: a zero-length write carries the completion behind the bulk data.
+                    let e = &self.cur.entries[0];
+                    w.sg_list = std::ptr::null_mut();
+                    w.num_sge = 0;
+                    w.imm_data_invalidated_rkey_union.imm_data = (self.cur.len[0] as u32).to_be();
+                    w.wr.rdma = sys::rdma_t {
+                        remote_addr: e.addr,
+                        rkey: e.rkeys[rdev.min(fifo::MAX_DEVS - 1)],
+                    };
+                } else {
+                    // Grouped: the n sizes go into the receiver's completion record [slot].
+                    self.sges[k] = sys::ibv_sge {
+                        addr: sizes_addr as u64,
+                        length: (n * 4) as u32,
+                        lkey: self.sizes_src.mrs[ldev].lkey(),
+                    };
+                    w.sg_list = &mut self.sges[k];
+                    w.num_sge = 1;
+                    w.imm_data_invalidated_rkey_union.imm_data = (slot as u32).to_be();
+                    let peer_dev = &conn.peer.devs[rdev];
+                    w.wr.rdma = sys::rdma_t {
+                        remote_addr: conn.peer.addr + (slot * MAX_RECVS * 4) as u64,
+                        rkey: peer_dev.rkey,
+                    };
+                }
+                k += 1;
+            }
+            for x in 0..k {
+                let next: *mut sys::ibv_send_wr = if x + 1 < k {
+                    &mut self.wrs[x + 1]
+                } else {
+                    std::ptr::null_mut()
+                };
+                self.wrs[x].next = next;
+            }
+            // SAFETY: the chain lives in self (stable, boxed) for the call; the local buffers
+            // are registered user buffers (NCCL keeps them until the request completes) or our
+            // sizes staging array (lives as long as the QP); remote keys come from the CTS.
+            unsafe { cq.qp.post_send(&mut self.wrs[0]) }?;
+        }
+        for &r in &self.cur.reqs[..n] {
+            if let Some(req) = self.core.pool.get_mut(r) {
+                req.pending = nq as u32;
+            }
+        }
+        self.counter += 1;
+        self.cur.active = false;
+        Ok(())
+    }
+
+    pub fn test(&mut self, idx: u16, sizes: *mut i32) -> Result<bool> {
+        self.core.poll(on_completion, describe)?;
+        let Some(r) = self.core.pool.get(idx) else {
+            return Err(Error::internal("test: unknown send request"));
+        };
+        if r.kind != ReqKind::Send {
+            return Err(Error::internal(
+                "test: the request is not in flight (already completed?)",
+            ));
+        }
+        if r.pending == 0 {
+            if !sizes.is_null() {
+                // SAFETY: NCCL passes NULL or room for one int for a send.
+                unsafe { *sizes = r.sizes[0] as i32 };
+            }
+            self.core.pool.free(idx);
+            return Ok(true);
+        }
+        // A posted send to a dead peer fails by itself (transport retries exhausted within
+        // NCCL_IB_TIMEOUT × NCCL_IB_RETRY_CNT); a closed side channel alone is not an error here
+        // because the receiver may close as soon as the data has landed, before our ACK.
+        self.core.idle_probe()?;
+        Ok(false)
+    }
+}
+
+/// A successful send completion: the final signaled write of one QP's chain for a group.
+fn on_completion(pool: &mut RequestPool, wr_id: u64, _c: Completed) {
+    let n = pool.get(wr_id_lane(wr_id, 0)).map(|r| r.n).unwrap_or(1).clamp(1, 8) as usize;
+    for lane in 0..n {
+        if let Some(r) = pool.get_mut(wr_id_lane(wr_id, lane)) {
+            if r.kind == ReqKind::Send {
+                r.complete_one();
+            }
+        }
+    }
+}
+
+fn describe(pool: &RequestPool, wr_id: u64) -> (&'static str, usize) {
+    let n = pool.get(wr_id_lane(wr_id, 0)).map(|r| r.n).unwrap_or(1).clamp(1, 8) as usize;
+    let bytes = (0..n)
+        .filter_map(|l| pool.get(wr_id_lane(wr_id, l)))
+        .map(|r| r.sizes[0])
+        .sum();
+    ("RDMA write (data)", bytes)
+}
