@@ -342,6 +342,9 @@ pub struct Completion {
     pub src_qp: u32,
     /// [`wc_flags`] bits.
     pub wc_flags: u32,
+    /// The message carried the Solicited Event bit (receive completions
+    /// only): wakes `ibv_req_notify_cq(cq, 1)` waiters.
+    pub solicited: bool,
 }
 
 /// Asynchronous events; `ibv_event_type()` gives `enum ibv_event_type`.

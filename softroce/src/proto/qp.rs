@@ -429,6 +429,7 @@ impl QpCore {
             qp_num: self.qpn,
             src_qp: self.attrs.dest_qp_num,
             wc_flags: 0,
+            solicited: false,
         }
     }
 
@@ -450,6 +451,7 @@ impl QpCore {
             qp_num: self.qpn,
             src_qp: self.attrs.dest_qp_num,
             wc_flags: 0,
+            solicited: false,
         }
     }
 

@@ -79,6 +79,12 @@ impl QpCore {
         self.enter_error(Some(ev));
     }
 
+    fn mark_solicited(&mut self, se: bool) {
+        if let Some(c) = self.completions.back_mut() {
+            c.solicited = se;
+        }
+    }
+
     fn recv_completion(&mut self, wr_id: u64, status: u32, opcode: u32, byte_len: u32, imm: Option<u32>) {
         let mut flags = wc_flags::GRH;
         if imm.is_some() {
@@ -94,6 +100,7 @@ impl QpCore {
             qp_num: self.qpn,
             src_qp: self.attrs.dest_qp_num,
             wc_flags: flags,
+            solicited: false,
         });
     }
 
@@ -372,6 +379,7 @@ impl QpCore {
             self.msn = (self.msn + 1) & Psn::MASK;
             let imm = p.immdt.map(imm_from_wire);
             self.recv_completion(wqe.wr_id, wc_status::SUCCESS, wc_opcode::RECV, offset, imm);
+            self.mark_solicited(p.bth.solicited);
         } else {
             self.cur = Some(InMsg::Send { wqe, offset });
         }
@@ -418,6 +426,7 @@ impl QpCore {
                         total,
                         Some(imm_from_wire(imm)),
                     );
+                    self.mark_solicited(p.bth.solicited);
                 }
             }
         } else {
