@@ -647,3 +647,45 @@ fn malformed_and_misaddressed_packets_are_dropped_never_panic() {
     let st = p.ep[1].qp.stats();
     assert!(st.rx_malformed > 0);
 }
+
+#[test]
+fn read_before_a_failing_write_still_completes() {
+    let mut p = Pair::new(&Setup::default(), 26);
+    let mut rd = SendWr::new(1, WrOpcode::RdmaRead);
+    rd.sges = sge(DST, 5000, p.ep[0].dst_lkey);
+    rd.remote_addr = SRC;
+    rd.rkey = p.ep[1].src_rkey;
+    let bad = write_wr(&p, 2, 0, 10, 0xBAD, DST);
+    let now = p.now;
+    p.a().qp.post_send(now, rd).unwrap();
+    p.a().qp.post_send(now, bad).unwrap();
+    p.run();
+    assert_eq!(
+        statuses(&p.ep[0].send_cq),
+        vec![(1, wc_status::SUCCESS), (2, wc_status::REM_ACCESS_ERR)]
+    );
+    assert_eq!(p.ep[0].peek(DST, 5000), p.ep[1].peek(SRC, 5000));
+}
+
+#[test]
+fn solicited_flag_reaches_the_receive_completion() {
+    let mut p = Pair::new(&Setup::default(), 27);
+    let dl = p.ep[1].dst_lkey;
+    for k in 0..2 {
+        p.b()
+            .qp
+            .post_recv(RecvWr {
+                wr_id: k,
+                sges: sge(DST, 4096, dl),
+            })
+            .unwrap();
+        let mut wr = SendWr::new(k, WrOpcode::Send);
+        wr.sges = sge(SRC, 3000, p.ep[0].src_lkey);
+        wr.solicited = k == 1;
+        let now = p.now;
+        p.a().qp.post_send(now, wr).unwrap();
+    }
+    p.run();
+    let s: Vec<bool> = p.ep[1].recv_cq.iter().map(|c| c.solicited).collect();
+    assert_eq!(s, vec![false, true]);
+}

@@ -369,7 +369,10 @@ impl QpCore {
             QpState::Sqd => {
                 self.sq_drained_pending = self.attrs.en_sqd_async_notify != 0;
             }
-            QpState::Err => self.flush(),
+            QpState::Err => {
+                self.flush();
+                self.out.clear();
+            }
             _ => {}
         }
     }
@@ -413,9 +416,9 @@ impl QpCore {
         while let Some(r) = self.rq.pop_front() {
             self.completions.push_back(self.recv_flush(r.wr_id));
         }
-        self.res.clear();
-        // Keep queued NAKs so the peer learns why; drop read/atomic responses.
-        self.out.retain(|o| matches!(o, RespOut::Ack { .. }));
+        // Responses queued before a QP-detected error (read responses, then
+        // the NAK that explains the error) still go out, in order;
+        // `modify(ERR)` discards them (see `enter_state`).
     }
 
     fn recv_flush(&self, wr_id: u64) -> Completion {

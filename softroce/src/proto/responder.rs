@@ -62,7 +62,6 @@ impl QpCore {
         //= softroce spec §3.8
         //# Fatal errors (remote access, invalid request, operational) → NAK, error
         //# completion if a receive WQE was consumed, QP to ERR.
-        self.out.clear();
         self.queue_nak(psn, f.nak());
         if let Some(InMsg::Send { wqe, .. }) = self.cur.take() {
             let status = match f {
