@@ -148,3 +148,229 @@ fn connect_and_transfer_sizes() {
     drop(r);
     api::finalize(ctx).unwrap();
 }
+
+/// Grouped receives (n = 1..8) with tags in shuffled order, buffers larger than the messages,
+/// and 32 groups in flight at once; every byte verified.
+#[test]
+fn grouped_shuffled_and_32_in_flight() {
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap();
+    let (s, r) = pair(&ctx);
+    const GROUPS: usize = 32;
+    let mut rng = 0x1234_5678u64;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    // One big source and one big destination arena, registered once each.
+    let slot = 256 * 1024;
+    let mut src = vec![0u8; GROUPS * 8 * slot];
+    fill(&mut src, 99);
+    let mut dst = vec![0xeeu8; GROUPS * 8 * slot];
+    let (smh, rmh) = (reg(&*s, &src), reg(&*r, &dst));
+    struct G {
+        n: usize,
+        tags: Vec<i32>,
+        sizes: Vec<usize>,
+        rreq: *mut Request,
+    }
+    let mut groups = Vec::new();
+    for g in 0..GROUPS {
+        let n = (next() % 8 + 1) as usize;
+        let tags: Vec<i32> = (0..n).map(|i| (i as i32) * 3 + (g as i32 % 5)).collect();
+        let sizes: Vec<usize> = (0..n).map(|_| (next() % (slot as u64 - 1024)) as usize).collect();
+        let data: Vec<usize> = (0..n).map(|i| dst.as_mut_ptr() as usize + (g * 8 + i) * slot).collect();
+        let caps = vec![slot; n];
+        let mhs: Vec<&MemHandle> = (0..n).map(|_| &*rmh).collect();
+        // SAFETY: live handles; the arena outlives the requests.
+        let rreq = unsafe { api::irecv(&r, &data, &caps, &tags, &mhs, false) }
+            .unwrap()
+            .expect("32 receives in flight");
+        groups.push(G { n, tags, sizes, rreq });
+    }
+    // Sends, group by group, each group's isends in shuffled tag order; all in flight together.
+    let mut sreqs = Vec::new();
+    for (g, gr) in groups.iter().enumerate() {
+        let mut order: Vec<usize> = (0..gr.n).collect();
+        for i in (1..gr.n).rev() {
+            order.swap(i, (next() % (i as u64 + 1)) as usize);
+        }
+        for &i in &order {
+            let p = src.as_ptr() as usize + (g * 8 + i) * slot;
+            let end = deadline();
+            loop {
+                // SAFETY: as above.
+                if let Some(q) = unsafe { api::isend(&s, p, gr.sizes[i], gr.tags[i], &smh) }.unwrap() {
+                    sreqs.push((q, gr.sizes[i]));
+                    break;
+                }
+                assert!(Instant::now() < end, "isend never matched");
+            }
+        }
+    }
+    assert!(sreqs.len() >= 32);
+    for (q, size) in sreqs {
+        let mut ss = [-1i32];
+        wait(q, &mut ss);
+        assert_eq!(ss[0] as usize, size);
+    }
+    for (g, gr) in groups.iter().enumerate() {
+        let mut rs = [-1i32; 8];
+        wait(gr.rreq, &mut rs);
+        for i in 0..gr.n {
+            assert_eq!(rs[i] as usize, gr.sizes[i], "group {g} buffer {i} size");
+            let off = (g * 8 + i) * slot;
+            assert!(
+                dst[off..off + gr.sizes[i]] == src[off..off + gr.sizes[i]],
+                "group {g} buffer {i} payload"
+            );
+            assert!(
+                dst[off + gr.sizes[i]..off + slot].iter().all(|&b| b == 0xee),
+                "group {g} buffer {i} overrun"
+            );
+        }
+    }
+    api::dereg_mr(smh).unwrap();
+    api::dereg_mr(rmh).unwrap();
+    drop(s);
+    drop(r);
+    api::finalize(ctx).unwrap();
+}
+
+/// iflush: NULL for all-empty receives, a completing request otherwise (softroce supports
+/// DMA-BUF, so the flush machinery is set up unless NCCL_GDR_FLUSH_DISABLE=1).
+#[test]
+fn flush_reads_back() {
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap();
+    let (s, r) = pair(&ctx);
+    transfer(&s, &r, 1000, 4096, 5);
+    let buf = vec![1u8; 4096];
+    let mh = reg(&*r, &buf);
+    let p = buf.as_ptr() as usize;
+    // SAFETY: live handles.
+    let none = unsafe { api::iflush(&r, &[p], &[0], &[&mh]) }.unwrap();
+    assert!(none.is_none(), "nothing to flush for empty receives");
+    // SAFETY: as above.
+    let q = unsafe { api::iflush(&r, &[p, p], &[100, 0], &[&mh, &mh]) }.unwrap();
+    if let Some(q) = q {
+        wait(q, &mut []);
+    } else {
+        eprintln!("flush disabled on this device (no DMA-BUF / peer memory)");
+    }
+    api::dereg_mr(mh).unwrap();
+    drop(s);
+    drop(r);
+    api::finalize(ctx).unwrap();
+}
+
+/// Garbage and a foreign peer on the listen port are rejected; the real peer still connects.
+#[test]
+fn garbage_on_listen_port_then_real_peer() {
+    use std::io::Write;
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap();
+    let mut handle = [0u8; 128];
+    let mut l = api::listen(&ctx, 0, &mut handle).expect("listen");
+    let port = u16::from_be_bytes([handle[12], handle[13]]);
+    let ip = std::net::Ipv4Addr::new(handle[16], handle[17], handle[18], handle[19]);
+    // HTTP, NCCL's own socket magic, and a silent connection.
+    let mut junk = std::net::TcpStream::connect((ip, port)).unwrap();
+    junk.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut nccl = std::net::TcpStream::connect((ip, port)).unwrap();
+    nccl.write_all(&0x564ab9f2fc4b9d6cu64.to_le_bytes()).unwrap();
+    nccl.write_all(&[4, 0, 0, 0, 0, 0, 0, 0]).unwrap();
+    let _silent = std::net::TcpStream::connect((ip, port)).unwrap();
+    for _ in 0..100 {
+        assert!(api::accept(&mut l)
+            .expect("garbage must not fail the listener")
+            .is_none());
+    }
+    let (mut s, mut r) = (None, None);
+    let end = deadline();
+    while s.is_none() || r.is_none() {
+        if s.is_none() {
+            s = api::connect(&ctx, 0, &mut handle).expect("connect");
+        }
+        if r.is_none() {
+            r = api::accept(&mut l).expect("accept");
+        }
+        assert!(Instant::now() < end);
+    }
+    transfer(s.as_ref().unwrap(), r.as_ref().unwrap(), 5000, 8192, 3);
+    drop(l);
+    drop(s);
+    drop(r);
+    api::finalize(ctx).unwrap();
+}
+
+/// A handle nobody listens on: connect gives up with a clear error after the timeout.
+#[test]
+fn connect_to_nobody_times_out() {
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap();
+    let mut handle = [0u8; 128];
+    let l = api::listen(&ctx, 0, &mut handle).expect("listen");
+    drop(l); // the port is closed now
+    let t0 = Instant::now();
+    let err = loop {
+        match api::connect(&ctx, 0, &mut handle) {
+            Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+            Ok(Some(_)) => panic!("connected to a closed listener"),
+            Err(e) => break e,
+        }
+    };
+    let took = t0.elapsed();
+    assert!(
+        took >= Duration::from_secs(4) && took < Duration::from_secs(15),
+        "gave up after {took:?}"
+    );
+    assert!(err.message.contains("cannot connect"), "{}", err.message);
+    api::finalize(ctx).unwrap();
+}
+
+/// Many comms at once, each moving data; closing them frees every QP/MR (fd count back).
+#[test]
+fn many_comms_and_no_fd_leak() {
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap();
+    let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+    // Warm up (first comm may open long-lived fds such as the async-event fd).
+    {
+        let (s, r) = pair(&ctx);
+        transfer(&s, &r, 10, 10, 1);
+    }
+    let before = fds();
+    for round in 0..3 {
+        let pairs: Vec<_> = (0..16).map(|_| pair(&ctx)).collect();
+        for (i, (s, r)) in pairs.iter().enumerate() {
+            transfer(s, r, 1000 * i + round, 70_000, (i + round * 100) as u64);
+        }
+        drop(pairs);
+    }
+    assert_eq!(fds(), before, "file descriptors leaked by connect/accept/close");
+    api::finalize(ctx).unwrap();
+}
+
+/// Closing comms with requests still in flight is safe (no hang, no crash).
+#[test]
+fn close_with_requests_in_flight() {
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap();
+    let (s, r) = pair(&ctx);
+    let mut dst = vec![0u8; 1 << 16];
+    let rmh = reg(&*r, &dst);
+    for _ in 0..8 {
+        // SAFETY: live handles; the buffer outlives the comm.
+        let q = unsafe { api::irecv(&r, &[dst.as_mut_ptr() as usize], &[1 << 16], &[1], &[&rmh], false) }.unwrap();
+        assert!(q.is_some());
+    }
+    let t0 = Instant::now();
+    drop(s);
+    drop(r);
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    api::dereg_mr(rmh).unwrap();
+    api::finalize(ctx).unwrap();
+}
