@@ -373,7 +373,7 @@ impl QpCore {
                 return Err(f);
             }
         }
-        let offset = offset + p.payload.len() as u32;
+        let offset = offset.saturating_add(p.payload.len() as u32);
         if matches!(pos, Position::Last | Position::Only) {
             self.msn = (self.msn + 1) & Psn::MASK;
             let imm = p.immdt.map(imm_from_wire);
