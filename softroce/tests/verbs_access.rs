@@ -61,3 +61,31 @@ fn remote_write_without_mr_permission_is_rejected() {
     write_expecting_access_error(&c, target.addr(), target.rkey(), 128);
     assert!(target.read().iter().all(|&b| b == 0));
 }
+
+#[test]
+fn retry_and_rnr_exhaustion_report_their_status() {
+    let c = open("127.0.21.2");
+    let mut src = Buf::new(&c, 64, ACCESS_ALL);
+    src.fill(|i| i as u8);
+
+    // A peer QP number nobody owns: no ACK ever comes back.
+    let a = create_qp(&c);
+    connect(&c, &a, 0x00ab_cdef, 8, 2); // 4.096 us * 2^8 = 1 ms, 2 retries
+    let mut sge = ibv_sge { addr: src.addr(), length: 64, lkey: src.lkey() };
+    let mut wr = send_wr(1, 2, &mut sge, SIGNALED);
+    assert_eq!(post_send(&a, &mut wr), 0);
+    let s = poll_one(a.cq);
+    assert_eq!((s.wr_id, s.status), (1, 12), "expected IBV_WC_RETRY_EXC_ERR: {s:?}");
+
+    // A live peer without a receive WQE, and rnr_retry 0.
+    let x = create_qp(&c);
+    let y = create_qp(&c);
+    unsafe {
+        connect_rnr0(&c, &x, (*y.qp).qp_num);
+        connect(&c, &y, (*x.qp).qp_num, 14, 7);
+    }
+    let mut wr = send_wr(2, 2, &mut sge, SIGNALED);
+    assert_eq!(post_send(&x, &mut wr), 0);
+    let s = poll_one(x.cq);
+    assert_eq!((s.wr_id, s.status), (2, 13), "expected IBV_WC_RNR_RETRY_EXC_ERR: {s:?}");
+}

@@ -113,6 +113,15 @@ fn gid(c: &Ctx, idx: i32) -> ibv_gid {
 
 /// RESET -> INIT -> RTR -> RTS towards `remote_qpn`, path MTU 1024, GID index 3.
 pub fn connect(c: &Ctx, q: &Qp, remote_qpn: u32, timeout: u8, retry: u8) {
+    connect_with(c, q, remote_qpn, timeout, retry, 7)
+}
+
+/// As [`connect`] with rnr_retry 0 (the first RNR NAK is fatal).
+pub fn connect_rnr0(c: &Ctx, q: &Qp, remote_qpn: u32) {
+    connect_with(c, q, remote_qpn, 14, 7, 0)
+}
+
+pub fn connect_with(c: &Ctx, q: &Qp, remote_qpn: u32, timeout: u8, retry: u8, rnr_retry: u8) {
     unsafe {
         let mut a: ibv_qp_attr = std::mem::zeroed();
         a.qp_state = 1;
@@ -142,7 +151,7 @@ pub fn connect(c: &Ctx, q: &Qp, remote_qpn: u32, timeout: u8, retry: u8) {
         a.sq_psn = 0x100;
         a.timeout = timeout;
         a.retry_cnt = retry;
-        a.rnr_retry = 7;
+        a.rnr_retry = rnr_retry;
         a.max_rd_atomic = 4;
         assert_eq!(
             ibv_modify_qp(q.qp, &mut a, 0x1 | 0x10000 | 0x200 | 0x400 | 0x800 | 0x2000),
