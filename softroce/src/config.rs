@@ -86,6 +86,16 @@ pub fn seed() -> u64 {
     })
 }
 
+/// `SOFTROCE_GSO` (default 1): send runs of equal-size packets to one peer
+/// as one UDP GSO datagram, and receive with UDP GRO. Segment *i* of a GSO
+/// send carries IP ID *i*, which the ICRC covers; a capture on `lo` shows the
+/// unsegmented super-datagram, so packet-by-packet ICRC checks of a capture
+/// need `SOFTROCE_GSO=0`.
+pub fn gso() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| env("SOFTROCE_GSO").map(|s| s.trim() != "0").unwrap_or(true))
+}
+
 /// `SOFTROCE_DEBUG` (default 0): log engine events to stderr.
 pub fn debug() -> bool {
     static V: OnceLock<bool> = OnceLock::new();

@@ -279,19 +279,19 @@ fn link_mtu_of(a: Ipv4Addr) -> u32 {
 fn bind_for(index: usize) -> std::io::Result<(Ipv4Addr, UdpSocket)> {
     if let Some(list) = config::addr_list() {
         if let Some(a) = list.get(index) {
-            return UdpSocket::bind(*a).map(|s| (*a, s));
+            return UdpSocket::bind(*a, config::gso()).map(|s| (*a, s));
         }
     }
     let host = host_ipv4_addrs();
     if let Some((a, _)) = host.get(index) {
-        if let Ok(s) = UdpSocket::bind(*a) {
+        if let Ok(s) = UdpSocket::bind(*a, config::gso()) {
             return Ok((*a, s));
         }
     }
     let mut last = std::io::Error::from_raw_os_error(libc::EADDRINUSE);
     for x in 1..=254u8 {
         let a = Ipv4Addr::new(127, 0, 0, x);
-        match UdpSocket::bind(a) {
+        match UdpSocket::bind(a, config::gso()) {
             Ok(s) => return Ok((a, s)),
             Err(e) => last = e,
         }

@@ -11,14 +11,14 @@
 //! All signals are blocked in the engine thread (perftest uses SIGALRM).
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddrV4};
+use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 use crate::config;
 use crate::device::{gid_to_ipv4, Device, MrInfo};
 use crate::proto::{self, AtomicOp, Instant, LocalAccessError, MemoryAccess, QpCore, RemoteAccess, RemoteAccessError};
-use crate::udp::{MAX_DGRAM, ROCE_PORT};
+use crate::udp::{RecvMeta, MAX_DGRAM, MAX_GSO_BYTES, MAX_GSO_SEGS, MAX_PACKET, ROCE_PORT};
 use crate::verbs::context::AsyncQueue;
 use crate::verbs::cq::{CqInner, Wc};
 use crate::wire::icrc;
@@ -242,18 +242,106 @@ impl Engine {
     }
 }
 
-/// Drains one QP: transmits every due packet, delivers completions and events.
-/// Called with the QP's core locked by the caller.
-pub fn drain_locked(dev: &Device, qp: &QpShared, core: &mut QpCore, now: Instant, buf: &mut Vec<u8>) {
+/// Per-thread transmit state: a scratch packet buffer and the GSO batch
+/// being built (consecutive equal-size packets to one destination).
+pub struct Tx {
+    scratch: Vec<u8>,
+    batch: Vec<u8>,
+    dst: Ipv4Addr,
+    seg: usize,
+    count: usize,
+    /// A shorter packet ended the batch (GSO: only the last segment may be short).
+    closed: bool,
+}
+
+impl Default for Tx {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Tx {
+    pub fn new() -> Tx {
+        Tx {
+            scratch: Vec::with_capacity(MAX_PACKET),
+            batch: Vec::new(),
+            dst: Ipv4Addr::UNSPECIFIED,
+            seg: 0,
+            count: 0,
+            closed: false,
+        }
+    }
+
+    /// Queues the packet in `scratch[..len]` for `dst`, appending its ICRC
+    /// computed for the IP ID it will carry (its index in the GSO batch).
+    fn push(&mut self, dev: &Device, len: usize, dst: Ipv4Addr) {
+        let l = len + icrc::ICRC_LEN;
+        if self.count > 0
+            && (!dev.sock.gso()
+                || dst != self.dst
+                || l > self.seg
+                || self.closed
+                || self.count == MAX_GSO_SEGS
+                || self.batch.len() + l > MAX_GSO_BYTES)
+        {
+            self.flush(dev);
+        }
+        if self.batch.capacity() == 0 {
+            self.batch.reserve(MAX_GSO_BYTES + MAX_PACKET);
+        }
+        let ip = icrc::Ipv4Fields::new(dev.addr.octets(), dst.octets(), self.count as u16);
+        let crc = icrc::icrc_ipv4(&ip, ROCE_PORT, ROCE_PORT, &self.scratch[..len]);
+        self.batch.extend_from_slice(&self.scratch[..len]);
+        self.batch.extend_from_slice(&crc.to_le_bytes());
+        if self.count == 0 {
+            self.dst = dst;
+            self.seg = l;
+        } else if l < self.seg {
+            self.closed = true;
+        }
+        self.count += 1;
+    }
+
+    /// Sends the pending batch (one datagram, or one GSO datagram).
+    pub fn flush(&mut self, dev: &Device) {
+        if self.count == 0 {
+            return;
+        }
+        let r = if self.count == 1 {
+            dev.sock.send_to(&self.batch, self.dst)
+        } else {
+            dev.sock.send_gso(&self.batch, self.seg, self.dst)
+        };
+        if let Err(e) = r {
+            // A lost packet: RC retransmission recovers.
+            if config::debug() {
+                eprintln!("softroce: send to {} failed: {e}", self.dst);
+            }
+        }
+        self.batch.clear();
+        self.count = 0;
+        self.closed = false;
+    }
+}
+
+/// Drains one QP: queues every due packet on `tx` (the caller flushes),
+/// delivers completions and events. Called with the QP's core locked.
+pub fn drain_locked(dev: &Device, qp: &QpShared, core: &mut QpCore, now: Instant, tx: &mut Tx) {
     let mut mem = PdMemory { dev, pd: qp.pd };
-    while let Some(meta) = core.poll_transmit(now, &mut mem, buf) {
+    loop {
+        let mut scratch = std::mem::take(&mut tx.scratch);
+        let meta = core.poll_transmit(now, &mut mem, &mut scratch);
+        tx.scratch = scratch;
+        let Some(meta) = meta else { break };
         let Some(dst) = gid_to_ipv4(&meta.dgid) else {
             continue; // IPv6 GIDs are not routable by this device
         };
-        buf.truncate(meta.len);
-        append_icrc(buf, dev.addr, dst);
-        let _ = dev.sock.send_to(buf, dst);
+        tx.push(dev, meta.len.min(tx.scratch.len()), dst);
     }
+    // Packets (ACKs above all) leave before the application can see the
+    // completions: a peer that exits right after its last completion must
+    // not take our final ACK with it.
+    tx.flush(dev);
     let mut send = [Wc::default(); 16];
     let mut recv = [Wc::default(); 16];
     let (mut ns, mut nr) = (0, 0);
@@ -304,12 +392,25 @@ pub fn drain_locked(dev: &Device, qp: &QpShared, core: &mut QpCore, now: Instant
     }
 }
 
-/// Appends the ICRC for a datagram `src:4791 -> dst:4791` carrying `buf`
-/// (BTH..pad), as the kernel will send it: IPv4, DF, ID 0.
-pub fn append_icrc(buf: &mut Vec<u8>, src: Ipv4Addr, dst: Ipv4Addr) {
-    let ip = icrc::Ipv4Fields::new(src.octets(), dst.octets(), 0);
-    let crc = icrc::icrc_ipv4(&ip, ROCE_PORT, ROCE_PORT, buf);
-    buf.extend_from_slice(&crc.to_le_bytes());
+/// Runs `f` with this thread's transmit state and flushes it afterwards
+/// (for verbs called by application threads).
+pub fn with_tx<R>(dev: &Device, f: impl FnOnce(&mut Tx) -> R) -> R {
+    thread_local! {
+        static TX: std::cell::RefCell<Tx> = std::cell::RefCell::new(Tx::new());
+    }
+    TX.with(|t| match t.try_borrow_mut() {
+        Ok(mut tx) => {
+            let r = f(&mut tx);
+            tx.flush(dev);
+            r
+        }
+        Err(_) => {
+            let mut tx = Tx::new();
+            let r = f(&mut tx);
+            tx.flush(dev);
+            r
+        }
+    })
 }
 
 struct Rng(u64);
@@ -329,9 +430,8 @@ fn run(dev: Arc<Device>) {
     let eng = &dev.engine;
     const BATCH: usize = 32;
     let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; MAX_DGRAM]).collect();
-    let mut lens = [0usize; BATCH];
-    let mut srcs = [SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0); BATCH];
-    let mut txbuf: Vec<u8> = Vec::with_capacity(MAX_DGRAM);
+    let mut meta = [RecvMeta::default(); BATCH];
+    let mut tx = Tx::new();
     let loss = config::loss();
     let mut rng = Rng(config::seed() | 1);
     let check = config::icrc_check();
@@ -353,13 +453,14 @@ fn run(dev: Arc<Device>) {
                 }
             }
             if due {
-                drain_locked(&dev, qp, &mut core, t, &mut txbuf);
+                drain_locked(&dev, qp, &mut core, t, &mut tx);
             }
             if let Some(d) = core.poll_timeout() {
                 next = next.min(d.as_nanos());
             }
         }
         drop(qps);
+        tx.flush(&dev);
         eng.sleep_until.store(next, Ordering::Release);
         // 2. Wait for packets, a kick, or the deadline.
         let timeout_ms: i32 = if next == u64::MAX {
@@ -394,55 +495,63 @@ fn run(dev: Arc<Device>) {
         }
         // 3. Receive everything queued, in batches.
         loop {
-            let n = match dev.sock.recv_batch(&mut bufs, &mut lens, &mut srcs) {
-                Ok(n) => n,
-                Err(_) => 0,
-            };
+            let n = dev.sock.recv_batch(&mut bufs, &mut meta).unwrap_or_default();
             if n == 0 {
                 break;
             }
             let t = now();
             for i in 0..n {
-                if loss > 0.0 && rng.next_f64() < loss {
+                let m = meta[i];
+                if m.src.ip().is_unspecified() || m.seg == 0 {
                     continue;
                 }
-                let len = lens[i];
-                if len < 12 + 4 || *srcs[i].ip() == Ipv4Addr::UNSPECIFIED {
-                    continue;
-                }
-                let pkt = &bufs[i][..len];
-                let body = if check {
-                    let ip = icrc::Ipv4Fields::new(srcs[i].ip().octets(), dev.addr.octets(), 0);
-                    match icrc::verify_ipv4(&ip, srcs[i].port(), ROCE_PORT, pkt) {
-                        Some(b) => b,
-                        None => {
-                            bad_icrc += 1;
-                            if debug {
-                                eprintln!("softroce: bad ICRC from {} ({bad_icrc} so far)", srcs[i]);
-                            }
-                            continue;
-                        }
+                let coalesced = m.len > m.seg;
+                for (j, pkt) in bufs[i][..m.len].chunks(m.seg).enumerate() {
+                    if loss > 0.0 && rng.next_f64() < loss {
+                        continue;
                     }
-                } else {
-                    &pkt[..len - icrc::ICRC_LEN]
-                };
-                let qpn = u32::from_be_bytes([0, body[5], body[6], body[7]]);
-                let Some(qp) = eng.qp(qpn) else { continue };
-                {
-                    let mut core = qp.core.lock().unwrap();
-                    let mut mem = PdMemory { dev: &dev, pd: qp.pd };
-                    core.handle_packet(t, body, &mut mem);
-                }
-                if !touched.iter().any(|q| q.qpn == qpn) {
-                    touched.push(qp);
+                    if pkt.len() < 12 + icrc::ICRC_LEN {
+                        continue;
+                    }
+                    let body = if check {
+                        // Segment j of a GSO send carries IP ID j; packets GRO
+                        // merged from separate sends carry 0.
+                        let v = |id: u16| {
+                            let ip = icrc::Ipv4Fields::new(m.src.ip().octets(), dev.addr.octets(), id);
+                            icrc::verify_ipv4(&ip, m.src.port(), ROCE_PORT, pkt)
+                        };
+                        match v(j as u16).or_else(|| if coalesced && j > 0 { v(0) } else { None }) {
+                            Some(b) => b,
+                            None => {
+                                bad_icrc += 1;
+                                if debug {
+                                    eprintln!("softroce: bad ICRC from {} ({bad_icrc} so far)", m.src);
+                                }
+                                continue;
+                            }
+                        }
+                    } else {
+                        &pkt[..pkt.len() - icrc::ICRC_LEN]
+                    };
+                    let qpn = u32::from_be_bytes([0, body[5], body[6], body[7]]);
+                    let Some(qp) = eng.qp(qpn) else { continue };
+                    {
+                        let mut core = qp.core.lock().unwrap();
+                        let mut mem = PdMemory { dev: &dev, pd: qp.pd };
+                        core.handle_packet(t, body, &mut mem);
+                    }
+                    if !touched.iter().any(|q| q.qpn == qpn) {
+                        touched.push(qp);
+                    }
                 }
             }
             // Drain after each batch: ACKs coalesce across the batch.
             let t = now();
             for qp in touched.drain(..) {
                 let mut core = qp.core.lock().unwrap();
-                drain_locked(&dev, &qp, &mut core, t, &mut txbuf);
+                drain_locked(&dev, &qp, &mut core, t, &mut tx);
             }
+            tx.flush(&dev);
             if n < BATCH {
                 break;
             }

@@ -1,18 +1,54 @@
 //! The thin UDP layer: one unconnected IPv4 socket per device, bound to
 //! `<addr>:4791`, with `IP_PMTUDISC_DO` so that the kernel sends every datagram
 //! with DF set and IP ID 0 — the ICRC covers both (spec §3.6).
+//!
+//! With UDP GSO (`send_gso`), the kernel cuts one datagram into `seg`-byte
+//! segments and gives segment *i* IP ID *i* (spec §6); the caller computes
+//! each segment's ICRC accordingly. With UDP GRO enabled on receive, a
+//! datagram may carry several equal-size segments; [`RecvMeta::seg`] says
+//! their size.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub const ROCE_PORT: u16 = 4791;
-/// Largest datagram we receive (a 4096-byte MTU packet is 4096 + 60; jumbo slack).
-pub const MAX_DGRAM: usize = 9216;
+/// Largest single RoCE packet we accept (a 4096-byte MTU packet is 4096 + 60; jumbo slack).
+pub const MAX_PACKET: usize = 9216;
+/// Largest datagram we receive (a GRO super-datagram).
+pub const MAX_DGRAM: usize = 65536;
+/// Largest number of segments in one GSO send (kernel limit UDP_MAX_SEGMENTS is 64 or 128).
+pub const MAX_GSO_SEGS: usize = 64;
+/// Largest GSO datagram payload.
+pub const MAX_GSO_BYTES: usize = 65000;
+
+const UDP_SEGMENT: i32 = 103;
+const UDP_GRO: i32 = 104;
 
 pub struct UdpSocket {
     fd: RawFd,
     pub local: Ipv4Addr,
+    gso: AtomicBool,
+}
+
+/// What `recv_batch` learned about one datagram.
+#[derive(Clone, Copy, Debug)]
+pub struct RecvMeta {
+    pub len: usize,
+    pub src: SocketAddrV4,
+    /// Segment size when the kernel coalesced several packets (GRO), else `len`.
+    pub seg: usize,
+}
+
+impl Default for RecvMeta {
+    fn default() -> Self {
+        RecvMeta {
+            len: 0,
+            src: SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+            seg: 0,
+        }
+    }
 }
 
 fn sockaddr(a: Ipv4Addr, port: u16) -> libc::sockaddr_in {
@@ -43,8 +79,9 @@ fn setsockopt_int(fd: RawFd, level: i32, name: i32, v: i32) -> io::Result<()> {
 }
 
 impl UdpSocket {
-    /// Binds `addr:4791` (never the wildcard).
-    pub fn bind(addr: Ipv4Addr) -> io::Result<UdpSocket> {
+    /// Binds `addr:4791` (never the wildcard). `gso` enables UDP GRO on
+    /// receive and allows [`Self::send_gso`].
+    pub fn bind(addr: Ipv4Addr, gso: bool) -> io::Result<UdpSocket> {
         if addr.is_unspecified() {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
@@ -53,10 +90,22 @@ impl UdpSocket {
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        let s = UdpSocket { fd, local: addr };
-        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)?;
+        let s = UdpSocket {
+            fd,
+            local: addr,
+            gso: AtomicBool::new(false),
+        };
+        setsockopt_int(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            libc::IP_PMTUDISC_DO,
+        )?;
         for (opt, v) in [(libc::SO_RCVBUF, 4 << 20), (libc::SO_SNDBUF, 4 << 20)] {
             let _ = setsockopt_int(fd, libc::SOL_SOCKET, opt, v);
+        }
+        if gso && setsockopt_int(fd, libc::SOL_UDP, UDP_GRO, 1).is_ok() {
+            s.gso.store(true, Ordering::Relaxed);
         }
         let sa = sockaddr(addr, ROCE_PORT);
         // SAFETY: sa is a valid sockaddr_in of the size passed.
@@ -75,6 +124,11 @@ impl UdpSocket {
 
     pub fn fd(&self) -> RawFd {
         self.fd
+    }
+
+    /// Whether GSO sends are in use (cleared if the kernel refuses one).
+    pub fn gso(&self) -> bool {
+        self.gso.load(Ordering::Relaxed)
     }
 
     /// Sends one datagram to `dst:4791`. Blocking; errors are returned (the
@@ -99,23 +153,71 @@ impl UdpSocket {
         }
     }
 
+    /// Sends `buf` as `ceil(len/seg)` segments of `seg` bytes (the last may be
+    /// shorter) with one UDP GSO `sendmsg`.
+    pub fn send_gso(&self, buf: &[u8], seg: usize, dst: Ipv4Addr) -> io::Result<()> {
+        if buf.len() <= seg {
+            return self.send_to(buf, dst);
+        }
+        let mut sa = sockaddr(dst, ROCE_PORT);
+        let mut iov = libc::iovec {
+            iov_base: buf.as_ptr() as *mut libc::c_void,
+            iov_len: buf.len(),
+        };
+        // Room for one cmsg carrying a u16 (aligned to 8).
+        let mut cbuf = [0u64; 4];
+        // SAFETY: msghdr is plain data; all pointers below point to live locals.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_name = &mut sa as *mut libc::sockaddr_in as *mut libc::c_void;
+        msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+        // SAFETY: CMSG_SPACE is a pure computation.
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as usize;
+        // SAFETY: msg_control points to cbuf, large enough for CMSG_SPACE(2).
+        unsafe {
+            let c = libc::CMSG_FIRSTHDR(&msg);
+            (*c).cmsg_level = libc::SOL_UDP;
+            (*c).cmsg_type = UDP_SEGMENT;
+            (*c).cmsg_len = libc::CMSG_LEN(2) as usize;
+            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, seg as u16);
+        }
+        // SAFETY: msg is fully initialised and its buffers outlive the call.
+        let r = unsafe { libc::sendmsg(self.fd, &msg, 0) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if matches!(e.raw_os_error(), Some(libc::EIO) | Some(libc::EINVAL) | Some(libc::ENOPROTOOPT)) {
+                // The route/device cannot segment: stop using GSO.
+                self.gso.store(false, Ordering::Relaxed);
+            }
+            return Err(e);
+        }
+        Ok(())
+    }
+
     /// Receives up to `bufs.len()` datagrams without blocking. Returns the count;
-    /// `lens[i]` and `srcs[i]` describe datagram *i*.
-    pub fn recv_batch(&self, bufs: &mut [Vec<u8>], lens: &mut [usize], srcs: &mut [SocketAddrV4]) -> io::Result<usize> {
-        let n = bufs.len().min(lens.len()).min(srcs.len()).min(64);
+    /// `meta[i]` describes datagram *i*.
+    pub fn recv_batch(&self, bufs: &mut [Vec<u8>], meta: &mut [RecvMeta]) -> io::Result<usize> {
+        const N: usize = 64;
+        let n = bufs.len().min(meta.len()).min(N);
         // SAFETY: zeroed iovec / sockaddr_in / mmsghdr are valid initial values.
-        let mut iov: [libc::iovec; 64] = unsafe { std::mem::zeroed() };
+        let mut iov: [libc::iovec; N] = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
-        let mut names: [libc::sockaddr_in; 64] = unsafe { std::mem::zeroed() };
+        let mut names: [libc::sockaddr_in; N] = unsafe { std::mem::zeroed() };
         // SAFETY: as above.
-        let mut hdrs: [libc::mmsghdr; 64] = unsafe { std::mem::zeroed() };
+        let mut hdrs: [libc::mmsghdr; N] = unsafe { std::mem::zeroed() };
+        let mut ctl = [[0u64; 4]; N];
         for i in 0..n {
             iov[i].iov_base = bufs[i].as_mut_ptr() as *mut libc::c_void;
             iov[i].iov_len = bufs[i].len();
-            hdrs[i].msg_hdr.msg_iov = &mut iov[i];
-            hdrs[i].msg_hdr.msg_iovlen = 1;
-            hdrs[i].msg_hdr.msg_name = &mut names[i] as *mut libc::sockaddr_in as *mut libc::c_void;
-            hdrs[i].msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+            let h = &mut hdrs[i].msg_hdr;
+            h.msg_iov = &mut iov[i];
+            h.msg_iovlen = 1;
+            h.msg_name = &mut names[i] as *mut libc::sockaddr_in as *mut libc::c_void;
+            h.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
+            h.msg_control = ctl[i].as_mut_ptr() as *mut libc::c_void;
+            h.msg_controllen = std::mem::size_of_val(&ctl[i]);
         }
         // SAFETY: every header points at live buffers of the sizes given.
         let r = unsafe {
@@ -136,12 +238,31 @@ impl UdpSocket {
         }
         let r = r as usize;
         for i in 0..r {
-            lens[i] = hdrs[i].msg_len as usize;
+            let len = hdrs[i].msg_len as usize;
+            let mut seg = len;
+            let h = &hdrs[i].msg_hdr;
+            // SAFETY: walking the control buffer the kernel filled for this header.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(h);
+                while !c.is_null() {
+                    if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
+                        let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const u16) as usize;
+                        if v > 0 {
+                            seg = v;
+                        }
+                    }
+                    c = libc::CMSG_NXTHDR(h, c);
+                }
+            }
             let sa = &names[i];
-            srcs[i] = SocketAddrV4::new(
-                Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
-                u16::from_be(sa.sin_port),
-            );
+            meta[i] = RecvMeta {
+                len,
+                src: SocketAddrV4::new(
+                    Ipv4Addr::from(u32::from_be(sa.sin_addr.s_addr)),
+                    u16::from_be(sa.sin_port),
+                ),
+                seg,
+            };
         }
         Ok(r)
     }

@@ -42,6 +42,8 @@ pub struct CqInner {
     channel: Option<Arc<ChannelFds>>,
     pub handle: u64,
     cqe: AtomicI32,
+    /// QPs using this CQ (destroy_cq fails with EBUSY while non-zero).
+    pub users: AtomicUsize,
     /// Events handed out by ibv_get_cq_event and events acknowledged.
     events: Mutex<(u64, u64)>,
     events_cv: Condvar,
@@ -198,7 +200,7 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> 
         }
         // SAFETY: ch is ours.
         let c = unsafe { &*(ch as *const Channel) };
-        if c.ibv.refcnt != 0 || Arc::strong_count(&c.fds) > 1 {
+        if c.ibv.refcnt != 0 {
             return minus_one(libc::EBUSY);
         }
         // SAFETY: freed once.
@@ -239,6 +241,7 @@ pub unsafe extern "C" fn ibv_create_cq(
             channel: ch_fds,
             handle,
             cqe: AtomicI32::new(cqe),
+            users: AtomicUsize::new(0),
             events: Mutex::new((0, 0)),
             events_cv: Condvar::new(),
         });
@@ -285,7 +288,7 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         }
         // SAFETY: cq is ours.
         let c = unsafe { &*(cq as *const Cq) };
-        if Arc::strong_count(&c.inner) > 1 {
+        if c.inner.users.load(Ordering::Acquire) > 0 {
             // still used by a QP
             return int_err(libc::EBUSY);
         }

@@ -13,7 +13,7 @@ use super::cq::Cq;
 use super::mr::Pd;
 use super::{ffi_guard, int_err, null_err};
 use crate::device::{self, gid_to_ipv4, Device};
-use crate::engine::{self, drain_locked, QpShared};
+use crate::engine::{self, drain_locked, with_tx, QpShared};
 use crate::proto::{attr_mask, AddressVector, ModifyAttrs, QpCaps, QpCore, QpState, RecvWr, SendWr, Sge, WrOpcode};
 
 /// `struct ibv_qp` and our state.
@@ -107,6 +107,8 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut rdma_sys::ibv_pd, attr: *mut ibv
             caps,
         }));
         shared.ibv_ptr.store(q as usize, Ordering::Relaxed);
+        shared.send_cq.users.fetch_add(1, Ordering::AcqRel);
+        shared.recv_cq.users.fetch_add(1, Ordering::AcqRel);
         dev.engine.add_qp(shared);
         // Granted capabilities go back to the caller.
         a.cap.max_send_wr = caps.max_send_wr;
@@ -127,6 +129,8 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // SAFETY: qp came from ibv_create_qp; freed once.
         let q = unsafe { Box::from_raw(qp as *mut Qp) };
         q.dev.engine.remove_qp(q.shared.qpn);
+        q.shared.send_cq.users.fetch_sub(1, Ordering::AcqRel);
+        q.shared.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
         0
     })
 }
@@ -239,8 +243,7 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
             return int_err(e.0);
         }
         q.ibv.state = core.state() as u32;
-        let mut buf = Vec::new();
-        drain_locked(&q.dev, &q.shared, &mut core, t, &mut buf);
+        with_tx(&q.dev, |tx| drain_locked(&q.dev, &q.shared, &mut core, t, tx));
         let deadline = core.poll_timeout();
         drop(core);
         q.dev.engine.note_deadline(deadline);
@@ -420,8 +423,7 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr
             // SAFETY: valid out-pointer.
             unsafe { *bad_wr = cur };
         }
-        let mut buf = Vec::with_capacity(4200);
-        drain_locked(&q.dev, &q.shared, &mut core, t, &mut buf);
+        with_tx(&q.dev, |tx| drain_locked(&q.dev, &q.shared, &mut core, t, tx));
         let deadline = core.poll_timeout();
         drop(core);
         q.dev.engine.note_deadline(deadline);
@@ -465,8 +467,7 @@ pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr
         // Receives can unblock an RNR-waiting peer only via its retry; but in ERR
         // they complete at once (flush), so deliver completions now.
         let t = engine::now();
-        let mut buf = Vec::new();
-        drain_locked(&q.dev, &q.shared, &mut core, t, &mut buf);
+        with_tx(&q.dev, |tx| drain_locked(&q.dev, &q.shared, &mut core, t, tx));
         err
     })
 }
