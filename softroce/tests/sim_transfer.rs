@@ -367,3 +367,54 @@ fn write_64k_at_mtu_4096_is_16_packets_and_few_acks() {
         p.ep[0].peek(SRC, 65536 * n as usize)
     );
 }
+
+/// A QP connected to itself (NCCL's GPU flush does a READ over such a loop).
+#[test]
+fn qp_connected_to_itself() {
+    let s = Setup::default();
+    let mut e = Endpoint::new(0x33, [127, 0, 0, 1], s.caps);
+    e.fill_src(5);
+    let g = gid(e.ip);
+    connect_qp(&mut e.qp, &s, 0x33, g, 0xFF_FFFE, 0xFF_FFFE);
+    let now = Instant::from_micros(1);
+    let dl = e.dst_lkey;
+    e.qp.post_recv(RecvWr {
+        wr_id: 7,
+        sges: sge(DST + 100_000, 8192, dl),
+    })
+    .unwrap();
+    let mut rd = SendWr::new(1, WrOpcode::RdmaRead);
+    rd.sges = sge(DST, 5000, e.dst_lkey);
+    rd.remote_addr = SRC;
+    rd.rkey = e.src_rkey;
+    let mut wi = SendWr::new(2, WrOpcode::RdmaWriteWithImm);
+    wi.sges = sge(SRC + 10_000, 3000, e.src_lkey);
+    wi.remote_addr = DST + 50_000;
+    wi.rkey = e.dst_rkey;
+    wi.imm_data = 99;
+    e.qp.post_send(now, rd).unwrap();
+    e.qp.post_send(now, wi).unwrap();
+    let mut buf = Vec::new();
+    let mut pending: Vec<Vec<u8>> = Vec::new();
+    for _ in 0..100 {
+        while e.qp.poll_transmit(now, &mut e.mem, &mut buf).is_some() {
+            pending.push(buf.clone());
+        }
+        if pending.is_empty() {
+            break;
+        }
+        for p in pending.drain(..) {
+            e.qp.handle_packet(now, &p, &mut e.mem);
+        }
+    }
+    let mut cqes = Vec::new();
+    while let Some(c) = e.qp.poll_completion() {
+        cqes.push((c.queue, c.wr_id, c.status));
+    }
+    assert_eq!(cqes.len(), 3, "{cqes:?}");
+    assert!(cqes.contains(&(WcQueue::Send, 1, 0)));
+    assert!(cqes.contains(&(WcQueue::Send, 2, 0)));
+    assert!(cqes.contains(&(WcQueue::Recv, 7, 0)));
+    assert_eq!(e.peek(DST, 5000), e.peek(SRC, 5000));
+    assert_eq!(e.peek(DST + 50_000, 3000), e.peek(SRC + 10_000, 3000));
+}
