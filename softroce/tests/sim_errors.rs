@@ -598,6 +598,7 @@ fn sqd_drains_and_notifies() {
     let now = p.now;
     let wr = write_wr(&p, 1, 0, 5000, p.ep[1].dst_rkey, DST);
     p.a().qp.post_send(now, wr).unwrap();
+    p.run_for(Duration::ZERO); // WR 1 goes on the wire
     p.a()
         .qp
         .modify(&ModifyAttrs {
@@ -607,11 +608,13 @@ fn sqd_drains_and_notifies() {
             ..Default::default()
         })
         .unwrap();
-    // Not started before SQD: stays queued, drained immediately.
+    // Posted in SQD: queued, not sent until back in RTS.
     let wr2 = write_wr(&p, 2, 0, 10, p.ep[1].dst_rkey, DST);
     p.a().qp.post_send(now, wr2).unwrap();
     p.run();
-    assert!(p.ep[0].send_cq.is_empty());
+    // WR 1 was already started when SQD was requested: it finishes, then the SQ is drained.
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, 0)]);
+    assert_eq!(p.ep[0].events, vec![AsyncEvent::SqDrained]);
     p.a()
         .qp
         .modify(&ModifyAttrs {
@@ -622,6 +625,7 @@ fn sqd_drains_and_notifies() {
         .unwrap();
     p.run();
     assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, 0), (2, 0)]);
+    assert_eq!(p.ep[1].peek(DST, 10), p.ep[0].peek(SRC, 10));
 }
 
 #[test]
