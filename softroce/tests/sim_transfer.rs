@@ -418,3 +418,65 @@ fn qp_connected_to_itself() {
     assert_eq!(e.peek(DST, 5000), e.peek(SRC, 5000));
     assert_eq!(e.peek(DST + 50_000, 3000), e.peek(SRC + 10_000, 3000));
 }
+
+fn read_wr(p: &Pair, id: u64, off: u64, len: u32) -> SendWr {
+    let mut rd = SendWr::new(id, WrOpcode::RdmaRead);
+    rd.sges = sge(DST + off, len, p.ep[0].dst_lkey);
+    rd.remote_addr = SRC + off;
+    rd.rkey = p.ep[1].src_rkey;
+    rd
+}
+
+#[test]
+fn max_rd_atomic_limits_outstanding_reads() {
+    for (limit, first_burst) in [(1u8, 1u64), (2, 2), (4, 3)] {
+        let mut p = Pair::new(
+            &Setup {
+                max_rd_atomic: limit,
+                ..Setup::default()
+            },
+            30,
+        );
+        let now = p.now;
+        for k in 0..3 {
+            let wr = read_wr(&p, k, k * 8192, 3000);
+            p.a().qp.post_send(now, wr).unwrap();
+        }
+        p.run_for(Duration::ZERO);
+        assert_eq!(p.sent[0], first_burst, "max_rd_atomic {limit}");
+        p.run();
+        assert_eq!(
+            p.ep[0].send_cq.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+            vec![(0, 0), (1, 0), (2, 0)]
+        );
+        for k in 0..3u64 {
+            assert_eq!(p.ep[0].peek(DST + k * 8192, 3000), p.ep[1].peek(SRC + k * 8192, 3000));
+        }
+    }
+}
+
+#[test]
+fn fence_waits_for_the_read_before_it() {
+    let mut p = Pair::new(&Setup::default(), 31);
+    let now = p.now;
+    let rd = read_wr(&p, 1, 0, 3000);
+    p.a().qp.post_send(now, rd).unwrap();
+    // A SEND of the bytes the READ brings in, fenced behind it.
+    let dl = p.ep[1].dst_lkey;
+    p.b()
+        .qp
+        .post_recv(RecvWr {
+            wr_id: 9,
+            sges: sge(DST + 100_000, 4096, dl),
+        })
+        .unwrap();
+    let mut send = SendWr::new(2, WrOpcode::Send);
+    send.sges = sge(DST, 3000, p.ep[0].dst_lkey);
+    send.fence = true;
+    p.a().qp.post_send(now, send).unwrap();
+    p.run_for(Duration::ZERO);
+    assert_eq!(p.sent[0], 1, "only the READ request goes out");
+    p.run();
+    assert_eq!(p.ep[0].send_cq.len(), 2);
+    assert_eq!(p.ep[1].peek(DST + 100_000, 3000), p.ep[1].peek(SRC, 3000));
+}
