@@ -96,30 +96,51 @@ if [ ! -x "$CHECK" ]; then
     echo "0 passed, 1 failed"
     exit 1
 fi
-S="SOFTROCE_ADDR=127.0.20.41"
-C="SOFTROCE_ADDR=127.0.20.42"
-CAP=$D/roce.pcapng
-echo "== capture: tshark -i lo -f 'udp port 4791 and host 127.0.20.41' -w $CAP"
-timeout 120 tshark -i lo -f 'udp port 4791 and host 127.0.20.41' -w "$CAP" >"$D/tshark.log" 2>&1 &
-TPID=$!
-PIDS="$PIDS $TPID"
-for _ in $(seq 100); do grep -q "Capturing on" "$D/tshark.log" && break; sleep 0.1; done
-sleep 0.5
 RE='^ *[0-9]+ +[0-9]+ +[0-9]+\.[0-9]+'
-pair cap-pingpong 28480 "$S" "$C" 127.0.20.41 '[0-9]+ iters in' ibv_rc_pingpong -g 3 -s 3000 -n 20
-pair cap-write 28481 "$S" "$C" 127.0.20.41 "$RE" ib_write_bw -d softroce0 -s 100 -n 20
-pair cap-read 28482 "$S" "$C" 127.0.20.41 "$RE" ib_read_bw -d softroce0 -s 5000 -n 20
-pair cap-atomic 28483 "$S" "$C" 127.0.20.41 "$RE" ib_atomic_bw -d softroce0 -n 20
-pair cap-atomic-cs 28484 "$S" "$C" 127.0.20.41 "$RE" ib_atomic_bw -d softroce0 -n 20 -A CMP_AND_SWAP
-sleep 1
-kill -INT $TPID 2>/dev/null
-wait $TPID 2>/dev/null
 
+# capture FILE PORTBASE ENV: run traffic between 127.0.20.41/.42 under tshark.
+capture() {
+    local cap=$1 port=$2 extra=$3
+    local S="SOFTROCE_ADDR=127.0.20.41 $extra" C="SOFTROCE_ADDR=127.0.20.42 $extra"
+    echo "== capture ($extra): tshark -i lo -f 'udp port 4791 and host 127.0.20.41' -w $cap"
+    timeout 120 tshark -i lo -f 'udp port 4791 and host 127.0.20.41' -w "$cap" >"$cap.log" 2>&1 &
+    local tpid=$!
+    PIDS="$PIDS $tpid"
+    for _ in $(seq 100); do grep -q "Capturing on" "$cap.log" && break; sleep 0.1; done
+    sleep 0.5
+    pair "cap-pingpong-$port" $port "$S" "$C" 127.0.20.41 '[0-9]+ iters in' ibv_rc_pingpong -g 3 -s 3000 -n 20
+    pair "cap-write-$port" $((port + 1)) "$S" "$C" 127.0.20.41 "$RE" ib_write_bw -d softroce0 -s 100 -n 20
+    pair "cap-write64k-$port" $((port + 2)) "$S" "$C" 127.0.20.41 "$RE" ib_write_bw -d softroce0 -s 65536 -n 20
+    pair "cap-read-$port" $((port + 3)) "$S" "$C" 127.0.20.41 "$RE" ib_read_bw -d softroce0 -s 5000 -n 20
+    pair "cap-atomic-$port" $((port + 4)) "$S" "$C" 127.0.20.41 "$RE" ib_atomic_bw -d softroce0 -n 20
+    pair "cap-atomic-cs-$port" $((port + 5)) "$S" "$C" 127.0.20.41 "$RE" ib_atomic_bw -d softroce0 -n 20 -A CMP_AND_SWAP
+    sleep 1
+    kill -INT $tpid 2>/dev/null
+    wait $tpid 2>/dev/null
+}
+
+# icrc_check NAME FILE: every UDP/4791 payload in FILE carries a correct ICRC.
+icrc_check() {
+    echo "== $1: tshark -r $2 -T fields ... | softroce-icrc-check"
+    tshark -r "$2" -Y 'udp.dstport == 4791' -T fields -E separator=/t \
+        -e ip.src -e ip.dst -e ip.id -e ip.flags -e ip.frag_offset -e udp.srcport -e udp.dstport -e udp.payload \
+        2>/dev/null >"$2.fields"
+    if "$CHECK" <"$2.fields" >"$2.icrc" 2>&1; then
+        sed 's/^/   > /' "$2.icrc"
+        ok "$1"
+    else
+        ko "$1" "$2.icrc"
+    fi
+}
+
+# 1. One packet per datagram (SOFTROCE_GSO=0): every packet decodes on its own.
+CAP=$D/roce.pcapng
+capture "$CAP" 28480 SOFTROCE_GSO=0
 echo "== decode: tshark -r CAP (all UDP/4791 frames must carry an InfiniBand layer)"
 nudp=$(tshark -r "$CAP" -Y 'udp.dstport == 4791' 2>/dev/null | wc -l)
 nib=$(tshark -r "$CAP" -Y 'infiniband.bth' 2>/dev/null | wc -l)
 echo "   $nudp UDP/4791 frames, $nib decoded with a BTH"
-if [ "$nudp" -gt 0 ] && [ "$nudp" -eq "$nib" ]; then ok decode-all; else ko "decode-all" "$D/tshark.log"; fi
+if [ "$nudp" -gt 0 ] && [ "$nudp" -eq "$nib" ]; then ok decode-all; else ko "decode-all" "$CAP.log"; fi
 
 tshark -r "$CAP" -Y infiniband.bth -T fields -e infiniband.bth.opcode 2>/dev/null | sort -n | uniq -c >"$D/opcodes"
 sed 's/^/   /' "$D/opcodes"
@@ -137,17 +158,13 @@ else
     ko decode-verbose "$D/verbose"
 fi
 
-echo "== icrc: tshark -T fields ... | softroce-icrc-check"
-tshark -r "$CAP" -Y 'udp.dstport == 4791' -T fields -E separator=/t \
-    -e ip.src -e ip.dst -e ip.id -e ip.flags -e ip.frag_offset -e udp.srcport -e udp.dstport -e udp.payload \
-    2>/dev/null >"$D/fields"
-if "$CHECK" <"$D/fields" >"$D/icrc.out" 2>&1; then
-    sed 's/^/   > /' "$D/icrc.out"
-    ok icrc-correct
-else
-    ko icrc-correct "$D/icrc.out"
-fi
+icrc_check icrc-correct "$CAP"
 # The checker must reject a corrupted ICRC (flip one payload byte of the first packet).
-head -n 1 "$D/fields" | awk -F'\t' 'BEGIN{OFS="\t"} {p=$8; c=substr(p,1,1); c=(c=="0")?"1":"0"; $8=c substr(p,2); print}' >"$D/bad"
+head -n 1 "$CAP.fields" | awk -F'\t' 'BEGIN{OFS="\t"} {p=$8; c=substr(p,1,1); c=(c=="0")?"1":"0"; $8=c substr(p,2); print}' >"$D/bad"
 if ! "$CHECK" <"$D/bad" >/dev/null 2>&1; then ok icrc-detects-corruption; else ko icrc-detects-corruption; fi
+
+# 2. Default (UDP GSO): lo shows super-datagrams; segment i carries IP ID i.
+CAP2=$D/roce-gso.pcapng
+capture "$CAP2" 28490 SOFTROCE_GSO=1
+icrc_check icrc-correct-gso "$CAP2"
 finish
