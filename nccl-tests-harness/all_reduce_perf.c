@@ -1,0 +1,229 @@
+/* all_reduce_perf: ring allreduce (reduce-scatter + all-gather, float32 sum) through a net plugin,
+ * N ranks as processes, with nccl-tests' flags and table.
+ *
+ * The algorithm is NCCL's ring allreduce (runRing in all_reduce.h) with the SIMPLE protocol:
+ * the buffer is cut into loops of nChannels x nRanks chunks of at most --chunk bytes; for each
+ * chunk a rank does, in order, on its ring channel (to rank+1, from rank-1):
+ *   step 0            send                 its input chunk r-1
+ *   steps 1..n-2      recvReduceSend       recv partial, + own input, send on
+ *   step n-1          recvReduceCopySend   recv partial, + own input = final chunk r, send on
+ *   steps n..2n-3     recvCopySend         recv final chunk, keep it, send on
+ *   step 2n-2         recv                 recv final chunk r+1
+ * Receives land in --steps registered slots per channel (NCCL's per-connection FIFO); the CPU
+ * reduces slot + input into the output buffer, which is then sent from directly. Up to --steps
+ * receives are pre-posted and up to --steps sends are in flight per comm.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.h"
+
+enum { OP_SEND = 1, OP_RRS, OP_RRCS, OP_RCS, OP_RECV };
+#define HAS_RECV(k) ((k) != OP_SEND)
+#define HAS_SEND(k) ((k) != OP_RECV)
+
+typedef struct {
+  size_t off, nelem;
+  int kind;
+} aop_t;
+
+typedef struct {
+  aop_t* ops;
+  int nops, cap;
+  /* engine */
+  int cur, rpost, spost;
+  long recv_consumed, sends_ready;
+  hq_t sq, rq;
+  void* mh_send_in;  /* the input buffer, registered on the send comm */
+  void* mh_send_out; /* the output buffer, registered on the send comm */
+} achan_t;
+
+static void push(achan_t* a, size_t off, size_t nelem, int kind) {
+  if (a->nops == a->cap) {
+    a->cap = a->cap ? a->cap * 2 : 64;
+    a->ops = realloc(a->ops, (size_t)a->cap * sizeof *a->ops);
+  }
+  a->ops[a->nops++] = (aop_t){off, nelem, kind};
+}
+
+/* The op list of channel c for `count` floats (see the file comment). */
+static void build_ops(hctx_t* h, achan_t* a, int c, size_t count) {
+  int n = h->nranks, r = h->rank, C = h->nch;
+  size_t CE = h->o->chunk_bytes / sizeof(float);
+  size_t loop = (size_t)C * n * CE;
+  a->nops = 0;
+  for (size_t base = 0; base < count; base += loop) {
+    size_t end = base + loop < count ? base + loop : count;
+    size_t rem = end - base;
+    size_t real = (rem + (size_t)C * n - 1) / ((size_t)C * n);
+    real = (real + 3) & ~(size_t)3; /* 16-byte aligned chunks, as NCCL */
+    if (real > CE) real = CE;
+    size_t chbase = base + (size_t)c * n * real;
+    for (int s = 0; s <= 2 * n - 2; s++) {
+      int kind, chunk;
+      if (s == 0) kind = OP_SEND, chunk = (r + n - 1) % n;
+      else if (s <= n - 2) kind = OP_RRS, chunk = (r + n - 1 - s) % n;
+      else if (s == n - 1) kind = OP_RRCS, chunk = r;
+      else if (s <= 2 * n - 3) kind = OP_RCS, chunk = (r + 2 * n - 1 - s) % n;
+      else kind = OP_RECV, chunk = (r + 1) % n;
+      size_t off = chbase + (size_t)chunk * real;
+      size_t nelem = off < end ? (end - off < real ? end - off : real) : 0;
+      if (nelem) push(a, off, nelem, kind);
+    }
+  }
+}
+
+static void reduce(float* restrict dst, const float* restrict a, const float* restrict b, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
+}
+
+/* One allreduce: in -> out (in == out for in-place). */
+static void run_allreduce(hctx_t* h, achan_t* A, float* in, float* out) {
+  int steps = h->o->steps;
+  int prev = (h->rank + h->nranks - 1) % h->nranks;
+  for (int c = 0; c < h->nch; c++) {
+    achan_t* a = &A[c];
+    a->cur = a->rpost = a->spost = 0;
+    a->recv_consumed = a->sends_ready = 0;
+    hq_init(&a->sq, h->ch[c]->send_comm, 1, h->rank, steps);
+    hq_init(&a->rq, h->ch[c]->recv_comm, 0, prev, steps);
+  }
+  int left = h->nch;
+  while (left) {
+    int progress = 0;
+    left = 0;
+    for (int c = 0; c < h->nch; c++) {
+      achan_t* a = &A[c];
+      hchan_t* ch = h->ch[c];
+      /* pre-post receives into free slots */
+      while (a->rpost < a->nops && a->rq.posted - a->recv_consumed < steps) {
+        aop_t* op = &a->ops[a->rpost];
+        if (!HAS_RECV(op->kind)) {
+          a->rpost++;
+          continue;
+        }
+        char* slot = ch->slots + (size_t)(a->rq.posted % steps) * ch->slot_bytes;
+        if (!hq_post_recv(h, &a->rq, slot, ch->slot_bytes, op->nelem * sizeof(float), ch->slots_mh)) break;
+        a->rpost++;
+        progress = 1;
+      }
+      /* the "kernel": run the ops whose data is there */
+      while (a->cur < a->nops) {
+        aop_t* op = &a->ops[a->cur];
+        if (HAS_RECV(op->kind) && a->rq.done <= a->recv_consumed) break;
+        if (HAS_SEND(op->kind) && (a->sends_ready - a->sq.posted) + hq_inflight(&a->sq) >= steps) break;
+        if (HAS_RECV(op->kind)) {
+          const float* slot = (const float*)(ch->slots + (size_t)(a->recv_consumed % steps) * ch->slot_bytes);
+          if (op->kind == OP_RCS || op->kind == OP_RECV)
+            memcpy(out + op->off, slot, op->nelem * sizeof(float));
+          else
+            reduce(out + op->off, slot, in + op->off, op->nelem);
+          a->recv_consumed++;
+        }
+        if (HAS_SEND(op->kind)) a->sends_ready++;
+        a->cur++;
+        progress = 1;
+      }
+      /* post the sends that are ready, in order */
+      while (a->spost < a->cur) {
+        aop_t* op = &a->ops[a->spost];
+        if (!HAS_SEND(op->kind)) {
+          a->spost++;
+          continue;
+        }
+        float* src = op->kind == OP_SEND ? in : out;
+        void* mh = (op->kind == OP_SEND && in != out) ? a->mh_send_in : a->mh_send_out;
+        if (!hq_post_send(h, &a->sq, src + op->off, op->nelem * sizeof(float), mh)) break;
+        a->spost++;
+        progress = 1;
+      }
+      progress |= hq_poll(h, &a->sq);
+      progress |= hq_poll(h, &a->rq);
+      if (a->cur < a->nops || a->spost < a->nops || a->sq.done < a->sq.posted || a->rq.done < a->rq.posted) left++;
+    }
+    if (!progress) h_idle(h);
+  }
+}
+
+static void init_data(hctx_t* h, float* in, float* out, size_t count, int inplace) {
+  for (size_t i = 0; i < count; i++) in[i] = h_pattern(h->rank, i);
+  if (!inplace) memset(out, 0xff, count * sizeof(float)); /* NaN: untouched elements count as wrong */
+}
+
+static long check_data(hctx_t* h, const float* out, size_t count) {
+  long wrong = 0;
+  for (size_t i = 0; i < count; i++) {
+    float want = 0;
+    for (int r = 0; r < h->nranks; r++) want += h_pattern(r, i);
+    if (out[i] != want) {
+      if (wrong < 5)
+        fprintf(stderr, "[rank %d] all_reduce_perf: element %zu of %zu is %g, expected %g\n", h->rank, i, count,
+                (double)out[i], (double)want);
+      wrong++;
+    }
+  }
+  return wrong;
+}
+
+static int body(hctx_t* h) {
+  hopts_t* o = h->o;
+  h_net_open(h);
+  h_ring_connect(h, o->chunk_bytes);
+  size_t maxcount = o->max_bytes / sizeof(float);
+  float* in = h_alloc(maxcount * sizeof(float));
+  float* out = h_alloc(maxcount * sizeof(float));
+  achan_t A[H_MAX_CHANNELS];
+  memset(A, 0, sizeof A);
+  for (int c = 0; c < h->nch; c++) {
+    A[c].mh_send_in = h_reg(h, h->ch[c]->send_comm, in, maxcount * sizeof(float));
+    A[c].mh_send_out = h_reg(h, h->ch[c]->send_comm, out, maxcount * sizeof(float));
+  }
+  hcoll_t coll = {"float", "sum", -1, 2.0 * (h->nranks - 1) / h->nranks, sizeof(float)};
+  h_print_header(h, &coll);
+  int maxrows = 0;
+  for (size_t s = o->min_bytes; s <= o->max_bytes; s = h_next_size(o, s)) maxrows++;
+  hrow_t* rows = calloc((size_t)maxrows + 1, sizeof *rows);
+  int nrows = 0;
+  for (size_t s = o->min_bytes; s <= o->max_bytes; s = h_next_size(o, s)) {
+    hrow_t* row = &rows[nrows++];
+    row->count = s / sizeof(float);
+    row->bytes = row->count * sizeof(float);
+    for (int c = 0; c < h->nch; c++) build_ops(h, &A[c], c, row->count);
+    for (int p = 0; p < 1 + (o->inplace != 0); p++) {
+      float* src = p ? out : in;
+      for (int i = 0; i < o->warmup; i++) run_allreduce(h, A, src, out);
+      h_barrier(h);
+      double t0 = h_now();
+      for (int i = 0; i < o->iters; i++) run_allreduce(h, A, src, out);
+      double dt = (h_now() - t0) / o->iters;
+      dt = h_allreduce_double(h, dt, o->average);
+      long wrong = 0;
+      for (int k = 0; k < o->check; k++) {
+        init_data(h, src, out, row->count, p);
+        h_barrier(h);
+        run_allreduce(h, A, src, out);
+        wrong += check_data(h, out, row->count);
+      }
+      wrong = (long)h_allreduce_double(h, (double)wrong, 4);
+      row->time_us[p] = dt * 1e6;
+      row->algbw[p] = dt > 0 ? row->bytes / dt / 1e9 : 0;
+      row->busbw[p] = row->algbw[p] * coll.bus_factor;
+      row->wrong[p] = wrong;
+    }
+    h_print_row(h, &coll, row);
+  }
+  int bad = h_print_footer(h, rows, nrows);
+  h_write_outputs(h, &coll, rows, nrows);
+  for (int c = 0; c < h->nch; c++) {
+    free(A[c].ops);
+    h_dereg(h, h->ch[c]->send_comm, A[c].mh_send_in);
+    h_dereg(h, h->ch[c]->send_comm, A[c].mh_send_out);
+  }
+  h_ring_close(h);
+  h_net_close(h);
+  free(rows);
+  return bad;
+}
+
+int main(int argc, char** argv) { return h_main(argc, argv, "all_reduce_perf", body, NULL); }

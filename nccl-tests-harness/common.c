@@ -1,0 +1,950 @@
+/* ferroce benchmark harness: launcher, rendezvous, plugin loading, ring setup, table output.
+ * See common.h for the contract. */
+#define _GNU_SOURCE
+#include "common.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <ferroce/nccl_net.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------------------------------ */
+/* small utilities                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+static hctx_t* g_h; /* the rank's context, for the logger */
+
+double h_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void h_die(hctx_t* h, const char* fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fflush(stdout);
+  if (h)
+    fprintf(stderr, "[rank %d] %s: error: ", h->rank, h->test_name);
+  else
+    fprintf(stderr, "harness: error: ");
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  fflush(stderr);
+  _exit(1);
+}
+
+void* h_alloc(size_t bytes) {
+  void* p = NULL;
+  if (bytes == 0) bytes = 1;
+  size_t rounded = (bytes + 4095) & ~(size_t)4095;
+  if (posix_memalign(&p, 4096, rounded) != 0 || !p) h_die(g_h, "cannot allocate %zu bytes", bytes);
+  memset(p, 0, rounded);
+  return p;
+}
+
+static size_t parse_size(const char* s) {
+  char* end;
+  double v = strtod(s, &end);
+  if (end == s || v < 0) h_die(NULL, "bad size '%s'", s);
+  switch (*end) {
+    case 'k': case 'K': v *= 1024; break;
+    case 'm': case 'M': v *= 1024 * 1024; break;
+    case 'g': case 'G': v *= 1024.0 * 1024 * 1024; break;
+    case 0: break;
+    default: h_die(NULL, "bad size suffix in '%s'", s);
+  }
+  return (size_t)v;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* options                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static void usage(const char* test_name, const char* extra, int rc) {
+  fprintf(rc ? stderr : stdout,
+          "usage: %s [options]\n"
+          "  -b, --minbytes SIZE      smallest message (default 32M; K/M/G suffixes)\n"
+          "  -e, --maxbytes SIZE      largest message (default 32M)\n"
+          "  -f, --stepfactor F       multiply the size by F between rows (default 1: use -i)\n"
+          "  -i, --stepbytes SIZE     add SIZE between rows when -f is 1 (default 1M)\n"
+          "  -n, --iters N            timed iterations per size (default 20)\n"
+          "  -w, --warmup_iters N     untimed iterations per size (default 1)\n"
+          "  -c, --check N            checked iterations per size, 0 = none (default 1)\n"
+          "  -g, -N, --ranks N        number of ranks (processes, default 2)\n"
+          "  -C, --channels N         comms per ring neighbour (default 1, at most %d)\n"
+          "  -a, --average 0..3       time across ranks: 0 rank 0, 1 average, 2 min, 3 max (default 1)\n"
+          "      --inplace 0|1        also run in place, as nccl-tests does (default 0)\n"
+          "      --chunk SIZE         bytes per pipeline step / message (default 512K)\n"
+          "      --steps N            steps in flight per comm (default 8 = NCCL_STEPS)\n"
+          "      --plugin PATH        plugin library (default: NCCL_NET_PLUGIN, else\n"
+          "                           <harness dir>/../libnccl-net-ferroce.so)\n"
+          "      --net-version N      use ncclNetPlugin_vN (default: newest exported, v12..v6)\n"
+          "      --dev N              plugin device (default 0)\n"
+          "      --softroce 0|1       give each rank SOFTROCE_ADDR=<addr-base>.<rank+1> (default:\n"
+          "                           when the libibverbs.so.1 first on LD_LIBRARY_PATH is softroce's)\n"
+          "      --addr-base A.B.C    loopback prefix for softroce ranks (default 127.0.50)\n"
+          "      --timeout SEC        stop every rank after SEC seconds (default 600)\n"
+          "      --csv FILE           also write the rows as CSV\n"
+          "      --json FILE          also write the rows as JSON\n"
+          "%s"
+          "Environment: NCCL_DEBUG=INFO prints the plugin's INFO lines (WARNs are always printed).\n",
+          test_name, H_MAX_CHANNELS, extra ? extra : "");
+  exit(rc);
+}
+
+/* Is the first libibverbs.so.1 on LD_LIBRARY_PATH softroce's? */
+static int softroce_on_path(void) {
+  const char* lp = getenv("LD_LIBRARY_PATH");
+  if (!lp) return 0;
+  char* dup = strdup(lp);
+  int found = 0;
+  for (char* save = NULL, *d = strtok_r(dup, ":", &save); d; d = strtok_r(NULL, ":", &save)) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/libibverbs.so.1", d);
+    if (access(path, R_OK) == 0) {
+      found = strstr(d, "softroce") != NULL;
+      break;
+    }
+  }
+  free(dup);
+  return found;
+}
+
+void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const char* extra_usage) {
+  memset(o, 0, sizeof *o);
+  o->min_bytes = o->max_bytes = 32 << 20;
+  o->step_bytes = 1 << 20;
+  o->step_factor = 1;
+  o->iters = 20;
+  o->warmup = 1;
+  o->check = 1;
+  o->nranks = 2;
+  o->nchannels = 1;
+  o->average = 1;
+  o->inplace = 0;
+  o->chunk_bytes = 512 << 10;
+  o->steps = 8;
+  o->net_version = 0;
+  o->softroce = -1;
+  snprintf(o->addr_base, sizeof o->addr_base, "127.0.50");
+  o->timeout_s = 600;
+  o->quiet_log = 1;
+  o->conns = 1024;
+  const char* dbg = getenv("NCCL_DEBUG");
+  if (dbg && (strcasecmp(dbg, "INFO") == 0 || strcasecmp(dbg, "TRACE") == 0)) o->quiet_log = 0;
+
+  enum { O_INPLACE = 1000, O_CHUNK, O_STEPS, O_PLUGIN, O_NETV, O_DEV, O_SOFTROCE, O_ADDR, O_TIMEOUT, O_CSV, O_JSON, O_CONNS };
+  static const struct option longs[] = {
+      {"minbytes", required_argument, 0, 'b'}, {"maxbytes", required_argument, 0, 'e'},
+      {"stepfactor", required_argument, 0, 'f'}, {"stepbytes", required_argument, 0, 'i'},
+      {"iters", required_argument, 0, 'n'}, {"warmup_iters", required_argument, 0, 'w'},
+      {"check", required_argument, 0, 'c'}, {"ranks", required_argument, 0, 'N'},
+      {"ngpus", required_argument, 0, 'g'}, {"channels", required_argument, 0, 'C'},
+      {"average", required_argument, 0, 'a'}, {"pingpong", no_argument, 0, 'P'},
+      {"inplace", required_argument, 0, O_INPLACE}, {"chunk", required_argument, 0, O_CHUNK},
+      {"steps", required_argument, 0, O_STEPS}, {"plugin", required_argument, 0, O_PLUGIN},
+      {"net-version", required_argument, 0, O_NETV}, {"dev", required_argument, 0, O_DEV},
+      {"softroce", required_argument, 0, O_SOFTROCE}, {"addr-base", required_argument, 0, O_ADDR},
+      {"timeout", required_argument, 0, O_TIMEOUT}, {"csv", required_argument, 0, O_CSV},
+      {"json", required_argument, 0, O_JSON}, {"conns", required_argument, 0, O_CONNS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+  int c;
+  while ((c = getopt_long(argc, argv, "b:e:f:i:n:w:c:N:g:C:a:Ph", longs, NULL)) != -1) {
+    switch (c) {
+      case 'b': o->min_bytes = parse_size(optarg); break;
+      case 'e': o->max_bytes = parse_size(optarg); break;
+      case 'f': o->step_factor = atof(optarg); break;
+      case 'i': o->step_bytes = parse_size(optarg); break;
+      case 'n': o->iters = atoi(optarg); break;
+      case 'w': o->warmup = atoi(optarg); break;
+      case 'c': o->check = atoi(optarg); break;
+      case 'N': case 'g': o->nranks = atoi(optarg); break;
+      case 'C': o->nchannels = atoi(optarg); break;
+      case 'a': o->average = atoi(optarg); break;
+      case 'P': o->pingpong = 1; break;
+      case O_INPLACE: o->inplace = atoi(optarg); break;
+      case O_CHUNK: o->chunk_bytes = parse_size(optarg); break;
+      case O_STEPS: o->steps = atoi(optarg); break;
+      case O_PLUGIN: o->plugin = optarg; break;
+      case O_NETV: o->net_version = atoi(optarg); break;
+      case O_DEV: o->dev = atoi(optarg); break;
+      case O_SOFTROCE: o->softroce = atoi(optarg); break;
+      case O_ADDR: snprintf(o->addr_base, sizeof o->addr_base, "%s", optarg); break;
+      case O_TIMEOUT: o->timeout_s = atoi(optarg); break;
+      case O_CSV: o->csv = optarg; break;
+      case O_JSON: o->json = optarg; break;
+      case O_CONNS: o->conns = atoi(optarg); break;
+      case 'h': usage(test_name, extra_usage, 0); break;
+      default: usage(test_name, extra_usage, 2);
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "%s: unexpected argument '%s'\n", test_name, argv[optind]);
+    usage(test_name, extra_usage, 2);
+  }
+  if (o->max_bytes < o->min_bytes) o->max_bytes = o->min_bytes;
+  if (o->nranks < 2 || o->nranks > 250) h_die(NULL, "-g/-N: 2..250 ranks");
+  if (o->nchannels < 1 || o->nchannels > H_MAX_CHANNELS) h_die(NULL, "-C: 1..%d channels", H_MAX_CHANNELS);
+  if (o->steps < 1 || o->steps > H_MAX_STEPS) h_die(NULL, "--steps: 1..%d", H_MAX_STEPS);
+  if (o->chunk_bytes < 16 || o->chunk_bytes > (1u << 30)) h_die(NULL, "--chunk: 16 bytes..1 GiB");
+  o->chunk_bytes &= ~(size_t)15;
+  if (o->iters < 1 || o->warmup < 0 || o->check < 0) h_die(NULL, "-n >= 1, -w >= 0, -c >= 0");
+  if (o->step_factor < 1) h_die(NULL, "-f must be >= 1");
+  if (o->step_factor == 1 && o->step_bytes == 0) h_die(NULL, "-i must be > 0 with -f 1");
+  if (o->average < 0 || o->average > 3) h_die(NULL, "-a: 0..3");
+  if (o->net_version && (o->net_version < 6 || o->net_version > 12)) h_die(NULL, "--net-version: 6..12");
+  if (o->softroce < 0) o->softroce = softroce_on_path();
+  if (o->pingpong && o->nranks != 2) h_die(NULL, "-P (ping-pong) needs exactly 2 ranks");
+}
+
+size_t h_next_size(const hopts_t* o, size_t s) {
+  if (o->step_factor > 1) {
+    size_t n = (size_t)(s * o->step_factor);
+    return n > s ? n : s + 1;
+  }
+  return s + o->step_bytes;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* launcher and rendezvous                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+static int write_all(int fd, const void* p, size_t n) {
+  const char* c = p;
+  while (n) {
+    ssize_t w = write(fd, c, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return -1;
+    c += w, n -= (size_t)w;
+  }
+  return 0;
+}
+static int read_all(int fd, void* p, size_t n) {
+  char* c = p;
+  while (n) {
+    ssize_t r = read(fd, c, n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return -1;
+    c += r, n -= (size_t)r;
+  }
+  return 0;
+}
+
+/* Every rank sends (u64 len, bytes); the launcher answers each with all ranks' bytes in rank order. */
+void h_allgather(hctx_t* h, const void* mine, size_t len, void* all) {
+  uint64_t l = len;
+  if (write_all(h->fd, &l, sizeof l) || write_all(h->fd, mine, len) || read_all(h->fd, all, len * (size_t)h->nranks))
+    h_die(h, "rendezvous with the launcher failed (another rank died?)");
+}
+
+void h_barrier(hctx_t* h) {
+  char me = 1, all[256];
+  h_allgather(h, &me, 1, all);
+}
+
+double h_allreduce_double(hctx_t* h, double v, int how) {
+  double all[256];
+  h_allgather(h, &v, sizeof v, all);
+  double r = all[0];
+  if (how == 0) return r;
+  double sum = 0, mn = all[0], mx = all[0];
+  for (int i = 0; i < h->nranks; i++) {
+    sum += all[i];
+    mn = all[i] < mn ? all[i] : mn;
+    mx = all[i] > mx ? all[i] : mx;
+  }
+  switch (how) {
+    case 1: return sum / h->nranks;
+    case 2: return mn;
+    case 3: return mx;
+    default: return sum;
+  }
+}
+
+static pid_t g_pids[256];
+static int g_nkids;
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { g_stop = sig; }
+
+static void kill_ranks(int sig) {
+  for (int i = 0; i < g_nkids; i++)
+    if (g_pids[i] > 0) kill(g_pids[i], sig);
+}
+
+/* The launcher: serves allgathers until every rank has closed its socket, then reaps them. */
+static int launcher(hopts_t* o, int* fds, const char* test_name) {
+  int n = o->nranks;
+  int open_fds = n;
+  char** bufs = calloc((size_t)n, sizeof *bufs);
+  uint64_t* lens = calloc((size_t)n, sizeof *lens);
+  int* have = calloc((size_t)n, sizeof *have);
+  int* status = calloc((size_t)n, sizeof *status);
+  int* reaped = calloc((size_t)n, sizeof *reaped);
+  int failed = 0;
+  double deadline = h_now() + o->timeout_s;
+  struct pollfd* pfd = calloc((size_t)n, sizeof *pfd);
+  while (open_fds > 0 && !g_stop) {
+    for (int i = 0; i < n; i++) pfd[i].fd = fds[i], pfd[i].events = POLLIN, pfd[i].revents = 0;
+    int rc = poll(pfd, (nfds_t)n, 200);
+    if (rc < 0 && errno != EINTR) break;
+    if (h_now() > deadline) {
+      fprintf(stderr, "%s: timeout after %d s: stopping all ranks\n", test_name, o->timeout_s);
+      failed = 1;
+      break;
+    }
+    /* A rank that exited with an error: stop the others at once. */
+    for (int i = 0; i < n; i++) {
+      if (reaped[i]) continue;
+      int st;
+      if (waitpid(g_pids[i], &st, WNOHANG) == g_pids[i]) {
+        reaped[i] = 1, status[i] = st;
+        if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+          fprintf(stderr, "%s: rank %d %s %d: stopping the other ranks\n", test_name, i,
+                  WIFSIGNALED(st) ? "killed by signal" : "exited with", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+          failed = 1;
+        }
+      }
+    }
+    if (failed) break;
+    if (rc <= 0) continue;
+    for (int i = 0; i < n; i++) {
+      if (fds[i] < 0 || !(pfd[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      uint64_t l;
+      ssize_t r = read(fds[i], &l, sizeof l);
+      if (r == 0) { /* rank done */
+        close(fds[i]);
+        fds[i] = -1;
+        open_fds--;
+        continue;
+      }
+      if (r != (ssize_t)sizeof l || have[i] || l > (64u << 20)) {
+        fprintf(stderr, "%s: bad rendezvous message from rank %d\n", test_name, i);
+        failed = 1;
+        break;
+      }
+      bufs[i] = malloc(l ? l : 1);
+      if (read_all(fds[i], bufs[i], l)) {
+        failed = 1;
+        break;
+      }
+      lens[i] = l, have[i] = 1;
+    }
+    if (failed) break;
+    int all = 1;
+    for (int i = 0; i < n; i++) all &= have[i];
+    if (all) {
+      for (int i = 1; i < n; i++)
+        if (lens[i] != lens[0]) {
+          fprintf(stderr, "%s: ranks disagree on a rendezvous size (%llu vs %llu)\n", test_name,
+                  (unsigned long long)lens[i], (unsigned long long)lens[0]);
+          failed = 1;
+        }
+      if (failed) break;
+      for (int i = 0; i < n; i++)
+        for (int j = 0; j < n; j++)
+          if (fds[i] >= 0 && write_all(fds[i], bufs[j], lens[j])) failed = 1;
+      for (int i = 0; i < n; i++) free(bufs[i]), bufs[i] = NULL, have[i] = 0;
+      if (failed) break;
+    } else {
+      /* a rank that closed while others wait for it cannot complete the round */
+      for (int i = 0; i < n; i++)
+        if (fds[i] < 0 && !have[i]) {
+          int someone_waits = 0;
+          for (int j = 0; j < n; j++) someone_waits |= have[j];
+          if (someone_waits) {
+            fprintf(stderr, "%s: rank %d left while others wait in a rendezvous\n", test_name, i);
+            failed = 1;
+          }
+          break;
+        }
+      if (failed) break;
+    }
+  }
+  if (g_stop) {
+    fprintf(stderr, "%s: interrupted (signal %d): stopping all ranks\n", test_name, (int)g_stop);
+    failed = 1;
+  }
+  if (failed) {
+    kill_ranks(SIGTERM);
+    double t = h_now() + 2;
+    while (h_now() < t) {
+      int alive = 0;
+      for (int i = 0; i < n; i++)
+        if (!reaped[i]) {
+          int st;
+          if (waitpid(g_pids[i], &st, WNOHANG) == g_pids[i])
+            reaped[i] = 1, status[i] = st;
+          else
+            alive = 1;
+        }
+      if (!alive) break;
+      usleep(20000);
+    }
+    kill_ranks(SIGKILL);
+  }
+  int rc = failed;
+  for (int i = 0; i < n; i++) {
+    if (!reaped[i]) {
+      /* closed its socket: it is exiting; give it the rest of the deadline */
+      int st = 0;
+      while (waitpid(g_pids[i], &st, WNOHANG) == 0) {
+        if (h_now() > deadline) {
+          fprintf(stderr, "%s: rank %d does not exit: killing it\n", test_name, i);
+          kill(g_pids[i], SIGKILL);
+          waitpid(g_pids[i], &st, 0);
+          rc = 1;
+          break;
+        }
+        usleep(10000);
+      }
+      status[i] = st;
+    }
+    if (!(WIFEXITED(status[i]) && WEXITSTATUS(status[i]) == 0)) {
+      if (!failed)
+        fprintf(stderr, "%s: rank %d %s %d\n", test_name, i, WIFSIGNALED(status[i]) ? "killed by signal" : "exited with",
+                WIFSIGNALED(status[i]) ? WTERMSIG(status[i]) : WEXITSTATUS(status[i]));
+      rc = 1;
+    }
+  }
+  for (int i = 0; i < n; i++)
+    if (fds[i] >= 0) close(fds[i]);
+  return rc;
+}
+
+static char g_plugin_path[PATH_MAX + 64];
+
+static void resolve_plugin(hopts_t* o) {
+  if (o->plugin) {
+    snprintf(g_plugin_path, sizeof g_plugin_path, "%s", o->plugin);
+  } else if (getenv("NCCL_NET_PLUGIN") && *getenv("NCCL_NET_PLUGIN")) {
+    const char* p = getenv("NCCL_NET_PLUGIN");
+    /* NCCL: a name gives libnccl-net-<name>.so; a path or a file name is used as is */
+    if (strchr(p, '/') || strstr(p, ".so"))
+      snprintf(g_plugin_path, sizeof g_plugin_path, "%s", p);
+    else
+      snprintf(g_plugin_path, sizeof g_plugin_path, "libnccl-net-%s.so", p);
+  } else {
+    char exe[PATH_MAX - 64];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) h_die(NULL, "cannot find the harness's directory; use --plugin");
+    exe[n] = 0;
+    char* slash = strrchr(exe, '/');
+    if (slash) *slash = 0;
+    snprintf(g_plugin_path, sizeof g_plugin_path, "%s/../libnccl-net-ferroce.so", exe);
+    char* real = realpath(g_plugin_path, NULL);
+    if (real) {
+      snprintf(g_plugin_path, sizeof g_plugin_path, "%s", real);
+      free(real);
+    }
+  }
+  o->plugin = g_plugin_path;
+}
+
+int h_main(int argc, char** argv, const char* test_name, hbody_t body, const char* extra_usage) {
+  static hopts_t o;
+  h_parse(&o, argc, argv, test_name, extra_usage);
+  resolve_plugin(&o);
+  setvbuf(stdout, NULL, _IOLBF, 0);
+
+  /* many comms need many descriptors (scale_bench) */
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    rl.rlim_cur = rl.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &rl);
+  }
+
+  int fds[256];
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+  sigaction(SIGHUP, &sa, NULL);
+  signal(SIGPIPE, SIG_IGN);
+  fflush(stdout);
+  fflush(stderr);
+  pid_t launcher_pid = getpid();
+  for (int r = 0; r < o.nranks; r++) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv)) h_die(NULL, "socketpair: %s", strerror(errno));
+    pid_t pid = fork();
+    if (pid < 0) h_die(NULL, "fork: %s", strerror(errno));
+    if (pid == 0) {
+      /* the rank */
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() != launcher_pid) _exit(1);
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+      signal(SIGHUP, SIG_DFL);
+      for (int i = 0; i < r; i++) close(fds[i]);
+      close(sv[0]);
+      if (o.softroce) {
+        char addr[64];
+        snprintf(addr, sizeof addr, "%s.%d", o.addr_base, r + 1);
+        setenv("SOFTROCE_ADDR", addr, 1);
+      }
+      static hctx_t h;
+      memset(&h, 0, sizeof h);
+      h.rank = r, h.nranks = o.nranks, h.fd = sv[1], h.o = &o, h.test_name = test_name;
+      g_h = &h;
+      if (r != 0) {
+        /* only rank 0 prints the table */
+        if (!freopen("/dev/null", "w", stdout)) _exit(1);
+      }
+      int rc = body(&h);
+      fflush(stdout);
+      fflush(stderr);
+      close(h.fd);
+      _exit(rc);
+    }
+    close(sv[1]);
+    fds[r] = sv[0];
+    g_pids[r] = pid;
+    g_nkids = r + 1;
+  }
+  return launcher(&o, fds, test_name);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* the plugin, any table version                                                              */
+/* ------------------------------------------------------------------------------------------ */
+
+static void* g_tab;
+static int g_ver;
+static void* g_dl;
+
+static void h_logger(int level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
+  (void)flags;
+  if (level > FERROCE_LOG_WARN && (!g_h || g_h->o->quiet_log || level > FERROCE_LOG_INFO)) return;
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (level == FERROCE_LOG_WARN)
+    fprintf(stderr, "[rank %d] NCCL WARN %s (%s:%d)\n", g_h ? g_h->rank : -1, msg, file ? file : "?", line);
+  else
+    fprintf(stderr, "[rank %d] NCCL INFO %s\n", g_h ? g_h->rank : -1, msg);
+}
+
+#define T(v) ((ferroce_net_v##v##_t*)g_tab)
+
+static int w_init(void** ctx) {
+  ferroce_net_comm_config_t cfg = {-1};
+  if (g_ver >= 11) return T(12)->init(ctx, 0x5eed, &cfg, h_logger, NULL);
+  if (g_ver == 10) return T(10)->init(h_logger, NULL);
+  return T(6)->init(h_logger);
+}
+static int w_devices(int* n) { return T(6)->devices(n); }
+static int w_props(int dev, hnet_props_t* p) {
+  union {
+    ferroce_net_properties_v6_t v6;
+    ferroce_net_properties_v7_t v7;
+    ferroce_net_properties_v8_t v8;
+    ferroce_net_properties_v9_t v9;
+    ferroce_net_properties_v11_t v11;
+    ferroce_net_properties_v12_t v12;
+  } u;
+  memset(&u, 0, sizeof u);
+  int rc;
+  const char* name = NULL;
+#define COPY(s) (name = (s).name, p->ptr_support = (s).ptrSupport, p->speed = (s).speed, p->max_recvs = (s).maxRecvs, p->max_comms = (s).maxComms)
+  switch (g_ver) {
+    case 12: rc = T(12)->getProperties(dev, &u.v12); COPY(u.v12); break;
+    case 11: rc = T(11)->getProperties(dev, &u.v11); COPY(u.v11); break;
+    case 10: rc = T(10)->getProperties(dev, &u.v9); COPY(u.v9); break;
+    case 9: rc = T(9)->getProperties(dev, &u.v9); COPY(u.v9); break;
+    case 8: rc = T(8)->getProperties(dev, &u.v8); COPY(u.v8); break;
+    case 7: rc = T(7)->getProperties(dev, &u.v7); COPY(u.v7); break;
+    default: rc = T(6)->getProperties(dev, &u.v6); COPY(u.v6); break;
+  }
+#undef COPY
+  snprintf(p->name, sizeof p->name, "%s", rc == 0 && name ? name : "?");
+  return rc;
+}
+static int w_listen(void* ctx, int dev, void* handle, void** lc) {
+  if (g_ver >= 11) return T(12)->listen(ctx, dev, handle, lc);
+  return T(6)->listen(dev, handle, lc);
+}
+static int w_connect(void* ctx, int dev, void* handle, void** sc) {
+  ferroce_net_device_handle_t* dh = NULL;
+  ferroce_net_comm_config_t cfg = {-1};
+  if (g_ver >= 11) return T(12)->connect(ctx, dev, handle, sc, &dh);
+  if (g_ver == 10) return T(10)->connect(dev, &cfg, handle, sc, &dh);
+  if (g_ver >= 7) return T(7)->connect(dev, handle, sc, &dh);
+  return T(6)->connect(dev, handle, sc);
+}
+static int w_accept(void* lc, void** rc) {
+  ferroce_net_device_handle_t* dh = NULL;
+  if (g_ver >= 7) return T(7)->accept(lc, rc, &dh);
+  return T(6)->accept(lc, rc);
+}
+static int w_reg(void* comm, void* data, size_t size, int type, void** mh) {
+  if (g_ver >= 8) return T(8)->regMr(comm, data, size, type, mh);
+  if (size > INT_MAX) return FERROCE_NCCL_INTERNAL_ERROR;
+  return T(6)->regMr(comm, data, (int)size, type, mh);
+}
+static int w_dereg(void* comm, void* mh) { return T(6)->deregMr(comm, mh); }
+static int w_isend(void* sc, void* data, size_t size, int tag, void* mh, void** req) {
+  if (g_ver >= 10) return T(10)->isend(sc, data, size, tag, mh, NULL, req);
+  if (g_ver == 9) return T(9)->isend(sc, data, size, tag, mh, req);
+  if (size > INT_MAX) return FERROCE_NCCL_INTERNAL_ERROR;
+  return T(6)->isend(sc, data, (int)size, tag, mh, req);
+}
+static int w_irecv(void* rc, int n, void** data, size_t* sizes, int* tags, void** mhs, void** req) {
+  if (g_ver >= 10) return T(10)->irecv(rc, n, data, sizes, tags, mhs, NULL, req);
+  if (g_ver == 9) return T(9)->irecv(rc, n, data, sizes, tags, mhs, req);
+  int isz[8];
+  for (int i = 0; i < n && i < 8; i++) {
+    if (sizes[i] > INT_MAX) return FERROCE_NCCL_INTERNAL_ERROR;
+    isz[i] = (int)sizes[i];
+  }
+  return T(6)->irecv(rc, n, data, isz, tags, mhs, req);
+}
+static int w_test(void* req, int* done, int* sizes) { return T(6)->test(req, done, sizes); }
+static int w_close_send(void* c) { return T(6)->closeSend(c); }
+static int w_close_recv(void* c) { return T(6)->closeRecv(c); }
+static int w_close_listen(void* c) { return T(6)->closeListen(c); }
+static int w_finalize(void* ctx) { return g_ver >= 11 ? T(12)->finalize(ctx) : 0; }
+#undef T
+
+void h_net_open(hctx_t* h) {
+  const char* path = h->o->plugin;
+  g_dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!g_dl) h_die(h, "dlopen(%s): %s", path, dlerror());
+  for (int v = h->o->net_version ? h->o->net_version : 12; v >= 6; v--) {
+    char sym[32];
+    snprintf(sym, sizeof sym, "ncclNetPlugin_v%d", v);
+    g_tab = dlsym(g_dl, sym);
+    if (g_tab) {
+      g_ver = v;
+      break;
+    }
+    if (h->o->net_version) break;
+  }
+  if (!g_tab) h_die(h, "%s exports no ncclNetPlugin_v%s table", path, h->o->net_version ? "<asked>" : "6..12");
+  hnet_t* n = &h->net;
+  n->version = g_ver;
+  n->name = *(const char**)g_tab;
+  n->init = w_init, n->devices = w_devices, n->get_props = w_props, n->listen = w_listen;
+  n->connect = w_connect, n->accept = w_accept, n->reg_mr = w_reg, n->dereg_mr = w_dereg;
+  n->isend = w_isend, n->irecv = w_irecv, n->test = w_test, n->close_send = w_close_send;
+  n->close_recv = w_close_recv, n->close_listen = w_close_listen, n->finalize = w_finalize;
+  int rc = n->init(&n->ctx);
+  if (rc) h_die(h, "plugin %s (v%d): init returned %d (see the WARN above)", n->name, g_ver, rc);
+  int ndev = 0;
+  rc = n->devices(&ndev);
+  if (rc || ndev < 1) h_die(h, "plugin devices() = %d, %d devices", rc, ndev);
+  if (h->o->dev >= ndev) h_die(h, "--dev %d: the plugin has %d devices", h->o->dev, ndev);
+  h->dev = h->o->dev;
+  hnet_props_t p;
+  rc = n->get_props(h->dev, &p);
+  if (rc) h_die(h, "getProperties(%d) = %d", h->dev, rc);
+  if (!(p.ptr_support & FERROCE_PTR_HOST)) h_die(h, "device %s does not support host memory", p.name);
+  if (h->rank == 0) {
+    printf("# plugin %s (ncclNetPlugin_v%d) from %s\n", n->name, g_ver, path);
+    printf("# device %d of %d: %s, speed %d Mbps, maxRecvs %d, maxComms %d%s%s\n", h->dev, ndev, p.name, p.speed,
+           p.max_recvs, p.max_comms, h->o->softroce ? ", softroce SOFTROCE_ADDR=" : "",
+           h->o->softroce ? h->o->addr_base : "");
+    if (h->o->softroce) printf("#   (ranks use %s.1 .. %s.%d)\n", h->o->addr_base, h->o->addr_base, h->nranks);
+  }
+}
+
+void h_net_close(hctx_t* h) {
+  int rc = h->net.finalize(h->net.ctx);
+  if (rc) h_die(h, "finalize = %d", rc);
+}
+
+void* h_reg(hctx_t* h, void* comm, void* data, size_t size) {
+  void* mh = NULL;
+  int rc = h->net.reg_mr(comm, data, size, FERROCE_PTR_HOST, &mh);
+  if (rc) h_die(h, "regMr(%p, %zu) = %d", data, size, rc);
+  return mh;
+}
+
+void h_dereg(hctx_t* h, void* comm, void* mh) {
+  int rc = h->net.dereg_mr(comm, mh);
+  if (rc) h_die(h, "deregMr = %d", rc);
+}
+
+void h_test_req(hctx_t* h, void* req, int* done, int* size, const char* what) {
+  int rc = h->net.test(req, done, size);
+  if (rc) h_die(h, "test(%s) = %d", what, rc);
+}
+
+/* Connect/accept many pairs at once, alternating non-blocking calls as NCCL's bootstrap does. */
+static void connect_accept_many(hctx_t* h, int n, char* handles, void** scs, void** lcs, void** rcs, double deadline_s) {
+  double t0 = h_now(), deadline = t0 + deadline_s;
+  int left;
+  long spins = 0;
+  do {
+    left = 0;
+    int progressed = 0;
+    for (int i = 0; i < n; i++) {
+      if (handles && !scs[i]) {
+        int rc = h->net.connect(h->net.ctx, h->dev, handles + (size_t)i * H_HANDLE_SIZE, &scs[i]);
+        if (rc) h_die(h, "connect #%d = %d", i, rc);
+        if (scs[i]) progressed = 1;
+        else left++;
+      }
+      if (lcs && lcs[i] && !rcs[i]) {
+        int rc = h->net.accept(lcs[i], &rcs[i]);
+        if (rc) h_die(h, "accept #%d = %d", i, rc);
+        if (rcs[i]) {
+          progressed = 1;
+          rc = h->net.close_listen(lcs[i]); /* NCCL: one listen per connection */
+          if (rc) h_die(h, "closeListen #%d = %d", i, rc);
+          lcs[i] = NULL;
+        } else {
+          left++;
+        }
+      }
+    }
+    if (left && h_now() > deadline)
+      h_die(h, "connection setup: %d of %d endpoints not connected after %.0f s", left, n, deadline_s);
+    if (left && !progressed && ++spins > 100) usleep(50);
+  } while (left);
+}
+
+void h_connect_accept(hctx_t* h, void* handle, void** send_comm, void* listen_comm, void** recv_comm, double deadline_s) {
+  void* lcs[1] = {listen_comm};
+  void* scs[1] = {NULL};
+  void* rcs[1] = {NULL};
+  connect_accept_many(h, 1, handle, scs, listen_comm ? lcs : NULL, rcs, deadline_s);
+  if (send_comm) *send_comm = scs[0];
+  if (recv_comm) *recv_comm = rcs[0];
+}
+
+void h_connect_pairs(hctx_t* h, int n, char* handles, void** scs, void** lcs, void** rcs, double deadline_s) {
+  connect_accept_many(h, n, handles, scs, lcs, rcs, deadline_s);
+}
+
+void h_ring_connect(hctx_t* h, size_t slot_bytes) {
+  int C = h->o->nchannels, n = h->nranks;
+  char* mine = calloc((size_t)C, H_HANDLE_SIZE);
+  char* all = calloc((size_t)C * (size_t)n, H_HANDLE_SIZE);
+  void* lcs[H_MAX_CHANNELS] = {0};
+  void* scs[H_MAX_CHANNELS] = {0};
+  void* rcs[H_MAX_CHANNELS] = {0};
+  double t0 = h_now();
+  for (int c = 0; c < C; c++) {
+    int rc = h->net.listen(h->net.ctx, h->dev, mine + (size_t)c * H_HANDLE_SIZE, &lcs[c]);
+    if (rc || !lcs[c]) h_die(h, "listen (channel %d) = %d", c, rc);
+  }
+  h_allgather(h, mine, (size_t)C * H_HANDLE_SIZE, all);
+  int next = (h->rank + 1) % n;
+  connect_accept_many(h, C, all + (size_t)next * C * H_HANDLE_SIZE, scs, lcs, rcs, 120);
+  double t1 = h_now();
+  h->nch = C;
+  for (int c = 0; c < C; c++) {
+    hchan_t* ch = calloc(1, sizeof *ch);
+    ch->send_comm = scs[c];
+    ch->recv_comm = rcs[c];
+    ch->slot_bytes = slot_bytes;
+    if (slot_bytes) {
+      ch->slots = h_alloc(slot_bytes * (size_t)h->o->steps);
+      ch->slots_mh = h_reg(h, ch->recv_comm, ch->slots, slot_bytes * (size_t)h->o->steps);
+    }
+    h->ch[c] = ch;
+  }
+  double setup = h_allreduce_double(h, t1 - t0, 3);
+  if (h->rank == 0) printf("# ring of %d ranks, %d channel(s): connected in %.1f ms\n", n, C, setup * 1e3);
+  free(mine);
+  free(all);
+}
+
+void h_ring_close(hctx_t* h) {
+  for (int c = 0; c < h->nch; c++) {
+    hchan_t* ch = h->ch[c];
+    if (ch->slots_mh) h_dereg(h, ch->recv_comm, ch->slots_mh);
+    int rc = h->net.close_send(ch->send_comm);
+    if (rc) h_die(h, "closeSend = %d", rc);
+    rc = h->net.close_recv(ch->recv_comm);
+    if (rc) h_die(h, "closeRecv = %d", rc);
+    free(ch->slots);
+    free(ch);
+    h->ch[c] = NULL;
+  }
+  h->nch = 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* results                                                                                    */
+/* ------------------------------------------------------------------------------------------ */
+
+void h_print_header(hctx_t* h, const hcoll_t* c) {
+  (void)c;
+  if (h->rank != 0) return;
+  hopts_t* o = h->o;
+  printf("# %s: nRanks %d nChannels %d minBytes %zu maxBytes %zu step: ", h->test_name, h->nranks, o->nchannels,
+         o->min_bytes, o->max_bytes);
+  if (o->step_factor > 1)
+    printf("%g(factor)", o->step_factor);
+  else
+    printf("%zu(bytes)", o->step_bytes);
+  printf(" warmup iters: %d iters: %d validation: %d chunk: %zu steps: %d%s\n", o->warmup, o->iters, o->check,
+         o->chunk_bytes, o->steps, o->pingpong ? " mode: ping-pong (time = round trip / 2)" : "");
+  printf("#\n");
+  printf("# %52s  %-30s", "", o->inplace ? "      out-of-place" : "      out-of-place");
+  if (o->inplace) printf("  %-30s", "      in-place");
+  printf("\n");
+  printf("#%11s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s", "size", "count", "type", "redop", "root", "time", "algbw",
+         "busbw", "#wrong");
+  if (o->inplace) printf("  %7s  %6s  %6s  %6s", "time", "algbw", "busbw", "#wrong");
+  printf("\n");
+  printf("#%11s  %12s  %8s  %6s  %6s  %7s  %6s  %6s  %6s", "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "");
+  if (o->inplace) printf("  %7s  %6s  %6s  %6s", "(us)", "(GB/s)", "(GB/s)", "");
+  printf("\n");
+}
+
+static void fmt_time(char* buf, size_t n, double us) {
+  if (us < 10000)
+    snprintf(buf, n, "%7.2f", us);
+  else if (us < 100000)
+    snprintf(buf, n, "%7.1f", us);
+  else
+    snprintf(buf, n, "%7.0f", us);
+}
+
+void h_print_row(hctx_t* h, const hcoll_t* c, const hrow_t* r) {
+  if (h->rank != 0) return;
+  printf("%12zu  %12zu  %8s  %6s  %6d", r->bytes, r->count, c->type, c->redop, c->root);
+  for (int p = 0; p < 1 + (h->o->inplace != 0); p++) {
+    char t[32], w[32];
+    fmt_time(t, sizeof t, r->time_us[p]);
+    if (h->o->check)
+      snprintf(w, sizeof w, "%ld", r->wrong[p]);
+    else
+      snprintf(w, sizeof w, "N/A");
+    printf("  %7s  %6.2f  %6.2f  %6s", t, r->algbw[p], r->busbw[p], w);
+  }
+  printf("\n");
+}
+
+int h_print_footer(hctx_t* h, hrow_t* rows, int nrows) {
+  long wrong = 0;
+  double sum = 0;
+  int cnt = 0;
+  for (int i = 0; i < nrows; i++)
+    for (int p = 0; p < 1 + (h->o->inplace != 0); p++) {
+      wrong += rows[i].wrong[p];
+      sum += rows[i].busbw[p];
+      cnt++;
+    }
+  if (h->rank == 0) {
+    printf("# Out of bounds values : %ld %s\n", wrong, wrong ? "FAILED" : "OK");
+    printf("# Avg bus bandwidth    : %g \n", cnt ? sum / cnt : 0.0);
+    printf("#\n");
+  }
+  return wrong != 0;
+}
+
+void h_write_outputs(hctx_t* h, const hcoll_t* c, hrow_t* rows, int nrows) {
+  if (h->rank != 0) return;
+  const char* place[2] = {"out-of-place", "in-place"};
+  int np = 1 + (h->o->inplace != 0);
+  if (h->o->csv) {
+    FILE* f = fopen(h->o->csv, "w");
+    if (!f) h_die(h, "cannot write %s: %s", h->o->csv, strerror(errno));
+    fprintf(f, "test,nranks,channels,mode,size,count,type,redop,root,placement,time_us,algbw_GBps,busbw_GBps,wrong\n");
+    for (int i = 0; i < nrows; i++)
+      for (int p = 0; p < np; p++)
+        fprintf(f, "%s,%d,%d,%s,%zu,%zu,%s,%s,%d,%s,%.3f,%.4f,%.4f,%ld\n", h->test_name, h->nranks, h->o->nchannels,
+                h->o->pingpong ? "pingpong" : "ring", rows[i].bytes, rows[i].count, c->type, c->redop, c->root,
+                place[p], rows[i].time_us[p], rows[i].algbw[p], rows[i].busbw[p], h->o->check ? rows[i].wrong[p] : -1);
+    fclose(f);
+    printf("# CSV written to %s\n", h->o->csv);
+  }
+  if (h->o->json) {
+    FILE* f = fopen(h->o->json, "w");
+    if (!f) h_die(h, "cannot write %s: %s", h->o->json, strerror(errno));
+    fprintf(f, "{\"test\": \"%s\", \"nranks\": %d, \"channels\": %d, \"mode\": \"%s\", \"plugin\": \"%s\", "
+               "\"net_version\": %d, \"softroce\": %d, \"chunk\": %zu, \"steps\": %d, \"iters\": %d, \"rows\": [",
+            h->test_name, h->nranks, h->o->nchannels, h->o->pingpong ? "pingpong" : "ring", h->net.name, h->net.version,
+            h->o->softroce, h->o->chunk_bytes, h->o->steps, h->o->iters);
+    int first = 1;
+    for (int i = 0; i < nrows; i++)
+      for (int p = 0; p < np; p++) {
+        fprintf(f, "%s\n  {\"size\": %zu, \"count\": %zu, \"type\": \"%s\", \"redop\": \"%s\", \"root\": %d, "
+                   "\"placement\": \"%s\", \"time_us\": %.3f, \"algbw_GBps\": %.4f, \"busbw_GBps\": %.4f, \"wrong\": %ld}",
+                first ? "" : ",", rows[i].bytes, rows[i].count, c->type, c->redop, c->root, place[p], rows[i].time_us[p],
+                rows[i].algbw[p], rows[i].busbw[p], h->o->check ? rows[i].wrong[p] : -1);
+        first = 0;
+      }
+    fprintf(f, "\n]}\n");
+    fclose(f);
+    printf("# JSON written to %s\n", h->o->json);
+  }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* request streams                                                                            */
+/* ------------------------------------------------------------------------------------------ */
+
+void hq_init(hq_t* q, void* comm, int is_send, int tag, int depth) {
+  memset(q, 0, sizeof *q);
+  q->comm = comm, q->is_send = is_send, q->tag = tag, q->depth = depth;
+}
+
+int hq_post_send(hctx_t* h, hq_t* q, void* data, size_t bytes, void* mh) {
+  if (hq_full(q)) return 0;
+  void* req = NULL;
+  int rc = h->net.isend(q->comm, data, bytes, q->tag, mh, &req);
+  if (rc) h_die(h, "isend(%zu bytes) = %d", bytes, rc);
+  if (!req) return 0;
+  int s = (int)(q->posted % H_MAX_STEPS);
+  q->req[s] = req, q->expect[s] = bytes;
+  q->posted++;
+  return 1;
+}
+
+int hq_post_recv(hctx_t* h, hq_t* q, void* data, size_t capacity, size_t expect, void* mh) {
+  if (hq_full(q)) return 0;
+  void* req = NULL; /* NCCL stores NULL (or the 0x1 hint for LL protocols) before irecv */
+  void* d[1] = {data};
+  size_t sz[1] = {capacity};
+  int tags[1] = {q->tag};
+  void* mhs[1] = {mh};
+  int rc = h->net.irecv(q->comm, 1, d, sz, tags, mhs, &req);
+  if (rc) h_die(h, "irecv(%zu bytes) = %d", capacity, rc);
+  if (!req) return 0;
+  int s = (int)(q->posted % H_MAX_STEPS);
+  q->req[s] = req, q->expect[s] = expect;
+  q->posted++;
+  return 1;
+}
+
+int hq_poll(hctx_t* h, hq_t* q) {
+  if (q->done == q->posted) return 0;
+  int s = (int)(q->done % H_MAX_STEPS);
+  int done = 0, sizes[8] = {0};
+  h_test_req(h, q->req[s], &done, sizes, q->is_send ? "isend" : "irecv");
+  if (!done) return 0;
+  if (!q->is_send && (size_t)sizes[0] != q->expect[s])
+    h_die(h, "receive #%ld completed with %d bytes, the peer sent %zu", q->done, sizes[0], q->expect[s]);
+  q->req[s] = NULL;
+  q->done++;
+  return 1;
+}
+
+void h_idle(hctx_t* h) {
+  (void)h;
+  sched_yield();
+}

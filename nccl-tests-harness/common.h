@@ -1,0 +1,204 @@
+/* ferroce benchmark harness: the part shared by all_reduce_perf, sendrecv_perf and scale_bench.
+ *
+ * It drives a net plugin the way NCCL's proxy does (shared/spec/nccl-net-abi.md §7):
+ *   - a launcher forks N ranks (processes); with softroce each gets SOFTROCE_ADDR=<base>.<rank+1>;
+ *   - the ranks rendezvous through the launcher (one Unix socketpair per rank; allgather/barrier);
+ *   - each rank dlopens the plugin (RTLD_NOW|RTLD_LOCAL), takes the newest ncclNetPlugin_vN table
+ *     (v12 first, down to v6), calls init with a logger that prints WARNs;
+ *   - it connects a ring (C comms per neighbour, "channels"): listen -> allgather handles ->
+ *     connect/accept called alternately, never blocking, until both comms exist -> closeListen;
+ *   - buffers are registered (regMr, NCCL_PTR_HOST) and moved with isend/irecv/test, several
+ *     requests in flight per comm (NCCL_STEPS deep, like NCCL's SIMPLE protocol).
+ *
+ * Everything here is plain C (no GPU). All errors are fatal for the rank: it prints the reason
+ * and exits non-zero; the launcher then stops the other ranks.
+ */
+#ifndef FERROCE_HARNESS_COMMON_H
+#define FERROCE_HARNESS_COMMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define H_HANDLE_SIZE 128
+#define H_MAX_CHANNELS 32
+#define H_MAX_STEPS 32
+
+/* ---- the plugin, as one version-independent table (v12 signatures, sizes as size_t) ---- */
+typedef struct {
+  char name[64];
+  int ptr_support;
+  int speed;
+  int max_recvs;
+  int max_comms;
+} hnet_props_t;
+
+typedef struct {
+  int version; /* the N of the ncclNetPlugin_vN table in use */
+  const char* name;
+  void* ctx; /* v11+: the context init returned */
+  int (*init)(void** ctx);
+  int (*devices)(int* ndev);
+  int (*get_props)(int dev, hnet_props_t* p);
+  int (*listen)(void* ctx, int dev, void* handle, void** listen_comm);
+  int (*connect)(void* ctx, int dev, void* handle, void** send_comm);
+  int (*accept)(void* listen_comm, void** recv_comm);
+  int (*reg_mr)(void* comm, void* data, size_t size, int type, void** mhandle);
+  int (*dereg_mr)(void* comm, void* mhandle);
+  int (*isend)(void* send_comm, void* data, size_t size, int tag, void* mhandle, void** request);
+  int (*irecv)(void* recv_comm, int n, void** data, size_t* sizes, int* tags, void** mhandles, void** request);
+  int (*test)(void* request, int* done, int* sizes);
+  int (*close_send)(void* send_comm);
+  int (*close_recv)(void* recv_comm);
+  int (*close_listen)(void* listen_comm);
+  int (*finalize)(void* ctx);
+} hnet_t;
+
+/* ---- options (nccl-tests flags plus the harness's own) ---- */
+typedef struct {
+  size_t min_bytes, max_bytes; /* -b -e */
+  size_t step_bytes;           /* -i (used when -f is 1) */
+  double step_factor;          /* -f */
+  int iters, warmup;           /* -n -w */
+  int check;                   /* -c */
+  int nranks;                  /* -g / -N / --ranks */
+  int nchannels;               /* -C */
+  int average;                 /* -a 0 rank0, 1 avg, 2 min, 3 max */
+  int inplace;                 /* --inplace 0|1 (nccl-tests prints both) */
+  size_t chunk_bytes;          /* --chunk: one pipeline step (NCCL: BUFFSIZE/NCCL_STEPS = 512 KiB) */
+  int steps;                   /* --steps: steps in flight per comm (NCCL_STEPS = 8) */
+  int pingpong;                /* sendrecv_perf -P: rank 0 <-> 1 ping-pong, time = RTT/2 */
+  int net_version;             /* --net-version N: use ncclNetPlugin_vN (default newest) */
+  int dev;                     /* --dev: plugin device index */
+  int softroce;                /* -1 auto (LD_LIBRARY_PATH), 0 no, 1 yes */
+  char addr_base[32];          /* --addr-base 127.0.50 */
+  int timeout_s;               /* --timeout: the launcher kills the ranks after this long */
+  const char* plugin;          /* --plugin PATH */
+  const char* csv;             /* --csv FILE */
+  const char* json;            /* --json FILE */
+  int conns;                   /* scale_bench --conns: connections between the two ranks */
+  int quiet_log;               /* only WARNs from the plugin (default), 0 = INFO too */
+} hopts_t;
+
+/* ---- per-rank state ---- */
+typedef struct hchan hchan_t;
+
+typedef struct {
+  int rank, nranks;
+  int fd; /* socketpair to the launcher */
+  hopts_t* o;
+  hnet_t net;
+  int dev;
+  int nch;
+  hchan_t* ch[H_MAX_CHANNELS];
+  const char* test_name;
+} hctx_t;
+
+/* One ring channel: a sendComm to rank+1 and a recvComm from rank-1, with the engine state. */
+struct hchan {
+  void* send_comm;
+  void* recv_comm;
+  /* receive slots (NCCL's SIMPLE buffer): steps * chunk bytes, registered on recv_comm */
+  char* slots;
+  void* slots_mh;
+  size_t slot_bytes;
+};
+
+/* ---- program entry: parse flags, fork the ranks, run `body` in each, collect the results ---- */
+typedef int (*hbody_t)(hctx_t* h);
+int h_main(int argc, char** argv, const char* test_name, hbody_t body, const char* extra_usage);
+
+/* Parses the shared flags; unknown flags are an error. */
+void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const char* extra_usage);
+
+/* ---- rendezvous through the launcher ---- */
+void h_allgather(hctx_t* h, const void* mine, size_t len, void* all);
+void h_barrier(hctx_t* h);
+double h_allreduce_double(hctx_t* h, double v, int how); /* how: 0 rank0, 1 avg, 2 min, 3 max, 4 sum */
+
+/* ---- plugin ---- */
+void h_net_open(hctx_t* h);  /* dlopen, dlsym, init, devices, properties */
+void h_net_close(hctx_t* h); /* finalize (v11+) */
+void h_ring_connect(hctx_t* h, size_t slot_bytes); /* C channels to rank+1 / from rank-1 */
+void h_ring_close(hctx_t* h);
+void* h_reg(hctx_t* h, void* comm, void* data, size_t size);
+void h_dereg(hctx_t* h, void* comm, void* mh);
+
+/* Non-blocking connect/accept loop for one pair of (handle, listen comm): returns when both
+ * comms exist; dies after `deadline_s`. Either of handle/listen_comm may be NULL. */
+void h_connect_accept(hctx_t* h, void* handle, void** send_comm, void* listen_comm, void** recv_comm, double deadline_s);
+/* The same for n pairs at once: handles[n*128] (NULL: no connects), listen comms lcs[n] (NULL: no
+ * accepts; each is closed and set to NULL once accepted), results in scs[n] / rcs[n]. */
+void h_connect_pairs(hctx_t* h, int n, char* handles, void** scs, void** lcs, void** rcs, double deadline_s);
+
+/* ---- transfers ----
+ * One "message" of a channel's send or receive stream. The engine posts them in order, keeps up to
+ * o->steps in flight per comm, and calls back when a receive completed (to reduce/copy) or decides
+ * when a send may go (its data ready). */
+typedef struct {
+  size_t off;   /* element offset of the chunk in the user buffers */
+  size_t bytes; /* message size */
+  int op;       /* allreduce step kind (see all_reduce_perf.c) */
+} hmsg_t;
+
+/* One ordered stream of isends or irecvs on one comm, at most `depth` requests in flight.
+ * post_* return 1 when the request was posted, 0 when it must be retried later (full, or the
+ * plugin returned a NULL request as NCCL allows). poll tests the oldest request only, as NCCL's
+ * proxy does, and returns 1 when it completed (its size checked against the expected one). */
+typedef struct {
+  void* comm;
+  int is_send;
+  int tag;
+  int depth;
+  long posted, done;
+  void* req[H_MAX_STEPS];
+  size_t expect[H_MAX_STEPS];
+} hq_t;
+void hq_init(hq_t* q, void* comm, int is_send, int tag, int depth);
+int hq_post_send(hctx_t* h, hq_t* q, void* data, size_t bytes, void* mh);
+int hq_post_recv(hctx_t* h, hq_t* q, void* data, size_t capacity, size_t expect, void* mh);
+int hq_poll(hctx_t* h, hq_t* q);
+static inline int hq_full(const hq_t* q) { return q->posted - q->done >= q->depth; }
+static inline long hq_inflight(const hq_t* q) { return q->posted - q->done; }
+
+double h_now(void);
+void* h_alloc(size_t bytes); /* page-aligned, zeroed, dies on failure */
+_Noreturn void h_die(hctx_t* h, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+void h_test_req(hctx_t* h, void* req, int* done, int* size, const char* what);
+
+/* ---- results ---- */
+typedef struct {
+  size_t bytes, count;
+  double time_us[2], algbw[2], busbw[2]; /* [0] out-of-place, [1] in-place */
+  long wrong[2];
+} hrow_t;
+
+typedef struct {
+  const char* type;
+  const char* redop;
+  int root;
+  double bus_factor; /* busbw = algbw * factor */
+  size_t elem_size;
+} hcoll_t;
+
+void h_print_header(hctx_t* h, const hcoll_t* c);
+void h_print_row(hctx_t* h, const hcoll_t* c, const hrow_t* r);
+int h_print_footer(hctx_t* h, hrow_t* rows, int nrows); /* returns 1 when a result was wrong */
+void h_write_outputs(hctx_t* h, const hcoll_t* c, hrow_t* rows, int nrows);
+
+/* The value rank r puts at element i: small integers, so float sums over ranks are exact, and a
+ * hash of i, so data landing at the wrong offset is seen. */
+static inline float h_pattern(int r, size_t i) {
+  uint32_t x = (uint32_t)i * 2654435761u + (uint32_t)r * 40503u + 0x9e3779b9u;
+  x ^= x >> 15;
+  x *= 0x2c1b3c6du;
+  x ^= x >> 12;
+  return (float)((int)(x & 63) - 32);
+}
+
+/* When a polling loop made no progress: let softroce's threads run (this host may have few cores). */
+void h_idle(hctx_t* h);
+
+/* size sweep helper: next size after `s` per -f / -i */
+size_t h_next_size(const hopts_t* o, size_t s);
+
+#endif
