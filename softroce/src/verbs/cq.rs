@@ -322,6 +322,10 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -
         if num <= 0 || wc.is_null() {
             return 0;
         }
+        if c.inner.len() == 0 {
+            idle_poll();
+            return 0;
+        }
         let mut buf = [Wc::default(); 32];
         let mut total = 0usize;
         let want = num as usize;
@@ -339,6 +343,27 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -
         }
         total as c_int
     })
+}
+
+/// Applications spin on `ibv_poll_cq` while our engine thread does the NIC's
+/// work; on a host with fewer free cores than spinning threads that spin would
+/// starve the engine. Every `YIELD_EVERY` consecutive empty polls of a thread
+/// give the CPU away once (`sched_yield` returns at once on an idle CPU).
+fn idle_poll() {
+    const YIELD_EVERY: u32 = 64;
+    thread_local! {
+        static EMPTY: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+    }
+    EMPTY.with(|e| {
+        let n = e.get() + 1;
+        if n >= YIELD_EVERY {
+            e.set(0);
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+        } else {
+            e.set(n);
+        }
+    });
 }
 
 /// # Safety
