@@ -23,6 +23,32 @@
 //!
 //! Malformed or unexpected packets are dropped and counted in [`QpStats`];
 //! nothing in this module panics on packet data.
+//!
+//! # Behaviour (IBTA RC, following rxe where the spec leaves room)
+//!
+//! * Requester: WRs are cut into path-MTU packets with consecutive PSNs (a
+//!   READ consumes one PSN per response packet). AckReq is set on the last
+//!   packet of every message, every 64th packet, and when the in-flight
+//!   window ([`DEFAULT_MAX_INFLIGHT_PSNS`]) fills. READ/atomic WRs are limited
+//!   to `max_rd_atomic` outstanding; `fence` waits for all earlier WRs.
+//! * Reliability: go-back-N from the oldest unacknowledged PSN on the local
+//!   ACK timeout (4.096 µs · 2^timeout, 0 = none), at once on a sequence NAK
+//!   or a hole in READ responses. `retry_cnt` bounds consecutive retries
+//!   without progress (IBA semantics: 7 means 7, not infinite); a NAK or ACK
+//!   reporting a new responder PSN counts as progress. RNR NAKs wait the
+//!   encoded time and count against `rnr_retry` (7 = infinite).
+//! * Completer: coalesced ACKs complete every SEND/WRITE they cover, READ
+//!   and atomic responses implicitly acknowledge earlier WRs; completions
+//!   are strictly in order; unsignaled successes produce no CQE; an error
+//!   completes the failing WR with its status and flushes the rest
+//!   (WR_FLUSH_ERR), receives included.
+//! * Responder (works in RTR): PSN check (sequence NAK once per hole,
+//!   duplicates re-ACKed / READs regenerated from the saved resource / atomics
+//!   replayed from a `max_dest_rd_atomic` history), opcode sequence, QP access
+//!   flags, receive WQE (else RNR NAK with `min_rnr_timer`), lengths, R_Key
+//!   (via [`MemoryAccess::remote_check`] before anything is written), execute,
+//!   ACK if AckReq (coalesced with a queued ACK). Fatal errors NAK, raise
+//!   QP_REQ_ERR / QP_ACCESS_ERR and move the QP to ERR.
 
 #![forbid(unsafe_code)]
 
