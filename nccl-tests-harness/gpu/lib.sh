@@ -73,7 +73,7 @@ setup_transport() {
     export NCCL_DEBUG=INFO
     export NCCL_DEBUG_SUBSYS=INIT,NET
     export NCCL_SOCKET_IFNAME=${GPU_ORIG_SOCKET_IFNAME:-lo}
-    export LD_LIBRARY_PATH=$GPU_ORIG_LD_LIBRARY_PATH
+    LD_LIBRARY_PATH=$GPU_ORIG_LD_LIBRARY_PATH
     FERROCE_GPU_FABRIC=tcp
     case $mode in
         ferroce)
@@ -104,7 +104,8 @@ setup_transport() {
             return 1
             ;;
     esac
-    export LD_LIBRARY_PATH FERROCE_GPU_FABRIC
+    if [ -n "$LD_LIBRARY_PATH" ]; then export LD_LIBRARY_PATH; else unset LD_LIBRARY_PATH; fi
+    export FERROCE_GPU_FABRIC
 }
 
 # rank_env R: print the per-rank assignments (NAME=VALUE lines) for rank R of the current mode.

@@ -26,7 +26,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --transport) [ $# -ge 2 ] || { usage; exit 2; }; MODES=("$2"); shift 2 ;;
         --baseline)
-            [ $# -ge 2 ] && [ "$2" = socket ] || { echo "--baseline takes 'socket'"; exit 2; }
+            if [ $# -lt 2 ] || [ "$2" != socket ]; then echo "--baseline takes 'socket'"; exit 2; fi
             MODES=(ferroce socket); shift 2 ;;
         --nranks) [ $# -ge 2 ] || { usage; exit 2; }; NRANKS=$2; shift 2 ;;
         --log-dir) [ $# -ge 2 ] || { usage; exit 2; }; LOG_DIR=$2; shift 2 ;;
@@ -109,15 +109,17 @@ rc_all=0
 for mode in "${MODES[@]}"; do
     log=$LOG_DIR/direct-$mode.log
     echo "== nccl_direct, $NRANKS ranks, transport $mode (log $log)"
-    (
-        setup_transport "$mode" || exit 3
+    if setup_transport "$mode"; then
         {
             echo "# $(date -u '+%F %T') UTC, host $(hostname)"
             describe_env
         } >"$log"
         run_ranks "$mode" "$log"
-    )
-    rc=$?
+        rc=$?
+    else
+        echo "# setup of transport $mode failed" >"$log"
+        rc=3
+    fi
     if [ "$DRY" = 1 ]; then
         cat "$log"
         continue

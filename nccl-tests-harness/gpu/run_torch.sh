@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
             [ $# -ge 2 ] || { usage; exit 2; }
             MODES=("$2"); shift 2 ;;
         --baseline)
-            [ $# -ge 2 ] && [ "$2" = socket ] || { echo "--baseline takes 'socket'"; exit 2; }
+            if [ $# -lt 2 ] || [ "$2" != socket ]; then echo "--baseline takes 'socket'"; exit 2; fi
             MODES=(ferroce socket); shift 2 ;;
         --nproc) [ $# -ge 2 ] || { usage; exit 2; }; NPROC=$2; shift 2 ;;
         --log-dir) [ $# -ge 2 ] || { usage; exit 2; }; LOG_DIR=$2; shift 2 ;;
@@ -46,29 +46,36 @@ case $NPROC in '' | *[!0-9]*) echo "--nproc needs a number"; exit 2 ;; esac
 case $TIMEOUT in '' | *[!0-9]*) echo "--timeout needs seconds"; exit 2 ;; esac
 PY=${PYTHON:-python3}
 mkdir -p "$LOG_DIR"
+CHILD=""
+trap '[ -n "$CHILD" ] && kill "$CHILD" 2>/dev/null' EXIT
+trap 'exit 130' INT TERM
 
 rc_all=0
 for mode in "${MODES[@]}"; do
     log=$LOG_DIR/torch-$mode.log
     echo "== torch all_reduce/all_gather, $NPROC ranks, transport $mode (log $log)"
-    (
-        setup_transport "$mode" || exit 3
-        export PYTHONUNBUFFERED=1
-        cmd=(timeout -k 15 "$TIMEOUT" "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC"
-            "$GPU_DIR/torch_allreduce.py" "${ARGS[@]}")
-        {
-            echo "# $(date -u '+%F %T') UTC, host $(hostname)"
-            echo "# command: ${cmd[*]}"
-            describe_env
-        } >"$log"
-        if [ "$DRY" = 1 ]; then
-            cat "$log"
-            exit 0
-        fi
-        "${cmd[@]}" >>"$log" 2>&1
-    )
+    if ! setup_transport "$mode"; then
+        echo "# setup of transport $mode failed" >"$log"
+        rc_all=1
+        continue
+    fi
+    export PYTHONUNBUFFERED=1
+    cmd=(timeout -k 15 "$TIMEOUT" "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC"
+        "$GPU_DIR/torch_allreduce.py" "${ARGS[@]}")
+    {
+        echo "# $(date -u '+%F %T') UTC, host $(hostname)"
+        echo "# command: ${cmd[*]}"
+        describe_env
+    } >"$log"
+    if [ "$DRY" = 1 ]; then
+        cat "$log"
+        continue
+    fi
+    "${cmd[@]}" >>"$log" 2>&1 &
+    CHILD=$!
+    wait "$CHILD"
     rc=$?
-    [ "$DRY" = 1 ] && continue
+    CHILD=""
     show_tables "$log"
     if [ "$rc" -ne 0 ]; then
         [ "$rc" -eq 124 ] && echo "   TIMEOUT after $TIMEOUT s"
