@@ -95,12 +95,7 @@ impl UdpSocket {
             local: addr,
             gso: AtomicBool::new(false),
         };
-        setsockopt_int(
-            fd,
-            libc::IPPROTO_IP,
-            libc::IP_MTU_DISCOVER,
-            libc::IP_PMTUDISC_DO,
-        )?;
+        setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)?;
         for (opt, v) in [(libc::SO_RCVBUF, 4 << 20), (libc::SO_SNDBUF, 4 << 20)] {
             let _ = setsockopt_int(fd, libc::SOL_SOCKET, opt, v);
         }
@@ -187,7 +182,10 @@ impl UdpSocket {
         let r = unsafe { libc::sendmsg(self.fd, &msg, 0) };
         if r < 0 {
             let e = io::Error::last_os_error();
-            if matches!(e.raw_os_error(), Some(libc::EIO) | Some(libc::EINVAL) | Some(libc::ENOPROTOOPT)) {
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EIO) | Some(libc::EINVAL) | Some(libc::ENOPROTOOPT)
+            ) {
                 // The route/device cannot segment: stop using GSO.
                 self.gso.store(false, Ordering::Relaxed);
             }

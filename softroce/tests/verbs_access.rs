@@ -10,7 +10,11 @@ fn write_expecting_access_error(c: &Ctx, remote_addr: u64, rkey: u32, len: u32) 
     let (a, _b) = pair(c);
     let mut src = Buf::new(c, 8192, ACCESS_ALL);
     src.fill(|_| 0xAB);
-    let mut sge = ibv_sge { addr: src.addr(), length: len, lkey: src.lkey() };
+    let mut sge = ibv_sge {
+        addr: src.addr(),
+        length: len,
+        lkey: src.lkey(),
+    };
     let mut wr = send_wr(1, 0, &mut sge, SIGNALED);
     wr.wr.rdma.remote_addr = remote_addr;
     wr.wr.rdma.rkey = rkey;
@@ -32,9 +36,7 @@ fn wrong_rkey_and_out_of_bounds_write_nothing() {
     // Guard zone: the MR covers [1024, 3072) of a 4096-byte buffer.
     let mut big = vec![0u8; 4096];
     let base = big.as_mut_ptr() as u64;
-    let mr = unsafe {
-        softroce::verbs::mr::ibv_reg_mr(c.pd, big.as_mut_ptr().add(1024) as *mut _, 2048, ACCESS_ALL)
-    };
+    let mr = unsafe { softroce::verbs::mr::ibv_reg_mr(c.pd, big.as_mut_ptr().add(1024) as *mut _, 2048, ACCESS_ALL) };
     assert!(!mr.is_null());
     let rkey = unsafe { (*mr).rkey };
 
@@ -71,7 +73,11 @@ fn retry_and_rnr_exhaustion_report_their_status() {
     // A peer QP number nobody owns: no ACK ever comes back.
     let a = create_qp(&c);
     connect(&c, &a, 0x00ab_cdef, 8, 2); // 4.096 us * 2^8 = 1 ms, 2 retries
-    let mut sge = ibv_sge { addr: src.addr(), length: 64, lkey: src.lkey() };
+    let mut sge = ibv_sge {
+        addr: src.addr(),
+        length: 64,
+        lkey: src.lkey(),
+    };
     let mut wr = send_wr(1, 2, &mut sge, SIGNALED);
     assert_eq!(post_send(&a, &mut wr), 0);
     let s = poll_one(a.cq);

@@ -24,20 +24,32 @@ fn every_opcode_byte_for_byte() {
     // SEND -> RECV (multi-packet)
     src.fill(pattern(1));
     post_recv(&b, dst.addr(), LEN as u32, dst.lkey(), 100);
-    let mut sge = ibv_sge { addr: src.addr(), length: LEN as u32, lkey: src.lkey() };
+    let mut sge = ibv_sge {
+        addr: src.addr(),
+        length: LEN as u32,
+        lkey: src.lkey(),
+    };
     let mut wr = send_wr(1, 2, &mut sge, SIGNALED);
     assert_eq!(post_send(&a, &mut wr), 0);
     let s = poll_one(a.cq);
     assert_eq!((s.wr_id, s.status, s.opcode), (1, 0, 0), "{s:?}");
     let r = poll_one(b.cq);
-    assert_eq!((r.wr_id, r.status, r.opcode, r.byte_len), (100, 0, 128, LEN as u32), "{r:?}");
+    assert_eq!(
+        (r.wr_id, r.status, r.opcode, r.byte_len),
+        (100, 0, 128, LEN as u32),
+        "{r:?}"
+    );
     assert_eq!((r.qp_num, r.src_qp), (b_qpn, a_qpn));
     assert_eq!(dst.read(), src.read(), "SEND payload");
 
     // SEND_WITH_IMM
     src.fill(pattern(2));
     post_recv(&b, dst.addr(), LEN as u32, dst.lkey(), 101);
-    let mut sge = ibv_sge { addr: src.addr(), length: 100, lkey: src.lkey() };
+    let mut sge = ibv_sge {
+        addr: src.addr(),
+        length: 100,
+        lkey: src.lkey(),
+    };
     let mut wr = send_wr(2, 3, &mut sge, SIGNALED);
     wr.imm_data_invalidated_rkey_union.imm_data = 0x1234_5678u32.to_be();
     assert_eq!(post_send(&a, &mut wr), 0);
@@ -52,7 +64,11 @@ fn every_opcode_byte_for_byte() {
     src.fill(pattern(3));
     let expect = src.read()[..48].to_vec();
     post_recv(&b, dst.addr(), LEN as u32, dst.lkey(), 102);
-    let mut sge = ibv_sge { addr: src.addr(), length: 48, lkey: 0 };
+    let mut sge = ibv_sge {
+        addr: src.addr(),
+        length: 48,
+        lkey: 0,
+    };
     let mut wr = send_wr(3, 2, &mut sge, SIGNALED | INLINE);
     assert_eq!(post_send(&a, &mut wr), 0);
     src.fill(|_| 0xEE);
@@ -63,7 +79,11 @@ fn every_opcode_byte_for_byte() {
 
     // RDMA WRITE
     src.fill(pattern(4));
-    let mut sge = ibv_sge { addr: src.addr(), length: LEN as u32, lkey: src.lkey() };
+    let mut sge = ibv_sge {
+        addr: src.addr(),
+        length: LEN as u32,
+        lkey: src.lkey(),
+    };
     let mut wr = send_wr(4, 0, &mut sge, SIGNALED);
     wr.wr.rdma.remote_addr = dst.addr();
     wr.wr.rdma.rkey = dst.rkey();
@@ -75,7 +95,11 @@ fn every_opcode_byte_for_byte() {
     // RDMA WRITE_WITH_IMM (consumes a receive, byte_len = message length)
     src.fill(pattern(5));
     post_recv(&b, 0, 0, 0, 103);
-    let mut sge = ibv_sge { addr: src.addr(), length: 5000, lkey: src.lkey() };
+    let mut sge = ibv_sge {
+        addr: src.addr(),
+        length: 5000,
+        lkey: src.lkey(),
+    };
     let mut wr = send_wr(5, 1, &mut sge, SIGNALED);
     wr.wr.rdma.remote_addr = dst.addr() + 7;
     wr.wr.rdma.rkey = dst.rkey();
@@ -91,13 +115,21 @@ fn every_opcode_byte_for_byte() {
     let mut remote = Buf::new(&c, LEN, ACCESS_ALL);
     remote.fill(pattern(6));
     let local = Buf::new(&c, LEN, ACCESS_ALL);
-    let mut sge = ibv_sge { addr: local.addr(), length: LEN as u32, lkey: local.lkey() };
+    let mut sge = ibv_sge {
+        addr: local.addr(),
+        length: LEN as u32,
+        lkey: local.lkey(),
+    };
     let mut wr = send_wr(6, 4, &mut sge, SIGNALED);
     wr.wr.rdma.remote_addr = remote.addr();
     wr.wr.rdma.rkey = remote.rkey();
     assert_eq!(post_send(&a, &mut wr), 0);
     let s = poll_one(a.cq);
-    assert_eq!((s.wr_id, s.status, s.opcode, s.byte_len), (6, 0, 2, LEN as u32), "{s:?}");
+    assert_eq!(
+        (s.wr_id, s.status, s.opcode, s.byte_len),
+        (6, 0, 2, LEN as u32),
+        "{s:?}"
+    );
     assert_eq!(local.read(), remote.read(), "READ payload");
 
     // ATOMIC CMP_SWP then FETCH_ADD on an aligned word
@@ -105,7 +137,11 @@ fn every_opcode_byte_for_byte() {
     word.fill(|_| 0);
     unsafe { std::ptr::write_volatile(word.mem.as_mut_ptr().add(8) as *mut u64, 41) };
     let res = Buf::new(&c, 8, ACCESS_ALL);
-    let mut sge = ibv_sge { addr: res.addr(), length: 8, lkey: res.lkey() };
+    let mut sge = ibv_sge {
+        addr: res.addr(),
+        length: 8,
+        lkey: res.lkey(),
+    };
     let mut wr = send_wr(7, 5, &mut sge, SIGNALED);
     wr.wr.atomic.remote_addr = word.addr() + 8;
     wr.wr.atomic.rkey = word.rkey();
@@ -125,7 +161,10 @@ fn every_opcode_byte_for_byte() {
     assert_eq!(u64::from_ne_bytes(res.read().try_into().unwrap()), 1000);
     let w = word.read();
     assert_eq!(u64::from_ne_bytes(w[8..16].try_into().unwrap()), 1005);
-    assert!(w[..8].iter().chain(w[16..].iter()).all(|&x| x == 0), "neighbours untouched");
+    assert!(
+        w[..8].iter().chain(w[16..].iter()).all(|&x| x == 0),
+        "neighbours untouched"
+    );
 }
 
 #[test]
@@ -137,7 +176,11 @@ fn unsignaled_chain_completes_with_last_signaled() {
     src.fill(pattern(9));
     let dst = Buf::new(&c, 4096 * 8, ACCESS_ALL);
     let mut sges: Vec<ibv_sge> = (0..8)
-        .map(|_| ibv_sge { addr: src.addr(), length: 4096, lkey: src.lkey() })
+        .map(|_| ibv_sge {
+            addr: src.addr(),
+            length: 4096,
+            lkey: src.lkey(),
+        })
         .collect();
     let mut wrs: Vec<_> = sges
         .iter_mut()

@@ -356,14 +356,7 @@ pub unsafe extern "C" fn ibv_query_port(
     attr: *mut rdma_sys::_compat_ibv_port_attr,
 ) -> c_int {
     // SAFETY: forwards the caller's pointers; size limits the write.
-    unsafe {
-        query_port_ex(
-            ctx,
-            port,
-            attr as *mut ibv_port_attr,
-            COMPAT_PORT_ATTR_LEN,
-        )
-    }
+    unsafe { query_port_ex(ctx, port, attr as *mut ibv_port_attr, COMPAT_PORT_ATTR_LEN) }
 }
 
 #[no_mangle]

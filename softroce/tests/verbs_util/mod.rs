@@ -8,8 +8,8 @@ use std::ptr::null_mut;
 use std::time::{Duration, Instant};
 
 use rdma_sys::{
-    ibv_context, ibv_cq, ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr,
-    ibv_send_wr, ibv_sge, ibv_wc,
+    ibv_context, ibv_cq, ibv_gid, ibv_mr, ibv_pd, ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr,
+    ibv_sge, ibv_wc,
 };
 use softroce::verbs::context::*;
 use softroce::verbs::cq::*;
@@ -85,9 +85,14 @@ pub struct Qp {
 }
 
 pub fn create_qp(c: &Ctx) -> Qp {
+    let cq = unsafe { ibv_create_cq(c.ctx, 256, null_mut(), null_mut(), 0) };
+    assert!(!cq.is_null());
+    create_qp_on(c, cq)
+}
+
+/// An RC QP whose send and receive CQ is `cq`.
+pub fn create_qp_on(c: &Ctx, cq: *mut ibv_cq) -> Qp {
     unsafe {
-        let cq = ibv_create_cq(c.ctx, 256, null_mut(), null_mut(), 0);
-        assert!(!cq.is_null());
         let mut ia: ibv_qp_init_attr = std::mem::zeroed();
         ia.send_cq = cq;
         ia.recv_cq = cq;
@@ -182,7 +187,11 @@ pub fn post_send(q: &Qp, wr: &mut ibv_send_wr) -> i32 {
 
 pub fn post_recv(q: &Qp, addr: u64, len: u32, lkey: u32, wr_id: u64) {
     unsafe {
-        let mut sge = ibv_sge { addr, length: len, lkey };
+        let mut sge = ibv_sge {
+            addr,
+            length: len,
+            lkey,
+        };
         let mut wr: ibv_recv_wr = std::mem::zeroed();
         wr.wr_id = wr_id;
         wr.sg_list = &mut sge;

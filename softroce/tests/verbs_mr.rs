@@ -1,0 +1,181 @@
+//! Memory-region flavours (IOVA ≠ address, dmabuf from a memfd), completion
+//! channels and async events, through the exported ABI.
+
+mod verbs_util;
+
+use std::ptr::null_mut;
+
+use rdma_sys::{ibv_async_event, ibv_sge};
+use softroce::verbs::context::{ibv_ack_async_event, ibv_get_async_event};
+use softroce::verbs::cq::{ibv_ack_cq_events, ibv_create_comp_channel, ibv_create_cq, ibv_get_cq_event};
+use softroce::verbs::mr::{ibv_dereg_mr, ibv_reg_dmabuf_mr, ibv_reg_mr_iova2};
+use verbs_util::*;
+
+const ADDR: &str = "127.0.21.3";
+
+#[test]
+fn iova_differs_from_address() {
+    let c = open(ADDR);
+    let (a, b) = pair(&c);
+    let _ = &b;
+    let mut target = vec![0u8; 4096];
+    let iova = 0x5000_0000u64;
+    let mr = unsafe {
+        ibv_reg_mr_iova2(
+            c.pd,
+            target.as_mut_ptr() as *mut _,
+            4096,
+            iova,
+            (ACCESS_ALL | 0x100000) as u32,
+        )
+    };
+    assert!(!mr.is_null(), "optional-range access bits must be accepted");
+    // Local SGEs of an IOVA MR are in IOVA space too: send from it.
+    let mut src = vec![0u8; 4096];
+    for (i, b) in src.iter_mut().enumerate() {
+        *b = (i * 7) as u8;
+    }
+    let smr = unsafe { ibv_reg_mr_iova2(c.pd, src.as_mut_ptr() as *mut _, 4096, 0x7000_0000, ACCESS_ALL as u32) };
+    assert!(!smr.is_null());
+    let mut sge = ibv_sge {
+        addr: 0x7000_0000 + 8,
+        length: 1000,
+        lkey: unsafe { (*smr).lkey },
+    };
+    let mut wr = send_wr(1, 0, &mut sge, SIGNALED);
+    wr.wr.rdma.remote_addr = iova + 16;
+    wr.wr.rdma.rkey = unsafe { (*mr).rkey };
+    assert_eq!(post_send(&a, &mut wr), 0);
+    let s = poll_one(a.cq);
+    assert_eq!(s.status, 0, "{s:?}");
+    let got: Vec<u8> = (0..4096)
+        .map(|i| unsafe { std::ptr::read_volatile(target.as_ptr().add(i)) })
+        .collect();
+    assert_eq!(&got[16..1016], &src[8..1008]);
+    assert!(got[..16].iter().chain(got[1016..].iter()).all(|&x| x == 0));
+    // The host address is not a valid remote address for this MR.
+    let (a2, _b2) = pair(&c);
+    let mut wr = send_wr(2, 0, &mut sge, SIGNALED);
+    wr.wr.rdma.remote_addr = target.as_ptr() as u64;
+    wr.wr.rdma.rkey = unsafe { (*mr).rkey };
+    assert_eq!(post_send(&a2, &mut wr), 0);
+    assert_eq!(poll_one(a2.cq).status, 10);
+    unsafe {
+        ibv_dereg_mr(mr);
+        ibv_dereg_mr(smr);
+    }
+}
+
+#[test]
+fn dmabuf_mr_maps_the_fd() {
+    let c = open(ADDR);
+    let (a, _b) = pair(&c);
+    unsafe {
+        let fd = libc::memfd_create(c"softroce-test".as_ptr(), 0);
+        assert!(fd >= 0);
+        assert_eq!(libc::ftruncate(fd, 3 * 4096), 0);
+        let view = libc::mmap(
+            null_mut(),
+            3 * 4096,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            fd,
+            0,
+        ) as *mut u8;
+        assert_ne!(view as *mut libc::c_void, libc::MAP_FAILED);
+        let iova = 0x9000_0000u64;
+        let mr = ibv_reg_dmabuf_mr(c.pd, 4096 + 512, 4096, iova, fd, ACCESS_ALL);
+        assert!(
+            !mr.is_null(),
+            "reg_dmabuf_mr failed: errno {}",
+            *libc::__errno_location()
+        );
+        assert_eq!((*mr).length, 4096);
+        libc::close(fd); // the MR must not depend on the fd
+        let mut src = Buf::new(&c, 256, ACCESS_ALL);
+        src.fill(|i| 255 - i as u8);
+        let mut sge = ibv_sge {
+            addr: src.addr(),
+            length: 256,
+            lkey: src.lkey(),
+        };
+        let mut wr = send_wr(1, 0, &mut sge, SIGNALED);
+        wr.wr.rdma.remote_addr = iova + 100;
+        wr.wr.rdma.rkey = (*mr).rkey;
+        assert_eq!(post_send(&a, &mut wr), 0);
+        assert_eq!(poll_one(a.cq).status, 0);
+        let at = |o: usize| std::ptr::read_volatile(view.add(o));
+        for i in 0..256 {
+            assert_eq!(at(4096 + 512 + 100 + i), 255 - i as u8);
+        }
+        assert_eq!(at(4096 + 512 + 99), 0);
+        assert_eq!(at(4096 + 512 + 356), 0);
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        libc::munmap(view as *mut _, 3 * 4096);
+    }
+}
+
+#[test]
+fn completion_channel_and_async_event() {
+    let c = open(ADDR);
+    unsafe {
+        let ch = ibv_create_comp_channel(c.ctx);
+        assert!(!ch.is_null());
+        let cq = ibv_create_cq(c.ctx, 16, 0x1234 as *mut _, ch, 0);
+        assert!(!cq.is_null());
+        // QP `a` sends on the channel CQ; `b` is its peer with its own CQ.
+        let a = create_qp_on(&c, cq);
+        let b = create_qp(&c);
+        connect(&c, &a, (*b.qp).qp_num, 14, 7);
+        connect(&c, &b, (*a.qp).qp_num, 14, 7);
+        let arm = (*c.ctx).ops.req_notify_cq.unwrap();
+        assert_eq!(arm(cq, 0), 0);
+        let src = Buf::new(&c, 64, ACCESS_ALL);
+        let dst = Buf::new(&c, 64, ACCESS_ALL);
+        let mut sge = ibv_sge {
+            addr: src.addr(),
+            length: 64,
+            lkey: src.lkey(),
+        };
+        let mut wr = send_wr(9, 0, &mut sge, SIGNALED);
+        wr.wr.rdma.remote_addr = dst.addr();
+        wr.wr.rdma.rkey = dst.rkey();
+        assert_eq!(post_send(&a, &mut wr), 0);
+        let mut pfd = libc::pollfd {
+            fd: (*ch).fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        assert_eq!(libc::poll(&mut pfd, 1, 5000), 1, "channel fd must become readable");
+        let mut ev_cq = null_mut();
+        let mut ev_ctx = null_mut();
+        assert_eq!(ibv_get_cq_event(ch, &mut ev_cq, &mut ev_ctx), 0);
+        assert_eq!((ev_cq, ev_ctx as usize), (cq, 0x1234));
+        ibv_ack_cq_events(cq, 1);
+        assert_eq!(poll_one(cq).wr_id, 9);
+
+        // A remote access violation: the responder QP `b` reports an async event.
+        let mut wr = send_wr(10, 0, &mut sge, SIGNALED);
+        wr.wr.rdma.remote_addr = dst.addr();
+        wr.wr.rdma.rkey = dst.rkey() ^ 0x4400;
+        assert_eq!(post_send(&a, &mut wr), 0);
+        assert_eq!(poll_one(cq).status, 10);
+        let mut pfd = libc::pollfd {
+            fd: (*c.ctx).async_fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        assert_eq!(libc::poll(&mut pfd, 1, 5000), 1, "async fd must become readable");
+        let mut ev: ibv_async_event = std::mem::zeroed();
+        let mut seen = Vec::new();
+        while libc::poll(&mut pfd, 1, 200) == 1 {
+            assert_eq!(ibv_get_async_event(c.ctx, &mut ev), 0);
+            seen.push((ev.event_type as u32, ev.element.qp));
+            ibv_ack_async_event(&mut ev);
+        }
+        assert!(
+            seen.iter().any(|&(t, q)| t == 3 && q == b.qp),
+            "expected IBV_EVENT_QP_ACCESS_ERR on the responder QP, got {seen:?}"
+        );
+    }
+}
