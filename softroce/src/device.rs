@@ -62,7 +62,9 @@ fn copy_cstr(dst: &mut [libc::c_char], s: &str) {
     dst[n] = 0;
 }
 
-/// The static device list (one leaked allocation per device, stable pointers).
+/// The static device list (one allocation per device: the pointers handed
+/// out stay valid for the life of the process).
+#[allow(clippy::vec_box)]
 pub fn device_list() -> &'static [Box<IbvDevice>] {
     static LIST: OnceLock<Vec<Box<IbvDevice>>> = OnceLock::new();
     LIST.get_or_init(|| {

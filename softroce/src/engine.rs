@@ -123,7 +123,7 @@ impl MemoryAccess for PdMemory<'_> {
         if len == 0 {
             return Ok(());
         }
-        if what == RemoteAccess::Atomic && va % 8 != 0 {
+        if what == RemoteAccess::Atomic && !va.is_multiple_of(8) {
             return Err(RemoteAccessError::Misaligned);
         }
         self.remote(rkey, va, len, what).map(|_| ())
@@ -147,7 +147,7 @@ impl MemoryAccess for PdMemory<'_> {
         Ok(())
     }
     fn remote_atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, RemoteAccessError> {
-        if va % 8 != 0 {
+        if !va.is_multiple_of(8) {
             return Err(RemoteAccessError::Misaligned);
         }
         let p = self.remote(rkey, va, 8, RemoteAccess::Atomic)?;
@@ -463,14 +463,16 @@ fn run(dev: Arc<Device>) {
         tx.flush(&dev);
         eng.sleep_until.store(next, Ordering::Release);
         // 2. Wait for packets, a kick, or the deadline.
+        // At most 10 ms: a posting thread that arms a timer while we are
+        // between computing `next` and sleeping does not kick us.
         let timeout_ms: i32 = if next == u64::MAX {
-            100
+            10
         } else {
             let now_ns = now().as_nanos();
             if next <= now_ns {
                 0
             } else {
-                (((next - now_ns) + 999_999) / 1_000_000).min(100) as i32
+                (next - now_ns).div_ceil(1_000_000).min(10) as i32
             }
         };
         let mut fds = [

@@ -36,8 +36,10 @@ fn wrong_rkey_and_out_of_bounds_write_nothing() {
     // Guard zone: the MR covers [1024, 3072) of a 4096-byte buffer.
     let mut big = vec![0u8; 4096];
     let base = big.as_mut_ptr() as u64;
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     let mr = unsafe { softroce::verbs::mr::ibv_reg_mr(c.pd, big.as_mut_ptr().add(1024) as *mut _, 2048, ACCESS_ALL) };
     assert!(!mr.is_null());
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     let rkey = unsafe { (*mr).rkey };
 
     // Wrong rkey.
@@ -50,9 +52,11 @@ fn wrong_rkey_and_out_of_bounds_write_nothing() {
     write_expecting_access_error(&c, base + 1024, rkey, 4096);
 
     let after: Vec<u8> = (0..4096)
+        // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
         .map(|i| unsafe { std::ptr::read_volatile(big.as_ptr().add(i)) })
         .collect();
     assert!(after.iter().all(|&b| b == 0), "no byte may be written");
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     unsafe { softroce::verbs::mr::ibv_dereg_mr(mr) };
 }
 
@@ -86,6 +90,7 @@ fn retry_and_rnr_exhaustion_report_their_status() {
     // A live peer without a receive WQE, and rnr_retry 0.
     let x = create_qp(&c);
     let y = create_qp(&c);
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     unsafe {
         connect_rnr0(&c, &x, (*y.qp).qp_num);
         connect(&c, &y, (*x.qp).qp_num, 14, 7);

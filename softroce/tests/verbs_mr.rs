@@ -20,6 +20,7 @@ fn iova_differs_from_address() {
     let _ = &b;
     let mut target = vec![0u8; 4096];
     let iova = 0x5000_0000u64;
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     let mr = unsafe {
         ibv_reg_mr_iova2(
             c.pd,
@@ -35,20 +36,24 @@ fn iova_differs_from_address() {
     for (i, b) in src.iter_mut().enumerate() {
         *b = (i * 7) as u8;
     }
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     let smr = unsafe { ibv_reg_mr_iova2(c.pd, src.as_mut_ptr() as *mut _, 4096, 0x7000_0000, ACCESS_ALL as u32) };
     assert!(!smr.is_null());
     let mut sge = ibv_sge {
         addr: 0x7000_0000 + 8,
         length: 1000,
+        // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
         lkey: unsafe { (*smr).lkey },
     };
     let mut wr = send_wr(1, 0, &mut sge, SIGNALED);
     wr.wr.rdma.remote_addr = iova + 16;
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     wr.wr.rdma.rkey = unsafe { (*mr).rkey };
     assert_eq!(post_send(&a, &mut wr), 0);
     let s = poll_one(a.cq);
     assert_eq!(s.status, 0, "{s:?}");
     let got: Vec<u8> = (0..4096)
+        // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
         .map(|i| unsafe { std::ptr::read_volatile(target.as_ptr().add(i)) })
         .collect();
     assert_eq!(&got[16..1016], &src[8..1008]);
@@ -57,9 +62,11 @@ fn iova_differs_from_address() {
     let (a2, _b2) = pair(&c);
     let mut wr = send_wr(2, 0, &mut sge, SIGNALED);
     wr.wr.rdma.remote_addr = target.as_ptr() as u64;
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     wr.wr.rdma.rkey = unsafe { (*mr).rkey };
     assert_eq!(post_send(&a2, &mut wr), 0);
     assert_eq!(poll_one(a2.cq).status, 10);
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     unsafe {
         ibv_dereg_mr(mr);
         ibv_dereg_mr(smr);
@@ -70,6 +77,7 @@ fn iova_differs_from_address() {
 fn dmabuf_mr_maps_the_fd() {
     let c = open(ADDR);
     let (a, _b) = pair(&c);
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     unsafe {
         let fd = libc::memfd_create(c"softroce-test".as_ptr(), 0);
         assert!(fd >= 0);
@@ -118,6 +126,7 @@ fn dmabuf_mr_maps_the_fd() {
 #[test]
 fn completion_channel_and_async_event() {
     let c = open(ADDR);
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     unsafe {
         let ch = ibv_create_comp_channel(c.ctx);
         assert!(!ch.is_null());

@@ -15,7 +15,9 @@ fn pattern(seed: u8) -> impl Fn(usize) -> u8 {
 fn every_opcode_byte_for_byte() {
     let c = open("127.0.21.1");
     let (a, b) = pair(&c);
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     let b_qpn = unsafe { (*b.qp).qp_num };
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     let a_qpn = unsafe { (*a.qp).qp_num };
 
     let mut src = Buf::new(&c, LEN, ACCESS_ALL);
@@ -135,6 +137,7 @@ fn every_opcode_byte_for_byte() {
     // ATOMIC CMP_SWP then FETCH_ADD on an aligned word
     let mut word = Buf::new(&c, 64, ACCESS_ALL);
     word.fill(|_| 0);
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     unsafe { std::ptr::write_volatile(word.mem.as_mut_ptr().add(8) as *mut u64, 41) };
     let res = Buf::new(&c, 8, ACCESS_ALL);
     let mut sge = ibv_sge {

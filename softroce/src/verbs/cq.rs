@@ -111,6 +111,10 @@ impl CqInner {
     pub fn len(&self) -> usize {
         self.len.load(Ordering::Acquire)
     }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 /// `struct ibv_cq` and our state.
@@ -222,7 +226,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
             return null_err(libc::EINVAL);
         };
-        if cqe < 1 || cqe as u32 > device::MAX_CQE || comp_vector < 0 || comp_vector >= 1 {
+        if cqe < 1 || cqe as u32 > device::MAX_CQE || !(0..1).contains(&comp_vector) {
             return null_err(libc::EINVAL);
         }
         let ch_fds = if channel.is_null() {
@@ -322,7 +326,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -
         if num <= 0 || wc.is_null() {
             return 0;
         }
-        if c.inner.len() == 0 {
+        if c.inner.is_empty() {
             idle_poll();
             return 0;
         }

