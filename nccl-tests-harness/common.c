@@ -158,7 +158,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
       {"iters", required_argument, 0, 'n'}, {"warmup_iters", required_argument, 0, 'w'},
       {"check", required_argument, 0, 'c'}, {"ranks", required_argument, 0, 'N'},
       {"ngpus", required_argument, 0, 'g'}, {"channels", required_argument, 0, 'C'},
-      {"average", required_argument, 0, 'a'}, {"pingpong", no_argument, 0, 'P'},
+      {"average", required_argument, 0, 'a'}, {"pingpong", no_argument, 0, 'P'}, {"oneway", no_argument, 0, 'O'},
       {"inplace", required_argument, 0, O_INPLACE}, {"chunk", required_argument, 0, O_CHUNK},
       {"steps", required_argument, 0, O_STEPS}, {"plugin", required_argument, 0, O_PLUGIN},
       {"net-version", required_argument, 0, O_NETV}, {"dev", required_argument, 0, O_DEV},
@@ -166,7 +166,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
       {"timeout", required_argument, 0, O_TIMEOUT}, {"csv", required_argument, 0, O_CSV},
       {"json", required_argument, 0, O_JSON}, {"conns", required_argument, 0, O_CONNS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   int c;
-  while ((c = getopt_long(argc, argv, "b:e:f:i:n:w:c:N:g:C:a:Ph", longs, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "b:e:f:i:n:w:c:N:g:C:a:POh", longs, NULL)) != -1) {
     switch (c) {
       case 'b': o->min_bytes = parse_size(optarg); break;
       case 'e': o->max_bytes = parse_size(optarg); break;
@@ -179,6 +179,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
       case 'C': o->nchannels = atoi(optarg); break;
       case 'a': o->average = atoi(optarg); break;
       case 'P': o->pingpong = 1; break;
+      case 'O': o->oneway = 1; break;
       case O_INPLACE: o->inplace = atoi(optarg); break;
       case O_CHUNK: o->chunk_bytes = parse_size(optarg); break;
       case O_STEPS: o->steps = atoi(optarg); break;
@@ -211,8 +212,11 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
   if (o->average < 0 || o->average > 3) h_die(NULL, "-a: 0..3");
   if (o->net_version && (o->net_version < 6 || o->net_version > 12)) h_die(NULL, "--net-version: 6..12");
   if (o->softroce < 0) o->softroce = softroce_on_path();
-  if (o->pingpong && o->nranks != 2) h_die(NULL, "-P (ping-pong) needs exactly 2 ranks");
+  if ((o->pingpong || o->oneway) && o->nranks != 2) h_die(NULL, "-P (ping-pong) and -O (one way) need exactly 2 ranks");
+  if (o->pingpong && o->oneway) h_die(NULL, "-P and -O exclude each other");
 }
+
+const char* h_mode(const hopts_t* o) { return o->pingpong ? "pingpong" : o->oneway ? "oneway" : "ring"; }
 
 size_t h_next_size(const hopts_t* o, size_t s) {
   if (o->step_factor > 1) {
@@ -800,7 +804,8 @@ void h_print_header(hctx_t* h, const hcoll_t* c) {
   else
     printf("%zu(bytes)", o->step_bytes);
   printf(" warmup iters: %d iters: %d validation: %d chunk: %zu steps: %d%s\n", o->warmup, o->iters, o->check,
-         o->chunk_bytes, o->steps, o->pingpong ? " mode: ping-pong (time = round trip / 2)" : "");
+         o->chunk_bytes, o->steps, o->pingpong ? " mode: ping-pong (time = median round trip / 2)"
+                                    : o->oneway ? " mode: one way (rank 0 -> rank 1 only)" : "");
   printf("#\n");
   printf("# %52s  %-30s", "", o->inplace ? "      out-of-place" : "      out-of-place");
   if (o->inplace) printf("  %-30s", "      in-place");
@@ -867,7 +872,7 @@ void h_write_outputs(hctx_t* h, const hcoll_t* c, hrow_t* rows, int nrows) {
     for (int i = 0; i < nrows; i++)
       for (int p = 0; p < np; p++)
         fprintf(f, "%s,%d,%d,%s,%zu,%zu,%s,%s,%d,%s,%.3f,%.4f,%.4f,%ld\n", h->test_name, h->nranks, h->o->nchannels,
-                h->o->pingpong ? "pingpong" : "ring", rows[i].bytes, rows[i].count, c->type, c->redop, c->root,
+                h_mode(h->o), rows[i].bytes, rows[i].count, c->type, c->redop, c->root,
                 place[p], rows[i].time_us[p], rows[i].algbw[p], rows[i].busbw[p], h->o->check ? rows[i].wrong[p] : -1);
     fclose(f);
     printf("# CSV written to %s\n", h->o->csv);
@@ -877,7 +882,7 @@ void h_write_outputs(hctx_t* h, const hcoll_t* c, hrow_t* rows, int nrows) {
     if (!f) h_die(h, "cannot write %s: %s", h->o->json, strerror(errno));
     fprintf(f, "{\"test\": \"%s\", \"nranks\": %d, \"channels\": %d, \"mode\": \"%s\", \"plugin\": \"%s\", "
                "\"net_version\": %d, \"softroce\": %d, \"chunk\": %zu, \"steps\": %d, \"iters\": %d, \"rows\": [",
-            h->test_name, h->nranks, h->o->nchannels, h->o->pingpong ? "pingpong" : "ring", h->net.name, h->net.version,
+            h->test_name, h->nranks, h->o->nchannels, h_mode(h->o), h->net.name, h->net.version,
             h->o->softroce, h->o->chunk_bytes, h->o->steps, h->o->iters);
     int first = 1;
     for (int i = 0; i < nrows; i++)

@@ -67,6 +67,7 @@ typedef struct {
   size_t chunk_bytes;          /* --chunk: one pipeline step (NCCL: BUFFSIZE/NCCL_STEPS = 512 KiB) */
   int steps;                   /* --steps: steps in flight per comm (NCCL_STEPS = 8) */
   int pingpong;                /* sendrecv_perf -P: rank 0 <-> 1 ping-pong, time = RTT/2 */
+  int oneway;                  /* sendrecv_perf -O: only rank 0 sends, to rank 1 */
   int net_version;             /* --net-version N: use ncclNetPlugin_vN (default newest) */
   int dev;                     /* --dev: plugin device index */
   int softroce;                /* -1 auto (LD_LIBRARY_PATH), 0 no, 1 yes */
@@ -194,6 +195,9 @@ static inline float h_pattern(int r, size_t i) {
   x ^= x >> 12;
   return (float)((int)(x & 63) - 32);
 }
+
+/* "ring", "pingpong" or "oneway" */
+const char* h_mode(const hopts_t* o);
 
 /* When a polling loop made no progress: let softroce's threads run (this host may have few cores). */
 void h_idle(hctx_t* h);

@@ -3,6 +3,7 @@
  * connect/accept loop, pipelining, checks, output) and to show the harness's own overhead. It
  * keeps NCCL's rules: nothing blocks, isend may return a NULL request, sends and receives match
  * in posting order, test() progresses the whole comm.
+ * MOCK_NET_CORRUPT=1 flips a bit in every received message, to test the harness's checks.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -232,6 +233,8 @@ static ferroce_result_t m_test(void* request, int* done, int* sizes) {
   if (rc) return rc;
   *done = r->done;
   if (r->done) {
+    /* MOCK_NET_CORRUPT=1: damage every received message (tests the harness's result check) */
+    if (!r->comm->is_send && r->size >= 4 && getenv("MOCK_NET_CORRUPT")) r->data[1] ^= 0x40;
     if (sizes) sizes[0] = (int)r->size;
     free(r);
   }

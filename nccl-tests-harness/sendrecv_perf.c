@@ -4,8 +4,11 @@
  * at most --chunk bytes, the buffer split over the channels, up to --steps requests in flight per
  * comm. busbw = algbw.
  *
- * -P (ping-pong, 2 ranks): rank 0 sends, rank 1 answers once it has everything; the time column
- * is half the round trip (the number ib_write_lat reports as its latency).
+ * -P (ping-pong, 2 ranks): rank 0 sends one message of `size` bytes, rank 1 answers with one as
+ * soon as it has it; both keep --steps receives posted ahead (as NCCL's proxy does), so a round
+ * trip is two one-way trips. The time column is half the median round trip measured on rank 0
+ * (what ib_write_lat reports as t_typical).
+ * -O (one way, 2 ranks): only rank 0 sends, to rank 1 (compare with unidirectional ib_write_bw).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,25 +42,25 @@ static void run_sendrecv(hctx_t* h, schan_t* S, char* sbuf, char* rbuf) {
   int steps = h->o->steps;
   int prev = (h->rank + h->nranks - 1) % h->nranks;
   size_t chunk = h->o->chunk_bytes;
-  int gate = h->o->pingpong && h->rank == 1; /* answer only after receiving everything */
+  int do_send = !(h->o->oneway && h->rank == 1), do_recv = !(h->o->oneway && h->rank == 0);
   for (int c = 0; c < h->nch; c++) {
     S[c].spost = S[c].rpost = 0;
     hq_init(&S[c].sq, h->ch[c]->send_comm, 1, h->rank, steps);
     hq_init(&S[c].rq, h->ch[c]->recv_comm, 0, prev, steps);
   }
   for (;;) {
-    int progress = 0, left = 0, recvs_left = 0;
-    for (int c = 0; c < h->nch; c++) recvs_left += S[c].rq.done < S[c].nmsg;
+    int progress = 0, left = 0;
     for (int c = 0; c < h->nch; c++) {
       schan_t* s = &S[c];
-      while (s->rpost < s->nmsg) {
+      long nsend = do_send ? s->nmsg : 0, nrecv = do_recv ? s->nmsg : 0;
+      while (s->rpost < nrecv) {
         size_t o = (size_t)s->rpost * chunk;
         size_t len = s->bytes - o < chunk ? s->bytes - o : chunk;
         if (!hq_post_recv(h, &s->rq, rbuf + s->off + o, len, len, s->mh_recv)) break;
         s->rpost++;
         progress = 1;
       }
-      while (s->spost < s->nmsg && !(gate && recvs_left)) {
+      while (s->spost < nsend) {
         size_t o = (size_t)s->spost * chunk;
         size_t len = s->bytes - o < chunk ? s->bytes - o : chunk;
         if (!hq_post_send(h, &s->sq, sbuf + s->off + o, len, s->mh_send)) break;
@@ -66,11 +69,48 @@ static void run_sendrecv(hctx_t* h, schan_t* S, char* sbuf, char* rbuf) {
       }
       progress |= hq_poll(h, &s->sq);
       progress |= hq_poll(h, &s->rq);
-      left += s->sq.done < s->nmsg || s->rq.done < s->nmsg;
+      left += s->sq.done < nsend || s->rq.done < nrecv;
     }
     if (!left) break;
     if (!progress) h_idle(h);
   }
+}
+
+/* `iters` round trips of one `bytes` message on channel 0; rank 0 stores each round trip in t[] */
+static void run_pingpong(hctx_t* h, schan_t* S, char* sbuf, char* rbuf, size_t bytes, int iters, double* t) {
+  hq_t sq, rq;
+  int peer = 1 - h->rank;
+  hq_init(&sq, h->ch[0]->send_comm, 1, h->rank, h->o->steps);
+  hq_init(&rq, h->ch[0]->recv_comm, 0, peer, h->o->steps);
+  for (int i = 0; i < iters; i++) {
+    double t0 = h_now();
+    int sent = 0;
+    for (;;) {
+      int progress = 0;
+      while (rq.posted < iters && hq_post_recv(h, &rq, rbuf, bytes, bytes, S[0].mh_recv)) progress = 1;
+      if (!sent && (h->rank == 0 || rq.done > i) && hq_post_send(h, &sq, sbuf, bytes, S[0].mh_send)) sent = progress = 1;
+      progress |= hq_poll(h, &rq);
+      progress |= hq_poll(h, &sq);
+      if (sent && rq.done > i) break;
+      if (!progress) h_idle(h);
+    }
+    if (t) t[i] = h_now() - t0;
+  }
+  while (sq.done < sq.posted)
+    if (!hq_poll(h, &sq)) h_idle(h);
+}
+
+static void run_op(hctx_t* h, schan_t* S, char* sbuf, char* rbuf, size_t bytes, int iters, double* t) {
+  if (h->o->pingpong) {
+    run_pingpong(h, S, sbuf, rbuf, bytes, iters, t);
+  } else {
+    for (int i = 0; i < iters; i++) run_sendrecv(h, S, sbuf, rbuf);
+  }
+}
+
+static int cmp_double(const void* a, const void* b) {
+  double x = *(const double*)a, y = *(const double*)b;
+  return x < y ? -1 : x > y;
 }
 
 static int body(hctx_t* h) {
@@ -102,13 +142,22 @@ static int body(hctx_t* h) {
     row->count = s / sizeof(float);
     row->bytes = row->count * sizeof(float);
     plan(h, S, row->bytes);
-    for (int i = 0; i < o->warmup; i++) run_sendrecv(h, S, sbuf, rbuf);
+    run_op(h, S, sbuf, rbuf, row->bytes, o->warmup, NULL);
     h_barrier(h);
-    double t0 = h_now();
-    for (int i = 0; i < o->iters; i++) run_sendrecv(h, S, sbuf, rbuf);
-    double dt = (h_now() - t0) / o->iters;
-    if (o->pingpong) dt /= 2;
-    dt = h_allreduce_double(h, dt, o->average);
+    double dt;
+    if (o->pingpong) {
+      /* the median round trip / 2 on rank 0, as ib_write_lat's t_typical */
+      double* t = malloc((size_t)o->iters * sizeof *t);
+      run_op(h, S, sbuf, rbuf, row->bytes, o->iters, t);
+      qsort(t, (size_t)o->iters, sizeof *t, cmp_double);
+      dt = h_allreduce_double(h, t[o->iters / 2] / 2, 0);
+      free(t);
+    } else {
+      double t0 = h_now();
+      run_op(h, S, sbuf, rbuf, row->bytes, o->iters, NULL);
+      dt = (h_now() - t0) / o->iters;
+      dt = h_allreduce_double(h, dt, o->average);
+    }
     long wrong = 0;
     float* sf = (float*)sbuf;
     float* rf = (float*)rbuf;
@@ -116,7 +165,8 @@ static int body(hctx_t* h) {
       for (size_t i = 0; i < row->count; i++) sf[i] = h_pattern(h->rank, i);
       memset(rbuf, 0xff, row->bytes);
       h_barrier(h);
-      run_sendrecv(h, S, sbuf, rbuf);
+      run_op(h, S, sbuf, rbuf, row->bytes, 1, NULL);
+      if (o->oneway && h->rank == 0) continue; /* it received nothing */
       for (size_t i = 0; i < row->count; i++)
         if (rf[i] != h_pattern(prev, i)) {
           if (wrong < 5)
@@ -146,5 +196,6 @@ static int body(hctx_t* h) {
 
 int main(int argc, char** argv) {
   return h_main(argc, argv, "sendrecv_perf", body,
-                "  -P, --pingpong           2 ranks: rank 0 sends, rank 1 answers; time = round trip / 2\n");
+                "  -P, --pingpong           2 ranks: rank 0 sends, rank 1 answers; time = median round trip / 2\n"
+                "  -O, --oneway             2 ranks: only rank 0 sends (to rank 1)\n");
 }
