@@ -20,7 +20,7 @@ while [ $# -gt 0 ]; do
     case $1 in
         --out) [ $# -ge 2 ] || { echo "--out needs a directory"; exit 2; }; OUT_DIR=$2; shift 2 ;;
         --print-nccl) PRINT_ONLY=1; shift ;;
-        -h | --help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"; exit 0 ;;
         *) echo "unknown option '$1'"; exit 2 ;;
     esac
 done

@@ -123,6 +123,11 @@ describe_env() {
     env | grep -E '^(NCCL_|SOFTROCE_|FERROCE_GPU_|LD_LIBRARY_PATH=)' | sort | sed 's/^/#env /'
 }
 
+# count_list: "a a b" lines on stdin -> "a x2, b x1".
+count_list() {
+    sort | uniq -c | awk '{printf "%s%s x%s", (NR > 1 ? ", " : ""), $2, $1}'
+}
+
 # check_nccl_log MODE FILE: proof of use, from NCCL's INFO log (NCCL_DEBUG=INFO,
 # NCCL_DEBUG_SUBSYS=INIT,NET) of every rank, concatenated in FILE.
 #   ferroce: needs "NET/Plugin: Loaded net plugin ferroce (vN)" and channel lines
@@ -154,8 +159,8 @@ check_nccl_log() {
     ver=$(printf '%s' "$loaded" | grep -Eo 'v[0-9]+')
     n_send=$(grep -aEc "Channel .*\[send\] via NET/$net(/|[[:space:]]|$)" "$f")
     n_recv=$(grep -aEc "Channel .*\[receive\] via NET/$net(/|[[:space:]]|$)" "$f")
-    other=$(grep -aE 'Channel .* via NET/' "$f" | grep -aEv "via NET/$net(/|[[:space:]]|$)" | grep -aEo 'via NET/[A-Za-z0-9_.-]+' | sort | uniq -c | tr -s ' ' | tr '\n' ';')
-    p2p=$(grep -aE 'Channel .* via (P2P|SHM)' "$f" | grep -aEo 'via (P2P|SHM)[A-Za-z0-9/_-]*' | sort | uniq -c | tr -s ' ' | tr '\n' ';')
+    other=$(grep -aE 'Channel .* via NET/' "$f" | grep -aEv "via NET/$net(/|[[:space:]]|$)" | grep -aEo 'NET/[A-Za-z0-9_.-]+' | count_list)
+    p2p=$(grep -aE 'Channel .* via (P2P|SHM)' "$f" | grep -aEo '(P2P|SHM)[A-Za-z0-9/_-]*' | count_list)
     using=$(grep -aEo 'Using network [A-Za-z0-9_.-]+' "$f" | awk '{print $3}' | sort -u | tr '\n' ' ')
     failed=$(grep -aE 'Failed to initialize (any )?NET plugin' "$f" | head -n 1)
 
@@ -271,4 +276,9 @@ wrong_total() {
 # and without describe_env's lines.
 show_tables() {
     grep -aE '^(#|[[:space:]]*[0-9]+[[:space:]])' "$1" | grep -av '^# transport environment\|^#env '
+}
+
+# print_header_help: the leading comment block of the running script (its --help).
+print_header_help() {
+    awk 'NR > 1 && /^#/ {sub(/^# ?/, ""); print; next} NR > 1 {exit}' "$0"
 }

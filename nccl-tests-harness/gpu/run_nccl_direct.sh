@@ -13,7 +13,7 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { print_header_help; }
 
 MODES=(ferroce)
 NRANKS=2
@@ -111,7 +111,7 @@ for mode in "${MODES[@]}"; do
     echo "== nccl_direct, $NRANKS ranks, transport $mode (log $log)"
     if setup_transport "$mode"; then
         {
-            echo "# $(date -u '+%F %T') UTC, host $(hostname)"
+            echo "# $(date -u '+%F %T') UTC, host $(uname -n)"
             describe_env
         } >"$log"
         run_ranks "$mode" "$log"

@@ -21,7 +21,7 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { print_header_help; }
 
 MODES=(ferroce)
 NP=2
@@ -128,7 +128,7 @@ for mode in "${MODES[@]}"; do
         continue
     fi
     {
-        echo "# $(date -u '+%F %T') UTC, host $(hostname), $NGPU GPU(s)"
+        echo "# $(date -u '+%F %T') UTC, host $(uname -n), $NGPU GPU(s)"
         describe_env
     } >"$log"
     for i in "${!BINS[@]}"; do

@@ -14,7 +14,7 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { print_header_help; }
 
 MODES=(ferroce)
 NPROC=2
@@ -63,7 +63,7 @@ for mode in "${MODES[@]}"; do
     cmd=(timeout -k 15 "$TIMEOUT" "$PY" -m torch.distributed.run --standalone --nproc_per_node="$NPROC"
         "$GPU_DIR/torch_allreduce.py" "${ARGS[@]}")
     {
-        echo "# $(date -u '+%F %T') UTC, host $(hostname)"
+        echo "# $(date -u '+%F %T') UTC, host $(uname -n)"
         echo "# command: ${cmd[*]}"
         describe_env
     } >"$log"
