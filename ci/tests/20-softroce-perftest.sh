@@ -106,6 +106,7 @@ run atomic_bw_fetch_add ib_atomic_bw -d softroce0 -n 1000 -A FETCH_AND_ADD
 run write_bw_small_x3 ib_write_bw -d softroce0 -x 3 -s 64 -n 5000
 run write_bw_post_list ib_write_bw -d softroce0 -s 4096 -n 2000 --post_list 8
 run send_bw_events ib_send_bw -d softroce0 -e -n 500
+run write_bw_tclass ib_write_bw -d softroce0 -n 1000 --tclass=96
 # Again with 1% of received packets dropped on both sides.
 S="$S SOFTROCE_LOSS=0.01 SOFTROCE_SEED=7"
 C="$C SOFTROCE_LOSS=0.01 SOFTROCE_SEED=8"

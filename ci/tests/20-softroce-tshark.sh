@@ -114,6 +114,7 @@ capture() {
     pair "cap-read-$port" $((port + 3)) "$S" "$C" 127.0.20.41 "$RE" ib_read_bw -d softroce0 -s 5000 -n 20
     pair "cap-atomic-$port" $((port + 4)) "$S" "$C" 127.0.20.41 "$RE" ib_atomic_bw -d softroce0 -n 20
     pair "cap-atomic-cs-$port" $((port + 5)) "$S" "$C" 127.0.20.41 "$RE" ib_atomic_bw -d softroce0 -n 20 -A CMP_AND_SWAP
+    pair "cap-tclass-$port" $((port + 6)) "$S" "$C" 127.0.20.41 "$RE" ib_write_bw -d softroce0 -n 20 --tclass=96
     sleep 1
     kill -INT $tpid 2>/dev/null
     wait $tpid 2>/dev/null
@@ -167,4 +168,11 @@ if ! "$CHECK" <"$D/bad" >/dev/null 2>&1; then ok icrc-detects-corruption; else k
 CAP2=$D/roce-gso.pcapng
 capture "$CAP2" 28490 SOFTROCE_GSO=1
 icrc_check icrc-correct-gso "$CAP2"
+
+# The address vector reaches the IP header: rc_pingpong's hop_limit 1 as TTL,
+# perftest's --tclass=96 as TOS (both masked in the ICRC).
+nttl=$(tshark -r "$CAP2" -Y 'udp.dstport == 4791 && ip.ttl == 1' 2>/dev/null | wc -l)
+ntos=$(tshark -r "$CAP2" -Y 'udp.dstport == 4791 && ip.dsfield == 0x60' 2>/dev/null | wc -l)
+echo "== av-in-ip-header: $nttl frames with TTL 1, $ntos with TOS 0x60"
+if [ "$nttl" -gt 0 ] && [ "$ntos" -gt 0 ]; then ok av-in-ip-header; else ko av-in-ip-header; fi
 finish

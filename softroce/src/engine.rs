@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use crate::config;
 use crate::device::{gid_to_ipv4, Device, MrInfo};
 use crate::proto::{self, AtomicOp, Instant, LocalAccessError, MemoryAccess, QpCore, RemoteAccess, RemoteAccessError};
-use crate::udp::{RecvMeta, MAX_DGRAM, MAX_GSO_BYTES, MAX_GSO_SEGS, MAX_PACKET, ROCE_PORT};
+use crate::udp::{Ip, RecvMeta, MAX_DGRAM, MAX_GSO_BYTES, MAX_GSO_SEGS, MAX_PACKET, ROCE_PORT};
 use crate::verbs::context::AsyncQueue;
 use crate::verbs::cq::{CqInner, Wc};
 use crate::wire::icrc;
@@ -248,6 +248,7 @@ pub struct Tx {
     scratch: Vec<u8>,
     batch: Vec<u8>,
     dst: Ipv4Addr,
+    ip: Ip,
     seg: usize,
     count: usize,
     /// A shorter packet ended the batch (GSO: only the last segment may be short).
@@ -266,6 +267,7 @@ impl Tx {
             scratch: Vec::with_capacity(MAX_PACKET),
             batch: Vec::new(),
             dst: Ipv4Addr::UNSPECIFIED,
+            ip: Ip::default(),
             seg: 0,
             count: 0,
             closed: false,
@@ -274,11 +276,12 @@ impl Tx {
 
     /// Queues the packet in `scratch[..len]` for `dst`, appending its ICRC
     /// computed for the IP ID it will carry (its index in the GSO batch).
-    fn push(&mut self, dev: &Device, len: usize, dst: Ipv4Addr) {
+    fn push(&mut self, dev: &Device, len: usize, dst: Ipv4Addr, ip: Ip) {
         let l = len + icrc::ICRC_LEN;
         if self.count > 0
             && (!dev.sock.gso()
                 || dst != self.dst
+                || ip != self.ip
                 || l > self.seg
                 || self.closed
                 || self.count == MAX_GSO_SEGS
@@ -289,12 +292,13 @@ impl Tx {
         if self.batch.capacity() == 0 {
             self.batch.reserve(MAX_GSO_BYTES + MAX_PACKET);
         }
-        let ip = icrc::Ipv4Fields::new(dev.addr.octets(), dst.octets(), self.count as u16);
-        let crc = icrc::icrc_ipv4(&ip, ROCE_PORT, ROCE_PORT, &self.scratch[..len]);
+        let fields = icrc::Ipv4Fields::new(dev.addr.octets(), dst.octets(), self.count as u16);
+        let crc = icrc::icrc_ipv4(&fields, ROCE_PORT, ROCE_PORT, &self.scratch[..len]);
         self.batch.extend_from_slice(&self.scratch[..len]);
         self.batch.extend_from_slice(&crc.to_le_bytes());
         if self.count == 0 {
             self.dst = dst;
+            self.ip = ip;
             self.seg = l;
         } else if l < self.seg {
             self.closed = true;
@@ -307,11 +311,8 @@ impl Tx {
         if self.count == 0 {
             return;
         }
-        let r = if self.count == 1 {
-            dev.sock.send_to(&self.batch, self.dst)
-        } else {
-            dev.sock.send_gso(&self.batch, self.seg, self.dst)
-        };
+        let seg = (self.count > 1).then_some(self.seg);
+        let r = dev.sock.send(&self.batch, seg, self.dst, self.ip);
         if let Err(e) = r {
             // A lost packet: RC retransmission recovers.
             if config::debug() {
@@ -336,7 +337,11 @@ pub fn drain_locked(dev: &Device, qp: &QpShared, core: &mut QpCore, now: Instant
         let Some(dst) = gid_to_ipv4(&meta.dgid) else {
             continue; // IPv6 GIDs are not routable by this device
         };
-        tx.push(dev, meta.len.min(tx.scratch.len()), dst);
+        let ip = Ip {
+            ttl: meta.hop_limit,
+            tos: meta.traffic_class,
+        };
+        tx.push(dev, meta.len.min(tx.scratch.len()), dst, ip);
     }
     // Packets (ACKs above all) leave before the application can see the
     // completions: a peer that exits right after its last completion must

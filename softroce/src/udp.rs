@@ -32,6 +32,15 @@ pub struct UdpSocket {
     gso: AtomicBool,
 }
 
+/// Per-packet IPv4 header fields from the address vector (0 = kernel default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Ip {
+    /// TTL (`grh.hop_limit`).
+    pub ttl: u8,
+    /// TOS (`grh.traffic_class`).
+    pub tos: u8,
+}
+
 /// What `recv_batch` learned about one datagram.
 #[derive(Clone, Copy, Debug)]
 pub struct RecvMeta {
@@ -129,63 +138,82 @@ impl UdpSocket {
     /// Sends one datagram to `dst:4791`. Blocking; errors are returned (the
     /// caller treats them as a lost packet: RC retransmission recovers).
     pub fn send_to(&self, buf: &[u8], dst: Ipv4Addr) -> io::Result<()> {
-        let sa = sockaddr(dst, ROCE_PORT);
-        // SAFETY: buf and sa are valid for the lengths passed.
-        let r = unsafe {
-            libc::sendto(
-                self.fd,
-                buf.as_ptr() as *const libc::c_void,
-                buf.len(),
-                0,
-                &sa as *const libc::sockaddr_in as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-            )
-        };
-        if r < 0 {
-            Err(io::Error::last_os_error())
-        } else {
-            Ok(())
-        }
+        self.send(buf, None, dst, Ip::default())
     }
 
     /// Sends `buf` as `ceil(len/seg)` segments of `seg` bytes (the last may be
     /// shorter) with one UDP GSO `sendmsg`.
     pub fn send_gso(&self, buf: &[u8], seg: usize, dst: Ipv4Addr) -> io::Result<()> {
-        if buf.len() <= seg {
-            return self.send_to(buf, dst);
-        }
+        self.send(buf, Some(seg), dst, Ip::default())
+    }
+
+    /// Sends `buf` to `dst:4791`, as GSO segments of `seg` bytes when given
+    /// (and `buf` is longer), with the IPv4 TTL / TOS of `ip` when non-zero.
+    pub fn send(&self, buf: &[u8], seg: Option<usize>, dst: Ipv4Addr, ip: Ip) -> io::Result<()> {
+        let seg = seg.filter(|&s| buf.len() > s);
         let mut sa = sockaddr(dst, ROCE_PORT);
         let mut iov = libc::iovec {
             iov_base: buf.as_ptr() as *mut libc::c_void,
             iov_len: buf.len(),
         };
-        // Room for one cmsg carrying a u16 (aligned to 8).
-        let mut cbuf = [0u64; 4];
+        // Room for three cmsgs (u16 segment size, int TTL, int TOS):
+        // CMSG_SPACE(2) = CMSG_SPACE(4) = 24 bytes each on x86-64.
+        let mut cbuf = [0u64; 16];
         // SAFETY: msghdr is plain data; all pointers below point to live locals.
         let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
         msg.msg_name = &mut sa as *mut libc::sockaddr_in as *mut libc::c_void;
         msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as u32;
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
-        // SAFETY: CMSG_SPACE is a pure computation.
-        msg.msg_controllen = unsafe { libc::CMSG_SPACE(2) } as usize;
-        // SAFETY: msg_control points to cbuf, large enough for CMSG_SPACE(2).
-        unsafe {
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_UDP;
-            (*c).cmsg_type = UDP_SEGMENT;
-            (*c).cmsg_len = libc::CMSG_LEN(2) as usize;
-            std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, seg as u16);
+        let mut cmsgs: [(i32, i32, u32, usize); 3] = [(0, 0, 0, 0); 3];
+        let mut n = 0;
+        if let Some(s) = seg {
+            cmsgs[n] = (libc::SOL_UDP, UDP_SEGMENT, s as u32, 2);
+            n += 1;
+        }
+        if ip.ttl != 0 {
+            cmsgs[n] = (libc::IPPROTO_IP, libc::IP_TTL, ip.ttl as u32, 4);
+            n += 1;
+        }
+        if ip.tos != 0 {
+            cmsgs[n] = (libc::IPPROTO_IP, libc::IP_TOS, ip.tos as u32, 4);
+            n += 1;
+        }
+        if n > 0 {
+            msg.msg_control = cbuf.as_mut_ptr() as *mut libc::c_void;
+            // SAFETY: CMSG_SPACE is a pure computation.
+            msg.msg_controllen = cmsgs[..n]
+                .iter()
+                .map(|c| unsafe { libc::CMSG_SPACE(c.3 as u32) } as usize)
+                .sum();
+            assert!(msg.msg_controllen <= std::mem::size_of_val(&cbuf));
+            // SAFETY: msg_control points to cbuf (128 bytes), enough for the
+            // three cmsgs (24 bytes each, checked below); CMSG_NXTHDR stays inside it.
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&msg);
+                for &(level, ty, v, len) in &cmsgs[..n] {
+                    (*c).cmsg_level = level;
+                    (*c).cmsg_type = ty;
+                    (*c).cmsg_len = libc::CMSG_LEN(len as u32) as usize;
+                    if len == 2 {
+                        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut u16, v as u16);
+                    } else {
+                        std::ptr::write_unaligned(libc::CMSG_DATA(c) as *mut i32, v as i32);
+                    }
+                    c = libc::CMSG_NXTHDR(&msg, c);
+                }
+            }
         }
         // SAFETY: msg is fully initialised and its buffers outlive the call.
         let r = unsafe { libc::sendmsg(self.fd, &msg, 0) };
         if r < 0 {
             let e = io::Error::last_os_error();
-            if matches!(
-                e.raw_os_error(),
-                Some(libc::EIO) | Some(libc::EINVAL) | Some(libc::ENOPROTOOPT)
-            ) {
+            if seg.is_some()
+                && matches!(
+                    e.raw_os_error(),
+                    Some(libc::EIO) | Some(libc::EINVAL) | Some(libc::ENOPROTOOPT)
+                )
+            {
                 // The route/device cannot segment: stop using GSO.
                 self.gso.store(false, Ordering::Relaxed);
             }
