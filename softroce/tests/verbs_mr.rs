@@ -188,3 +188,53 @@ fn completion_channel_and_async_event() {
         );
     }
 }
+
+#[test]
+fn cq_overrun_raises_cq_err() {
+    let c = open(ADDR);
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
+    unsafe {
+        let cq = ibv_create_cq(c.ctx, 2, null_mut(), null_mut(), 0);
+        assert!(!cq.is_null());
+        let a = create_qp_on(&c, cq);
+        let b = create_qp(&c);
+        connect(&c, &a, (*b.qp).qp_num, 14, 7);
+        connect(&c, &b, (*a.qp).qp_num, 14, 7);
+        let src = Buf::new(&c, 64, ACCESS_ALL);
+        let dst = Buf::new(&c, 64, ACCESS_ALL);
+        for i in 0..4 {
+            let mut sge = ibv_sge {
+                addr: src.addr(),
+                length: 64,
+                lkey: src.lkey(),
+            };
+            let mut wr = send_wr(i, 0, &mut sge, SIGNALED);
+            wr.wr.rdma.remote_addr = dst.addr();
+            wr.wr.rdma.rkey = dst.rkey();
+            assert_eq!(post_send(&a, &mut wr), 0);
+        }
+        let mut pfd = libc::pollfd {
+            fd: (*c.ctx).async_fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let mut seen = Vec::new();
+        while libc::poll(&mut pfd, 1, 2000) == 1 {
+            let mut ev: ibv_async_event = std::mem::zeroed();
+            assert_eq!(ibv_get_async_event(c.ctx, &mut ev), 0);
+            seen.push((ev.event_type as u32, ev.element.cq));
+            ibv_ack_async_event(&mut ev);
+            if seen.iter().any(|&(t, q)| t == 0 && q == cq) {
+                break;
+            }
+        }
+        assert!(
+            seen.iter().any(|&(t, q)| t == 0 && q == cq),
+            "expected IBV_EVENT_CQ_ERR, got {seen:?}"
+        );
+        // Nothing was lost: all four completions can still be polled.
+        for i in 0..4 {
+            assert_eq!(poll_one(cq).wr_id, i);
+        }
+    }
+}

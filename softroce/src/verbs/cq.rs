@@ -44,6 +44,10 @@ pub struct CqInner {
     cqe: AtomicI32,
     /// QPs using this CQ (destroy_cq fails with EBUSY while non-zero).
     pub users: AtomicUsize,
+    /// The context's async queue and our `ibv_cq *`, for IBV_EVENT_CQ_ERR.
+    async_q: Arc<super::context::AsyncQueue>,
+    ibv_ptr: AtomicUsize,
+    overflowed: std::sync::atomic::AtomicBool,
     /// Events handed out by ibv_get_cq_event and events acknowledged.
     events: Mutex<(u64, u64)>,
     events_cv: Condvar,
@@ -52,12 +56,7 @@ pub struct CqInner {
 impl CqInner {
     /// Appends a completion and fires the completion channel if armed.
     pub fn push(&self, wc: Wc) {
-        {
-            let mut q = self.queue.lock().unwrap();
-            q.push_back(wc);
-            self.len.store(q.len(), Ordering::Release);
-        }
-        self.maybe_fire(wc.solicited || wc.status != 0);
+        self.push_many(&[wc]);
     }
 
     /// Appends several completions (one lock, one event).
@@ -65,10 +64,19 @@ impl CqInner {
         if wcs.is_empty() {
             return;
         }
-        {
+        let n = {
             let mut q = self.queue.lock().unwrap();
             q.extend(wcs.iter().copied());
             self.len.store(q.len(), Ordering::Release);
+            q.len()
+        };
+        if n > self.cqe.load(Ordering::Relaxed) as usize && !self.overflowed.swap(true, Ordering::AcqRel) {
+            // A real CQ would have overrun: report it once. No completion is
+            // dropped (the queue grows), so the application can still drain it.
+            self.async_q.push(
+                rdma_sys::ibv_event_type::IBV_EVENT_CQ_ERR,
+                self.ibv_ptr.load(Ordering::Relaxed),
+            );
         }
         self.maybe_fire(wcs.iter().any(|w| w.solicited || w.status != 0));
     }
@@ -246,6 +254,9 @@ pub unsafe extern "C" fn ibv_create_cq(
             handle,
             cqe: AtomicI32::new(cqe),
             users: AtomicUsize::new(0),
+            async_q: c.async_q.clone(),
+            ibv_ptr: AtomicUsize::new(0),
+            overflowed: std::sync::atomic::AtomicBool::new(false),
             events: Mutex::new((0, 0)),
             events_cv: Condvar::new(),
         });
@@ -257,12 +268,13 @@ pub unsafe extern "C" fn ibv_create_cq(
         ibv.handle = handle as u32;
         ibv.cqe = cqe;
         let p = Box::into_raw(Box::new(Cq { ibv, inner }));
+        // SAFETY: p was just allocated and is uniquely ours.
+        unsafe { (&(*p).inner).ibv_ptr.store(p as usize, Ordering::Relaxed) };
         LIVE_CQS
             .lock()
             .unwrap()
             .get_or_insert_with(HashMap::new)
             .insert(handle, p as usize);
-        let _ = c;
         p as *mut ibv_cq
     })
 }

@@ -132,44 +132,48 @@ const RATES: &[(c_int, c_int, c_int)] = &[
 
 #[no_mangle]
 pub extern "C" fn ibv_rate_to_mult(rate: c_int) -> c_int {
-    RATES.iter().find(|r| r.0 == rate && r.1 > 0).map(|r| r.1).unwrap_or(-1)
+    ffi_guard!(-1, {
+        RATES.iter().find(|r| r.0 == rate && r.1 > 0).map(|r| r.1).unwrap_or(-1)
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn mult_to_ibv_rate(mult: c_int) -> c_int {
-    RATES.iter().find(|r| r.1 == mult && mult > 0).map(|r| r.0).unwrap_or(0)
+    ffi_guard!(0, {
+        RATES.iter().find(|r| r.1 == mult && mult > 0).map(|r| r.0).unwrap_or(0)
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn ibv_rate_to_mbps(rate: c_int) -> c_int {
-    RATES.iter().find(|r| r.0 == rate).map(|r| r.2).unwrap_or(-1)
+    ffi_guard!(-1, { RATES.iter().find(|r| r.0 == rate).map(|r| r.2).unwrap_or(-1) })
 }
 
 #[no_mangle]
 pub extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> c_int {
-    RATES.iter().find(|r| r.2 == mbps).map(|r| r.0).unwrap_or(0)
+    ffi_guard!(0, { RATES.iter().find(|r| r.2 == mbps).map(|r| r.0).unwrap_or(0) })
 }
 
 /// Memory is never pinned, so fork needs no preparation.
 #[no_mangle]
 pub extern "C" fn ibv_fork_init() -> c_int {
-    0
+    ffi_guard!(-1, { 0 })
 }
 
 /// `IBV_FORK_UNNEEDED`: nothing is pinned, a forked child sees ordinary memory.
 #[no_mangle]
 pub extern "C" fn ibv_is_fork_initialized() -> u32 {
-    rdma_sys::IBV_FORK_UNNEEDED
+    ffi_guard!(rdma_sys::IBV_FORK_UNNEEDED, { rdma_sys::IBV_FORK_UNNEEDED })
 }
 
 #[no_mangle]
 pub extern "C" fn ibv_dontfork_range(_base: *mut c_void, _size: usize) -> c_int {
-    0
+    ffi_guard!(-1, { 0 })
 }
 
 #[no_mangle]
 pub extern "C" fn ibv_dofork_range(_base: *mut c_void, _size: usize) -> c_int {
-    0
+    ffi_guard!(-1, { 0 })
 }
 
 /// An address handle: a validated copy of the attributes (used only by UD,
@@ -298,10 +302,16 @@ pub unsafe extern "C" fn ibv_import_dm(_ctx: *mut ibv_context, _h: u32) -> *mut 
 
 /// Nothing can have been imported (every import fails), so there is nothing to release.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_unimport_pd(_pd: *mut ibv_pd) {}
+pub unsafe extern "C" fn ibv_unimport_pd(_pd: *mut ibv_pd) {
+    ffi_guard!((), {})
+}
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_unimport_mr(_mr: *mut rdma_sys::ibv_mr) {}
+pub unsafe extern "C" fn ibv_unimport_mr(_mr: *mut rdma_sys::ibv_mr) {
+    ffi_guard!((), {})
+}
 
 #[no_mangle]
-pub unsafe extern "C" fn ibv_unimport_dm(_dm: *mut rdma_sys::ibv_dm) {}
+pub unsafe extern "C" fn ibv_unimport_dm(_dm: *mut rdma_sys::ibv_dm) {
+    ffi_guard!((), {})
+}

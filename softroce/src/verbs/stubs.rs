@@ -17,8 +17,7 @@ macro_rules! enosys_cmds {
         /// Kernel command of the provider API: no kernel device, so ENOSYS.
         #[no_mangle]
         pub extern "C" fn $name() -> c_int {
-            super::set_errno(libc::ENOSYS);
-            libc::ENOSYS
+            ffi_guard!(libc::ENOSYS, { super::int_err(libc::ENOSYS) })
         }
     )*};
 }
@@ -91,43 +90,51 @@ enosys_cmds!(
 /// returns `num_attrs` (the count of a chain without links).
 #[no_mangle]
 pub extern "C" fn __ioctl_final_num_attrs(num_attrs: c_uint, _link: *mut c_void) -> c_uint {
-    num_attrs
+    ffi_guard!(num_attrs, { num_attrs })
 }
 
 /// Provider debug logging (variadic in C; extra arguments are ignored).
 /// rdma-core prints only when `VERBS_LOG_LEVEL` asks for it; providers never
 /// run here, so there is nothing to print.
 #[no_mangle]
-pub extern "C" fn __verbs_log(_ctx: *mut c_void, _fmt: *const libc::c_char) {}
+pub extern "C" fn __verbs_log(_ctx: *mut c_void, _fmt: *const libc::c_char) {
+    ffi_guard!((), {})
+}
 
 /// Providers allocate their contexts through this; none can run here.
 #[no_mangle]
 pub extern "C" fn _verbs_init_and_alloc_context() -> *mut c_void {
-    super::null_err(libc::ENOSYS)
+    ffi_guard!(std::ptr::null_mut(), { super::null_err(libc::ENOSYS) })
 }
 
 #[no_mangle]
 pub extern "C" fn verbs_open_device() -> *mut c_void {
-    super::null_err(libc::ENOSYS)
+    ffi_guard!(std::ptr::null_mut(), { super::null_err(libc::ENOSYS) })
 }
 
 /// Called by the constructors of libmlx5/libefa when perftest loads them.
 /// softroce is its own (only) device, so provider registrations are ignored.
 #[no_mangle]
-pub extern "C" fn verbs_register_driver_34(_ops: *const c_void) {}
+pub extern "C" fn verbs_register_driver_34(_ops: *const c_void) {
+    ffi_guard!((), {})
+}
 
 /// Only reachable from a provider's alloc_context, which never runs here.
 #[no_mangle]
-pub extern "C" fn verbs_set_ops(_vctx: *mut c_void, _ops: *const c_void) {}
+pub extern "C" fn verbs_set_ops(_vctx: *mut c_void, _ops: *const c_void) {
+    ffi_guard!((), {})
+}
 
 #[no_mangle]
-pub extern "C" fn verbs_uninit_context(_vctx: *mut c_void) {}
+pub extern "C" fn verbs_uninit_context(_vctx: *mut c_void) {
+    ffi_guard!((), {})
+}
 
 /// `bool verbs_allow_disassociate_destroy(int ret)`: no device can be
 /// disassociated, so an error stays an error.
 #[no_mangle]
 pub extern "C" fn verbs_allow_disassociate_destroy(_ret: c_int) -> bool {
-    false
+    ffi_guard!(false, { false })
 }
 
 /// `void verbs_init_cq(cq, ctx, channel, cq_context)`: initialise the generic CQ fields.
@@ -159,7 +166,7 @@ pub unsafe extern "C" fn verbs_init_cq(
 /// helper about kernel devices; there are none.
 #[no_mangle]
 pub extern "C" fn ibv_read_ibdev_sysfs_file() -> c_int {
-    super::minus_one(libc::ENOSYS)
+    ffi_guard!(-1, { super::minus_one(libc::ENOSYS) })
 }
 
 // ---- kernel ABI copy helpers (pure data conversions, implemented for real) ----
