@@ -361,7 +361,7 @@ pub fn drain_locked(dev: &Device, qp: &QpShared, core: &mut QpCore, now: Instant
             qp_num: c.qp_num,
             src_qp: c.src_qp,
             wc_flags: c.wc_flags,
-            solicited: false,
+            solicited: c.solicited,
         };
         match c.queue {
             proto::WcQueue::Send => {

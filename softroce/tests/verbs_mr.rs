@@ -238,3 +238,47 @@ fn cq_overrun_raises_cq_err() {
         }
     }
 }
+
+#[test]
+fn solicited_only_arming_ignores_unsolicited_sends() {
+    let c = open(ADDR);
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
+    unsafe {
+        let ch = ibv_create_comp_channel(c.ctx);
+        let rcq = ibv_create_cq(c.ctx, 16, null_mut(), ch, 0);
+        assert!(!rcq.is_null());
+        let a = create_qp(&c);
+        let b = create_qp_on(&c, rcq);
+        connect(&c, &a, (*b.qp).qp_num, 14, 7);
+        connect(&c, &b, (*a.qp).qp_num, 14, 7);
+        let src = Buf::new(&c, 64, ACCESS_ALL);
+        let dst = Buf::new(&c, 64, ACCESS_ALL);
+        post_recv(&b, dst.addr(), 64, dst.lkey(), 1);
+        post_recv(&b, dst.addr(), 64, dst.lkey(), 2);
+        let arm = (*c.ctx).ops.req_notify_cq.unwrap();
+        assert_eq!(arm(rcq, 1), 0);
+        let mut pfd = libc::pollfd {
+            fd: (*ch).fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let mut sge = ibv_sge {
+            addr: src.addr(),
+            length: 64,
+            lkey: src.lkey(),
+        };
+        let mut wr = send_wr(10, 2, &mut sge, SIGNALED);
+        assert_eq!(post_send(&a, &mut wr), 0);
+        assert_eq!(poll_one(a.cq).status, 0);
+        assert_eq!(poll_one(rcq).wr_id, 1);
+        assert_eq!(libc::poll(&mut pfd, 1, 100), 0, "unsolicited SEND must not fire");
+        let mut wr = send_wr(11, 2, &mut sge, SIGNALED | 4); // IBV_SEND_SOLICITED
+        assert_eq!(post_send(&a, &mut wr), 0);
+        assert_eq!(libc::poll(&mut pfd, 1, 5000), 1, "solicited SEND must fire");
+        let (mut ev_cq, mut ev_ctx) = (null_mut(), null_mut());
+        assert_eq!(ibv_get_cq_event(ch, &mut ev_cq, &mut ev_ctx), 0);
+        assert_eq!(ev_cq, rcq);
+        ibv_ack_cq_events(rcq, 1);
+        assert_eq!(poll_one(rcq).wr_id, 2);
+    }
+}
