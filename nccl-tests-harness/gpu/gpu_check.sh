@@ -22,6 +22,7 @@
 # --summarize DIR rebuilds DIR/summary.md from the logs already in DIR (no GPU needed).
 # Exit status 0 only when every step passed.
 set -u
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
 
 BUDGET=${GPU_CHECK_BUDGET:-450}

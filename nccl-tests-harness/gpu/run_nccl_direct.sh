@@ -11,6 +11,7 @@
 #          --dry-run  -- ARGS... (passed to nccl_direct, e.g. -e 64M -n 10)
 # Logs: DIR/direct-ferroce.log, DIR/direct-socket.log (every rank's output, rank 0's tables first).
 set -u
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
 
 usage() { print_header_help; }

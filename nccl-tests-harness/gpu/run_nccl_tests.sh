@@ -19,6 +19,7 @@
 # than ranks the ranks share GPUs (NCCL_TESTS_DEVICE = rank % GPUs; nccl-tests releases that read it). For a build
 # without MPI use run_nccl_direct.sh, which starts one process per rank itself.
 set -u
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
 
 usage() { print_header_help; }

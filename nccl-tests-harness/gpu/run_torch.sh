@@ -12,6 +12,7 @@
 # Logs: DIR/torch-ferroce.log, DIR/torch-socket.log. Exit status 0 only when every run passed its
 # own checks (no wrong element) and the proof of use.
 set -u
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 . "$(dirname "$0")/lib.sh"
 
 usage() { print_header_help; }

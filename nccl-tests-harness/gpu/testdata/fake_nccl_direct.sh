@@ -38,8 +38,8 @@ else
 fi
 echo "$p Using network $net"
 peer=$(((rank + 1) % nranks))
-echo "$p Channel 00/0 : $rank[0] -> $peer[0] [send] via NET/$net/0"
-echo "$p Channel 00/0 : $peer[0] -> $rank[0] [receive] via NET/$net/0"
+echo "$p Channel 00/0 : ${rank}[0] -> ${peer}[0] [send] via NET/$net/0"
+echo "$p Channel 00/0 : ${peer}[0] -> ${rank}[0] [receive] via NET/$net/0"
 if [ "$rank" = 0 ]; then
     bw=1.50
     [ "$net" = Socket ] && bw=2.50
