@@ -302,7 +302,8 @@ fn fill_port_attr(dev: &Device, a: &mut ibv_port_attr) {
     // SAFETY: plain data.
     *a = unsafe { std::mem::zeroed() };
     a.state = rdma_sys::ibv_port_state::IBV_PORT_ACTIVE;
-    a.max_mtu = dev.active_mtu.max(device::mtu_enum_for_link(dev.link_mtu)).min(5);
+    // Path MTUs up to this are accepted (as rxe checks against max_mtu).
+    a.max_mtu = dev.active_mtu;
     a.active_mtu = dev.active_mtu;
     a.gid_tbl_len = device::GID_TABLE_LEN as c_int;
     // IBV_PORT_CM_SUP
