@@ -11,7 +11,8 @@
  *   step 2n-2         recv                 recv final chunk r+1
  * Receives land in --steps registered slots per channel (NCCL's per-connection FIFO); the CPU
  * reduces slot + input into the output buffer, which is then sent from directly. Up to --steps
- * receives are pre-posted and up to --steps sends are in flight per comm.
+ * receives are pre-posted and up to --steps sends are in flight per comm; sends and receives
+ * each keep their order, and a send-only step does not wait for an earlier receive-only one.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,8 +33,10 @@ typedef struct {
   aop_t* ops;
   int nops, cap;
   /* engine */
-  int cur, rpost, spost;
-  long recv_consumed, sends_ready;
+  int scur, rcur, rpost;         /* next op with a send / with a receive to run; next receive to post */
+  long recv_consumed;            /* receives whose slot the CPU has consumed */
+  int ready[H_MAX_STEPS];        /* ops whose send is ready, in send order, not yet posted */
+  long ready_head, ready_tail;
   hq_t sq, rq;
   void* mh_send_in;  /* the input buffer, registered on the send comm */
   void* mh_send_out; /* the output buffer, registered on the send comm */
@@ -78,14 +81,26 @@ static void reduce(float* restrict dst, const float* restrict a, const float* re
   for (size_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
 }
 
-/* One allreduce: in -> out (in == out for in-place). */
+/* One allreduce: in -> out (in == out for in-place).
+ * Ops run in dataflow order: sends in their list order and receives in theirs (each is FIFO on its
+ * comm); an op that receives and sends runs when both orders reach it. So the next loop's first
+ * send does not wait for this loop's last receive (NCCL gets the same overlap from larger chunks
+ * and more channels). */
+static int next_with(const aop_t* ops, int i, int n, int want_recv) {
+  while (i < n && !(want_recv ? HAS_RECV(ops[i].kind) : HAS_SEND(ops[i].kind))) i++;
+  return i;
+}
+
 static void run_allreduce(hctx_t* h, achan_t* A, float* in, float* out) {
   int steps = h->o->steps;
   int prev = (h->rank + h->nranks - 1) % h->nranks;
   for (int c = 0; c < h->nch; c++) {
     achan_t* a = &A[c];
-    a->cur = a->rpost = a->spost = 0;
-    a->recv_consumed = a->sends_ready = 0;
+    a->scur = next_with(a->ops, 0, a->nops, 0);
+    a->rcur = next_with(a->ops, 0, a->nops, 1);
+    a->rpost = a->rcur;
+    a->recv_consumed = 0;
+    a->ready_head = a->ready_tail = 0;
     hq_init(&a->sq, h->ch[c]->send_comm, 1, h->rank, steps);
     hq_init(&a->rq, h->ch[c]->recv_comm, 0, prev, steps);
   }
@@ -96,51 +111,60 @@ static void run_allreduce(hctx_t* h, achan_t* A, float* in, float* out) {
     for (int c = 0; c < h->nch; c++) {
       achan_t* a = &A[c];
       hchan_t* ch = h->ch[c];
+      aop_t* ops = a->ops;
       /* pre-post receives into free slots */
       while (a->rpost < a->nops && a->rq.posted - a->recv_consumed < steps) {
-        aop_t* op = &a->ops[a->rpost];
-        if (!HAS_RECV(op->kind)) {
-          a->rpost++;
-          continue;
-        }
         char* slot = ch->slots + (size_t)(a->rq.posted % steps) * ch->slot_bytes;
-        if (!hq_post_recv(h, &a->rq, slot, ch->slot_bytes, op->nelem * sizeof(float), ch->slots_mh)) break;
-        a->rpost++;
+        if (!hq_post_recv(h, &a->rq, slot, ch->slot_bytes, ops[a->rpost].nelem * sizeof(float), ch->slots_mh)) break;
+        a->rpost = next_with(ops, a->rpost + 1, a->nops, 1);
         progress = 1;
       }
-      /* the "kernel": run the ops whose data is there */
-      while (a->cur < a->nops) {
-        aop_t* op = &a->ops[a->cur];
-        if (HAS_RECV(op->kind) && a->rq.done <= a->recv_consumed) break;
-        if (HAS_SEND(op->kind) && (a->sends_ready - a->sq.posted) + hq_inflight(&a->sq) >= steps) break;
-        if (HAS_RECV(op->kind)) {
-          const float* slot = (const float*)(ch->slots + (size_t)(a->recv_consumed % steps) * ch->slot_bytes);
-          if (op->kind == OP_RCS || op->kind == OP_RECV)
-            memcpy(out + op->off, slot, op->nelem * sizeof(float));
-          else
-            reduce(out + op->off, slot, in + op->off, op->nelem);
-          a->recv_consumed++;
+      /* the "kernel": run the ops whose data and send room are there */
+      for (;;) {
+        int ran = 0;
+        /* a receive-only op, or a receive+send op both orders have reached */
+        if (a->rcur < a->nops && a->rq.done > a->recv_consumed) {
+          aop_t* op = &ops[a->rcur];
+          int sends = HAS_SEND(op->kind);
+          if (!sends || (a->scur == a->rcur && (a->ready_tail - a->sq.posted) + hq_inflight(&a->sq) < steps)) {
+            const float* slot = (const float*)(ch->slots + (size_t)(a->recv_consumed % steps) * ch->slot_bytes);
+            if (op->kind == OP_RCS || op->kind == OP_RECV)
+              memcpy(out + op->off, slot, op->nelem * sizeof(float));
+            else
+              reduce(out + op->off, slot, in + op->off, op->nelem);
+            a->recv_consumed++;
+            if (sends) {
+              a->ready[a->ready_tail++ % H_MAX_STEPS] = a->scur;
+              a->scur = next_with(ops, a->scur + 1, a->nops, 0);
+            }
+            a->rcur = next_with(ops, a->rcur + 1, a->nops, 1);
+            ran = 1;
+          }
         }
-        if (HAS_SEND(op->kind)) a->sends_ready++;
-        a->cur++;
+        /* a send-only op (its data is the input) */
+        if (a->scur < a->nops && !HAS_RECV(ops[a->scur].kind) &&
+            (a->ready_tail - a->sq.posted) + hq_inflight(&a->sq) < steps) {
+          a->ready[a->ready_tail++ % H_MAX_STEPS] = a->scur;
+          a->scur = next_with(ops, a->scur + 1, a->nops, 0);
+          ran = 1;
+        }
+        if (!ran) break;
         progress = 1;
       }
       /* post the sends that are ready, in order */
-      while (a->spost < a->cur) {
-        aop_t* op = &a->ops[a->spost];
-        if (!HAS_SEND(op->kind)) {
-          a->spost++;
-          continue;
-        }
+      while (a->ready_head < a->ready_tail) {
+        aop_t* op = &ops[a->ready[a->ready_head % H_MAX_STEPS]];
         float* src = op->kind == OP_SEND ? in : out;
         void* mh = (op->kind == OP_SEND && in != out) ? a->mh_send_in : a->mh_send_out;
         if (!hq_post_send(h, &a->sq, src + op->off, op->nelem * sizeof(float), mh)) break;
-        a->spost++;
+        a->ready_head++;
         progress = 1;
       }
       progress |= hq_poll(h, &a->sq);
       progress |= hq_poll(h, &a->rq);
-      if (a->cur < a->nops || a->spost < a->nops || a->sq.done < a->sq.posted || a->rq.done < a->rq.posted) left++;
+      if (a->scur < a->nops || a->rcur < a->nops || a->ready_head < a->ready_tail || a->sq.done < a->sq.posted ||
+          a->rq.done < a->rq.posted)
+        left++;
     }
     if (!progress) h_idle(h);
   }
@@ -194,9 +218,12 @@ static int body(hctx_t* h) {
       float* src = p ? out : in;
       for (int i = 0; i < o->warmup; i++) run_allreduce(h, A, src, out);
       h_barrier(h);
+      int stats = o->stats && p == 0 && h_next_size(o, s) > o->max_bytes;
+      if (stats) h_stats_begin(h);
       double t0 = h_now();
       for (int i = 0; i < o->iters; i++) run_allreduce(h, A, src, out);
       double dt = (h_now() - t0) / o->iters;
+      if (stats) h_stats_report(h, "the timed iterations of the largest size (out of place)");
       dt = h_allreduce_double(h, dt, o->average);
       long wrong = 0;
       for (int k = 0; k < o->check; k++) {

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "common.h"
 
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <ferroce/nccl_net.h>
@@ -104,6 +105,8 @@ static void usage(const char* test_name, const char* extra, int rc) {
           "      --timeout SEC        stop every rank after SEC seconds (default 600)\n"
           "      --csv FILE           also write the rows as CSV\n"
           "      --json FILE          also write the rows as JSON\n"
+          "      --stats              after the table: CPU time of each rank's threads and time inside\n"
+          "                           isend/irecv/test during the timed iterations of the largest size\n"
           "%s"
           "Environment: NCCL_DEBUG=INFO prints the plugin's INFO lines (WARNs are always printed).\n",
           test_name, H_MAX_CHANNELS, extra ? extra : "");
@@ -151,7 +154,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
   const char* dbg = getenv("NCCL_DEBUG");
   if (dbg && (strcasecmp(dbg, "INFO") == 0 || strcasecmp(dbg, "TRACE") == 0)) o->quiet_log = 0;
 
-  enum { O_INPLACE = 1000, O_CHUNK, O_STEPS, O_PLUGIN, O_NETV, O_DEV, O_SOFTROCE, O_ADDR, O_TIMEOUT, O_CSV, O_JSON, O_CONNS };
+  enum { O_INPLACE = 1000, O_CHUNK, O_STEPS, O_PLUGIN, O_NETV, O_DEV, O_SOFTROCE, O_ADDR, O_TIMEOUT, O_CSV, O_JSON, O_CONNS, O_STATS };
   static const struct option longs[] = {
       {"minbytes", required_argument, 0, 'b'}, {"maxbytes", required_argument, 0, 'e'},
       {"stepfactor", required_argument, 0, 'f'}, {"stepbytes", required_argument, 0, 'i'},
@@ -164,7 +167,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
       {"net-version", required_argument, 0, O_NETV}, {"dev", required_argument, 0, O_DEV},
       {"softroce", required_argument, 0, O_SOFTROCE}, {"addr-base", required_argument, 0, O_ADDR},
       {"timeout", required_argument, 0, O_TIMEOUT}, {"csv", required_argument, 0, O_CSV},
-      {"json", required_argument, 0, O_JSON}, {"conns", required_argument, 0, O_CONNS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+      {"json", required_argument, 0, O_JSON}, {"conns", required_argument, 0, O_CONNS}, {"stats", no_argument, 0, O_STATS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "b:e:f:i:n:w:c:N:g:C:a:POh", longs, NULL)) != -1) {
     switch (c) {
@@ -192,6 +195,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
       case O_CSV: o->csv = optarg; break;
       case O_JSON: o->json = optarg; break;
       case O_CONNS: o->conns = atoi(optarg); break;
+      case O_STATS: o->stats = 1; break;
       case 'h': usage(test_name, extra_usage, 0); break;
       default: usage(test_name, extra_usage, 2);
     }
@@ -688,8 +692,13 @@ void h_dereg(hctx_t* h, void* comm, void* mh) {
   if (rc) h_die(h, "deregMr = %d", rc);
 }
 
+hstats_t h_stats;
+
 void h_test_req(hctx_t* h, void* req, int* done, int* size, const char* what) {
+  double t0 = h_now();
   int rc = h->net.test(req, done, size);
+  h_stats.test_s += h_now() - t0;
+  h_stats.tests++;
   if (rc) h_die(h, "test(%s) = %d", what, rc);
 }
 
@@ -911,9 +920,14 @@ void hq_init(hq_t* q, void* comm, int is_send, int tag, int depth) {
 int hq_post_send(hctx_t* h, hq_t* q, void* data, size_t bytes, void* mh) {
   if (hq_full(q)) return 0;
   void* req = NULL;
+  double t0 = h_now();
   int rc = h->net.isend(q->comm, data, bytes, q->tag, mh, &req);
+  h_stats.isend_s += h_now() - t0;
+  h_stats.isend_calls++;
   if (rc) h_die(h, "isend(%zu bytes) = %d", bytes, rc);
   if (!req) return 0;
+  h_stats.sends++;
+  h_stats.bytes_sent += bytes;
   int s = (int)(q->posted % H_MAX_STEPS);
   q->req[s] = req, q->expect[s] = bytes;
   q->posted++;
@@ -927,9 +941,13 @@ int hq_post_recv(hctx_t* h, hq_t* q, void* data, size_t capacity, size_t expect,
   size_t sz[1] = {capacity};
   int tags[1] = {q->tag};
   void* mhs[1] = {mh};
+  double t0 = h_now();
   int rc = h->net.irecv(q->comm, 1, d, sz, tags, mhs, &req);
+  h_stats.irecv_s += h_now() - t0;
+  h_stats.irecv_calls++;
   if (rc) h_die(h, "irecv(%zu bytes) = %d", capacity, rc);
   if (!req) return 0;
+  h_stats.recvs++;
   int s = (int)(q->posted % H_MAX_STEPS);
   q->req[s] = req, q->expect[s] = expect;
   q->posted++;
@@ -949,7 +967,84 @@ int hq_poll(hctx_t* h, hq_t* q) {
   return 1;
 }
 
+/* HARNESS_IDLE: "yield" (default: sched_yield), "spin" (busy poll, as NCCL's proxy), or a number
+ * of microseconds to sleep. */
 void h_idle(hctx_t* h) {
+  static int mode = -2; /* -2 unset, -1 spin, 0 yield, >0 sleep us */
   (void)h;
-  sched_yield();
+  if (mode == -2) {
+    const char* e = getenv("HARNESS_IDLE");
+    mode = !e || !strcmp(e, "yield") ? 0 : !strcmp(e, "spin") ? -1 : atoi(e);
+  }
+  if (mode == 0)
+    sched_yield();
+  else if (mode > 0)
+    usleep((useconds_t)mode);
+}
+
+/* CPU seconds of this process's threads, split into the calling (main) thread and the others
+ * (softroce's engine threads when softroce is the NIC; the plugin's own threads, if any). */
+static void thread_cpu(double* main_s, double* other_s, char* names, size_t nlen) {
+  *main_s = *other_s = 0;
+  if (names && nlen) names[0] = 0;
+  long hz = sysconf(_SC_CLK_TCK);
+  DIR* d = opendir("/proc/self/task");
+  struct dirent* e;
+  pid_t me = getpid();
+  while (d && (e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    char path[300], buf[1024];
+    snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+    FILE* f = fopen(path, "r");
+    if (!f) continue;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char* rp = strrchr(buf, ')');
+    if (!rp) continue;
+    unsigned long ut = 0, st = 0;
+    /* fields after ")": state(3) ... utime(14) stime(15) */
+    if (sscanf(rp + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2) continue;
+    double cpu = (double)(ut + st) / hz;
+    if (atoi(e->d_name) == me) {
+      *main_s += cpu;
+    } else {
+      *other_s += cpu;
+      char* lp = strchr(buf, '(');
+      if (names && lp && rp > lp && strlen(names) + (size_t)(rp - lp) + 2 < nlen) {
+        char nm[64];
+        snprintf(nm, sizeof nm, "%.*s", (int)(rp - lp - 1), lp + 1);
+        if (!strstr(names, nm)) {
+          if (names[0]) strcat(names, ",");
+          strcat(names, nm);
+        }
+      }
+    }
+  }
+  if (d) closedir(d);
+}
+
+void h_stats_begin(hctx_t* h) {
+  (void)h;
+  memset(&h_stats, 0, sizeof h_stats);
+  thread_cpu(&h_stats.cpu_main0, &h_stats.cpu_other0, NULL, 0);
+  h_stats.wall0 = h_now();
+}
+
+void h_stats_report(hctx_t* h, const char* what) {
+  double wall = h_now() - h_stats.wall0, cm, co;
+  char names[256];
+  thread_cpu(&cm, &co, names, sizeof names);
+  cm -= h_stats.cpu_main0, co -= h_stats.cpu_other0;
+  double v[8] = {wall, cm, co, h_stats.isend_s, h_stats.irecv_s, h_stats.test_s, (double)h_stats.sends, (double)h_stats.tests};
+  double all[8 * 256];
+  h_allgather(h, v, sizeof v, all);
+  if (h->rank != 0) return;
+  printf("# cpu during %s (per rank: wall s | main thread cpu s | other threads cpu s [%s] | time inside isend/irecv/test s | sends | tests):\n",
+         what, names[0] ? names : "none");
+  for (int r = 0; r < h->nranks; r++) {
+    double* x = all + 8 * r;
+    printf("#   rank %d: %.2f | %.2f (%.0f%%) | %.2f (%.0f%%) | %.3f/%.3f/%.3f | %.0f | %.0f\n", r, x[0], x[1],
+           100 * x[1] / x[0], x[2], 100 * x[2] / x[0], x[3], x[4], x[5], x[6], x[7]);
+  }
 }

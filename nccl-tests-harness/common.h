@@ -77,6 +77,7 @@ typedef struct {
   const char* csv;             /* --csv FILE */
   const char* json;            /* --json FILE */
   int conns;                   /* scale_bench --conns: connections between the two ranks */
+  int stats;                   /* --stats: CPU and plugin-call time of the largest size */
   int quiet_log;               /* only WARNs from the plugin (default), 0 = INFO too */
 } hopts_t;
 
@@ -165,6 +166,17 @@ double h_now(void);
 void* h_alloc(size_t bytes); /* page-aligned, zeroed, dies on failure */
 _Noreturn void h_die(hctx_t* h, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
 void h_test_req(hctx_t* h, void* req, int* done, int* size, const char* what);
+
+/* ---- where the time goes ---- */
+typedef struct {
+  double isend_s, irecv_s, test_s; /* wall time inside the plugin calls */
+  long isend_calls, irecv_calls, tests, sends, recvs;
+  double bytes_sent;
+  double cpu_main0, cpu_other0, wall0;
+} hstats_t;
+extern hstats_t h_stats;
+void h_stats_begin(hctx_t* h);
+void h_stats_report(hctx_t* h, const char* what); /* collective; rank 0 prints */
 
 /* ---- results ---- */
 typedef struct {
