@@ -49,21 +49,22 @@ RESULTS=$(mktemp "${TMPDIR:-/tmp}/gpu-check-steps.XXXXXX")
 trap 'rm -f "$RESULTS"' EXIT
 
 # step NAME WANT_SEC CMD...: run CMD bounded by min(WANT_SEC, time left - 15 s); output to steps.log.
-# The command gets the chosen limit in $STEP_LIMIT (run scripts use it for their own --timeout).
+# The command gets that limit less 25 s in $STEP_LIMIT (the run scripts' own --timeout per run, so
+# that they end, check their logs and report before the outer bound).
 step() {
     local name=$1 want=$2 left t rc t0
     shift 2
     left=$(($(remaining) - 15))
     t=$want
     [ "$left" -lt "$t" ] && t=$left
-    if [ "$t" -lt 30 ]; then
+    if [ "$t" -lt 45 ]; then
         echo "== [$name] SKIPPED: only ${left}s of the ${BUDGET}s budget left" | tee -a "$STEPS_LOG"
         echo "$name|skip|0" >>"$RESULTS"
         return 1
     fi
     echo "== [$name] (limit ${t}s): $*" | tee -a "$STEPS_LOG"
     t0=$(date +%s)
-    STEP_LIMIT=$((t - 10)) timeout -k 10 "$t" "$@" >>"$STEPS_LOG" 2>&1
+    STEP_LIMIT=$((t - 25)) timeout -k 10 "$t" "$@" >>"$STEPS_LOG" 2>&1
     rc=$?
     echo "== [$name] rc=$rc after $(($(date +%s) - t0))s" | tee -a "$STEPS_LOG"
     echo "$name|$rc|$(($(date +%s) - t0))" >>"$RESULTS"

@@ -25,6 +25,7 @@ Each rank
 """
 
 import argparse
+import copy
 import os
 import sys
 import time
@@ -280,7 +281,7 @@ def main(argv=None):
         a.embed_vocab, a.embed_dim, per * world, per), "all_gather"))
     for dname in a.dtypes:
         dtype = getattr(torch, dname)
-        emb = emb_cpu.to(device=dev, dtype=dtype)
+        emb = copy.deepcopy(emb_cpu).to(device=dev, dtype=dtype)  # Module.to works in place
         with torch.no_grad():
             mine = emb(ids[rank * per:(rank + 1) * per].to(dev)).contiguous()
             full_ref = emb(ids.to(dev))
