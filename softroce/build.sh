@@ -1,6 +1,7 @@
 #!/bin/sh
 # Builds target/release/softroce/libibverbs.so.1: the softroce staticlib linked
 # into a shared object with rdma-core 44's version nodes (spec §1.5).
+# -z nodelete: a dlclose() must never unmap the code the engine threads run.
 #
 #   SOFTROCE_PRIVATE_NODE  private version node of the targeted rdma-core
 #                          (default IBVERBS_PRIVATE_34 = rdma-core 44, Debian 12)
@@ -18,6 +19,7 @@ sed "s/IBVERBS_PRIVATE_34/$node/g" softroce/libibverbs.map > "$out/libibverbs.ma
     -Wl,--version-script="$out/libibverbs.map" \
     -Wl,-soname,libibverbs.so.1 \
     -Wl,--gc-sections -Wl,-z,now -Wl,--no-undefined \
+    -Wl,-z,nodelete \
     -lpthread -ldl -lm -lgcc_s -lc
 mv "$out/libibverbs.so.1.tmp" "$out/libibverbs.so.1"
 # Sanity: every symbol of the map must be exported with its version.

@@ -129,6 +129,10 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // SAFETY: qp came from ibv_create_qp; freed once.
         let q = unsafe { Box::from_raw(qp as *mut Qp) };
         q.dev.engine.remove_qp(q.shared.qpn);
+        if crate::config::debug() {
+            let st = q.shared.core.lock().unwrap().stats();
+            eprintln!("softroce: {} QP {:#x} destroyed: {st:?}", q.dev.name, q.shared.qpn);
+        }
         q.shared.send_cq.users.fetch_sub(1, Ordering::AcqRel);
         q.shared.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
         0
