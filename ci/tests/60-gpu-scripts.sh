@@ -44,7 +44,8 @@ hasnt() {
 LIBD=$D/lib
 mkdir -p "$LIBD/softroce" "$D/nccl/include" "$D/nccl/lib"
 touch "$LIBD/libnccl-net-ferroce.so" "$LIBD/softroce/libibverbs.so.1" "$D/nccl/lib/libnccl.so.2"
-cp "$TD/stub/nccl.h" "$D/nccl/include/"
+cp "$G/nccl_min/nccl.h" "$D/nccl/include/"
+sed -i 's/^#define NCCL_MIN_HEADER 1$//; s/^#define NCCL_MINOR 18$/#define NCCL_MINOR 21/; s/^#define NCCL_PATCH 0$/#define NCCL_PATCH 5/' "$D/nccl/include/nccl.h"
 export FERROCE_LIB_DIR=$LIBD
 export PYTHONDONTWRITEBYTECODE=1  # keep the tree clean (torch_allreduce is imported)
 
@@ -61,7 +62,9 @@ expect "py_compile torch_allreduce.py" 0 python3 -c "import py_compile, sys; py_
 if command -v g++ >/dev/null 2>&1; then
     sed -E 's/([A-Za-z_][A-Za-z0-9_]*)<<<([^>]*)>>>/(launch_config(\2), \1)/' "$G/nccl_direct.cu" >"$D/nccl_direct_host.cpp"
     expect "nccl_direct.cu host code compiles (g++ -fsyntax-only, stub CUDA/NCCL headers)" 0 \
-        g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I "$TD/stub" -x c++ "$D/nccl_direct_host.cpp"
+        g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I "$TD/stub" -I "$G/nccl_min" -x c++ "$D/nccl_direct_host.cpp"
+    expect "... and with a full header's macros (NCCL 2.21.5)" 0 \
+        g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I "$TD/stub" -I "$D/nccl/include" -x c++ "$D/nccl_direct_host.cpp"
 else
     echo "   (g++ not installed: nccl_direct.cu host-code check skipped)"
 fi
@@ -302,6 +305,10 @@ has "run_nccl_tests.sh: sendrecv_perf too" 'rank_exec\.sh .*/sendrecv_perf' "$D/
 echo "== build_nccl_direct.sh (fake NCCL, fake nvcc)"
 expect "--print-nccl finds NCCL_HOME" 0 env NCCL_HOME="$D/nccl" "$G/build_nccl_direct.sh" --print-nccl
 has "... and reads its version" 'NCCL 2\.21\.5: headers .*/nccl/include, library .*/nccl/lib \(-l:libnccl\.so\.2\)' "$D/out"
+mkdir -p "$D/nccl-noinc/lib"
+touch "$D/nccl-noinc/lib/libnccl.so.2"
+expect "a library without nccl.h falls back to nccl_min/nccl.h" 0 env NCCL_HOME="$D/nccl-noinc" "$G/build_nccl_direct.sh" --print-nccl
+has "... and says so" "using the minimal declarations in $G/nccl_min/nccl.h" "$D/out"
 expect "NCCL not found is an error" 1 env NCCL_HOME="$D/none" PYTHON=false PATH=/usr/bin:/bin "$G/build_nccl_direct.sh" --print-nccl
 expect "build with nvcc (fake)" 0 env NCCL_HOME="$D/nccl" NVCC="$TD/fake_nvcc.sh" NVCC_ARCH=sm_90 FAKE_NVCC_ARGS="$D/nvcc.args" "$G/build_nccl_direct.sh" --out "$D/build"
 has "nvcc: -gencode for sm_90" 'arch=compute_90,code=\[sm_90,compute_90\]' "$D/nvcc.args"

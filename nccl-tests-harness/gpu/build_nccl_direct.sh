@@ -5,7 +5,8 @@
 #   build_nccl_direct.sh [--out DIR] [--print-nccl]
 #
 # NCCL is looked for in this order: $NCCL_HOME/{include,lib}; the Python package nvidia.nccl
-# ($PYTHON, default python3); /usr/include/nccl.h with libnccl.so[.2] from the linker's paths.
+# ($PYTHON, default python3); libnccl.so[.2] in the system library directories with
+# /usr/include/nccl.h. A library without nccl.h next to it is compiled against nccl_min/nccl.h.
 # nvcc: $NVCC, then PATH, then $CUDA_HOME/bin and /usr/local/cuda/bin. GPU architecture: $NVCC_ARCH
 # (e.g. sm_90), else the compute capability nvidia-smi reports, else nvcc's default.
 # The binary gets an RPATH to the NCCL library it was linked with, so run_nccl_direct.sh loads the
@@ -26,39 +27,42 @@ while [ $# -gt 0 ]; do
 done
 PY=${PYTHON:-python3}
 
-# find_nccl: sets NCCL_INCLUDE and NCCL_LIB (directories) and NCCL_LINK (the -l argument).
+# find_nccl: sets NCCL_INCLUDE and NCCL_LIB (directories) and NCCL_LINK (the -l argument). A library
+# found without its nccl.h gets nccl_min/nccl.h (minimal, ABI-accurate declarations).
 find_nccl() {
     NCCL_INCLUDE="" NCCL_LIB="" NCCL_LINK=""
-    local cand d
+    local cand d l
     if [ -n "${NCCL_HOME:-}" ]; then
         cand="$NCCL_HOME"
     else
         cand=$("$PY" - 2>/dev/null <<'EOF'
 import importlib.util, os
 spec = importlib.util.find_spec("nvidia.nccl")
-paths = list(spec.submodule_search_locations or []) if spec else []
-for p in paths:
-    if os.path.exists(os.path.join(p, "include", "nccl.h")):
-        print(p)
-        break
+for p in (list(spec.submodule_search_locations or []) if spec else []):
+    print(p)
 EOF
         )
     fi
     for d in $cand; do
-        if [ -e "$d/include/nccl.h" ]; then
-            NCCL_INCLUDE=$d/include
-            for l in lib lib64; do
-                if [ -e "$d/$l/libnccl.so" ] || [ -e "$d/$l/libnccl.so.2" ]; then NCCL_LIB=$d/$l; break; fi
-            done
+        for l in lib lib64; do
+            if [ -e "$d/$l/libnccl.so" ] || [ -e "$d/$l/libnccl.so.2" ]; then NCCL_LIB=$d/$l; break; fi
+        done
+        if [ -n "$NCCL_LIB" ]; then
+            [ -e "$d/include/nccl.h" ] && NCCL_INCLUDE=$d/include
+            break
         fi
     done
-    if [ -z "$NCCL_INCLUDE" ] && [ -e /usr/include/nccl.h ]; then
-        NCCL_INCLUDE=/usr/include
+    if [ -z "$NCCL_LIB" ]; then
         for d in /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib /usr/local/cuda/lib64; do
             if [ -e "$d/libnccl.so" ] || [ -e "$d/libnccl.so.2" ]; then NCCL_LIB=$d; break; fi
         done
+        [ -n "$NCCL_LIB" ] && [ -e /usr/include/nccl.h ] && NCCL_INCLUDE=/usr/include
     fi
-    [ -n "$NCCL_INCLUDE" ] && [ -n "$NCCL_LIB" ] || return 1
+    [ -n "$NCCL_LIB" ] || return 1
+    if [ -z "$NCCL_INCLUDE" ]; then
+        NCCL_INCLUDE=$GPU_DIR/nccl_min
+        echo "build_nccl_direct: no nccl.h next to $NCCL_LIB: using the minimal declarations in $NCCL_INCLUDE/nccl.h"
+    fi
     if [ -e "$NCCL_LIB/libnccl.so" ]; then NCCL_LINK=-lnccl; else NCCL_LINK=-l:libnccl.so.2; fi
     return 0
 }
@@ -72,7 +76,11 @@ if ! find_nccl; then
     echo "build_nccl_direct: NCCL not found: set NCCL_HOME (with include/nccl.h and lib/libnccl.so*), or install PyTorch / nvidia-nccl-cu12, or libnccl-dev"
     exit 1
 fi
-NCCL_VERSION=$(nccl_header_version "$NCCL_INCLUDE")
+if [ "$NCCL_INCLUDE" = "$GPU_DIR/nccl_min" ]; then
+    NCCL_VERSION="unknown (nccl_min header; nccl_direct prints the library's version)"
+else
+    NCCL_VERSION=$(nccl_header_version "$NCCL_INCLUDE")
+fi
 echo "build_nccl_direct: NCCL $NCCL_VERSION: headers $NCCL_INCLUDE, library $NCCL_LIB ($NCCL_LINK)"
 [ "$PRINT_ONLY" = 1 ] && exit 0
 

@@ -238,10 +238,16 @@ int main(int argc, char** argv) {
   CUDACHECK(cudaGetDeviceProperties(&prop, gpu));
   int ver = 0;
   NCCLCHECK(ncclGetVersion(&ver));
-  printf("# nccl_direct rank %d/%d pid %d: cuda:%d %s [0x%02x], NCCL_HOSTID=%s, NCCL %d (built "
-         "against %d.%d.%d)\n",
+#ifdef NCCL_MIN_HEADER
+  const char* hdr = "nccl_min/nccl.h (no nccl.h was found)";
+#else
+  char hdr[32];
+  snprintf(hdr, sizeof(hdr), "nccl.h %d.%d.%d", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+#endif
+  printf("# nccl_direct rank %d/%d pid %d: cuda:%d %s [0x%02x], NCCL_HOSTID=%s, NCCL library %d, "
+         "built with %s\n",
          o.rank, o.nranks, (int)getpid(), gpu, prop.name, prop.pciBusID, getenv("NCCL_HOSTID"),
-         ver, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+         ver, hdr);
   fflush(stdout);
 
   ncclUniqueId id;

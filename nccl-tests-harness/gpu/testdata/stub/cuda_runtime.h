@@ -1,4 +1,5 @@
-/* Stub for a CPU-only *syntax* check of nccl_direct.cu's host code (ci/tests/60-gpu-scripts.sh).
+/* Stub for a CPU-only *syntax* check of nccl_direct.cu's host code (ci/tests/60-gpu-scripts.sh),
+ * used with nccl_min/nccl.h.
  * Declares only what nccl_direct.cu uses, with the CUDA runtime's signatures. Never linked. */
 #pragma once
 #include <stddef.h>
