@@ -148,6 +148,7 @@ write_summary() {
         printf '%s\n' "$ENV_REPORT"
         [ -e "$BUILD_DIR/nccl.env" ] && sed 's/^/- nccl_direct build: /' "$BUILD_DIR/nccl.env"
         echo "- fabric for ferroce: $(grep -ah '^#env FERROCE_GPU_FABRIC=' "$OUTD"/torch-ferroce.log "$OUTD"/direct-ferroce.log 2>/dev/null | head -n 1 | cut -d= -f2)"
+        echo "- GPUDirect RDMA (ferroce runs): $(grep -ahoE 'GPU Direct RDMA (Enabled|Disabled)[^|]*' "$OUTD"/torch-ferroce.log "$OUTD"/direct-ferroce.log 2>/dev/null | sort | uniq -c | head -n 3 | tr -s ' ' | tr '\n' ';') channel lines with /GDRDMA: $(cat "$OUTD"/torch-ferroce.log "$OUTD"/direct-ferroce.log 2>/dev/null | grep -ac 'via NET/ferroce/[0-9]*/GDRDMA')"
         echo "- NCCL (from the logs): $(grep -ahoE 'NCCL version [0-9][^ ]*' "$OUTD"/*.log 2>/dev/null | sort -u | tr '\n' ' ')"
         echo "- command: \`bash nccl-tests-harness/gpu/gpu_check.sh\` (budget ${BUDGET}s)"
         echo
