@@ -9,8 +9,8 @@
 # /usr/include/nccl.h. A library without nccl.h next to it is compiled against nccl_min/nccl.h.
 # nvcc: $NVCC, then PATH, then $CUDA_HOME/bin and /usr/local/cuda/bin. GPU architecture: $NVCC_ARCH
 # (e.g. sm_90), else the compute capability nvidia-smi reports, else nvcc's default.
-# The binary gets an RPATH to the NCCL library it was linked with, so run_nccl_direct.sh loads the
-# same NCCL. Output: DIR/nccl_direct (default nccl-tests-harness/gpu/build/) and DIR/nccl.env
+# The binary gets an RPATH (DT_RPATH, searched before LD_LIBRARY_PATH) to the NCCL library it was
+# linked with, so it loads that NCCL whatever LD_LIBRARY_PATH holds. Output: DIR/nccl_direct (default nccl-tests-harness/gpu/build/) and DIR/nccl.env
 # (NCCL_INCLUDE=, NCCL_LIB=, NCCL_VERSION=).
 #   --print-nccl   only find NCCL and print what was found (no nvcc needed).
 set -u
@@ -106,7 +106,8 @@ if [ -n "$arch" ]; then
 fi
 mkdir -p "$OUT_DIR" || exit 1
 cmd=("$NVCC_BIN" -O2 -std=c++17 "${ARCH_FLAGS[@]}" -I"$NCCL_INCLUDE" -o "$OUT_DIR/nccl_direct"
-    "$GPU_DIR/nccl_direct.cu" -L"$NCCL_LIB" "$NCCL_LINK" -Xlinker -rpath -Xlinker "$NCCL_LIB")
+    "$GPU_DIR/nccl_direct.cu" -L"$NCCL_LIB" "$NCCL_LINK" -Xlinker -rpath -Xlinker "$NCCL_LIB"
+    -Xlinker --disable-new-dtags)
 echo "build_nccl_direct: ${cmd[*]}"
 if ! "${cmd[@]}"; then
     echo "build_nccl_direct: nvcc failed"
