@@ -55,9 +55,7 @@ impl DeviceFilter {
         let mut problem = None;
         for item in rest.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             if filter.entries.len() == MAX_FILTER_ENTRIES {
-                problem = Some(format!(
-                    "more than {MAX_FILTER_ENTRIES} entries; the rest are ignored"
-                ));
+                problem = Some(format!("more than {MAX_FILTER_ENTRIES} entries; the rest are ignored"));
                 break;
             }
             let mut fields = item.split(':');
@@ -70,9 +68,7 @@ impl DeviceFilter {
                 match parse_c_integer(field) {
                     Some(v) => Some(v),
                     None => {
-                        problem = Some(format!(
-                            "{what} '{field}' of entry '{item}' is not a number"
-                        ));
+                        problem = Some(format!("{what} '{field}' of entry '{item}' is not a number"));
                         None
                     }
                 }
@@ -130,9 +126,7 @@ impl AddrRange {
     pub fn contains_v4(&self, a: Ipv4Addr) -> bool {
         match self.addr {
             IpAddr::V4(net) => {
-                let mask = u32::MAX
-                    .checked_shl(32 - u32::from(self.prefix_len))
-                    .unwrap_or(0);
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix_len)).unwrap_or(0);
                 (u32::from(net) & mask) == (u32::from(a) & mask)
             }
             IpAddr::V6(_) => false,
@@ -142,9 +136,7 @@ impl AddrRange {
     pub fn contains_v6(&self, a: Ipv6Addr) -> bool {
         match self.addr {
             IpAddr::V6(net) => {
-                let mask = u128::MAX
-                    .checked_shl(128 - u32::from(self.prefix_len))
-                    .unwrap_or(0);
+                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix_len)).unwrap_or(0);
                 (u128::from(net) & mask) == (u128::from(a) & mask)
             }
             IpAddr::V4(_) => false,
@@ -285,10 +277,7 @@ pub fn parse_c_integer(text: &str) -> Option<i64> {
         Some(r) => (true, r),
         None => (false, t.strip_prefix('+').unwrap_or(t)),
     };
-    let value = if let Some(hex) = digits
-        .strip_prefix("0x")
-        .or_else(|| digits.strip_prefix("0X"))
-    {
+    let value = if let Some(hex) = digits.strip_prefix("0x").or_else(|| digits.strip_prefix("0X")) {
         i64::from_str_radix(hex, 16).ok()?
     } else if digits.len() > 1 && digits.starts_with('0') {
         i64::from_str_radix(&digits[1..], 8).ok()?
@@ -392,11 +381,7 @@ impl Config {
             Some(v) => {
                 let parsed = AddrRange::parse(&v);
                 if parsed.is_none() {
-                    r.warn(
-                        "NCCL_IB_ADDR_RANGE",
-                        &v,
-                        "expected a CIDR prefix such as 10.1.0.0/16",
-                    );
+                    r.warn("NCCL_IB_ADDR_RANGE", &v, "expected a CIDR prefix such as 10.1.0.0/16");
                 }
                 parsed
             }
@@ -451,12 +436,7 @@ impl Config {
             dmabuf_enable: r.flag("NCCL_DMABUF_ENABLE", true),
             socket_ifname: r.filter("NCCL_SOCKET_IFNAME"),
             socket_family: r.family("NCCL_SOCKET_FAMILY"),
-            socket_magic: r.int(
-                "NCCL_SOCKET_MAGIC",
-                d.socket_magic as i64,
-                i64::MIN,
-                i64::MAX,
-            ) as u64,
+            socket_magic: r.int("NCCL_SOCKET_MAGIC", d.socket_magic as i64, i64::MIN, i64::MAX) as u64,
             connect_timeout_sec: r.int("FERROCE_CONNECT_TIMEOUT_SEC", 60, 1, 86_400) as u64,
         };
         (cfg, r.warnings)
@@ -515,11 +495,7 @@ pub fn get() -> &'static Config {
         for w in &warnings {
             crate::log_warn!("{w}");
         }
-        crate::log_info!(
-            crate::log::subsys::INIT | crate::log::subsys::ENV,
-            "{}",
-            cfg.summary()
-        );
+        crate::log_info!(crate::log::subsys::INIT | crate::log::subsys::ENV, "{}", cfg.summary());
         cfg
     })
 }
@@ -530,10 +506,7 @@ mod tests {
     use std::collections::HashMap;
 
     fn parse(vars: &[(&str, &str)]) -> (Config, Vec<ConfigWarning>) {
-        let map: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let map: HashMap<String, String> = vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Config::from_lookup(&move |k| map.get(k).cloned())
     }
 
@@ -602,11 +575,7 @@ mod tests {
             assert_eq!(warnings[0].value, *value);
             let text = warnings[0].to_string();
             assert!(text.contains(name) && text.contains(value), "{text}");
-            assert_eq!(
-                cfg,
-                Config::default(),
-                "{name}={value} must leave the default"
-            );
+            assert_eq!(cfg, Config::default(), "{name}={value} must leave the default");
         }
     }
 
@@ -647,10 +616,7 @@ mod tests {
         let f = DeviceFilter::parse("=mlx5_0:1,mlx5_1:1").unwrap();
         assert!(f.exact);
         assert!(f.accepts("mlx5_0", 1) && !f.accepts("mlx5_0", 2) && f.accepts("mlx5_1", 1));
-        assert!(
-            !f.accepts("mlx5_10", 1),
-            "exact mode compares the whole name"
-        );
+        assert!(!f.accepts("mlx5_10", 1), "exact mode compares the whole name");
 
         let f = DeviceFilter::parse("^=mlx5_1,mlx5_4").unwrap();
         assert!(f.exclude && f.exact);
@@ -661,10 +627,7 @@ mod tests {
         assert!(!f.accepts("mlx5_1", 1) && !f.accepts("mlx5_10", 1) && f.accepts("mlx5_2", 1));
 
         let f = DeviceFilter::parse("mlx5_1").unwrap();
-        assert!(
-            f.accepts("mlx5_1", 1) && f.accepts("mlx5_12", 1),
-            "prefix match"
-        );
+        assert!(f.accepts("mlx5_1", 1) && f.accepts("mlx5_12", 1), "prefix match");
 
         let f = DeviceFilter::parse("=mlx5_0:1:0:0,mlx5_1:1:0:1,mlx5_2::3").unwrap();
         assert_eq!(

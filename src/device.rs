@@ -120,11 +120,7 @@ impl VirtualDevice {
                 first.name, first.link_layer, odd.name, odd.link_layer
             )));
         }
-        let name = members
-            .iter()
-            .map(|d| d.name.as_str())
-            .collect::<Vec<_>>()
-            .join("+");
+        let name = members.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join("+");
         let rail = if members.iter().all(|d| d.rail == first.rail) {
             first.rail
         } else {
@@ -162,17 +158,10 @@ pub fn format_gid(gid: &[u8; 16]) -> String {
 /// Whether a port becomes a device (spec §8.1 step 4): ACTIVE, IB or Ethernet link layer.
 pub fn port_is_usable(port: &PortInfo) -> std::result::Result<LinkLayer, String> {
     if port.state != PORT_ACTIVE {
-        return Err(format!(
-            "port state is {} (not ACTIVE)",
-            port_state_name(port.state)
-        ));
+        return Err(format!("port state is {} (not ACTIVE)", port_state_name(port.state)));
     }
-    LinkLayer::from_port(port.link_layer).ok_or_else(|| {
-        format!(
-            "link layer {} is neither InfiniBand nor Ethernet",
-            port.link_layer
-        )
-    })
+    LinkLayer::from_port(port.link_layer)
+        .ok_or_else(|| format!("link layer {} is neither InfiniBand nor Ethernet", port.link_layer))
 }
 
 fn port_state_name(state: u32) -> &'static str {
@@ -189,9 +178,7 @@ fn port_state_name(state: u32) -> &'static str {
 
 /// Port speed in Mbps from the lowest set bits of `active_speed` and `active_width` (§8.1 step 5).
 pub fn speed_mbps(active_speed: u8, active_width: u8) -> i32 {
-    const PER_LANE: [i32; 9] = [
-        2500, 5000, 10000, 10000, 14000, 25000, 50000, 100000, 200000,
-    ];
+    const PER_LANE: [i32; 9] = [2500, 5000, 10000, 10000, 14000, 25000, 50000, 100000, 200000];
     const LANES: [i32; 5] = [1, 4, 8, 12, 2];
     let lane = PER_LANE[(active_speed.trailing_zeros() as usize).min(PER_LANE.len() - 1)];
     let width = LANES[(active_width.trailing_zeros() as usize).min(LANES.len() - 1)];
@@ -239,11 +226,8 @@ pub fn read_roce_type(read: std::io::Result<String>) -> std::io::Result<Option<u
 
 fn gid_family(gid: &[u8; 16]) -> AddrFamily {
     let v4_mapped = gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff;
-    let v4_mapped_mcast = gid[0] == 0xff
-        && gid[1] == 0x0e
-        && gid[2..10].iter().all(|&b| b == 0)
-        && gid[10] == 0xff
-        && gid[11] == 0xff;
+    let v4_mapped_mcast =
+        gid[0] == 0xff && gid[1] == 0x0e && gid[2..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff;
     if v4_mapped || v4_mapped_mcast {
         AddrFamily::Inet
     } else {
@@ -261,9 +245,7 @@ fn gid_in_range(gid: &[u8; 16], cfg: &Config) -> bool {
     match cfg.addr_range {
         None => true,
         Some(range) => match gid_family(gid) {
-            AddrFamily::Inet => {
-                range.contains_v4(Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15]))
-            }
+            AddrFamily::Inet => range.contains_v4(Ipv4Addr::new(gid[12], gid[13], gid[14], gid[15])),
             AddrFamily::Inet6 => range.contains_v6(Ipv6Addr::from(*gid)),
         },
     }
@@ -300,10 +282,8 @@ pub fn select_roce_gid(
             cur = cand;
         } else if fam_cand == want && gid_valid(&g_cand) && in_range {
             // Rule B: prefer the wanted RoCE version over an entry of another type or an invalid one.
-            let t_cur =
-                roce_type(cur).map_err(|e| format!("reading the type of GID {cur}: {e}"))?;
-            let t_cand =
-                roce_type(cand).map_err(|e| format!("reading the type of GID {cand}: {e}"))?;
+            let t_cur = roce_type(cur).map_err(|e| format!("reading the type of GID {cur}: {e}"))?;
+            let t_cand = roce_type(cand).map_err(|e| format!("reading the type of GID {cand}: {e}"))?;
             if (t_cur != t_cand || !gid_valid(&g_cur)) && t_cand == Some(cfg.roce_version as u8) {
                 cur = cand;
             }
@@ -374,14 +354,11 @@ pub fn discover(verbs: &Arc<Verbs>, cfg: &Config) -> Result<Discovery> {
 
     if found.is_empty() {
         let why = if count == 0 {
-            "libibverbs found 0 devices — is an RDMA driver loaded (ibv_devices lists none)?"
-                .to_string()
+            "libibverbs found 0 devices — is an RDMA driver loaded (ibv_devices lists none)?".to_string()
         } else {
             format!("{count} device(s), none usable: {}", skipped.join("; "))
         };
-        return Err(Error::system(format!(
-            "no RDMA device: {why} see ferroce README"
-        )));
+        return Err(Error::system(format!("no RDMA device: {why} see ferroce README")));
     }
     if cfg.device_pci_order {
         // Every node must see the same order; devices without PCI sort last, by name.
@@ -410,12 +387,7 @@ pub fn discover(verbs: &Arc<Verbs>, cfg: &Config) -> Result<Discovery> {
     })
 }
 
-fn probe_ports(
-    ctx: &Arc<Context>,
-    cfg: &Config,
-    found: &mut Vec<NetDevice>,
-    skipped: &mut Vec<String>,
-) {
+fn probe_ports(ctx: &Arc<Context>, cfg: &Config, found: &mut Vec<NetDevice>, skipped: &mut Vec<String>) {
     let name = ctx.info.name.clone();
     let pci_path = std::fs::canonicalize(format!("{}/device", ctx.info.ibdev_path))
         .ok()
@@ -564,12 +536,7 @@ mod tests {
     fn gid_selection_table() {
         let d = Config::default();
         let cases: Vec<(&str, Vec<Row>, Config, std::result::Result<i32, String>)> = vec![
-            (
-                "usual host picks IPv4 RoCEv2",
-                usual_table(),
-                d.clone(),
-                Ok(3),
-            ),
+            ("usual host picks IPv4 RoCEv2", usual_table(), d.clone(), Ok(3)),
             (
                 "explicit index wins",
                 usual_table(),
@@ -699,11 +666,7 @@ mod tests {
         let table2 = [[0xfe; 16], [0u8; 16]];
         let gid2 = |i: i32| table2.get(i as usize).copied();
         assert_eq!(select_ib_gid(2, &gid2, &Config::default()), 0);
-        assert_eq!(
-            select_ib_gid(1, &gid, &Config::default()),
-            0,
-            "index outside the table"
-        );
+        assert_eq!(select_ib_gid(1, &gid, &Config::default()), 0, "index outside the table");
     }
 
     #[test]
@@ -725,12 +688,9 @@ mod tests {
             }),
             Ok(LinkLayer::InfiniBand)
         );
-        assert!(port_is_usable(&PortInfo {
-            state: 1,
-            ..active_eth
-        })
-        .unwrap_err()
-        .contains("DOWN"));
+        assert!(port_is_usable(&PortInfo { state: 1, ..active_eth })
+            .unwrap_err()
+            .contains("DOWN"));
         assert!(port_is_usable(&PortInfo {
             link_layer: 9,
             ..active_eth
@@ -744,11 +704,7 @@ mod tests {
         assert_eq!(speed_mbps(1 << 7, 1 << 1), 400_000, "NDR 4x");
         assert_eq!(speed_mbps(1 << 6, 1 << 4), 100_000, "HDR 2x");
         assert_eq!(speed_mbps(1, 1), 2500);
-        assert_eq!(
-            speed_mbps(0, 0),
-            10000,
-            "unknown speed falls back to NCCL's default"
-        );
+        assert_eq!(speed_mbps(0, 0), 10000, "unknown speed falls back to NCCL's default");
     }
 
     #[test]

@@ -54,7 +54,10 @@ mod tests {
 
     #[test]
     fn null_and_negative_arguments_are_internal_errors() {
-        assert_eq!(non_null(std::ptr::null_mut::<u8>(), "x").unwrap_err().result_code(), code::INTERNAL_ERROR);
+        assert_eq!(
+            non_null(std::ptr::null_mut::<u8>(), "x").unwrap_err().result_code(),
+            code::INTERNAL_ERROR
+        );
         assert_eq!(int_size(-1, "size").unwrap_err().result_code(), code::INTERNAL_ERROR);
         assert_eq!(int_size(7, "size").unwrap(), 7);
     }
