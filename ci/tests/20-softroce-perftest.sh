@@ -107,6 +107,10 @@ run write_bw_small_x3 ib_write_bw -d softroce0 -x 3 -s 64 -n 5000
 run write_bw_post_list ib_write_bw -d softroce0 -s 4096 -n 2000 --post_list 8
 run send_bw_events ib_send_bw -d softroce0 -e -n 500
 run write_bw_tclass ib_write_bw -d softroce0 -n 1000 --tclass=96
+run write_bw_4qp ib_write_bw -d softroce0 -q 4 -n 1000
+run read_bw_4qp ib_read_bw -d softroce0 -q 4 -n 500
+run send_bw_bidir ib_send_bw -d softroce0 -b -n 1000
+run write_bw_all_sizes ib_write_bw -d softroce0 -a -n 100
 # Again with 1% of received packets dropped on both sides.
 S="$S SOFTROCE_LOSS=0.01 SOFTROCE_SEED=7"
 C="$C SOFTROCE_LOSS=0.01 SOFTROCE_SEED=8"
