@@ -353,6 +353,11 @@ has "... marking the failed one" '^\| torch all_reduce \+ all_gather, ferroce \|
 expect "gpu_check.sh skips steps when the budget is spent" 1 env OUT="$D/gc3" PYTHON="$TD/fake_python.sh" NVCC="$TD/fake_nvcc.sh" \
     NCCL_HOME="$D/nccl" GPU_CHECK_BUILD_DIR="$D/gc-build3" "$G/gpu_check.sh" --budget 40
 has "... saying so" 'SKIPPED: only' "$D/out"
+expect "gpu_check.sh --only reruns just the named steps" 0 env OUT="$D/gc4" PYTHON="$TD/fake_python.sh" NVCC="$TD/fake_nvcc.sh" \
+    NCCL_HOME="$D/nccl" GPU_CHECK_BUILD_DIR="$D/gc-build" "$G/gpu_check.sh" --only direct-ferroce,direct-socket
+hasnt "... (no torch step)" '== \[torch' "$D/out"
+has "... using the binary built before" '^\| nccl_direct all_reduce \+ send/recv, ferroce \| PASS' "$D/gc4/summary.md"
+expect "gpu_check.sh --only with an unknown step" 2 "$G/gpu_check.sh" --only torch
 mkdir -p "$D/sum"
 cp "$TD/torch-ferroce-good.log" "$D/sum/torch-ferroce.log"
 cp "$TD/torch-socket-good.log" "$D/sum/torch-socket.log"

@@ -13,8 +13,9 @@
 # Output, in $OUT when set (the device tool's folder), else ./gpu-results: summary.md, steps.log and
 # one log per run (at most 8 files: what the device tool brings back). The summary is printed last.
 #
-#   gpu_check.sh [--budget SEC (default 450: the whole check)] [--summarize DIR]
+#   gpu_check.sh [--budget SEC (default 450: the whole check)] [--only STEP,...] [--summarize DIR]
 #
+# --only runs just the named steps (e.g. --only direct-build,direct-ferroce for a short rerun).
 # Environment: OUT, FERROCE_LIB_DIR, NCCL_TESTS_DIR (optional step 6), GPU_CHECK_BUDGET,
 # GPU_CHECK_BUILD_DIR (default nccl-tests-harness/gpu/build), GPU_CHECK_TORCH_ARGS and
 # GPU_CHECK_DIRECT_ARGS (default "-n 10 -w 2 --cap 512M"), PYTHON, NVCC, NCCL_HOME.
@@ -29,15 +30,23 @@ BUDGET=${GPU_CHECK_BUDGET:-450}
 OUTD=${OUT:-$PWD/gpu-results}
 BUILD_DIR=${GPU_CHECK_BUILD_DIR:-$GPU_DIR/build}
 SUMMARIZE_ONLY=0
+ONLY=""
 while [ $# -gt 0 ]; do
     case $1 in
         --budget) [ $# -ge 2 ] || { echo "--budget needs seconds"; exit 2; }; BUDGET=$2; shift 2 ;;
+        --only) [ $# -ge 2 ] || { echo "--only needs step names"; exit 2; }; ONLY=",$2,"; shift 2 ;;
         --summarize) [ $# -ge 2 ] || { echo "--summarize needs a directory"; exit 2; }; OUTD=$2; SUMMARIZE_ONLY=1; shift 2 ;;
         -h | --help) print_header_help; exit 0 ;;
         *) echo "unknown option '$1'"; exit 2 ;;
     esac
 done
 case $BUDGET in '' | *[!0-9]*) echo "--budget needs seconds"; exit 2 ;; esac
+for n in ${ONLY//,/ }; do
+    case $n in
+        torch-ferroce | torch-socket | direct-build | direct-ferroce | direct-socket | nccl-tests) ;;
+        *) echo "--only: unknown step '$n' (torch-ferroce torch-socket direct-build direct-ferroce direct-socket nccl-tests)"; exit 2 ;;
+    esac
+done
 mkdir -p "$OUTD" || exit 1
 STEPS_LOG=$OUTD/steps.log
 START=$(date +%s)
@@ -48,12 +57,18 @@ remaining() { echo $((BUDGET - ($(date +%s) - START))); }
 RESULTS=$(mktemp "${TMPDIR:-/tmp}/gpu-check-steps.XXXXXX")
 trap 'rm -f "$RESULTS"' EXIT
 
+# selected NAME: 0 unless --only was given without NAME.
+selected() {
+    [ -z "$ONLY" ] || [ "${ONLY#*,"$1",}" != "$ONLY" ]
+}
+
 # step NAME WANT_SEC CMD...: run CMD bounded by min(WANT_SEC, time left - 15 s); output to steps.log.
 # The command gets that limit less 25 s in $STEP_LIMIT (the run scripts' own --timeout per run, so
 # that they end, check their logs and report before the outer bound).
 step() {
     local name=$1 want=$2 left t rc t0
     shift 2
+    selected "$name" || return 0
     left=$(($(remaining) - 15))
     t=$want
     [ "$left" -lt "$t" ] && t=$left
@@ -218,7 +233,7 @@ export TORCH_ARGS DIRECT_ARGS
 step torch-ferroce 140 bash -c '"$0"/run_torch.sh --transport ferroce --log-dir "$1" --timeout "$STEP_LIMIT" -- $TORCH_ARGS' "$GPU_DIR" "$OUTD"
 # shellcheck disable=SC2016
 step torch-socket 80 bash -c '"$0"/run_torch.sh --transport socket --log-dir "$1" --timeout "$STEP_LIMIT" -- $TORCH_ARGS' "$GPU_DIR" "$OUTD"
-rm -f "$BUILD_DIR/nccl_direct" "$BUILD_DIR/nccl.env"
+selected direct-build && rm -f "$BUILD_DIR/nccl_direct" "$BUILD_DIR/nccl.env"
 step direct-build 50 "$GPU_DIR/build_nccl_direct.sh" --out "$BUILD_DIR"
 export BUILD_DIR
 if [ -x "$BUILD_DIR/nccl_direct" ]; then
@@ -239,7 +254,7 @@ write_summary
 echo
 echo "================ summary ($OUTD/summary.md) ================"
 cat "$OUTD/summary.md"
-if awk -F'|' '$2 != "0" {bad = 1} END {exit bad}' "$RESULTS"; then
+if [ -s "$RESULTS" ] && awk -F'|' '$2 != "0" {bad = 1} END {exit bad}' "$RESULTS"; then
     echo "gpu_check: ALL PASSED in $(($(date +%s) - START))s"
     exit 0
 fi
