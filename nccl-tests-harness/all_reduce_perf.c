@@ -9,8 +9,10 @@
  *   step n-1          recvReduceCopySend   recv partial, + own input = final chunk r, send on
  *   steps n..2n-3     recvCopySend         recv final chunk, keep it, send on
  *   step 2n-2         recv                 recv final chunk r+1
- * Receives land in --steps registered slots per channel (NCCL's per-connection FIFO); the CPU
- * reduces slot + input into the output buffer, which is then sent from directly. Up to --steps
+ * Reduce-scatter receives land in --steps registered slots per channel (NCCL's per-connection
+ * FIFO); the CPU reduces slot + input into the output buffer, which is then sent from directly.
+ * All-gather receives (final data) go straight into the registered output buffer and are
+ * forwarded from there (NCCL's direct path for registered buffers), so they cost no copy. Up to --steps
  * receives are pre-posted and up to --steps sends are in flight per comm; sends and receives
  * each keep their order, and a send-only step does not wait for an earlier receive-only one.
  */
@@ -23,6 +25,9 @@
 enum { OP_SEND = 1, OP_RRS, OP_RRCS, OP_RCS, OP_RECV };
 #define HAS_RECV(k) ((k) != OP_SEND)
 #define HAS_SEND(k) ((k) != OP_RECV)
+/* all-gather steps receive final data: directly into the output buffer, as NCCL does with
+ * registered user buffers (no copy); reduce steps receive into a slot */
+#define DIRECT(k) ((k) == OP_RCS || (k) == OP_RECV)
 
 typedef struct {
   size_t off, nelem;
@@ -40,6 +45,7 @@ typedef struct {
   hq_t sq, rq;
   void* mh_send_in;  /* the input buffer, registered on the send comm */
   void* mh_send_out; /* the output buffer, registered on the send comm */
+  void* mh_recv_out; /* the output buffer, registered on the recv comm (direct receives) */
 } achan_t;
 
 static void push(achan_t* a, size_t off, size_t nelem, int kind) {
@@ -114,8 +120,15 @@ static void run_allreduce(hctx_t* h, achan_t* A, float* in, float* out) {
       aop_t* ops = a->ops;
       /* pre-post receives into free slots */
       while (a->rpost < a->nops && a->rq.posted - a->recv_consumed < steps) {
-        char* slot = ch->slots + (size_t)(a->rq.posted % steps) * ch->slot_bytes;
-        if (!hq_post_recv(h, &a->rq, slot, ch->slot_bytes, ops[a->rpost].nelem * sizeof(float), ch->slots_mh)) break;
+        aop_t* op = &ops[a->rpost];
+        size_t bytes = op->nelem * sizeof(float);
+        int ok;
+        if (DIRECT(op->kind)) /* final data: straight into the output buffer */
+          ok = hq_post_recv(h, &a->rq, out + op->off, bytes, bytes, a->mh_recv_out);
+        else
+          ok = hq_post_recv(h, &a->rq, ch->slots + (size_t)(a->rq.posted % steps) * ch->slot_bytes, ch->slot_bytes, bytes,
+                            ch->slots_mh);
+        if (!ok) break;
         a->rpost = next_with(ops, a->rpost + 1, a->nops, 1);
         progress = 1;
       }
@@ -128,10 +141,7 @@ static void run_allreduce(hctx_t* h, achan_t* A, float* in, float* out) {
           int sends = HAS_SEND(op->kind);
           if (!sends || (a->scur == a->rcur && (a->ready_tail - a->sq.posted) + hq_inflight(&a->sq) < steps)) {
             const float* slot = (const float*)(ch->slots + (size_t)(a->recv_consumed % steps) * ch->slot_bytes);
-            if (op->kind == OP_RCS || op->kind == OP_RECV)
-              memcpy(out + op->off, slot, op->nelem * sizeof(float));
-            else
-              reduce(out + op->off, slot, in + op->off, op->nelem);
+            if (!DIRECT(op->kind)) reduce(out + op->off, slot, in + op->off, op->nelem);
             a->recv_consumed++;
             if (sends) {
               a->ready[a->ready_tail++ % H_MAX_STEPS] = a->scur;
@@ -202,6 +212,7 @@ static int body(hctx_t* h) {
   for (int c = 0; c < h->nch; c++) {
     A[c].mh_send_in = h_reg(h, h->ch[c]->send_comm, in, maxcount * sizeof(float));
     A[c].mh_send_out = h_reg(h, h->ch[c]->send_comm, out, maxcount * sizeof(float));
+    A[c].mh_recv_out = h_reg(h, h->ch[c]->recv_comm, out, maxcount * sizeof(float));
   }
   hcoll_t coll = {"float", "sum", -1, 2.0 * (h->nranks - 1) / h->nranks, sizeof(float)};
   h_print_header(h, &coll);
@@ -246,6 +257,7 @@ static int body(hctx_t* h) {
     free(A[c].ops);
     h_dereg(h, h->ch[c]->send_comm, A[c].mh_send_in);
     h_dereg(h, h->ch[c]->send_comm, A[c].mh_send_out);
+    h_dereg(h, h->ch[c]->recv_comm, A[c].mh_recv_out);
   }
   h_ring_close(h);
   h_net_close(h);
