@@ -9,6 +9,7 @@
 #   GPU programs (testdata/fake_*.sh).
 # Prints "N passed, M failed"; exit status 0 when nothing failed.
 set -u
+SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$0")/../.." || exit 1
 G=$PWD/nccl-tests-harness/gpu
 TD=$G/testdata
@@ -54,7 +55,7 @@ for f in "$G"/*.sh "$TD"/fake_*.sh; do
     expect "bash -n $(basename "$f")" 0 bash -n "$f"
 done
 if command -v shellcheck >/dev/null 2>&1; then
-    expect "shellcheck (gpu scripts, this test)" 0 shellcheck -x "$G"/*.sh "$TD"/fake_*.sh "$0"
+    expect "shellcheck (gpu scripts, this test)" 0 shellcheck -x "$G"/*.sh "$TD"/fake_*.sh "$SELF"
 else
     echo "   (shellcheck not installed: skipped)"
 fi
