@@ -6,7 +6,8 @@
 #   log checks on sample NCCL logs (testdata/), the table parsing, RDMA-NIC detection, the transport
 #   environments, per-rank environments, argument parsing, the nvcc build script (fake nvcc), and
 #   end-to-end runs of run_nccl_direct.sh, run_torch.sh and gpu_check.sh with test doubles of the
-#   GPU programs (testdata/fake_*.sh).
+#   GPU programs (testdata/fake_*.sh), and the real plugin + softroce through the CPU harness in
+#   the environment the GPU scripts export.
 # Prints "N passed, M failed"; exit status 0 when nothing failed.
 set -u
 SELF=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
@@ -364,6 +365,26 @@ cp "$TD/torch-ferroce-good.log" "$D/sum/torch-ferroce.log"
 cp "$TD/torch-socket-good.log" "$D/sum/torch-socket.log"
 expect "gpu_check.sh --summarize on existing logs" 0 "$G/gpu_check.sh" --summarize "$D/sum"
 has "--summarize: table from logs" '^\| torch all_reduce \+ all_gather, NCCL socket \| PASS \| - \| 0 \| PASS: NET/Socket only' "$D/sum/summary.md"
+
+echo "== the real plugin and softroce in the environment the GPU scripts export (CPU harness)"
+R=$PWD/target/release
+if [ -x "$R/harness/all_reduce_perf" ] && [ -e "$R/libnccl-net-ferroce.so" ] && [ -e "$R/softroce/libibverbs.so.1" ]; then
+    (
+        export FERROCE_LIB_DIR=$R FERROCE_USE_SOFTROCE=1
+        setup_transport ferroce || exit 3
+        # The harness gives rank r SOFTROCE_ADDR=<addr-base>.<r+1>, as rank_env does.
+        timeout 120 "$R/harness/all_reduce_perf" -b 4K -e 1M -f 16 -n 3 -w 1 -g 2 \
+            --addr-base "$FERROCE_GPU_SOFTROCE_NET_ACTIVE" --timeout 100
+    ) >"$D/out" 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ] && grep -q 'Out of bounds values : 0 OK' "$D/out" && grep -q 'side channel on lo' "$D/out"; then
+        ok "2-rank all_reduce over softroce (127.0.77.x, side channel on lo, plugin from LD_LIBRARY_PATH)"
+    else
+        ko "CPU harness in the GPU scripts' environment (rc=$rc)" "$D/out"
+    fi
+else
+    echo "   (target/release harness or libraries not built: skipped)"
+fi
 
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]
