@@ -139,13 +139,33 @@ npair() {
     fi
 }
 
-echo "== netns-devinfo"
+echo "== netns-devinfo (no SOFTROCE_ADDR: the namespace's interface address)"
 ip netns exec $NA env LD_LIBRARY_PATH="$LIB" timeout "$T" ibv_devinfo -v >"$D/devinfo" 2>&1
-if grep -q '::ffff:10.77.20.1, RoCE v2' "$D/devinfo" && grep -Eq 'active_mtu:\s+4096' "$D/devinfo"; then
+if grep -q '::ffff:10.77.20.1, RoCE v2' "$D/devinfo" && grep -Eq 'active_mtu:\s+4096' "$D/devinfo" \
+    && ! grep -q '::ffff:0.0.0.0' "$D/devinfo"; then
     ok netns-devinfo
 else
     ko netns-devinfo "$D/devinfo"
 fi
+# Both processes in $NA, no SOFTROCE_ADDR: the first takes the veth address,
+# the second finds it taken and falls back to the first free 127.0.0.x.
+echo "== netns-auto-fallback"
+echo "   server and client in netns $NA: ibv_rc_pingpong -g 3 -p 28472 [127.0.0.1]"
+ip netns exec $NA env LD_LIBRARY_PATH="$LIB" timeout "$T" ibv_rc_pingpong -g 3 -s 4096 -n 200 -p 28472 >"$D/auto.server" 2>&1 &
+spid=$!
+PIDS="$PIDS $spid"
+wait_port 28472 $NA
+ip netns exec $NA env LD_LIBRARY_PATH="$LIB" timeout "$T" ibv_rc_pingpong -g 3 -s 4096 -n 200 -p 28472 127.0.0.1 >"$D/auto.client" 2>&1
+crc=$?
+wait $spid
+src=$?
+if [ $crc -eq 0 ] && [ $src -eq 0 ] && grep -q "GID ::ffff:10.77.20.1" "$D/auto.server" \
+    && grep -q "GID ::ffff:127.0.0.1" "$D/auto.client"; then
+    ok netns-auto-fallback
+else
+    ko "netns-auto-fallback (client rc=$crc, server rc=$src)" "$D/auto.server" "$D/auto.client"
+fi
+
 npair netns-write_bw 28470 '^ *[0-9]+ +[0-9]+ +[0-9]+\.[0-9]+' ib_write_bw -d softroce0 -n 2000
 npair netns-pingpong 28471 '[0-9]+ iters in' ibv_rc_pingpong -g 3 -s 4096 -n 500
 finish

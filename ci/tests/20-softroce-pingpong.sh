@@ -97,10 +97,6 @@ pair pingpong-g3-mtu4096 $port "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 3 -
 pair pingpong-events $port "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 0 -e -s 4096 -n 300; port=$((port + 1))
 pair pingpong-loss $port "$S SOFTROCE_LOSS=0.01 SOFTROCE_SEED=1" "$C SOFTROCE_LOSS=0.01 SOFTROCE_SEED=2" \
     127.0.20.1 "$RE" ibv_rc_pingpong -g 0 -s 8192 -n 300; port=$((port + 1))
-# No SOFTROCE_ADDR on either side: the first process takes the interface
-# address (or 127.0.0.x), the second falls back to a free 127.0.0.x.
-pair pingpong-auto-addr $port "" "" 127.0.0.1 "$RE" ibv_rc_pingpong -g 3 -s 4096 -n 200; port=$((port + 1))
-
 # RoCE needs a GRH: without -g the RTR transition must fail as on a real RoCE port.
 echo "== pingpong-no-gid-fails"
 echo "   client: $C ibv_rc_pingpong (no -g) -p $port against a server"
