@@ -95,6 +95,13 @@ impl Core {
                             Err(f) => {
                                 let (op, bytes) = describe(pool, wc.wr_id());
                                 error = Some(report(conn, &f, op, bytes));
+                                if f.status == super::errors::status::WR_FLUSH_ERR {
+                                    // A flushed WR is a consequence; look for the cause.
+                                    error = Some(
+                                        root_cause(conn, wcs, &describe, pool)
+                                            .unwrap_or_else(|| error.take().expect("set above")),
+                                    );
+                                }
                                 break 'devs;
                             }
                         }
@@ -150,6 +157,34 @@ impl Core {
         ));
         self.fail(e)
     }
+}
+
+/// After a flushed WR: drain the CQs (bounded) for the error that moved the QP to ERR.
+fn root_cause(
+    conn: &Conn,
+    wcs: &mut [WorkCompletion; POLL_BATCH],
+    describe: &impl Fn(&RequestPool, u64) -> (&'static str, usize),
+    pool: &RequestPool,
+) -> Option<Error> {
+    for _ in 0..64 {
+        let mut any = false;
+        for d in conn.devs.iter() {
+            let Ok(got) = d.cq.poll(wcs) else { continue };
+            any |= !got.is_empty();
+            for wc in got {
+                if let Err(f) = wc.result() {
+                    if f.status != super::errors::status::WR_FLUSH_ERR {
+                        let (op, bytes) = describe(pool, wc.wr_id());
+                        return Some(report(conn, &f, op, bytes));
+                    }
+                }
+            }
+        }
+        if !any {
+            break;
+        }
+    }
+    None
 }
 
 fn report(conn: &Conn, f: &Failed, op: &str, bytes: usize) -> Error {

@@ -1,0 +1,692 @@
+/* The data path through the C ABI, as NCCL drives it: dlopen(RTLD_NOW|RTLD_LOCAL) the plugin,
+ * dlsym ncclNetPlugin_vN, then listen/connect/accept, regMr/regMrDmaBuf, isend/irecv/iflush/test
+ * and close, with every byte verified.
+ *
+ *   datapath_test <plugin.so> <version 6..12> local [opts]          both ends in this process
+ *   datapath_test <plugin.so> <version> recv <handle-file> [opts]   receiving process
+ *   datapath_test <plugin.so> <version> send <handle-file> [opts]   sending process
+ *   datapath_test <plugin.so> <version> garbage                     junk on the listen port first
+ *
+ * opts: -g groups  -b max-big-bytes  -s seed  -c comms  -w window  -D (no dmabuf)
+ *       -k N  (recv/send: die with SIGKILL after N completed groups; -e: expect an error instead
+ *             of completing: exit 0 when the peer's death is reported within -t seconds)
+ *       -t seconds (overall limit, default 120)
+ *
+ * Both processes derive the same schedule from the seed: per group n buffers (1..8, distinct
+ * tags in shuffled order, sizes 0..256 KiB, sometimes 0, sometimes up to -b bytes), receive
+ * capacities larger than the message, send order shuffled; a quarter of the buffers are
+ * memfd-backed and registered with regMrDmaBuf. Prints "N passed, M failed" at the end.
+ */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <ferroce/nccl_net.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+static int passed, failed;
+#define CHECK(cond, ...)                                   \
+  do {                                                     \
+    if (cond) {                                            \
+      passed++;                                            \
+    } else {                                               \
+      failed++;                                            \
+      fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+      fprintf(stderr, __VA_ARGS__);                        \
+      fprintf(stderr, "\n");                               \
+    }                                                      \
+  } while (0)
+
+static int warns;
+static char last_warn[2048];
+static void logger(int level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
+  (void)flags, (void)file, (void)line;
+  if (level != FERROCE_LOG_WARN && !getenv("DATAPATH_VERBOSE")) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_warn, sizeof last_warn, fmt, ap);
+  va_end(ap);
+  if (level == FERROCE_LOG_WARN) warns++;
+  fprintf(stderr, "  [plugin %s] %s\n", level == FERROCE_LOG_WARN ? "WARN" : "log", last_warn);
+}
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static int count_fds(void) {
+  DIR* d = opendir("/proc/self/fd");
+  int n = 0;
+  struct dirent* e;
+  while (d && (e = readdir(d)))
+    if (e->d_name[0] != '.') n++;
+  if (d) closedir(d);
+  return n;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* One calling convention over every table version.                                             */
+
+typedef struct {
+  int ver;
+  void* tbl;
+  void* ctx;
+} net_t;
+
+#define T(v) ((ferroce_net_v##v##_t*)n->tbl)
+#define DISPATCH(expr6, expr7, expr8, expr9, expr10, expr11, expr12) \
+  switch (n->ver) {                                                  \
+    case 6: return expr6;                                            \
+    case 7: return expr7;                                            \
+    case 8: return expr8;                                            \
+    case 9: return expr9;                                            \
+    case 10: return expr10;                                          \
+    case 11: return expr11;                                          \
+    default: return expr12;                                          \
+  }
+#define SAME(call) DISPATCH(T(6)->call, T(7)->call, T(8)->call, T(9)->call, T(10)->call, T(11)->call, T(12)->call)
+
+static int n_init(net_t* n) {
+  ferroce_net_comm_config_t cfg = {-1};
+  DISPATCH(T(6)->init(logger), T(7)->init(logger), T(8)->init(logger), T(9)->init(logger), T(10)->init(logger, NULL),
+           T(11)->init(&n->ctx, 1, &cfg, logger, NULL), T(12)->init(&n->ctx, 1, &cfg, logger, NULL))
+}
+static int n_finalize(net_t* n) {
+  if (n->ver == 11) return T(11)->finalize(n->ctx);
+  if (n->ver == 12) return T(12)->finalize(n->ctx);
+  return 0;
+}
+static int n_devices(net_t* n, int* nd) { SAME(devices(nd)) }
+static int n_listen(net_t* n, int dev, void* h, void** lc) {
+  DISPATCH(T(6)->listen(dev, h, lc), T(7)->listen(dev, h, lc), T(8)->listen(dev, h, lc), T(9)->listen(dev, h, lc),
+           T(10)->listen(dev, h, lc), T(11)->listen(n->ctx, dev, h, lc), T(12)->listen(n->ctx, dev, h, lc))
+}
+static int n_connect(net_t* n, int dev, void* h, void** sc) {
+  ferroce_net_device_handle_t* dh = NULL;
+  ferroce_net_comm_config_t cfg = {-1};
+  DISPATCH(T(6)->connect(dev, h, sc), T(7)->connect(dev, h, sc, &dh), T(8)->connect(dev, h, sc, &dh),
+           T(9)->connect(dev, h, sc, &dh), T(10)->connect(dev, &cfg, h, sc, &dh), T(11)->connect(n->ctx, dev, h, sc, &dh),
+           T(12)->connect(n->ctx, dev, h, sc, &dh))
+}
+static int n_accept(net_t* n, void* lc, void** rc) {
+  ferroce_net_device_handle_t* dh = NULL;
+  DISPATCH(T(6)->accept(lc, rc), T(7)->accept(lc, rc, &dh), T(8)->accept(lc, rc, &dh), T(9)->accept(lc, rc, &dh),
+           T(10)->accept(lc, rc, &dh), T(11)->accept(lc, rc, &dh), T(12)->accept(lc, rc, &dh))
+}
+static int n_regmr(net_t* n, void* comm, void* data, size_t size, int type, void** mh) {
+  DISPATCH(T(6)->regMr(comm, data, (int)size, type, mh), T(7)->regMr(comm, data, (int)size, type, mh),
+           T(8)->regMr(comm, data, size, type, mh), T(9)->regMr(comm, data, size, type, mh),
+           T(10)->regMr(comm, data, size, type, mh), T(11)->regMr(comm, data, size, type, mh),
+           T(12)->regMr(comm, data, size, type, mh))
+}
+static int n_regmr_dmabuf(net_t* n, void* comm, void* data, size_t size, int type, uint64_t off, int fd, void** mh) {
+  SAME(regMrDmaBuf(comm, data, size, type, off, fd, mh))
+}
+static int n_deregmr(net_t* n, void* comm, void* mh) { SAME(deregMr(comm, mh)) }
+static int n_isend(net_t* n, void* sc, void* data, size_t size, int tag, void* mh, void** req) {
+  DISPATCH(T(6)->isend(sc, data, (int)size, tag, mh, req), T(7)->isend(sc, data, (int)size, tag, mh, req),
+           T(8)->isend(sc, data, (int)size, tag, mh, req), T(9)->isend(sc, data, size, tag, mh, req),
+           T(10)->isend(sc, data, size, tag, mh, NULL, req), T(11)->isend(sc, data, size, tag, mh, NULL, req),
+           T(12)->isend(sc, data, size, tag, mh, NULL, req))
+}
+static int n_irecv(net_t* n, void* rc, int cnt, void** data, size_t* sizes, int* tags, void** mhs, void** req) {
+  int isz[8];
+  for (int i = 0; i < cnt; i++) isz[i] = (int)sizes[i];
+  DISPATCH(T(6)->irecv(rc, cnt, data, isz, tags, mhs, req), T(7)->irecv(rc, cnt, data, isz, tags, mhs, req),
+           T(8)->irecv(rc, cnt, data, isz, tags, mhs, req), T(9)->irecv(rc, cnt, data, sizes, tags, mhs, req),
+           T(10)->irecv(rc, cnt, data, sizes, tags, mhs, NULL, req), T(11)->irecv(rc, cnt, data, sizes, tags, mhs, NULL, req),
+           T(12)->irecv(rc, cnt, data, sizes, tags, mhs, NULL, req))
+}
+static int n_iflush(net_t* n, void* rc, int cnt, void** data, int* sizes, void** mhs, void** req) {
+  SAME(iflush(rc, cnt, data, sizes, mhs, req))
+}
+static int n_test(net_t* n, void* req, int* done, int* sizes) { SAME(test(req, done, sizes)) }
+static int n_close_send(net_t* n, void* c) { SAME(closeSend(c)) }
+static int n_close_recv(net_t* n, void* c) { SAME(closeRecv(c)) }
+static int n_close_listen(net_t* n, void* c) { SAME(closeListen(c)) }
+static int n_max_recvs(net_t* n) {
+  switch (n->ver) {
+    case 6: { ferroce_net_properties_v6_t p; return T(6)->getProperties(0, &p) ? 1 : p.maxRecvs; }
+    case 7: { ferroce_net_properties_v7_t p; return T(7)->getProperties(0, &p) ? 1 : p.maxRecvs; }
+    case 8: { ferroce_net_properties_v8_t p; return T(8)->getProperties(0, &p) ? 1 : p.maxRecvs; }
+    case 9: { ferroce_net_properties_v9_t p; return T(9)->getProperties(0, &p) ? 1 : p.maxRecvs; }
+    case 10: { ferroce_net_properties_v10_t p; return T(10)->getProperties(0, &p) ? 1 : p.maxRecvs; }
+    case 11: { ferroce_net_properties_v11_t p; return T(11)->getProperties(0, &p) ? 1 : p.maxRecvs; }
+    default: { ferroce_net_properties_v12_t p; return T(12)->getProperties(0, &p) ? 1 : p.maxRecvs; }
+  }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* The schedule both ends derive from the seed.                                                 */
+
+static uint64_t splitmix(uint64_t* s) {
+  uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+#define MAXN 8
+typedef struct {
+  int n;
+  int tags[MAXN];
+  size_t size[MAXN], cap[MAXN];
+  int order[MAXN];
+  int dmabuf[MAXN];
+} group_t;
+
+static struct {
+  int groups, window, comms, no_dmabuf, kill_after, expect_error, max_recvs;
+  size_t big;
+  uint64_t seed;
+  double limit;
+} opt = {200, 32, 1, 0, -1, 0, 8, 64u << 20, 1, 120};
+
+static void gen_group(uint64_t seed, int comm, int g, group_t* G) {
+  uint64_t s = seed * 1000003 + (uint64_t)comm * 7919 + (uint64_t)g;
+  for (int i = 0; i < 3; i++) splitmix(&s);
+  G->n = opt.max_recvs > 1 ? 1 + (int)(splitmix(&s) % (uint64_t)opt.max_recvs) : 1;
+  int perm[MAXN];
+  for (int i = 0; i < G->n; i++) perm[i] = i;
+  for (int i = G->n - 1; i > 0; i--) {
+    int j = (int)(splitmix(&s) % (uint64_t)(i + 1)), t = perm[i];
+    perm[i] = perm[j], perm[j] = t;
+  }
+  for (int i = 0; i < G->n; i++) {
+    G->tags[i] = 100 + perm[i];
+    uint64_t r = splitmix(&s);
+    if (G->n == 1 && r % 16 == 0)
+      G->size[i] = (size_t)(splitmix(&s) % (opt.big + 1));
+    else if (r % 8 == 1)
+      G->size[i] = 0;
+    else
+      G->size[i] = (size_t)(splitmix(&s) % (256 * 1024));
+    G->cap[i] = G->size[i] + ((r >> 8) % 2 ? (size_t)((r >> 16) % 8192) : 0);
+    G->dmabuf[i] = !opt.no_dmabuf && (r >> 32) % 4 == 0;
+    G->order[i] = i;
+  }
+  for (int i = G->n - 1; i > 0; i--) {
+    int j = (int)(splitmix(&s) % (uint64_t)(i + 1)), t = G->order[i];
+    G->order[i] = G->order[j], G->order[j] = t;
+  }
+}
+
+static void fill(uint8_t* p, size_t len, uint64_t seed) {
+  uint64_t s = seed;
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    uint64_t v = splitmix(&s);
+    memcpy(p + i, &v, 8);
+  }
+  uint64_t v = splitmix(&s);
+  for (; i < len; i++) p[i] = (uint8_t)(v >> (8 * (i % 8)));
+}
+static uint64_t data_seed(int comm, int g, int i) { return opt.seed ^ ((uint64_t)comm << 48) ^ ((uint64_t)g << 8) ^ (uint64_t)i; }
+
+/* A buffer: anonymous memory, or a memfd mapping registered through regMrDmaBuf. */
+typedef struct {
+  uint8_t* p;
+  size_t len;
+  void* mh;
+} buf_t;
+
+static int buf_alloc(net_t* n, void* comm, buf_t* b, size_t len, int dmabuf) {
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  b->len = (len + page - 1) / page * page;
+  if (b->len == 0) b->len = page;
+  b->mh = NULL;
+  if (dmabuf) {
+    int fd = memfd_create("datapath", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)b->len) != 0) return -1;
+    b->p = mmap(NULL, b->len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    int rc = b->p == MAP_FAILED ? -1 : n_regmr_dmabuf(n, comm, b->p, b->len, FERROCE_PTR_CUDA, 0, fd, &b->mh);
+    close(fd); /* NCCL closes the fd right after the call */
+    return rc;
+  }
+  b->p = mmap(NULL, b->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (b->p == MAP_FAILED) return -1;
+  return n_regmr(n, comm, b->p, b->len, FERROCE_PTR_HOST, &b->mh);
+}
+static void buf_free(net_t* n, void* comm, buf_t* b) {
+  if (b->mh) CHECK(n_deregmr(n, comm, b->mh) == 0, "deregMr");
+  munmap(b->p, b->len);
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Receiver and sender state machines (non-blocking steps).                                     */
+
+#define MAXW 64
+typedef struct {
+  net_t* n;
+  void* rc;
+  int comm;
+  int posted, done;
+  group_t g[MAXW];
+  buf_t b[MAXW][MAXN];
+  void* req[MAXW];
+  int err;
+} recv_t;
+
+typedef struct {
+  net_t* n;
+  void* sc;
+  int comm;
+  int next_g, next_i; /* next isend: group, position in its send order */
+  int done_g;         /* groups whose every isend completed */
+  int prepared_g;     /* group whose buffers are allocated and filled (next_g when ready) */
+  group_t g[MAXW];
+  buf_t b[MAXW][MAXN];
+  void* req[MAXW][MAXN];
+  int err;
+} send_t;
+
+static int recv_step(recv_t* R) {
+  net_t* n = R->n;
+  int progress = 0;
+  while (R->posted < opt.groups && R->posted - R->done < opt.window) {
+    int w = R->posted % MAXW;
+    group_t* G = &R->g[w];
+    gen_group(opt.seed, R->comm, R->posted, G);
+    void* data[MAXN];
+    void* mhs[MAXN];
+    for (int i = 0; i < G->n; i++) {
+      if (buf_alloc(n, R->rc, &R->b[w][i], G->cap[i], G->dmabuf[i]) != 0) {
+        fprintf(stderr, "receive buffer registration failed\n");
+        return R->err = -1, -1;
+      }
+      memset(R->b[w][i].p, 0xa5, R->b[w][i].len);
+      data[i] = R->b[w][i].p, mhs[i] = R->b[w][i].mh;
+    }
+    void* req = NULL;
+    int rc = n_irecv(n, R->rc, G->n, data, G->cap, G->tags, mhs, &req);
+    if (rc != 0) return R->err = rc, -1;
+    if (!req) { /* out of slots: retry later */
+      for (int i = 0; i < G->n; i++) buf_free(n, R->rc, &R->b[w][i]);
+      break;
+    }
+    R->req[w] = req;
+    R->posted++;
+    progress = 1;
+  }
+  if (R->done < R->posted) {
+    int w = R->done % MAXW;
+    group_t* G = &R->g[w];
+    int done = 0, sizes[64];
+    memset(sizes, 0xff, sizeof sizes);
+    int rc = n_test(n, R->req[w], &done, sizes);
+    if (rc != 0) return R->err = rc, -1;
+    if (done) {
+      int sz[MAXN];
+      void* data[MAXN];
+      void* mhs[MAXN];
+      for (int i = 0; i < G->n; i++) {
+        uint8_t* p = R->b[w][i].p;
+        CHECK(sizes[i] == (int)G->size[i], "comm %d group %d buffer %d: got size %d, sent %zu", R->comm, R->done, i,
+              sizes[i], G->size[i]);
+        uint8_t* want = malloc(G->size[i] + 1);
+        fill(want, G->size[i], data_seed(R->comm, R->done, i));
+        int same = memcmp(p, want, G->size[i]) == 0;
+        free(want);
+        CHECK(same, "comm %d group %d buffer %d: %zu bytes differ", R->comm, R->done, i, G->size[i]);
+        size_t k = G->size[i];
+        while (k < R->b[w][i].len && p[k] == 0xa5) k++;
+        CHECK(k == R->b[w][i].len, "comm %d group %d buffer %d: byte %zu past the message was written", R->comm,
+              R->done, i, k);
+        sz[i] = sizes[i], data[i] = p, mhs[i] = R->b[w][i].mh;
+      }
+      void* freq = NULL;
+      rc = n_iflush(n, R->rc, G->n, data, sz, mhs, &freq);
+      if (rc != 0) return R->err = rc, -1;
+      double end = now_s() + 30;
+      for (int fd = 0; freq && !fd;) {
+        if ((rc = n_test(n, freq, &fd, NULL)) != 0) return R->err = rc, -1;
+        if (now_s() > end) return R->err = -2, -1;
+      }
+      for (int i = 0; i < G->n; i++) buf_free(n, R->rc, &R->b[w][i]);
+      R->done++;
+      progress = 1;
+      if (opt.kill_after >= 0 && R->done == opt.kill_after) {
+        fprintf(stderr, "receiver: dying now (SIGKILL) after %d groups, %d receives posted\n", R->done, R->posted);
+        kill(getpid(), SIGKILL);
+      }
+    }
+  }
+  return progress;
+}
+
+static int send_step(send_t* S) {
+  net_t* n = S->n;
+  int progress = 0;
+  /* Post isends in order, keeping at most `window` groups in flight. */
+  while (S->next_g < opt.groups && S->next_g - S->done_g < opt.window) {
+    int w = S->next_g % MAXW;
+    group_t* G = &S->g[w];
+    if (S->prepared_g != S->next_g + 1) {
+      S->prepared_g = S->next_g + 1;
+      gen_group(opt.seed, S->comm, S->next_g, G);
+      for (int i = 0; i < G->n; i++) {
+        if (buf_alloc(n, S->sc, &S->b[w][i], G->size[i], G->dmabuf[i]) != 0) {
+          fprintf(stderr, "send buffer registration failed\n");
+          return S->err = -1, -1;
+        }
+        fill(S->b[w][i].p, G->size[i], data_seed(S->comm, S->next_g, i));
+        S->req[w][i] = NULL;
+      }
+    }
+    int i = G->order[S->next_i];
+    void* req = NULL;
+    int rc = n_isend(n, S->sc, S->b[w][i].p, G->size[i], G->tags[i], S->b[w][i].mh, &req);
+    if (rc != 0) return S->err = rc, -1;
+    if (!req) break; /* receiver not ready: retry later */
+    S->req[w][i] = req;
+    progress = 1;
+    if (++S->next_i == G->n) S->next_i = 0, S->next_g++;
+  }
+  /* Complete the oldest group. */
+  if (S->done_g < S->next_g) {
+    int w = S->done_g % MAXW;
+    group_t* G = &S->g[w];
+    int all = 1;
+    for (int i = 0; i < G->n; i++) {
+      if (!S->req[w][i]) continue;
+      int done = 0, size = -1;
+      int rc = n_test(n, S->req[w][i], &done, &size);
+      if (rc != 0) return S->err = rc, -1;
+      if (!done) {
+        all = 0;
+        break;
+      }
+      CHECK(size == (int)G->size[i], "send size %d vs %zu", size, G->size[i]);
+      S->req[w][i] = NULL;
+    }
+    if (all) {
+      for (int i = 0; i < G->n; i++) buf_free(n, S->sc, &S->b[w][i]);
+      S->done_g++;
+      progress = 1;
+      if (opt.kill_after >= 0 && S->done_g == opt.kill_after) {
+        fprintf(stderr, "sender: dying now (SIGKILL) after %d groups\n", S->done_g);
+        kill(getpid(), SIGKILL);
+      }
+    }
+  }
+  return progress;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+static net_t load(const char* path, int ver) {
+  net_t n = {ver, NULL, NULL};
+  void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
+    exit(2);
+  }
+  char sym[32];
+  snprintf(sym, sizeof sym, "ncclNetPlugin_v%d", ver);
+  n.tbl = dlsym(h, sym);
+  if (!n.tbl) {
+    fprintf(stderr, "dlsym %s: %s\n", sym, dlerror());
+    exit(2);
+  }
+  int rc = n_init(&n);
+  if (rc != 0) {
+    fprintf(stderr, "init failed: %d\n", rc);
+    exit(2);
+  }
+  int nd = 0;
+  CHECK(n_devices(&n, &nd) == 0 && nd >= 1, "devices");
+  opt.max_recvs = n_max_recvs(&n);
+  if (opt.max_recvs > MAXN) opt.max_recvs = MAXN;
+  if (opt.max_recvs < 1) opt.max_recvs = 1;
+  return n;
+}
+
+static int summary(void) {
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
+
+/* Connect `count` pairs in this process, connect and accept driven alternately on one thread. */
+static int connect_local(net_t* n, int count, void** sc, void** rc) {
+  for (int c = 0; c < count; c++) {
+    char handle[FERROCE_NET_HANDLE_MAXSIZE] = {0};
+    void* lc = NULL;
+    if (n_listen(n, 0, handle, &lc) != 0 || !lc) return -1;
+    sc[c] = rc[c] = NULL;
+    double end = now_s() + 30;
+    while (!sc[c] || !rc[c]) {
+      if (!sc[c] && n_connect(n, 0, handle, &sc[c]) != 0) return -1;
+      if (!rc[c] && n_accept(n, lc, &rc[c]) != 0) return -1;
+      if (now_s() > end) return -1;
+    }
+    CHECK(n_close_listen(n, lc) == 0, "closeListen");
+  }
+  return 0;
+}
+
+static int run_local(net_t* n) {
+  int fds0 = count_fds();
+  void* sc[16];
+  void* rc[16];
+  int C = opt.comms > 16 ? 16 : opt.comms;
+  CHECK(connect_local(n, C, sc, rc) == 0, "connect %d comm(s) in one process", C);
+  if (failed) return summary();
+  static recv_t R[16];
+  static send_t S[16];
+  for (int c = 0; c < C; c++) {
+    memset(&R[c], 0, sizeof R[c]);
+    memset(&S[c], 0, sizeof S[c]);
+    R[c].n = S[c].n = n;
+    R[c].rc = rc[c], S[c].sc = sc[c];
+    R[c].comm = S[c].comm = c;
+  }
+  double end = now_s() + opt.limit;
+  int left = C;
+  while (left > 0 && now_s() < end) {
+    left = 0;
+    for (int c = 0; c < C; c++) {
+      if (R[c].done == opt.groups && S[c].done_g == opt.groups) continue;
+      left++;
+      if (recv_step(&R[c]) < 0 || send_step(&S[c]) < 0) {
+        CHECK(0, "comm %d: error (recv %d, send %d)", c, R[c].err, S[c].err);
+        return summary();
+      }
+    }
+  }
+  for (int c = 0; c < C; c++) {
+    CHECK(R[c].done == opt.groups && S[c].done_g == opt.groups, "comm %d finished %d/%d groups in time", c, R[c].done,
+          opt.groups);
+    CHECK(n_close_send(n, sc[c]) == 0, "closeSend");
+    CHECK(n_close_recv(n, rc[c]) == 0, "closeRecv");
+  }
+  CHECK(count_fds() == fds0, "no fd leaked by %d comm(s): %d fds before, %d after", C, fds0, count_fds());
+  CHECK(warns == 0, "no WARN on a clean run (%d, last: %s)", warns, last_warn);
+  return summary();
+}
+
+static int write_handle(const char* file, const char* h) {
+  char tmp[4096];
+  snprintf(tmp, sizeof tmp, "%s.tmp", file);
+  FILE* f = fopen(tmp, "w");
+  if (!f) return -1;
+  for (int i = 0; i < FERROCE_NET_HANDLE_MAXSIZE; i++) fprintf(f, "%02x", (unsigned char)h[i]);
+  fclose(f);
+  return rename(tmp, file);
+}
+static int read_handle(const char* file, char* h, double limit) {
+  double end = now_s() + limit;
+  for (;;) {
+    FILE* f = fopen(file, "r");
+    if (f) {
+      int ok = 1;
+      for (int i = 0; i < FERROCE_NET_HANDLE_MAXSIZE && ok; i++) {
+        unsigned v;
+        ok = fscanf(f, "%2x", &v) == 1;
+        h[i] = (char)v;
+      }
+      fclose(f);
+      if (ok) return 0;
+    }
+    if (now_s() > end) return -1;
+    usleep(10000);
+  }
+}
+
+/* Two processes: each side runs its half; with -k the other side dies and this one must see an
+ * error (never a hang) within the limit. */
+static int run_remote(net_t* n, int sender, const char* file) {
+  char handle[FERROCE_NET_HANDLE_MAXSIZE] = {0};
+  void* comm = NULL;
+  double end = now_s() + opt.limit;
+  if (!sender) {
+    void* lc = NULL;
+    CHECK(n_listen(n, 0, handle, &lc) == 0 && lc, "listen");
+    CHECK(write_handle(file, handle) == 0, "write handle");
+    while (!comm && now_s() < end)
+      if (n_accept(n, lc, &comm) != 0) break;
+    CHECK(comm != NULL, "accept");
+    n_close_listen(n, lc);
+  } else {
+    CHECK(read_handle(file, handle, 30) == 0, "read handle from %s", file);
+    while (!comm && now_s() < end)
+      if (n_connect(n, 0, handle, &comm) != 0) break;
+    CHECK(comm != NULL, "connect");
+  }
+  if (failed) return summary();
+  static recv_t R;
+  static send_t S;
+  R.n = S.n = n;
+  R.rc = S.sc = comm;
+  int err = 0;
+  double t0 = now_s();
+  while (now_s() < end) {
+    int finished = sender ? S.done_g == opt.groups : R.done == opt.groups;
+    if (finished) break;
+    if ((sender ? send_step(&S) : recv_step(&R)) < 0) {
+      err = sender ? S.err : R.err;
+      break;
+    }
+  }
+  double took = now_s() - t0;
+  if (opt.expect_error) {
+    CHECK(err == FERROCE_NCCL_REMOTE_ERROR || err == FERROCE_NCCL_SYSTEM_ERROR,
+          "the survivor got an error (%d) after the peer died, in %.1f s", err, took);
+    CHECK(warns >= 1 && warns <= 2, "one WARN names the failure (%d WARNs)", warns);
+    printf("survivor: error %d after %.1f s: %s\n", err, took, last_warn);
+  } else {
+    CHECK(err == 0, "%s finished without error (%d)", sender ? "sender" : "receiver", err);
+    CHECK((sender ? S.done_g : R.done) == opt.groups, "all %d groups done in time", opt.groups);
+    CHECK(warns == 0, "no WARN on a clean run (%d, last: %s)", warns, last_warn);
+  }
+  /* Close (safe with requests in flight after an error). */
+  if (sender)
+    CHECK(n_close_send(n, comm) == 0, "closeSend");
+  else
+    CHECK(n_close_recv(n, comm) == 0, "closeRecv");
+  n_finalize(n);
+  return summary();
+}
+
+/* Junk on the listen port (HTTP, NCCL's socket magic, a silent client) is rejected with a WARN
+ * and the real peer still connects and moves data. */
+static int run_garbage(net_t* n) {
+  char handle[FERROCE_NET_HANDLE_MAXSIZE] = {0};
+  void* lc = NULL;
+  CHECK(n_listen(n, 0, handle, &lc) == 0 && lc, "listen");
+  struct sockaddr_in a = {0};
+  a.sin_family = AF_INET;
+  memcpy(&a.sin_port, handle + 12, 2);
+  memcpy(&a.sin_addr, handle + 16, 4);
+  int junk[3];
+  const char* http = "GET / HTTP/1.1\r\nHost: ferroce\r\n\r\n";
+  uint64_t magic[2] = {0x564ab9f2fc4b9d6cULL, 4};
+  for (int i = 0; i < 3; i++) {
+    junk[i] = socket(AF_INET, SOCK_STREAM, 0);
+    CHECK(connect(junk[i], (struct sockaddr*)&a, sizeof a) == 0, "junk connect: %s", strerror(errno));
+  }
+  CHECK(write(junk[0], http, strlen(http)) > 0, "write junk");
+  CHECK(write(junk[1], magic, sizeof magic) > 0, "write NCCL magic");
+  void* rc = NULL;
+  void* sc = NULL;
+  for (int i = 0; i < 200; i++) {
+    CHECK(n_accept(n, lc, &rc) == 0 && rc == NULL, "accept with only junk connected");
+    usleep(1000);
+  }
+  CHECK(warns >= 2, "junk is WARNed (%d WARNs)", warns);
+  double end = now_s() + 30;
+  while ((!sc || !rc) && now_s() < end) {
+    if (!sc && n_connect(n, 0, handle, &sc) != 0) break;
+    if (!rc && n_accept(n, lc, &rc) != 0) break;
+  }
+  CHECK(sc && rc, "the real peer connects after the junk");
+  for (int i = 0; i < 3; i++) close(junk[i]);
+  n_close_listen(n, lc);
+  if (sc && rc) {
+    static recv_t R;
+    static send_t S;
+    R.n = S.n = n;
+    R.rc = rc, S.sc = sc;
+    opt.groups = 20;
+    while ((R.done < opt.groups || S.done_g < opt.groups) && now_s() < end)
+      if (recv_step(&R) < 0 || send_step(&S) < 0) break;
+    CHECK(R.done == opt.groups && S.done_g == opt.groups, "data moves after the junk (%d/%d)", R.done, S.done_g);
+    n_close_send(n, sc);
+    n_close_recv(n, rc);
+  }
+  return summary();
+}
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    fprintf(stderr, "usage: %s <plugin.so> <6..12> local|recv|send|garbage [handle-file] [opts]\n", argv[0]);
+    return 2;
+  }
+  const char* path = argv[1];
+  int ver = atoi(argv[2]);
+  const char* mode = argv[3];
+  int argi = 4;
+  const char* file = NULL;
+  if (!strcmp(mode, "recv") || !strcmp(mode, "send")) {
+    if (argc < 5) return 2;
+    file = argv[argi++];
+  }
+  for (int i = argi; i < argc; i++) {
+    const char* a = argv[i];
+    const char* v = i + 1 < argc ? argv[i + 1] : "0";
+    if (!strcmp(a, "-g")) opt.groups = atoi(v), i++;
+    else if (!strcmp(a, "-b")) opt.big = strtoull(v, NULL, 0), i++;
+    else if (!strcmp(a, "-s")) opt.seed = strtoull(v, NULL, 0), i++;
+    else if (!strcmp(a, "-c")) opt.comms = atoi(v), i++;
+    else if (!strcmp(a, "-w")) opt.window = atoi(v), i++;
+    else if (!strcmp(a, "-k")) opt.kill_after = atoi(v), i++;
+    else if (!strcmp(a, "-t")) opt.limit = atof(v), i++;
+    else if (!strcmp(a, "-D")) opt.no_dmabuf = 1;
+    else if (!strcmp(a, "-e")) opt.expect_error = 1;
+    else {
+      fprintf(stderr, "unknown option %s\n", a);
+      return 2;
+    }
+  }
+  if (opt.window > MAXW) opt.window = MAXW;
+  if (ver < 6 || ver > 12) return 2;
+  net_t n = load(path, ver);
+  if (!strcmp(mode, "local")) return run_local(&n);
+  if (!strcmp(mode, "garbage")) return run_garbage(&n);
+  if (!strcmp(mode, "recv")) return run_remote(&n, 0, file);
+  if (!strcmp(mode, "send")) return run_remote(&n, 1, file);
+  fprintf(stderr, "unknown mode %s\n", mode);
+  return 2;
+}

@@ -1,0 +1,130 @@
+#!/bin/sh
+# The data path through the C ABI over softroce (c_shim/datapath_test.c loads the plugin with
+# dlopen(RTLD_NOW|RTLD_LOCAL) and dlsym(ncclNetPlugin_vN), as NCCL does). Every byte verified.
+#
+#   * every ABI version v6..v12, in one process and between two processes: random sizes
+#     0..64 MiB, grouped receives (1..8) with shuffled tags, receive buffers larger than the
+#     message, 32 requests in flight, memfd-backed regMrDmaBuf registrations, iflush;
+#   * 1/2/4/8 QPs per connection in both split modes (one and two processes);
+#   * inline CTS, the adaptive-routing split, flush disabled; 16 comms at once (fd leak check);
+#   * the same with SOFTROCE_LOSS=0.01;
+#   * a peer killed mid-transfer (either side): the survivor gets an error, never a hang;
+#   * junk on the listen port: rejected with a WARN, a real peer still connects.
+# Addresses 127.0.40.x-127.0.41.x. Prints "N passed, M failed"; non-zero exit on failure.
+set -u
+cd "$(dirname "$0")/../.."
+R=target/release
+PLUGIN=$PWD/$R/libnccl-net-ferroce.so
+T=$PWD/$R/c_shim/datapath_test
+pass=0
+fail=0
+if [ ! -x "$T" ] || [ ! -f "$PLUGIN" ] || [ ! -f $R/softroce/libibverbs.so.1 ]; then
+    echo "FAILED: build first (make build: plugin, softroce, c_shim)"
+    echo "datapath: 0 passed, 1 failed"
+    exit 1
+fi
+export LD_LIBRARY_PATH="$PWD/$R/softroce${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export NCCL_SOCKET_IFNAME=lo FERROCE_CONNECT_TIMEOUT_SEC=30
+tmp=$(mktemp -d)
+bg=""
+cleanup() {
+    for p in $bg; do kill -9 "$p" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT INT TERM
+addr=0
+next_addr() {
+    addr=$((addr + 1))
+    echo "127.0.$((40 + addr / 250)).$((1 + addr % 250))"
+}
+ok() { pass=$((pass + 1)); echo "    ok: $*"; }
+ko() { fail=$((fail + 1)); echo "    FAILED: $*"; }
+
+# local NAME "ENV..." VERSION OPTS...: both ends in one process.
+local_case() {
+    name=$1 envs=$2 ver=$3
+    shift 3
+    a=$(next_addr)
+    echo "--- $name (v$ver, one process)"
+    if env $envs SOFTROCE_ADDR=$a timeout 300 "$T" "$PLUGIN" "$ver" local "$@" >"$tmp/out" 2>&1; then
+        ok "$(tail -1 "$tmp/out")"
+    else
+        tail -15 "$tmp/out"
+        ko "$name"
+    fi
+}
+
+# pair NAME "ENV..." VERSION "RECV-OPTS" "SEND-OPTS" [expect]: two processes, two softroce
+# addresses. expect = recv-dies | send-dies: that side kills itself, the other must see an error.
+pair_case() {
+    name=$1 envs=$2 ver=$3 ropts=$4 sopts=$5 expect=${6:-}
+    a=$(next_addr)
+    b=$(next_addr)
+    h="$tmp/handle.$a"
+    rm -f "$h"
+    echo "--- $name (v$ver, two processes)"
+    env $envs SOFTROCE_ADDR=$a timeout 300 "$T" "$PLUGIN" "$ver" recv "$h" $ropts >"$tmp/recv" 2>&1 &
+    rp=$!
+    bg="$bg $rp"
+    env $envs SOFTROCE_ADDR=$b timeout 300 "$T" "$PLUGIN" "$ver" send "$h" $sopts >"$tmp/send" 2>&1
+    src=$?
+    wait $rp
+    rrc=$?
+    case $expect in
+        recv-dies) good=$([ $rrc -eq 137 ] && [ $src -eq 0 ] && echo y) ;;
+        send-dies) good=$([ $src -eq 137 ] && [ $rrc -eq 0 ] && echo y) ;;
+        *) good=$([ $rrc -eq 0 ] && [ $src -eq 0 ] && echo y) ;;
+    esac
+    if [ "$good" = y ]; then
+        ok "receiver: $(tail -1 "$tmp/recv" | cut -c1-200) / sender: $(tail -1 "$tmp/send" | cut -c1-200)"
+    else
+        echo "    receiver (rc $rrc):"
+        tail -12 "$tmp/recv"
+        echo "    sender (rc $src):"
+        tail -12 "$tmp/send"
+        ko "$name"
+    fi
+}
+
+big=67108864
+for v in 6 7 8 9 10 11 12; do
+    local_case "all sizes to 64 MiB, grouped, dmabuf" "" $v -g 150 -b $big -s $v
+    pair_case "all sizes to 64 MiB, grouped, dmabuf" "" $v "-g 150 -b $big -s $v" "-g 150 -b $big -s $v"
+done
+for q in 1 2 4 8; do
+    for s in 0 1; do
+        e="NCCL_IB_QPS_PER_CONNECTION=$q NCCL_IB_SPLIT_DATA_ON_QPS=$s"
+        local_case "$q QPs, split $s" "$e" 12 -g 80 -b 16777216 -s $((q * 10 + s))
+        pair_case "$q QPs, split $s" "$e" 12 "-g 80 -b 16777216 -s $q" "-g 80 -b 16777216 -s $q"
+    done
+done
+local_case "inline CTS" "NCCL_IB_USE_INLINE=1" 12 -g 80
+local_case "adaptive-routing split (zero-length completion write)" "NCCL_IB_ADAPTIVE_ROUTING=1 NCCL_IB_AR_THRESHOLD=0" 12 -g 80
+local_case "flush disabled (iflush returns NULL)" "NCCL_GDR_FLUSH_DISABLE=1" 12 -g 40
+local_case "16 comms at once, no fd leak" "" 12 -c 16 -g 30
+local_case "16 comms at once, 4 QPs split" "NCCL_IB_QPS_PER_CONNECTION=4 NCCL_IB_SPLIT_DATA_ON_QPS=1" 9 -c 16 -g 20
+
+loss="SOFTROCE_LOSS=0.01 NCCL_IB_TIMEOUT=14"
+local_case "1% loss" "$loss" 12 -g 80 -b 8388608
+local_case "1% loss, 4 QPs split" "$loss NCCL_IB_QPS_PER_CONNECTION=4 NCCL_IB_SPLIT_DATA_ON_QPS=1" 12 -g 60 -b 8388608
+pair_case "1% loss" "$loss" 12 "-g 80 -b 8388608" "-g 80 -b 8388608"
+pair_case "1% loss, 2 QPs split" "$loss NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1" 6 "-g 60 -b 8388608" "-g 60 -b 8388608"
+
+dead="NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3"
+pair_case "receiver killed mid-transfer: sender errors out" "$dead" 12 "-g 400 -k 40" "-g 400 -e -t 30" recv-dies
+pair_case "sender killed mid-transfer: receiver errors out" "$dead" 12 "-g 400 -e -t 30" "-g 400 -k 40" send-dies
+pair_case "receiver killed, v6" "$dead" 6 "-g 400 -k 40" "-g 400 -e -t 30" recv-dies
+
+for v in 6 12; do
+    a=$(next_addr)
+    echo "--- junk on the listen port, then a real peer (v$v)"
+    if SOFTROCE_ADDR=$a timeout 120 "$T" "$PLUGIN" $v garbage >"$tmp/out" 2>&1; then
+        ok "$(tail -1 "$tmp/out")"
+    else
+        tail -15 "$tmp/out"
+        ko "garbage v$v"
+    fi
+done
+
+echo "datapath: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
