@@ -207,3 +207,47 @@ fn unsignaled_chain_completes_with_last_signaled() {
         assert_eq!(&d[i * 4096..(i + 1) * 4096], &src.read()[..]);
     }
 }
+
+#[test]
+fn nccl_style_zero_length_write_imm_and_self_read_flush() {
+    let c = open("127.0.21.1");
+    let (a, b) = pair(&c);
+    // Zero-length RDMA WRITE_WITH_IMM, no SGE, into a receive with no SGE.
+    post_recv(&b, 0, 0, 0, 77);
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
+    let mut wr: rdma_sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+    wr.wr_id = 5;
+    wr.opcode = 1; // WRITE_WITH_IMM
+    wr.send_flags = SIGNALED;
+    wr.num_sge = 0;
+    wr.imm_data_invalidated_rkey_union.imm_data = 0x0102_0304u32.to_be();
+    let dst = Buf::new(&c, 64, ACCESS_ALL);
+    wr.wr.rdma.remote_addr = dst.addr();
+    wr.wr.rdma.rkey = dst.rkey();
+    assert_eq!(post_send(&a, &mut wr), 0);
+    assert_eq!(poll_one(a.cq).status, 0);
+    let r = poll_one(b.cq);
+    assert_eq!((r.wr_id, r.status, r.opcode, r.byte_len), (77, 0, 129, 0), "{r:?}");
+    assert_eq!(r.imm, 0x0102_0304u32.to_be());
+
+    // NCCL's flush: a QP connected to itself READs a few bytes of local memory.
+    let q = create_qp(&c);
+    // SAFETY: test code: q.qp is a live QP.
+    let qpn = unsafe { (*q.qp).qp_num };
+    connect(&c, &q, qpn, 14, 7);
+    let mut data = Buf::new(&c, 4096, ACCESS_ALL);
+    data.fill(|i| i as u8 ^ 0x5a);
+    let sink = Buf::new(&c, 4, ACCESS_ALL);
+    let mut sge = ibv_sge {
+        addr: sink.addr(),
+        length: 4,
+        lkey: sink.lkey(),
+    };
+    let mut wr = send_wr(6, 4, &mut sge, SIGNALED);
+    wr.wr.rdma.remote_addr = data.addr() + 100;
+    wr.wr.rdma.rkey = data.rkey();
+    assert_eq!(post_send(&q, &mut wr), 0);
+    let s = poll_one(q.cq);
+    assert_eq!((s.wr_id, s.status, s.opcode), (6, 0, 2), "{s:?}");
+    assert_eq!(sink.read(), data.read()[100..104].to_vec());
+}
