@@ -33,9 +33,10 @@ cleanup() {
 }
 trap cleanup EXIT INT TERM
 addr=0
+# Sets $A to a fresh softroce address (no subshell, so the counter advances).
 next_addr() {
     addr=$((addr + 1))
-    echo "127.0.$((40 + addr / 250)).$((1 + addr % 250))"
+    A="127.0.$((40 + addr / 250)).$((1 + addr % 250))"
 }
 ok() { pass=$((pass + 1)); echo "    ok: $*"; }
 ko() { fail=$((fail + 1)); echo "    FAILED: $*"; }
@@ -44,7 +45,8 @@ ko() { fail=$((fail + 1)); echo "    FAILED: $*"; }
 local_case() {
     name=$1 envs=$2 ver=$3
     shift 3
-    a=$(next_addr)
+    next_addr
+    a=$A
     echo "--- $name (v$ver, one process)"
     if env $envs SOFTROCE_ADDR=$a timeout 300 "$T" "$PLUGIN" "$ver" local "$@" >"$tmp/out" 2>&1; then
         ok "$(tail -1 "$tmp/out")"
@@ -58,8 +60,10 @@ local_case() {
 # addresses. expect = recv-dies | send-dies: that side kills itself, the other must see an error.
 pair_case() {
     name=$1 envs=$2 ver=$3 ropts=$4 sopts=$5 expect=${6:-}
-    a=$(next_addr)
-    b=$(next_addr)
+    next_addr
+    a=$A
+    next_addr
+    b=$A
     h="$tmp/handle.$a"
     rm -f "$h"
     echo "--- $name (v$ver, two processes)"
@@ -116,7 +120,8 @@ pair_case "sender killed mid-transfer: receiver errors out" "$dead" 12 "-g 400 -
 pair_case "receiver killed, v6" "$dead" 6 "-g 400 -k 40" "-g 400 -e -t 30" recv-dies
 
 for v in 6 12; do
-    a=$(next_addr)
+    next_addr
+    a=$A
     echo "--- junk on the listen port, then a real peer (v$v)"
     if SOFTROCE_ADDR=$a timeout 120 "$T" "$PLUGIN" $v garbage >"$tmp/out" 2>&1; then
         ok "$(tail -1 "$tmp/out")"
