@@ -61,14 +61,43 @@ else
     echo "   (shellcheck not installed: skipped)"
 fi
 expect "py_compile torch_allreduce.py" 0 python3 -c "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)" "$G/torch_allreduce.py" "$D/ta.pyc"
+if python3 -c 'import pyflakes' 2>/dev/null; then
+    expect "pyflakes torch_allreduce.py (undefined names, unused imports)" 0 python3 -m pyflakes "$G/torch_allreduce.py"
+else
+    echo "   (pyflakes not installed: skipped)"
+fi
 if command -v g++ >/dev/null 2>&1; then
     sed -E 's/([A-Za-z_][A-Za-z0-9_]*)<<<([^>]*)>>>/(launch_config(\2), \1)/' "$G/nccl_direct.cu" >"$D/nccl_direct_host.cpp"
     expect "nccl_direct.cu host code compiles (g++ -fsyntax-only, stub CUDA/NCCL headers)" 0 \
         g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I "$TD/stub" -I "$G/nccl_min" -x c++ "$D/nccl_direct_host.cpp"
     expect "... and with a full header's macros (NCCL 2.21.5)" 0 \
         g++ -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I "$TD/stub" -I "$D/nccl/include" -x c++ "$D/nccl_direct_host.cpp"
+    # The whole program on the CPU with one rank: stub CUDA runtime (kernels as plain loops) and a
+    # one-rank fake NCCL (testdata/stub/fake_nccl.cpp).
+    if g++ -std=c++17 -O1 -Wall -Wextra -Werror -I "$TD/stub" -I "$G/nccl_min" -x c++ "$D/nccl_direct_host.cpp" \
+        -x c++ "$TD/stub/fake_nccl.cpp" -o "$D/nccl_direct_cpu" >"$D/out" 2>&1; then
+        ok "nccl_direct.cu builds for a CPU run (stub runtime, fake one-rank NCCL)"
+        expect "nccl_direct CPU run, 1 rank: every element checked, none wrong" 0 \
+            "$D/nccl_direct_cpu" --rank 0 --nranks 1 --id-file "$D/nccl-id" -b 4K -e 1M -f 4 -n 2 -w 1
+        cp "$D/out" "$D/ndcpu.txt"
+        nd_rows() { awk '/^# op: /{op=$3} $1 ~ /^[0-9]+$/ && NF == 9 {print op, $3, $1, $9}' "$1"; }
+        n=$(nd_rows "$D/ndcpu.txt" | grep -c ' 0$')
+        [ "$n" -eq 10 ] && ok "... 5 sizes x (all_reduce, sendrecv) in nccl-tests' columns, #wrong 0" || ko "nccl_direct CPU rows: $n" "$D/ndcpu.txt"
+        has "... and the final OK line" '^# Out of bounds values : 0 OK$' "$D/ndcpu.txt"
+        [ -e "$D/nccl-id" ] && ko "nccl_direct left its id file" || ok "... and rank 0 removed the id file"
+        expect "nccl_direct catches corrupted results (exit 1)" 1 env FAKE_NCCL_CORRUPT=1 \
+            "$D/nccl_direct_cpu" --rank 0 --nranks 1 --id-file "$D/nccl-id" -b 4K -e 16K -f 4 -n 2 -w 1
+        has "... counting them" '^# Out of bounds values : 8 FAILED$' "$D/out"
+        expect "nccl_direct: an NCCL error exits 2 with the message" 2 \
+            "$D/nccl_direct_cpu" --rank 0 --nranks 2 --id-file "$D/nccl-id2" -b 4K -e 4K
+        has "... naming the call" 'NCCL error 5: fake NCCL error' "$D/out"
+        expect "nccl_direct: bad arguments exit 2" 2 "$D/nccl_direct_cpu" --rank 3 --nranks 2 --id-file x
+        expect "nccl_direct: a missing id file times out (-T 1)" 2 "$D/nccl_direct_cpu" --rank 1 --nranks 2 --id-file "$D/none" -T 1
+    else
+        ko "nccl_direct.cu CPU build" "$D/out"
+    fi
 else
-    echo "   (g++ not installed: nccl_direct.cu host-code check skipped)"
+    echo "   (g++ not installed: nccl_direct.cu host-code checks skipped)"
 fi
 
 echo "== torch_allreduce.py without torch"
