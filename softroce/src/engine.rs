@@ -50,17 +50,10 @@ pub struct PdMemory<'a> {
     pub pd: u32,
 }
 
+// Every access translates and copies while holding the MR table's read lock,
+// so `ibv_dereg_mr` (write lock) returns only after in-flight copies into or
+// out of that region have finished — as a NIC's deregistration waits for DMA.
 impl PdMemory<'_> {
-    fn lookup(&self, key: u32) -> Option<MrInfo> {
-        self.dev
-            .mrs
-            .read()
-            .unwrap()
-            .get(&key)
-            .copied()
-            .filter(|m| m.pd == self.pd)
-    }
-
     /// Host address of `[addr, addr+len)` in MR `m`'s IOVA space.
     fn translate(m: &MrInfo, addr: u64, len: u64) -> Option<usize> {
         let off = addr.checked_sub(m.iova)?;
@@ -71,16 +64,41 @@ impl PdMemory<'_> {
         Some(m.addr + off as usize)
     }
 
-    fn local(&self, lkey: u32, addr: u64, len: u64, write: bool) -> Result<usize, LocalAccessError> {
-        let m = self.lookup(lkey).ok_or(LocalAccessError::InvalidKey)?;
+    /// Runs `f` on the host address of a checked local range, under the read lock.
+    fn with_local<R>(
+        &self,
+        lkey: u32,
+        addr: u64,
+        len: u64,
+        write: bool,
+        f: impl FnOnce(usize) -> R,
+    ) -> Result<R, LocalAccessError> {
+        let mrs = self.dev.mrs.read().unwrap();
+        let m = mrs
+            .get(&lkey)
+            .filter(|m| m.pd == self.pd)
+            .ok_or(LocalAccessError::InvalidKey)?;
         if write && m.access & proto::mem::access::LOCAL_WRITE == 0 {
             return Err(LocalAccessError::Permission);
         }
-        Self::translate(&m, addr, len).ok_or(LocalAccessError::OutOfBounds)
+        let p = Self::translate(m, addr, len).ok_or(LocalAccessError::OutOfBounds)?;
+        Ok(f(p))
     }
 
-    fn remote(&self, rkey: u32, va: u64, len: u64, what: RemoteAccess) -> Result<usize, RemoteAccessError> {
-        let m = self.lookup(rkey).ok_or(RemoteAccessError::InvalidKey)?;
+    /// Runs `f` on the host address of a checked remote range, under the read lock.
+    fn with_remote<R>(
+        &self,
+        rkey: u32,
+        va: u64,
+        len: u64,
+        what: RemoteAccess,
+        f: impl FnOnce(usize) -> R,
+    ) -> Result<R, RemoteAccessError> {
+        let mrs = self.dev.mrs.read().unwrap();
+        let m = mrs
+            .get(&rkey)
+            .filter(|m| m.pd == self.pd)
+            .ok_or(RemoteAccessError::InvalidKey)?;
         let need = match what {
             RemoteAccess::Write => proto::mem::access::REMOTE_WRITE,
             RemoteAccess::Read => proto::mem::access::REMOTE_READ,
@@ -89,7 +107,8 @@ impl PdMemory<'_> {
         if m.access & need == 0 {
             return Err(RemoteAccessError::Permission);
         }
-        Self::translate(&m, va, len).ok_or(RemoteAccessError::OutOfBounds)
+        let p = Self::translate(m, va, len).ok_or(RemoteAccessError::OutOfBounds)?;
+        Ok(f(p))
     }
 }
 
@@ -98,26 +117,27 @@ impl MemoryAccess for PdMemory<'_> {
         if len == 0 {
             return Ok(());
         }
-        self.local(lkey, addr, len, write).map(|_| ())
+        self.with_local(lkey, addr, len, write, |_| ())
     }
     fn local_read(&self, lkey: u32, addr: u64, buf: &mut [u8]) -> Result<(), LocalAccessError> {
         if buf.is_empty() {
             return Ok(());
         }
-        let p = self.local(lkey, addr, buf.len() as u64, false)?;
-        // SAFETY: p..p+len lies inside a registered MR, which the application
-        // keeps mapped while it is registered (verbs contract).
-        unsafe { std::ptr::copy_nonoverlapping(p as *const u8, buf.as_mut_ptr(), buf.len()) };
-        Ok(())
+        self.with_local(lkey, addr, buf.len() as u64, false, |p| {
+            // SAFETY: p..p+len lies inside a registered MR, which the application
+            // keeps mapped while it is registered (verbs contract); the read lock
+            // keeps it registered during the copy.
+            unsafe { std::ptr::copy_nonoverlapping(p as *const u8, buf.as_mut_ptr(), buf.len()) }
+        })
     }
     fn local_write(&mut self, lkey: u32, addr: u64, data: &[u8]) -> Result<(), LocalAccessError> {
         if data.is_empty() {
             return Ok(());
         }
-        let p = self.local(lkey, addr, data.len() as u64, true)?;
-        // SAFETY: as in local_read; the MR has LOCAL_WRITE.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p as *mut u8, data.len()) };
-        Ok(())
+        self.with_local(lkey, addr, data.len() as u64, true, |p| {
+            // SAFETY: as in local_read; the MR has LOCAL_WRITE.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p as *mut u8, data.len()) }
+        })
     }
     fn remote_check(&self, rkey: u32, va: u64, len: u64, what: RemoteAccess) -> Result<(), RemoteAccessError> {
         if len == 0 {
@@ -126,40 +146,41 @@ impl MemoryAccess for PdMemory<'_> {
         if what == RemoteAccess::Atomic && !va.is_multiple_of(8) {
             return Err(RemoteAccessError::Misaligned);
         }
-        self.remote(rkey, va, len, what).map(|_| ())
+        self.with_remote(rkey, va, len, what, |_| ())
     }
     fn remote_write(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), RemoteAccessError> {
         if data.is_empty() {
             return Ok(());
         }
-        let p = self.remote(rkey, va, data.len() as u64, RemoteAccess::Write)?;
-        // SAFETY: inside a registered MR with REMOTE_WRITE.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p as *mut u8, data.len()) };
-        Ok(())
+        self.with_remote(rkey, va, data.len() as u64, RemoteAccess::Write, |p| {
+            // SAFETY: inside a registered MR with REMOTE_WRITE (kept registered by the lock).
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p as *mut u8, data.len()) }
+        })
     }
     fn remote_read(&self, rkey: u32, va: u64, buf: &mut [u8]) -> Result<(), RemoteAccessError> {
         if buf.is_empty() {
             return Ok(());
         }
-        let p = self.remote(rkey, va, buf.len() as u64, RemoteAccess::Read)?;
-        // SAFETY: inside a registered MR with REMOTE_READ.
-        unsafe { std::ptr::copy_nonoverlapping(p as *const u8, buf.as_mut_ptr(), buf.len()) };
-        Ok(())
+        self.with_remote(rkey, va, buf.len() as u64, RemoteAccess::Read, |p| {
+            // SAFETY: inside a registered MR with REMOTE_READ (kept registered by the lock).
+            unsafe { std::ptr::copy_nonoverlapping(p as *const u8, buf.as_mut_ptr(), buf.len()) }
+        })
     }
     fn remote_atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, RemoteAccessError> {
         if !va.is_multiple_of(8) {
             return Err(RemoteAccessError::Misaligned);
         }
-        let p = self.remote(rkey, va, 8, RemoteAccess::Atomic)?;
-        if p % 8 != 0 {
-            return Err(RemoteAccessError::Misaligned);
-        }
-        // SAFETY: p is 8-byte aligned and inside an MR with REMOTE_ATOMIC; an
-        // AtomicU64 view makes the update atomic w.r.t. every other atomic
-        // (engine threads, CPU atomics of the application) on the same word.
-        let a = unsafe { &*(p as *const std::sync::atomic::AtomicU64) };
-        let r = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(op.apply(v)));
-        Ok(r.unwrap_or_else(|v| v))
+        self.with_remote(rkey, va, 8, RemoteAccess::Atomic, |p| {
+            if p % 8 != 0 {
+                return Err(RemoteAccessError::Misaligned);
+            }
+            // SAFETY: p is 8-byte aligned and inside an MR with REMOTE_ATOMIC; an
+            // AtomicU64 view makes the update atomic w.r.t. every other atomic
+            // (engine threads, CPU atomics of the application) on the same word.
+            let a = unsafe { &*(p as *const std::sync::atomic::AtomicU64) };
+            let r = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(op.apply(v)));
+            Ok(r.unwrap_or_else(|v| v))
+        })?
     }
 }
 
