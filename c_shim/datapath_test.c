@@ -8,6 +8,7 @@
  *   datapath_test <plugin.so> <version> garbage                     junk on the listen port first
  *
  * opts: -g groups  -b max-big-bytes  -s seed  -c comms  -w window  -D (no dmabuf)
+ *       -f N  (v9+: fuse devices 0..N-1 with makeVDevice and use the fused device)
  *       -k N  (recv/send: die with SIGKILL after N completed groups; -e: expect an error instead
  *             of completing: exit 0 when the peer's death is reported within -t seconds)
  *       -t seconds (overall limit, default 120)
@@ -189,11 +190,11 @@ typedef struct {
 } group_t;
 
 static struct {
-  int groups, window, comms, no_dmabuf, kill_after, expect_error, max_recvs;
+  int groups, window, comms, no_dmabuf, kill_after, expect_error, max_recvs, fuse, dev;
   size_t big;
   uint64_t seed;
   double limit;
-} opt = {200, 32, 1, 0, -1, 0, 8, 64u << 20, 1, 120};
+} opt = {200, 32, 1, 0, -1, 0, 8, 0, 0, 64u << 20, 1, 120};
 
 static void gen_group(uint64_t seed, int comm, int g, group_t* G) {
   uint64_t s = seed * 1000003 + (uint64_t)comm * 7919 + (uint64_t)g;
@@ -448,6 +449,24 @@ static net_t load(const char* path, int ver) {
   }
   int nd = 0;
   CHECK(n_devices(&n, &nd) == 0 && nd >= 1, "devices");
+  if (opt.fuse > 1) {
+    /* Fuse devices 0..fuse-1 (makeVDevice, v9+) and use the virtual device. */
+    ferroce_vdevice_props_v12_t p12 = {0};
+    p12.ndevs = opt.fuse;
+    for (int i = 0; i < opt.fuse; i++) p12.devs[i] = i;
+    int d = -1, rc2;
+    if (ver >= 12)
+      rc2 = ((ferroce_net_v12_t*)n.tbl)->makeVDevice(&d, &p12);
+    else if (ver >= 9) {
+      ferroce_vdevice_props_v9_t p9 = {0};
+      p9.ndevs = opt.fuse;
+      for (int i = 0; i < opt.fuse && i < 4; i++) p9.devs[i] = i;
+      rc2 = ((ferroce_net_v9_t*)n.tbl)->makeVDevice(&d, &p9);
+    } else
+      rc2 = -1;
+    CHECK(rc2 == 0 && d >= nd, "makeVDevice of %d devices -> %d (rc %d)", opt.fuse, d, rc2);
+    opt.dev = d;
+  }
   opt.max_recvs = n_max_recvs(&n);
   if (opt.max_recvs > MAXN) opt.max_recvs = MAXN;
   if (opt.max_recvs < 1) opt.max_recvs = 1;
@@ -464,11 +483,11 @@ static int connect_local(net_t* n, int count, void** sc, void** rc) {
   for (int c = 0; c < count; c++) {
     char handle[FERROCE_NET_HANDLE_MAXSIZE] = {0};
     void* lc = NULL;
-    if (n_listen(n, 0, handle, &lc) != 0 || !lc) return -1;
+    if (n_listen(n, opt.dev, handle, &lc) != 0 || !lc) return -1;
     sc[c] = rc[c] = NULL;
     double end = now_s() + 30;
     while (!sc[c] || !rc[c]) {
-      if (!sc[c] && n_connect(n, 0, handle, &sc[c]) != 0) return -1;
+      if (!sc[c] && n_connect(n, opt.dev, handle, &sc[c]) != 0) return -1;
       if (!rc[c] && n_accept(n, lc, &rc[c]) != 0) return -1;
       if (now_s() > end) return -1;
     }
@@ -553,7 +572,7 @@ static int run_remote(net_t* n, int sender, const char* file) {
   double end = now_s() + opt.limit;
   if (!sender) {
     void* lc = NULL;
-    CHECK(n_listen(n, 0, handle, &lc) == 0 && lc, "listen");
+    CHECK(n_listen(n, opt.dev, handle, &lc) == 0 && lc, "listen");
     CHECK(write_handle(file, handle) == 0, "write handle");
     while (!comm && now_s() < end)
       if (n_accept(n, lc, &comm) != 0) break;
@@ -562,7 +581,7 @@ static int run_remote(net_t* n, int sender, const char* file) {
   } else {
     CHECK(read_handle(file, handle, 30) == 0, "read handle from %s", file);
     while (!comm && now_s() < end)
-      if (n_connect(n, 0, handle, &comm) != 0) break;
+      if (n_connect(n, opt.dev, handle, &comm) != 0) break;
     CHECK(comm != NULL, "connect");
   }
   if (failed) return summary();
@@ -605,7 +624,7 @@ static int run_remote(net_t* n, int sender, const char* file) {
 static int run_garbage(net_t* n) {
   char handle[FERROCE_NET_HANDLE_MAXSIZE] = {0};
   void* lc = NULL;
-  CHECK(n_listen(n, 0, handle, &lc) == 0 && lc, "listen");
+  CHECK(n_listen(n, opt.dev, handle, &lc) == 0 && lc, "listen");
   struct sockaddr_in a = {0};
   a.sin_family = AF_INET;
   memcpy(&a.sin_port, handle + 12, 2);
@@ -628,7 +647,7 @@ static int run_garbage(net_t* n) {
   CHECK(warns >= 2, "junk is WARNed (%d WARNs)", warns);
   double end = now_s() + 30;
   while ((!sc || !rc) && now_s() < end) {
-    if (!sc && n_connect(n, 0, handle, &sc) != 0) break;
+    if (!sc && n_connect(n, opt.dev, handle, &sc) != 0) break;
     if (!rc && n_accept(n, lc, &rc) != 0) break;
   }
   CHECK(sc && rc, "the real peer connects after the junk");
@@ -673,6 +692,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "-w")) opt.window = atoi(v), i++;
     else if (!strcmp(a, "-k")) opt.kill_after = atoi(v), i++;
     else if (!strcmp(a, "-t")) opt.limit = atof(v), i++;
+    else if (!strcmp(a, "-f")) opt.fuse = atoi(v), i++;
     else if (!strcmp(a, "-D")) opt.no_dmabuf = 1;
     else if (!strcmp(a, "-e")) opt.expect_error = 1;
     else {

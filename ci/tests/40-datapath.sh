@@ -7,6 +7,7 @@
 #     message, 32 requests in flight, memfd-backed regMrDmaBuf registrations, iflush;
 #   * 1/2/4/8 QPs per connection in both split modes (one and two processes);
 #   * inline CTS, the adaptive-routing split, flush disabled; 16 comms at once (fd leak check);
+#   * fused devices (makeVDevice), also fused against a single device;
 #   * the same with SOFTROCE_LOSS=0.01;
 #   * a peer killed mid-transfer (either side): the survivor gets an error, never a hang;
 #   * junk on the listen port: rejected with a WARN, a real peer still connects.
@@ -107,6 +108,37 @@ local_case "adaptive-routing split (zero-length completion write)" "NCCL_IB_ADAP
 local_case "flush disabled (iflush returns NULL)" "NCCL_GDR_FLUSH_DISABLE=1" 12 -g 40
 local_case "16 comms at once, no fd leak" "" 12 -c 16 -g 30
 local_case "16 comms at once, 4 QPs split" "NCCL_IB_QPS_PER_CONNECTION=4 NCCL_IB_SPLIT_DATA_ON_QPS=1" 9 -c 16 -g 20
+
+# Fused devices (makeVDevice): symmetric, and one side fused against a single device (the QP
+# count follows the larger side; split mode only on the sender, adopted by the receiver).
+next_addr; f1=$A; next_addr; f2=$A
+local_case "fused device of 2" "SOFTROCE_DEVICES=2 SOFTROCE_ADDR=$f1,$f2" 12 -f 2 -g 60
+next_addr; f1=$A; next_addr; f2=$A
+local_case "fused device of 2, 2 QPs split" "SOFTROCE_DEVICES=2 SOFTROCE_ADDR=$f1,$f2 NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1" 9 -f 2 -g 60
+fused_pair() {
+    name=$1 rf=$2 sf=$3 senv=$4
+    next_addr; r1=$A; next_addr; r2=$A; next_addr; s1=$A; next_addr; s2=$A
+    h="$tmp/handle.$r1"
+    rm -f "$h"
+    echo "--- $name (v12, two processes)"
+    env SOFTROCE_DEVICES=2 SOFTROCE_ADDR=$r1,$r2 timeout 300 "$T" "$PLUGIN" 12 recv "$h" -f $rf -g 80 >"$tmp/recv" 2>&1 &
+    rp=$!
+    bg="$bg $rp"
+    env $senv SOFTROCE_DEVICES=2 SOFTROCE_ADDR=$s1,$s2 timeout 300 "$T" "$PLUGIN" 12 send "$h" -f $sf -g 80 >"$tmp/send" 2>&1
+    src=$?
+    wait $rp
+    rrc=$?
+    if [ $src -eq 0 ] && [ $rrc -eq 0 ]; then
+        ok "receiver: $(tail -1 "$tmp/recv") / sender: $(tail -1 "$tmp/send")"
+    else
+        tail -12 "$tmp/recv"
+        tail -12 "$tmp/send"
+        ko "$name"
+    fi
+}
+fused_pair "fused receiver (2) vs single sender" 2 0 ""
+fused_pair "single receiver vs fused sender (2), sender-only split" 0 2 "NCCL_IB_SPLIT_DATA_ON_QPS=1"
+fused_pair "fused vs fused" 2 2 "NCCL_IB_QPS_PER_CONNECTION=2"
 
 loss="SOFTROCE_LOSS=0.01 NCCL_IB_TIMEOUT=14"
 local_case "1% loss" "$loss" 12 -g 80 -b 8388608
