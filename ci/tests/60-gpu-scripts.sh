@@ -200,6 +200,7 @@ ferroce-no-loaded-line.log ferroce fail channels via NET/ferroce without the Loa
 ferroce-p2p-shm.log ferroce fail P2P/SHM between the ranks
 ferroce-ib-fallback.log ferroce fail NCCL internal IB
 ferroce-one-socket-channel.log ferroce fail one channel over NET/Socket
+ferroce-init-failed.log ferroce fail Failed to initialize NET plugin ferroce
 torch-socket-good.log ferroce fail a socket log is no proof of ferroce
 torch-socket-good.log socket pass good socket baseline
 ferroce-not-found.log socket pass socket transport with the plugin absent

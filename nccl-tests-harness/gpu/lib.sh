@@ -133,7 +133,7 @@ count_list() {
 #   ferroce: needs "NET/Plugin: Loaded net plugin ferroce (vN)" and channel lines
 #            "[send] via NET/ferroce" and "[receive] via NET/ferroce"; fails on any channel over
 #            another NET (Socket, IB, ...), over P2P or SHM, on "Using network <not ferroce>", and
-#            on "Failed to initialize (any) NET plugin".
+#            on "Failed to initialize NET plugin ferroce" / "... any NET plugin".
 #   socket:  needs "[send]/[receive] via NET/Socket"; fails if ferroce was loaded or carried a
 #            channel, on any other NET, P2P or SHM channel, and on "Using network <not Socket>".
 # Prints one line per check and "proof: PASS|FAIL ..."; sets PROOF_LINE (one-line summary).
@@ -162,7 +162,7 @@ check_nccl_log() {
     other=$(grep -aE 'Channel .* via NET/' "$f" | grep -aEv "via NET/$net(/|[[:space:]]|$)" | grep -aEo 'NET/[A-Za-z0-9_.-]+' | count_list)
     p2p=$(grep -aE 'Channel .* via (P2P|SHM)' "$f" | grep -aEo '(P2P|SHM)[A-Za-z0-9/_-]*' | count_list)
     using=$(grep -aEo 'Using network [A-Za-z0-9_.-]+' "$f" | awk '{print $3}' | sort -u | tr '\n' ' ')
-    failed=$(grep -aE 'Failed to initialize (any )?NET plugin' "$f" | head -n 1)
+    failed=$(grep -aiE "Failed to initialize (any NET plugin|NET plugin $net([^A-Za-z0-9_]|$))" "$f" | head -n 1)
 
     if [ "$mode" = ferroce ]; then
         if [ -n "$loaded" ]; then
