@@ -113,5 +113,27 @@ check devinfo-gids 'GID\[ *0\]:\s+fe80:.*RoCE v1' 'GID\[ *1\]:\s+fe80:.*RoCE v2'
 check devinfo-two-devices 'hca_id:\s+softroce0' 'hca_id:\s+softroce1' 'GID\[ *3\]:\s+::ffff:127\.0\.20\.11, RoCE v2' \
     -- $L SOFTROCE_DEVICES=2 SOFTROCE_ADDR=127.0.20.10,127.0.20.11 ibv_devinfo -v
 check devinfo-mtu 'active_mtu:\s+1024 \(3\)' -- $L SOFTROCE_ADDR=127.0.20.9 SOFTROCE_MTU=1024 ibv_devinfo
+# A C program built against the installed <infiniband/verbs.h>: the header's
+# inline verbs dispatch through our objects; dlopen(RTLD_NOW) + dlvsym of
+# versioned symbols; plain and with ASAN/UBSan.
+SMOKE=$ROOT/softroce/tests/c/abi_smoke.c
+for v in plain asan; do
+    flags="-O1 -g"
+    [ $v = asan ] && flags="$flags -fsanitize=address,undefined -fno-omit-frame-pointer"
+    echo "== abi-smoke-$v: cc -Wall -Wextra -Werror $flags abi_smoke.c -l:libibverbs.so.1"
+    # shellcheck disable=SC2086
+    if ! cc -Wall -Wextra -Werror $flags "$SMOKE" -o "$D/abi_smoke_$v" -L"$LIB" -l:libibverbs.so.1 -ldl >"$D/cc_$v.out" 2>&1; then
+        ko "abi-smoke-$v (compile)" "$D/cc_$v.out"
+        continue
+    fi
+    if env LD_LIBRARY_PATH="$LIB" SOFTROCE_ADDR=127.0.20.90 ASAN_OPTIONS=detect_leaks=0 \
+        timeout "$T" "$D/abi_smoke_$v" "$LIB/libibverbs.so.1" >"$D/smoke_$v.out" 2>&1; then
+        sed 's/^/   > /' "$D/smoke_$v.out"
+        ok "abi-smoke-$v"
+    else
+        ko "abi-smoke-$v" "$D/smoke_$v.out"
+    fi
+done
+
 # (Automatic address selection is tested inside namespaces: 20-softroce-netns.sh.)
 finish
