@@ -6,12 +6,12 @@
 #        only) in 4 MiB messages, the best row of 4..64 MiB
 #   P2 = plugin 8-byte half round trip (ping-pong median) / ib_write_lat       target <= 1.25
 #   P3 = all_reduce busbw at 64 MiB / sendrecv busbw at 64 MiB (2 ranks)       target >= 0.90
-# The ratios compare medians of BENCH_ROUNDS (3) rounds that run the plugin and perftest
+# The ratios compare medians of BENCH_ROUNDS (5) rounds that run the plugin and perftest
 # alternately, so that load from other processes hits both sides alike.
 # Fabric: the real RDMA devices `ibv_devices` lists, else softroce (each process its own
 # 127.0.50.x / 127.0.51.x address). Every process is time-bounded and cleaned up.
 # Knobs: BENCH_MAX (largest size, default 64M), BENCH_ITERS (default 20), BENCH_OUT (results
-# folder, default target/bench), BENCH_ROUNDS (3), BENCH_DIAG=0 skips the diagnosis runs,
+# folder, default target/bench), BENCH_ROUNDS (5), BENCH_DIAG=0 skips the diagnosis runs,
 # BENCH_SCALE=0 skips the 1024-connection scale benchmark.
 # Exit status: 0 when everything ran and every result was correct (targets missed are reported,
 # not failed); 1 when a part could not run or a result was wrong.
@@ -135,7 +135,7 @@ show_perftest ib_write_lat ib_write_lat ib_write_lat -s 8 -n 5000
 # ---- 3. ratios: the plugin and perftest measured alternately, median of ROUNDS rounds ---------
 # This host may be shared and has few cores: a figure alone drifts with the load, so each ratio
 # compares medians of runs made side by side.
-ROUNDS=${BENCH_ROUNDS:-3}
+ROUNDS=${BENCH_ROUNDS:-5}
 # perftest reports MB/sec with MB = 2^20 bytes; the harness reports GB/s = 1e9 bytes/s.
 pt_bw() { awk -v s="$2" '$1 == s {printf "%.4f", $4 * 1048576 / 1e9; exit}' "$OUT/$1.txt" 2>/dev/null; }
 pt_lat() { awk '$1 == 8 && NF >= 5 {print $5; exit}' "$OUT/$1.txt" 2>/dev/null; }
