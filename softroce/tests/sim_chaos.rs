@@ -1,6 +1,7 @@
 //! Random operation sequences (posts with good and bad keys, random
 //! modify_qp calls, faults, timeouts): nothing panics, no WR completes
 //! twice, and forcing ERR leaves both queues empty and no timer armed.
+#![allow(clippy::needless_range_loop)]
 
 mod sim_common;
 use sim_common::*;

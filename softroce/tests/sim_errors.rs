@@ -105,39 +105,95 @@ fn qp_access_flags_enforced() {
 
 #[test]
 fn peer_gone_retry_exceeded_after_retry_cnt() {
-    for retry_cnt in [0u8, 3, 7] {
+    for adaptive in [false, true] {
+        for retry_cnt in [0u8, 3, 7] {
+            let mut p = Pair::new(
+                &Setup {
+                    retry_cnt,
+                    timeout: 10,
+                    ..Setup::default()
+                },
+                15,
+            );
+            if !adaptive {
+                p.a().qp.set_adaptive_retransmit(None);
+            }
+            p.link_up = [false, false];
+            let w1 = write_wr(&p, 1, 0, 3000, p.ep[1].dst_rkey, DST);
+            let w2 = write_wr(&p, 2, 0, 10, p.ep[1].dst_rkey, DST);
+            let now = p.now;
+            p.a().qp.post_send(now, w1).unwrap();
+            p.a().qp.post_send(now, w2).unwrap();
+            let t0 = p.now;
+            p.run();
+            assert_eq!(
+                statuses(&p.ep[0].send_cq),
+                vec![(1, wc_status::RETRY_EXC_ERR), (2, wc_status::WR_FLUSH_ERR)],
+                "retry_cnt {retry_cnt}"
+            );
+            let st = p.ep[0].qp.stats();
+            // The original transmission plus retry_cnt retransmissions, each timed out.
+            assert_eq!(st.timeouts, u64::from(retry_cnt) + 1);
+            if adaptive {
+                // Probes went out in between but did not use up retries.
+                assert!(st.probes > 0);
+                assert_eq!(p.sent[0], 4 * (u64::from(retry_cnt) + 1 + st.probes));
+            } else {
+                assert_eq!(st.probes, 0);
+                assert_eq!(p.sent[0], 4 * (u64::from(retry_cnt) + 1));
+            }
+            // 4.096 µs · 2^10 ≈ 4.2 ms per try.
+            let per_try = 4096 * 1024;
+            let elapsed = (p.now - t0).as_nanos();
+            assert!(elapsed >= per_try * (u64::from(retry_cnt) + 1), "{elapsed}");
+            assert!(elapsed < per_try * (u64::from(retry_cnt) + 2), "{elapsed}");
+            assert_eq!(p.ep[0].qp.state(), QpState::Err);
+        }
+    }
+}
+
+/// One message in flight at a time (ping-pong style) with 5 % loss: a lost
+/// packet costs a probe (~2 ms), not the 67 ms local ACK timeout.
+#[test]
+fn adaptive_retransmit_recovers_tail_loss_fast() {
+    let mut elapsed = [0u64; 2];
+    for (k, adaptive) in [false, true].into_iter().enumerate() {
         let mut p = Pair::new(
             &Setup {
-                retry_cnt,
-                timeout: 8,
+                timeout: 14,
                 ..Setup::default()
             },
-            15,
+            40,
         );
-        p.link_up = [false, false];
-        let w1 = write_wr(&p, 1, 0, 3000, p.ep[1].dst_rkey, DST);
-        let w2 = write_wr(&p, 2, 0, 10, p.ep[1].dst_rkey, DST);
-        let now = p.now;
-        p.a().qp.post_send(now, w1).unwrap();
-        p.a().qp.post_send(now, w2).unwrap();
+        p.faults = Faults {
+            loss: 0.05,
+            ..Faults::default()
+        };
+        if !adaptive {
+            p.a().qp.set_adaptive_retransmit(None);
+        }
         let t0 = p.now;
-        p.run();
-        assert_eq!(
-            statuses(&p.ep[0].send_cq),
-            vec![(1, wc_status::RETRY_EXC_ERR), (2, wc_status::WR_FLUSH_ERR)],
-            "retry_cnt {retry_cnt}"
-        );
-        let st = p.ep[0].qp.stats();
-        // The original transmission plus retry_cnt retransmissions, each timed out.
-        assert_eq!(st.timeouts, u64::from(retry_cnt) + 1);
-        assert_eq!(p.sent[0], 4 * (u64::from(retry_cnt) + 1));
-        // 4.096 µs · 2^8 ≈ 1.05 ms per try.
-        let per_try = 4096 * 256;
-        let elapsed = (p.now - t0).as_nanos();
-        assert!(elapsed >= per_try * (u64::from(retry_cnt) + 1), "{elapsed}");
-        assert!(elapsed < per_try * (u64::from(retry_cnt) + 2), "{elapsed}");
-        assert_eq!(p.ep[0].qp.state(), QpState::Err);
+        for i in 0..200u64 {
+            let wr = write_wr(&p, i, i * 64, 64, p.ep[1].dst_rkey, DST + i * 64);
+            let now = p.now;
+            p.a().qp.post_send(now, wr).unwrap();
+            p.run();
+        }
+        assert_eq!(p.ep[0].send_cq.len(), 200);
+        assert!(p.ep[0].send_cq.iter().all(|c| c.status == 0));
+        assert_eq!(p.ep[1].peek(DST, 200 * 64), p.ep[0].peek(SRC, 200 * 64));
+        elapsed[k] = (p.now - t0).as_nanos();
+        if adaptive {
+            let srtt = p.ep[0].qp.srtt().expect("RTT measured").as_nanos();
+            assert!((10_000..=20_000).contains(&srtt), "srtt {srtt}");
+        }
     }
+    assert!(
+        elapsed[1] * 10 < elapsed[0],
+        "adaptive {} ns vs plain {} ns",
+        elapsed[1],
+        elapsed[0]
+    );
 }
 
 #[test]

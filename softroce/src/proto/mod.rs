@@ -37,6 +37,12 @@
 //!   without progress (IBA semantics: 7 means 7, not infinite); a NAK or ACK
 //!   reporting a new responder PSN counts as progress. RNR NAKs wait the
 //!   encoded time and count against `rnr_retry` (7 = infinite).
+//!   Like ConnectX "adaptive retransmission", a probe timer derived from the
+//!   measured RTT (floor [`DEFAULT_ADAPTIVE_RETRANSMIT_FLOOR`], exponential
+//!   backoff) also goes back N when an answer is overdue, so a lost tail
+//!   packet or NAK costs a few milliseconds instead of the full timeout;
+//!   probes do not consume `retry_cnt`, so RETRY_EXC_ERR still comes after
+//!   (retry_cnt + 1) local ACK timeouts.
 //! * Completer: coalesced ACKs complete every SEND/WRITE they cover, READ
 //!   and atomic responses implicitly acknowledge earlier WRs; completions
 //!   are strictly in order; unsignaled successes produce no CQE; an error
@@ -71,6 +77,9 @@ pub const MAX_QP_RD_ATOM: u8 = 128;
 pub const MAX_MSG_SZ: u32 = 1 << 31;
 /// Default cap on unacknowledged PSNs in flight per QP (rxe uses 128).
 pub const DEFAULT_MAX_INFLIGHT_PSNS: u32 = 128;
+/// Default floor of the adaptive retransmission probe (see
+/// [`QpCore::set_adaptive_retransmit`]).
+pub const DEFAULT_ADAPTIVE_RETRANSMIT_FLOOR: Duration = Duration::from_millis(2);
 
 /// An errno value returned by the verbs-facing calls (positive, like `libc::EINVAL`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -431,7 +440,10 @@ pub struct QpStats {
     pub rx_dropped: u64,
     pub rx_duplicates: u64,
     pub retransmits: u64,
+    /// Local ACK timeouts (each consumes one `retry_cnt`).
     pub timeouts: u64,
+    /// Adaptive retransmission probes (go-back-N before the ACK timeout).
+    pub probes: u64,
     pub seq_naks_sent: u64,
     pub seq_naks_received: u64,
     pub rnr_naks_sent: u64,

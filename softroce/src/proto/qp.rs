@@ -129,6 +129,13 @@ pub struct QpCore {
     /// NAK psn). A report beyond it is progress even while `una` is held
     /// back by an unanswered READ.
     pub(crate) peer_epsn: Psn,
+    /// Smoothed RTT (first transmission of an AckReq packet → its ACK).
+    pub(crate) srtt: Option<Duration>,
+    /// The packet being timed: last PSN it covers and when it was sent.
+    pub(crate) rtt_sample: Option<(Psn, Instant)>,
+    /// Adaptive retransmission floor; `None` = off.
+    pub(crate) probe_floor: Option<Duration>,
+    pub(crate) probe_backoff: u32,
 
     // ---- responder ----
     pub(crate) rq: VecDeque<RecvWr>,
@@ -192,6 +199,10 @@ impl QpCore {
             fast_rewind_at: None,
             sq_drained_pending: false,
             peer_epsn: Psn::new(0),
+            srtt: None,
+            rtt_sample: None,
+            probe_floor: Some(DEFAULT_ADAPTIVE_RETRANSMIT_FLOOR),
+            probe_backoff: 0,
             rq: VecDeque::new(),
             epsn: Psn::new(0),
             msn: 0,
@@ -378,10 +389,12 @@ impl QpCore {
     }
 
     fn reset(&mut self) {
-        let (qpn, caps, max_inflight, stats) = (self.qpn, self.caps, self.max_inflight, self.stats);
+        let (qpn, caps, max_inflight, stats, floor) =
+            (self.qpn, self.caps, self.max_inflight, self.stats, self.probe_floor);
         *self = QpCore::new(qpn, caps);
         self.max_inflight = max_inflight;
         self.stats = stats;
+        self.probe_floor = floor;
     }
 
     /// Move to ERR because of an error the QP detected, raising `event`.
@@ -624,6 +637,7 @@ impl QpCore {
                 match t {
                     Timer::Retransmit => self.on_retransmit_timeout(now),
                     Timer::Rnr => self.on_rnr_timeout(now),
+                    Timer::Probe => self.on_probe_timeout(now),
                 }
             }
         }
@@ -634,6 +648,43 @@ impl QpCore {
         if let Some(d) = local_ack_timeout(self.attrs.timeout) {
             self.timers.set(Timer::Retransmit, now + d);
         }
+        self.arm_probe(now);
+    }
+
+    /// Arm the adaptive retransmission probe: 4·SRTT + 100 µs, at least the
+    /// floor, doubled per unanswered probe; not past the local ACK timeout.
+    pub(crate) fn arm_probe(&mut self, now: Instant) {
+        let Some(floor) = self.probe_floor else {
+            self.timers.stop(Timer::Probe);
+            return;
+        };
+        let base = self
+            .srtt
+            .map_or(0, |s| s.as_nanos().saturating_mul(4).saturating_add(100_000));
+        let rto = base
+            .max(floor.as_nanos())
+            .saturating_mul(1 << self.probe_backoff.min(16));
+        let at = now + Duration::from_nanos(rto);
+        match self.timers.get(Timer::Retransmit) {
+            Some(rt) if at >= rt => self.timers.stop(Timer::Probe),
+            _ => self.timers.set(Timer::Probe, at),
+        }
+    }
+
+    /// Adaptive retransmission (ConnectX-style): go back N before the local
+    /// ACK timeout when the measured RTT says an answer is overdue. `floor`
+    /// is the shortest probe delay; `None` turns it off (pure IBA timing).
+    /// Probes never consume `retry_cnt`.
+    pub fn set_adaptive_retransmit(&mut self, floor: Option<Duration>) {
+        self.probe_floor = floor;
+        if floor.is_none() {
+            self.timers.stop(Timer::Probe);
+        }
+    }
+
+    /// Smoothed round-trip time measured by the requester, if any.
+    pub fn srtt(&self) -> Option<Duration> {
+        self.srtt
     }
 
     /// Next work completion, in order per queue.

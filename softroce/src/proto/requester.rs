@@ -136,6 +136,8 @@ impl QpCore {
         let una = self.una;
         self.seek(una);
         self.pkts_since_ackreq = 0;
+        // Karn: no RTT sample across a retransmission.
+        self.rtt_sample = None;
     }
 
     /// Build the next request packet, if the window, state and limits allow.
@@ -325,6 +327,9 @@ impl QpCore {
         }
         if end - self.snd_max > 0 {
             self.snd_max = end;
+            if bth.ack_req && self.rtt_sample.is_none() && self.probe_floor.is_some() {
+                self.rtt_sample = Some((end - 1, now));
+            }
         } else {
             self.stats.retransmits += 1;
         }
@@ -371,6 +376,15 @@ impl QpCore {
         if self.una - self.peer_epsn > 0 {
             self.peer_epsn = self.una;
         }
+        if let Some((p, sent)) = self.rtt_sample {
+            if self.una - p > 0 {
+                let sample = (now - sent).as_nanos();
+                let srtt = self.srtt.map_or(sample, |s| (s.as_nanos() * 7 + sample) / 8);
+                self.srtt = Some(Duration::from_nanos(srtt));
+                self.rtt_sample = None;
+            }
+        }
+        self.probe_backoff = 0;
         self.retry_left = self.attrs.retry_cnt;
         self.rnr_retry_left = self.attrs.rnr_retry;
         self.fast_rewind_at = None;
@@ -378,6 +392,7 @@ impl QpCore {
             self.arm_retransmit(now);
         } else {
             self.timers.stop(Timer::Retransmit);
+            self.timers.stop(Timer::Probe);
         }
         if self.cursor_psn() - self.una < 0 {
             let una = self.una;
@@ -598,6 +613,7 @@ impl QpCore {
         self.rewind();
         self.rnr_wait = true;
         self.timers.stop(Timer::Retransmit);
+        self.timers.stop(Timer::Probe);
         self.timers.set(Timer::Rnr, now + rnr_delay(timer));
     }
 
@@ -607,6 +623,20 @@ impl QpCore {
         if self.una - self.snd_max < 0 {
             self.arm_retransmit(now);
         }
+    }
+
+    pub(crate) fn on_probe_timeout(&mut self, now: Instant) {
+        if !matches!(self.attrs.qp_state, QpState::Rts | QpState::Sqd) || self.rnr_wait {
+            return;
+        }
+        if self.una - self.snd_max >= 0 {
+            return; // nothing outstanding
+        }
+        self.stats.probes += 1;
+        self.fast_rewind_at = None;
+        self.rewind();
+        self.probe_backoff += 1;
+        self.arm_probe(now);
     }
 
     //= softroce spec §3.8

@@ -9,16 +9,20 @@ pub enum Timer {
     Retransmit = 0,
     /// Requester waiting out an RNR NAK.
     Rnr = 1,
+    /// Adaptive retransmission probe: go-back-N before the local ACK timeout
+    /// when the measured RTT says an answer is overdue (does not consume
+    /// `retry_cnt`; see `QpCore::set_adaptive_retransmit`).
+    Probe = 2,
 }
 
 impl Timer {
-    pub const VALUES: [Timer; 2] = [Timer::Retransmit, Timer::Rnr];
+    pub const VALUES: [Timer; 3] = [Timer::Retransmit, Timer::Rnr, Timer::Probe];
 }
 
 /// Deadlines, one slot per [`Timer`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TimerTable {
-    data: [Option<Instant>; 2],
+    data: [Option<Instant>; 3],
 }
 
 impl TimerTable {
@@ -38,7 +42,7 @@ impl TimerTable {
         self.data.iter().flatten().min().copied()
     }
     pub fn clear(&mut self) {
-        self.data = [None; 2];
+        self.data = [None; 3];
     }
 }
 
