@@ -170,6 +170,17 @@ cp "$D/out" "$D/dry.txt"
 n=$(grep -cE '^ +[0-9]+ +[0-9]+ +(float|bfloat16) +sum' "$D/dry.txt")
 if [ "$n" -eq 34 ]; then ok "--dry-run plans 17 sizes x 2 dtypes (4K..256M)"; else ko "--dry-run plans $n rows, want 34" "$D/dry.txt"; fi
 has "--dry-run: distinct NCCL_HOSTID per rank" 'rank 1 env: NCCL_HOSTID=ferroce-gpu-rank1' "$D/dry.txt"
+# The whole script with one rank on a pure-Python stand-in for torch (testdata/fake_torch).
+FT=(env PYTHONPATH="$TD/fake_torch" RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 python3 "$G/torch_allreduce.py"
+    -e 16K --embed-vocab 100 --embed-dim 8 --embed-batch 16 -n 3 -w 1)
+expect "whole flow with 1 rank on a fake torch: every element checked, none wrong" 0 "${FT[@]}"
+cp "$D/out" "$D/ft.txt"
+has "... NCCL_HOSTID set before init_process_group" '^# rank 0/1: cuda:0 \(fake GPU\), NCCL_HOSTID=ferroce-gpu-rank0$' "$D/ft.txt"
+[ "$(grep -cE '^ +[0-9]+ +[0-9]+ +(float|bfloat16) +(sum|none) +-1 .* 0$' "$D/ft.txt")" = 8 ] &&
+    ok "... 3 sizes x 2 dtypes all_reduce + 2 all_gather rows, #wrong 0" || ko "fake torch rows" "$D/ft.txt"
+has "... final OK line" '^# Out of bounds values : 0 OK$' "$D/ft.txt"
+expect "fake torch: damaged results are caught (exit 1)" 1 env FAKE_TORCH_CORRUPT=1 "${FT[@]}"
+has "... in all_reduce (chain and fresh check) and all_gather" '^# Out of bounds values : 14 FAILED$' "$D/out"
 expect "-b larger than -e is refused" 2 python3 "$G/torch_allreduce.py" --dry-run -b 1M -e 4K
 expect "unknown dtype is refused" 2 python3 "$G/torch_allreduce.py" --dry-run --dtypes int8
 expect "bad size is refused" 2 python3 "$G/torch_allreduce.py" --dry-run -e 4Q

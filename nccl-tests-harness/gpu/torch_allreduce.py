@@ -227,10 +227,11 @@ def main(argv=None):
     busbws = []
 
     def sync_stats(elapsed, wrong):
-        """Average time over ranks and total wrong elements (one small NCCL all_reduce)."""
+        """Average time over ranks (at least 1 ns) and total wrong elements (one small NCCL
+        all_reduce)."""
         t = torch.tensor([elapsed, float(wrong)], dtype=torch.float64, device=dev)
         dist.all_reduce(t)
-        return t[0].item() / world, int(t[1].item())
+        return max(t[0].item() / world, 1e-9), int(t[1].item())
 
     # ---- all_reduce, float32 and bfloat16, every element checked ----
     for dname in a.dtypes:
