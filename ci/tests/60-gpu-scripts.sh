@@ -409,7 +409,8 @@ has "--summarize: table from logs" '^\| torch all_reduce \+ all_gather, NCCL soc
 
 echo "== the real plugin and softroce in the environment the GPU scripts export (CPU harness)"
 R=$PWD/target/release
-if [ -x "$R/harness/all_reduce_perf" ] && [ -e "$R/libnccl-net-ferroce.so" ] && [ -e "$R/softroce/libibverbs.so.1" ]; then
+if [ -x "$R/harness/all_reduce_perf" ] && [ -e "$R/libnccl-net-ferroce.so" ] && [ -e "$R/softroce/libibverbs.so.1" ] &&
+    "$R/harness/all_reduce_perf" --help 2>&1 | grep -q -- '--addr-base'; then
     (
         export FERROCE_LIB_DIR=$R FERROCE_USE_SOFTROCE=1
         setup_transport ferroce || exit 3
