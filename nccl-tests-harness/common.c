@@ -151,10 +151,11 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
   o->timeout_s = 600;
   o->quiet_log = 1;
   o->conns = 1024;
+  o->group = 1;
   const char* dbg = getenv("NCCL_DEBUG");
   if (dbg && (strcasecmp(dbg, "INFO") == 0 || strcasecmp(dbg, "TRACE") == 0)) o->quiet_log = 0;
 
-  enum { O_INPLACE = 1000, O_CHUNK, O_STEPS, O_PLUGIN, O_NETV, O_DEV, O_SOFTROCE, O_ADDR, O_TIMEOUT, O_CSV, O_JSON, O_CONNS, O_STATS };
+  enum { O_INPLACE = 1000, O_CHUNK, O_STEPS, O_PLUGIN, O_NETV, O_DEV, O_SOFTROCE, O_ADDR, O_TIMEOUT, O_CSV, O_JSON, O_CONNS, O_STATS, O_GROUP };
   static const struct option longs[] = {
       {"minbytes", required_argument, 0, 'b'}, {"maxbytes", required_argument, 0, 'e'},
       {"stepfactor", required_argument, 0, 'f'}, {"stepbytes", required_argument, 0, 'i'},
@@ -167,7 +168,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
       {"net-version", required_argument, 0, O_NETV}, {"dev", required_argument, 0, O_DEV},
       {"softroce", required_argument, 0, O_SOFTROCE}, {"addr-base", required_argument, 0, O_ADDR},
       {"timeout", required_argument, 0, O_TIMEOUT}, {"csv", required_argument, 0, O_CSV},
-      {"json", required_argument, 0, O_JSON}, {"conns", required_argument, 0, O_CONNS}, {"stats", no_argument, 0, O_STATS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+      {"json", required_argument, 0, O_JSON}, {"conns", required_argument, 0, O_CONNS}, {"stats", no_argument, 0, O_STATS}, {"group", required_argument, 0, O_GROUP}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "b:e:f:i:n:w:c:N:g:C:a:POh", longs, NULL)) != -1) {
     switch (c) {
@@ -196,6 +197,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
       case O_JSON: o->json = optarg; break;
       case O_CONNS: o->conns = atoi(optarg); break;
       case O_STATS: o->stats = 1; break;
+      case O_GROUP: o->group = atoi(optarg); break;
       case 'h': usage(test_name, extra_usage, 0); break;
       default: usage(test_name, extra_usage, 2);
     }
@@ -208,6 +210,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
   if (o->nranks < 2 || o->nranks > 250) h_die(NULL, "-g/-N: 2..250 ranks");
   if (o->nchannels < 1 || o->nchannels > H_MAX_CHANNELS) h_die(NULL, "-C: 1..%d channels", H_MAX_CHANNELS);
   if (o->steps < 1 || o->steps > H_MAX_STEPS) h_die(NULL, "--steps: 1..%d", H_MAX_STEPS);
+  if (o->group < 1 || o->group > H_MAX_GROUP) h_die(NULL, "--group: 1..%d", H_MAX_GROUP);
   if (o->chunk_bytes < 16 || o->chunk_bytes > (1u << 30)) h_die(NULL, "--chunk: 16 bytes..1 GiB");
   o->chunk_bytes &= ~(size_t)15;
   if (o->iters < 1 || o->warmup < 0 || o->check < 0) h_die(NULL, "-n >= 1, -w >= 0, -c >= 0");
@@ -666,6 +669,8 @@ void h_net_open(hctx_t* h) {
   rc = n->get_props(h->dev, &p);
   if (rc) h_die(h, "getProperties(%d) = %d", h->dev, rc);
   if (!(p.ptr_support & FERROCE_PTR_HOST)) h_die(h, "device %s does not support host memory", p.name);
+  h->max_recvs = p.max_recvs;
+  if (h->o->group > p.max_recvs) h_die(h, "--group %d: the device takes at most %d buffers per irecv (maxRecvs)", h->o->group, p.max_recvs);
   if (h->rank == 0) {
     printf("# plugin %s (ncclNetPlugin_v%d) from %s\n", n->name, g_ver, path);
     printf("# device %d of %d: %s, speed %d Mbps, maxRecvs %d, maxComms %d%s%s\n", h->dev, ndev, p.name, p.speed,
@@ -928,40 +933,46 @@ int hq_post_send(hctx_t* h, hq_t* q, void* data, size_t bytes, void* mh) {
   if (!req) return 0;
   h_stats.sends++;
   h_stats.bytes_sent += bytes;
-  int s = (int)(q->posted % H_MAX_STEPS);
-  q->req[s] = req, q->expect[s] = bytes;
+  int s = (int)(q->posted % H_MAX_INFLIGHT);
+  q->req[s] = req, q->expect[s][0] = bytes, q->n[s] = 1;
+  q->posted++;
+  return 1;
+}
+
+int hq_post_recvn(hctx_t* h, hq_t* q, int n, void** data, size_t* capacity, size_t* expect, void** mh) {
+  if (hq_full(q)) return 0;
+  void* req = NULL; /* NCCL stores NULL (or the 0x1 hint for LL protocols) before irecv */
+  int tags[H_MAX_GROUP];
+  for (int i = 0; i < n; i++) tags[i] = q->tag;
+  double t0 = h_now();
+  int rc = h->net.irecv(q->comm, n, data, capacity, tags, mh, &req);
+  h_stats.irecv_s += h_now() - t0;
+  h_stats.irecv_calls++;
+  if (rc) h_die(h, "irecv(n=%d, %zu bytes) = %d", n, capacity[0], rc);
+  if (!req) return 0;
+  h_stats.recvs++;
+  int s = (int)(q->posted % H_MAX_INFLIGHT);
+  q->req[s] = req, q->n[s] = n;
+  for (int i = 0; i < n; i++) q->expect[s][i] = expect[i];
   q->posted++;
   return 1;
 }
 
 int hq_post_recv(hctx_t* h, hq_t* q, void* data, size_t capacity, size_t expect, void* mh) {
-  if (hq_full(q)) return 0;
-  void* req = NULL; /* NCCL stores NULL (or the 0x1 hint for LL protocols) before irecv */
-  void* d[1] = {data};
-  size_t sz[1] = {capacity};
-  int tags[1] = {q->tag};
-  void* mhs[1] = {mh};
-  double t0 = h_now();
-  int rc = h->net.irecv(q->comm, 1, d, sz, tags, mhs, &req);
-  h_stats.irecv_s += h_now() - t0;
-  h_stats.irecv_calls++;
-  if (rc) h_die(h, "irecv(%zu bytes) = %d", capacity, rc);
-  if (!req) return 0;
-  h_stats.recvs++;
-  int s = (int)(q->posted % H_MAX_STEPS);
-  q->req[s] = req, q->expect[s] = expect;
-  q->posted++;
-  return 1;
+  return hq_post_recvn(h, q, 1, &data, &capacity, &expect, &mh);
 }
 
 int hq_poll(hctx_t* h, hq_t* q) {
   if (q->done == q->posted) return 0;
-  int s = (int)(q->done % H_MAX_STEPS);
-  int done = 0, sizes[8] = {0};
+  int s = (int)(q->done % H_MAX_INFLIGHT);
+  int done = 0, sizes[64] = {0}; /* NCCL passes a zero-filled array of 64 */
   h_test_req(h, q->req[s], &done, sizes, q->is_send ? "isend" : "irecv");
   if (!done) return 0;
-  if (!q->is_send && (size_t)sizes[0] != q->expect[s])
-    h_die(h, "receive #%ld completed with %d bytes, the peer sent %zu", q->done, sizes[0], q->expect[s]);
+  if (!q->is_send)
+    for (int i = 0; i < q->n[s]; i++)
+      if ((size_t)sizes[i] != q->expect[s][i])
+        h_die(h, "receive #%ld (buffer %d of %d) completed with %d bytes, the peer sent %zu", q->done, i, q->n[s],
+              sizes[i], q->expect[s][i]);
   q->req[s] = NULL;
   q->done++;
   return 1;

@@ -22,6 +22,8 @@
 #define H_HANDLE_SIZE 128
 #define H_MAX_CHANNELS 32
 #define H_MAX_STEPS 32
+#define H_MAX_GROUP 8                           /* buffers in one grouped irecv (maxRecvs) */
+#define H_MAX_INFLIGHT (H_MAX_STEPS * H_MAX_GROUP) /* requests one stream can have in flight */
 
 /* ---- the plugin, as one version-independent table (v12 signatures, sizes as size_t) ---- */
 typedef struct {
@@ -68,6 +70,7 @@ typedef struct {
   int steps;                   /* --steps: steps in flight per comm (NCCL_STEPS = 8) */
   int pingpong;                /* sendrecv_perf -P: rank 0 <-> 1 ping-pong, time = RTT/2 */
   int oneway;                  /* sendrecv_perf -O: only rank 0 sends, to rank 1 */
+  int group;                   /* sendrecv_perf --group G: irecv of G buffers at once */
   int net_version;             /* --net-version N: use ncclNetPlugin_vN (default newest) */
   int dev;                     /* --dev: plugin device index */
   int softroce;                /* -1 auto (LD_LIBRARY_PATH), 0 no, 1 yes */
@@ -90,6 +93,7 @@ typedef struct {
   hopts_t* o;
   hnet_t net;
   int dev;
+  int max_recvs; /* the device's maxRecvs property */
   int nch;
   hchan_t* ch[H_MAX_CHANNELS];
   const char* test_name;
@@ -152,12 +156,16 @@ typedef struct {
   int tag;
   int depth;
   long posted, done;
-  void* req[H_MAX_STEPS];
-  size_t expect[H_MAX_STEPS];
+  void* req[H_MAX_INFLIGHT];
+  size_t expect[H_MAX_INFLIGHT][H_MAX_GROUP];
+  int n[H_MAX_INFLIGHT]; /* buffers of a (grouped) receive */
 } hq_t;
 void hq_init(hq_t* q, void* comm, int is_send, int tag, int depth);
 int hq_post_send(hctx_t* h, hq_t* q, void* data, size_t bytes, void* mh);
 int hq_post_recv(hctx_t* h, hq_t* q, void* data, size_t capacity, size_t expect, void* mh);
+/* A grouped receive of n buffers (NCCL groups sub-receives on one recvComm up to maxRecvs);
+ * it completes as one request with n sizes. */
+int hq_post_recvn(hctx_t* h, hq_t* q, int n, void** data, size_t* capacity, size_t* expect, void** mh);
 int hq_poll(hctx_t* h, hq_t* q);
 static inline int hq_full(const hq_t* q) { return q->posted - q->done >= q->depth; }
 static inline long hq_inflight(const hq_t* q) { return q->posted - q->done; }

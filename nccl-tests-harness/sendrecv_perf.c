@@ -9,6 +9,8 @@
  * trip is two one-way trips. The time column is half the median round trip measured on rank 0
  * (what ib_write_lat reports as t_typical).
  * -O (one way, 2 ranks): only rank 0 sends, to rank 1 (compare with unidirectional ib_write_bw).
+ * --group G: the receiver posts G consecutive messages in one grouped irecv (n = G, as NCCL does
+ * for up to maxRecvs sub-receives on one comm); the sender still sends each message on its own.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +20,7 @@
 
 typedef struct {
   size_t off, bytes; /* this channel's part of the buffer */
-  long nmsg, spost, rpost;
+  long nmsg, spost, rpost, rdone; /* messages: in all, sends posted, receives posted / done */
   hq_t sq, rq;
   void* mh_send;
   void* mh_recv;
@@ -43,9 +45,10 @@ static void run_sendrecv(hctx_t* h, schan_t* S, char* sbuf, char* rbuf) {
   int prev = (h->rank + h->nranks - 1) % h->nranks;
   size_t chunk = h->o->chunk_bytes;
   int do_send = !(h->o->oneway && h->rank == 1), do_recv = !(h->o->oneway && h->rank == 0);
+  int G = h->o->group;
   for (int c = 0; c < h->nch; c++) {
-    S[c].spost = S[c].rpost = 0;
-    hq_init(&S[c].sq, h->ch[c]->send_comm, 1, h->rank, steps);
+    S[c].spost = S[c].rpost = S[c].rdone = 0;
+    hq_init(&S[c].sq, h->ch[c]->send_comm, 1, h->rank, steps * G);
     hq_init(&S[c].rq, h->ch[c]->recv_comm, 0, prev, steps);
   }
   for (;;) {
@@ -54,10 +57,19 @@ static void run_sendrecv(hctx_t* h, schan_t* S, char* sbuf, char* rbuf) {
       schan_t* s = &S[c];
       long nsend = do_send ? s->nmsg : 0, nrecv = do_recv ? s->nmsg : 0;
       while (s->rpost < nrecv) {
-        size_t o = (size_t)s->rpost * chunk;
-        size_t len = s->bytes - o < chunk ? s->bytes - o : chunk;
-        if (!hq_post_recv(h, &s->rq, rbuf + s->off + o, len, len, s->mh_recv)) break;
-        s->rpost++;
+        /* up to G consecutive messages in one (grouped) receive */
+        void* d[H_MAX_GROUP];
+        void* mh[H_MAX_GROUP];
+        size_t len[H_MAX_GROUP];
+        int n = 0;
+        for (; n < G && s->rpost + n < nrecv; n++) {
+          size_t o = (size_t)(s->rpost + n) * chunk;
+          len[n] = s->bytes - o < chunk ? s->bytes - o : chunk;
+          d[n] = rbuf + s->off + o;
+          mh[n] = s->mh_recv;
+        }
+        if (!hq_post_recvn(h, &s->rq, n, d, len, len, mh)) break;
+        s->rpost += n;
         progress = 1;
       }
       while (s->spost < nsend) {
@@ -68,8 +80,9 @@ static void run_sendrecv(hctx_t* h, schan_t* S, char* sbuf, char* rbuf) {
         progress = 1;
       }
       progress |= hq_poll(h, &s->sq);
-      progress |= hq_poll(h, &s->rq);
-      left += s->sq.done < nsend || s->rq.done < nrecv;
+      int n_oldest = s->rq.n[s->rq.done % H_MAX_INFLIGHT];
+      if (hq_poll(h, &s->rq)) s->rdone += n_oldest, progress = 1;
+      left += s->sq.done < nsend || s->rdone < nrecv;
     }
     if (!left) break;
     if (!progress) h_idle(h);
@@ -116,6 +129,7 @@ static int cmp_double(const void* a, const void* b) {
 
 static int body(hctx_t* h) {
   hopts_t* o = h->o;
+  if (o->group > 1 && o->pingpong) h_die(h, "--group does not apply to -P");
   if (o->inplace) {
     if (h->rank == 0) printf("# sendrecv_perf: in-place is not meaningful for an exchange; out-of-place only\n");
     o->inplace = 0;
@@ -138,6 +152,9 @@ static int body(hctx_t* h) {
   hrow_t* rows = calloc((size_t)maxrows + 1, sizeof *rows);
   int nrows = 0;
   int prev = (h->rank + h->nranks - 1) % h->nranks;
+  /* as nccl-tests: warm up once at the largest size before the sweep */
+  plan(h, S, (o->max_bytes / sizeof(float)) * sizeof(float));
+  run_op(h, S, sbuf, rbuf, (o->max_bytes / sizeof(float)) * sizeof(float), o->warmup, NULL);
   for (size_t s = o->min_bytes; s <= o->max_bytes; s = h_next_size(o, s)) {
     hrow_t* row = &rows[nrows++];
     row->count = s / sizeof(float);
@@ -201,5 +218,6 @@ static int body(hctx_t* h) {
 int main(int argc, char** argv) {
   return h_main(argc, argv, "sendrecv_perf", body,
                 "  -P, --pingpong           2 ranks: rank 0 sends, rank 1 answers; time = median round trip / 2\n"
-                "  -O, --oneway             2 ranks: only rank 0 sends (to rank 1)\n");
+                "  -O, --oneway             2 ranks: only rank 0 sends (to rank 1)\n"
+                "      --group G            receive G messages per grouped irecv (1..8, default 1)\n");
 }
