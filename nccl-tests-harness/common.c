@@ -308,7 +308,9 @@ static int launcher(hopts_t* o, int* fds, const char* test_name) {
   int* have = calloc((size_t)n, sizeof *have);
   int* status = calloc((size_t)n, sizeof *status);
   int* reaped = calloc((size_t)n, sizeof *reaped);
+  int* reported = calloc((size_t)n, sizeof *reported);
   int failed = 0;
+  double grace = 0; /* set when a rank failed: when to stop the others */
   double deadline = h_now() + o->timeout_s;
   struct pollfd* pfd = calloc((size_t)n, sizeof *pfd);
   while (open_fds > 0 && !g_stop) {
@@ -320,20 +322,26 @@ static int launcher(hopts_t* o, int* fds, const char* test_name) {
       failed = 1;
       break;
     }
-    /* A rank that exited with an error: stop the others at once. */
+    /* A rank that exited with an error: the others get a few seconds to finish what does not
+     * need it (printing their results), then they are stopped. */
     for (int i = 0; i < n; i++) {
       if (reaped[i]) continue;
       int st;
       if (waitpid(g_pids[i], &st, WNOHANG) == g_pids[i]) {
         reaped[i] = 1, status[i] = st;
         if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
-          fprintf(stderr, "%s: rank %d %s %d: stopping the other ranks\n", test_name, i,
-                  WIFSIGNALED(st) ? "killed by signal" : "exited with", WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
-          failed = 1;
+          fprintf(stderr, "%s: rank %d %s %d\n", test_name, i, WIFSIGNALED(st) ? "killed by signal" : "exited with",
+                  WIFSIGNALED(st) ? WTERMSIG(st) : WEXITSTATUS(st));
+          reported[i] = 1;
+          if (grace == 0) grace = h_now() + 3;
         }
       }
     }
-    if (failed) break;
+    if (grace && h_now() > grace) {
+      fprintf(stderr, "%s: stopping the other ranks\n", test_name);
+      failed = 1;
+      break;
+    }
     if (rc <= 0) continue;
     for (int i = 0; i < n; i++) {
       if (fds[i] < 0 || !(pfd[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
@@ -428,7 +436,7 @@ static int launcher(hopts_t* o, int* fds, const char* test_name) {
       status[i] = st;
     }
     if (!(WIFEXITED(status[i]) && WEXITSTATUS(status[i]) == 0)) {
-      if (!failed)
+      if (!failed && !reported[i])
         fprintf(stderr, "%s: rank %d %s %d\n", test_name, i, WIFSIGNALED(status[i]) ? "killed by signal" : "exited with",
                 WIFSIGNALED(status[i]) ? WTERMSIG(status[i]) : WEXITSTATUS(status[i]));
       rc = 1;
