@@ -96,6 +96,19 @@ pub fn gso() -> bool {
     *V.get_or_init(|| env("SOFTROCE_GSO").map(|s| s.trim() != "0").unwrap_or(true))
 }
 
+/// `SOFTROCE_SPIN_US` (default 50): while packets are arriving, the engine
+/// polls its socket this long (yielding the CPU between polls) before it
+/// blocks, trading CPU for latency; 0 always blocks at once.
+pub fn spin_us() -> u64 {
+    static V: OnceLock<u64> = OnceLock::new();
+    *V.get_or_init(|| {
+        env("SOFTROCE_SPIN_US")
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(50)
+            .min(10_000)
+    })
+}
+
 /// `SOFTROCE_DEBUG` (default 0): log engine events to stderr.
 pub fn debug() -> bool {
     static V: OnceLock<bool> = OnceLock::new();
