@@ -1,10 +1,17 @@
 //! The CTS ("clear to send") FIFO: slot layout and tag matching (pure, no I/O, no unsafe).
 //!
 //! Spec §8.8. The receiver RDMA-writes `n` entries of 64 bytes (one per buffer of a grouped
-//! receive) into slot `id mod 256` of the sender's FIFO. The sender consumes slots strictly in
-//! order; a slot is posted when entry 0 carries `idx == counter + 1`, and complete when all
-//! `nreqs` entries carry that stamp (they travel in one RDMA write but may land piecewise).
-//! Tags pick the buffer *inside* the oldest slot; there is no matching across slots.
+//! receive) into slot `id mod SLOTS` of the sender's FIFO. The sender consumes slots strictly in
+//! order; a slot is posted when entry 0 carries the stamp `counter + 1`, and complete when all
+//! `nreqs` entries carry it. Tags pick the buffer *inside* the oldest slot; there is no matching
+//! across slots.
+//!
+//! An RDMA WRITE gives no ordering promise *inside* the written range (a NIC's DMA, or
+//! softroce's `memcpy` on another thread, may store the stamp before the rest of the entry), so
+//! every entry is **sealed**: a 32-bit check over all its other bytes, stamp included. The
+//! sender loads the stamp alone first; once it matches, it reads the whole entry and accepts it
+//! only if the seal verifies. An entry whose stamp matches but whose seal does not is *still
+//! landing* and is read again later (never an error by itself).
 //!
 //! Entry layout (little-endian on the wire; both ends convert, so it is a no-op on LE hosts):
 //!
@@ -13,22 +20,25 @@
 //! | remote buffer address | u64 | 0 |
 //! | posted size | u64 | 8 |
 //! | rkey per member device | u32 × 8 | 16 |
-//! | nreqs | u32 | 48 |
+//! | seal (check of every other byte) | u32 | 48 |
 //! | tag | u32 | 52 |
-//! | idx (posting counter + 1) | u64 | 56 |
+//! | stamp: nreqs (bits 56..64) \| posting counter + 1 (bits 0..56) | u64 | 56 |
 //!
-//! Everything a peer writes is validated here ([`check_slot`]); nothing panics on bad input.
+//! Nothing here panics on any input.
 
-/// Slots in the FIFO (NCCL_NET_MAX_REQUESTS 32 × maxRecvs 8).
-pub const SLOTS: usize = 256;
+/// Slots in the FIFO: NCCL never has more than NCCL_NET_MAX_REQUESTS (32) receives in flight
+/// per comm (spec §7.6); the receiver refuses (retry later) beyond that.
+pub const SLOTS: usize = 32;
 /// Most buffers in one grouped receive (the `maxRecvs` we report).
 pub const MAX_RECVS: usize = 8;
 /// Most member devices of a fused device (v12 `NCCL_NET_MAX_DEVS_PER_NIC`).
 pub const MAX_DEVS: usize = 8;
 /// Bytes per entry.
 pub const ENTRY_BYTES: usize = 64;
-/// Bytes of the whole FIFO (128 KiB).
+/// Bytes of the whole FIFO (16 KiB).
 pub const FIFO_BYTES: usize = SLOTS * MAX_RECVS * ENTRY_BYTES;
+/// Bits of the stamp holding the posting counter.
+const IDX_MASK: u64 = (1 << 56) - 1;
 
 /// One CTS entry exactly as it sits in registered memory.
 #[repr(C, align(64))]
@@ -37,15 +47,63 @@ pub struct CtsEntry {
     pub addr: u64,
     pub size: u64,
     pub rkeys: [u32; MAX_DEVS],
-    pub nreqs: u32,
+    pub seal: u32,
     pub tag: u32,
-    pub idx: u64,
+    pub stamp: u64,
 }
 
 const _: () = assert!(std::mem::size_of::<CtsEntry>() == ENTRY_BYTES);
 const _: () = assert!(std::mem::align_of::<CtsEntry>() >= 32);
+/// Byte offset of the stamp (the sender loads it alone first).
+pub const STAMP_OFFSET: usize = 56;
+const _: () = assert!(std::mem::offset_of!(CtsEntry, stamp) == STAMP_OFFSET);
+
+fn mix(h: u64, v: u64) -> u64 {
+    (h ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29)
+}
 
 impl CtsEntry {
+    /// A sealed entry (host order).
+    pub fn new(addr: u64, size: u64, rkeys: [u32; MAX_DEVS], nreqs: usize, tag: i32, counter: u64) -> CtsEntry {
+        let mut e = CtsEntry {
+            addr,
+            size,
+            rkeys,
+            seal: 0,
+            tag: tag as u32,
+            stamp: ((nreqs as u64 & 0xff) << 56) | (stamp(counter) & IDX_MASK),
+        };
+        e.seal = e.compute_seal();
+        e
+    }
+
+    /// The check over every field but the seal itself.
+    pub fn compute_seal(&self) -> u32 {
+        let mut h = 0x243f_6a88_85a3_08d3u64;
+        h = mix(h, self.addr);
+        h = mix(h, self.size);
+        for pair in self.rkeys.chunks(2) {
+            h = mix(h, u64::from(pair[0]) | (u64::from(pair[1]) << 32));
+        }
+        h = mix(h, u64::from(self.tag));
+        h = mix(h, self.stamp);
+        (h ^ (h >> 32)) as u32
+    }
+
+    pub fn sealed(&self) -> bool {
+        self.seal == self.compute_seal()
+    }
+
+    /// The posting counter + 1 this entry was written for (56 bits).
+    pub fn idx(&self) -> u64 {
+        self.stamp & IDX_MASK
+    }
+
+    /// Buffers of the grouped receive.
+    pub fn nreqs(&self) -> usize {
+        (self.stamp >> 56) as usize
+    }
+
     /// The wire form (little-endian fields) of a host-order entry.
     pub fn to_wire(&self) -> CtsEntry {
         let mut rkeys = [0u32; MAX_DEVS];
@@ -56,9 +114,9 @@ impl CtsEntry {
             addr: self.addr.to_le(),
             size: self.size.to_le(),
             rkeys,
-            nreqs: self.nreqs.to_le(),
+            seal: self.seal.to_le(),
             tag: self.tag.to_le(),
-            idx: self.idx.to_le(),
+            stamp: self.stamp.to_le(),
         }
     }
 
@@ -72,16 +130,21 @@ impl CtsEntry {
             addr: u64::from_le(w.addr),
             size: u64::from_le(w.size),
             rkeys,
-            nreqs: u32::from_le(w.nreqs),
+            seal: u32::from_le(w.seal),
             tag: u32::from_le(w.tag),
-            idx: u64::from_le(w.idx),
+            stamp: u64::from_le(w.stamp),
         }
     }
 }
 
-/// The stamp the receiver writes for posting counter `counter`.
+/// The stamp the receiver writes for posting counter `counter` (56 bits, never 0).
 pub fn stamp(counter: u64) -> u64 {
-    counter.wrapping_add(1)
+    (counter.wrapping_add(1) & IDX_MASK).max(1)
+}
+
+/// Whether a raw (wire-order) stamp word announces posting counter `counter`.
+pub fn stamp_matches(wire_stamp: u64, counter: u64) -> bool {
+    u64::from_le(wire_stamp) & IDX_MASK == stamp(counter)
 }
 
 /// FIFO slot of posting counter `counter`.
@@ -89,79 +152,37 @@ pub fn slot_of(counter: u64) -> usize {
     (counter % SLOTS as u64) as usize
 }
 
-/// A peer wrote something that cannot be a CTS entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FifoError {
-    /// `nreqs` outside 1..=8.
-    BadCount(u32),
-    /// Entries of one slot disagree on `nreqs`.
-    CountMismatch { first: u32, entry: usize, got: u32 },
-    /// A posted size that cannot be a buffer length.
-    BadSize(u64),
-}
-
-impl std::fmt::Display for FifoError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FifoError::BadCount(n) => write!(f, "CTS entry with nreqs={n} (must be 1..=8)"),
-            FifoError::CountMismatch { first, entry, got } => {
-                write!(f, "CTS entry {entry} has nreqs={got}, entry 0 has {first}")
-            }
-            FifoError::BadSize(s) => write!(f, "CTS entry with posted size {s}"),
-        }
-    }
-}
-
 /// State of the oldest FIFO slot as seen by the sender.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SlotState {
     /// Entry 0 does not carry the expected stamp: the receiver has not posted yet.
     NotPosted,
-    /// Entry 0 is there but some of the other `n` entries have not landed yet.
-    Incomplete,
-    /// All `n` entries carry the stamp.
+    /// The stamp is there but some entry is not complete yet (seal fails, or an entry of the
+    /// group has not landed): read again later.
+    Landing,
+    /// All `n` entries are there, sealed and consistent.
     Ready(usize),
 }
 
-/// Entry 0 alone: is the slot posted, and for how many buffers?
-pub fn check_head(head: &CtsEntry, expected_idx: u64) -> Result<Option<usize>, FifoError> {
-    if head.idx != expected_idx {
-        return Ok(None);
-    }
-    if head.nreqs == 0 || head.nreqs as usize > MAX_RECVS {
-        return Err(FifoError::BadCount(head.nreqs));
-    }
-    Ok(Some(head.nreqs as usize))
-}
-
-/// Validate a slot snapshot. `entries` holds at least `nreqs` of entry 0 (host order).
-pub fn check_slot(entries: &[CtsEntry], expected_idx: u64) -> Result<SlotState, FifoError> {
+/// Validate a slot snapshot (host order). `entries` holds the first `min(len, 8)` entries of
+/// the slot, read after entry 0's stamp matched.
+pub fn check_slot(entries: &[CtsEntry], counter: u64) -> SlotState {
     let Some(head) = entries.first() else {
-        return Ok(SlotState::NotPosted);
+        return SlotState::NotPosted;
     };
-    let n = match check_head(head, expected_idx)? {
-        None => return Ok(SlotState::NotPosted),
-        Some(n) => n,
-    };
-    if entries.len() < n {
-        return Ok(SlotState::Incomplete);
+    if head.idx() != stamp(counter) {
+        return SlotState::NotPosted;
     }
-    for (i, e) in entries[..n].iter().enumerate() {
-        if e.idx != expected_idx {
-            return Ok(SlotState::Incomplete);
-        }
-        if e.nreqs != head.nreqs {
-            return Err(FifoError::CountMismatch {
-                first: head.nreqs,
-                entry: i,
-                got: e.nreqs,
-            });
-        }
-        if e.size > i64::MAX as u64 {
-            return Err(FifoError::BadSize(e.size));
+    let n = head.nreqs();
+    if !head.sealed() || n == 0 || n > MAX_RECVS || entries.len() < n {
+        return SlotState::Landing;
+    }
+    for e in &entries[..n] {
+        if e.idx() != stamp(counter) || !e.sealed() || e.nreqs() != n || e.size > i64::MAX as u64 {
+            return SlotState::Landing;
         }
     }
-    Ok(SlotState::Ready(n))
+    SlotState::Ready(n)
 }
 
 /// The first entry of the slot not yet matched (bit `i` of `matched` set = entry `i` taken)
@@ -184,7 +205,7 @@ pub fn full_mask(n: usize) -> u8 {
     }
 }
 
-/// Build the host-order entries for a grouped receive at posting counter `counter`.
+/// Build the sealed host-order entries for a grouped receive at posting counter `counter`.
 /// `rkeys[i]` are the per-device rkeys of buffer `i`.
 pub fn fill_slot(
     out: &mut [CtsEntry; MAX_RECVS],
@@ -201,14 +222,7 @@ pub fn fill_slot(
         .min(rkeys.len())
         .min(MAX_RECVS);
     for i in 0..n {
-        out[i] = CtsEntry {
-            addr: addrs[i] as u64,
-            size: sizes[i] as u64,
-            rkeys: rkeys[i],
-            nreqs: n as u32,
-            tag: tags[i] as u32,
-            idx: stamp(counter),
-        };
+        out[i] = CtsEntry::new(addrs[i] as u64, sizes[i] as u64, rkeys[i], n, tags[i], counter);
     }
     n
 }
@@ -229,68 +243,95 @@ mod tests {
 
     #[test]
     fn layout_offsets() {
-        let e = CtsEntry {
-            addr: 0x0102030405060708,
-            size: 0x1112131415161718,
-            rkeys: [0x21222324; 8],
-            nreqs: 0x31323334,
-            tag: 0x41424344,
-            idx: 0x5152535455565758,
-        }
-        .to_wire();
-        // SAFETY-free byte view via the documented offsets.
-        let bytes: [u8; 64] = {
-            let mut b = [0u8; 64];
-            b[0..8].copy_from_slice(&e.addr.to_ne_bytes());
-            b[8..16].copy_from_slice(&e.size.to_ne_bytes());
-            for i in 0..8 {
-                b[16 + 4 * i..20 + 4 * i].copy_from_slice(&e.rkeys[i].to_ne_bytes());
-            }
-            b[48..52].copy_from_slice(&e.nreqs.to_ne_bytes());
-            b[52..56].copy_from_slice(&e.tag.to_ne_bytes());
-            b[56..64].copy_from_slice(&e.idx.to_ne_bytes());
-            b
-        };
-        assert_eq!(bytes[0], 0x08);
-        assert_eq!(bytes[8], 0x18);
-        assert_eq!(bytes[16], 0x24);
-        assert_eq!(bytes[48], 0x34);
-        assert_eq!(bytes[52], 0x44);
-        assert_eq!(bytes[56], 0x58);
         assert_eq!(std::mem::offset_of!(CtsEntry, size), 8);
         assert_eq!(std::mem::offset_of!(CtsEntry, rkeys), 16);
-        assert_eq!(std::mem::offset_of!(CtsEntry, nreqs), 48);
+        assert_eq!(std::mem::offset_of!(CtsEntry, seal), 48);
         assert_eq!(std::mem::offset_of!(CtsEntry, tag), 52);
-        assert_eq!(std::mem::offset_of!(CtsEntry, idx), 56);
-        assert_eq!(CtsEntry::from_wire(&e).tag, 0x41424344);
+        assert_eq!(std::mem::offset_of!(CtsEntry, stamp), 56);
+        let e = CtsEntry::new(
+            0x0102030405060708,
+            0x1112131415161718,
+            [0x21222324; 8],
+            3,
+            0x41424344,
+            0x55,
+        );
+        assert_eq!(e.nreqs(), 3);
+        assert_eq!(e.idx(), 0x56);
+        assert_eq!(e.stamp, (3 << 56) | 0x56);
+        let w = e.to_wire();
+        assert_eq!(CtsEntry::from_wire(&w), e);
+        assert!(stamp_matches(w.stamp, 0x55));
+        assert!(!stamp_matches(w.stamp, 0x56));
+        assert!(e.sealed());
     }
 
     #[test]
     fn slot_states() {
         let e = entries(41, &[3, 1, 2]);
-        assert_eq!(check_slot(&e[..3], 41), Ok(SlotState::NotPosted));
-        assert_eq!(check_slot(&e[..3], 42), Ok(SlotState::Ready(3)));
-        // entry 2 not landed yet
+        assert_eq!(check_slot(&e[..3], 40), SlotState::NotPosted);
+        assert_eq!(check_slot(&e[..3], 41), SlotState::Ready(3));
+        // entry 2 not landed yet (old stamp)
         let mut partial = e;
-        partial[2].idx = 0;
-        assert_eq!(check_slot(&partial[..3], 42), Ok(SlotState::Incomplete));
-        assert_eq!(check_slot(&e[..1], 42), Ok(SlotState::Incomplete));
-        assert_eq!(check_slot(&[], 42), Ok(SlotState::NotPosted));
+        partial[2] = CtsEntry::default();
+        assert_eq!(check_slot(&partial[..3], 41), SlotState::Landing);
+        assert_eq!(check_slot(&e[..1], 41), SlotState::Landing);
+        assert_eq!(check_slot(&[], 41), SlotState::NotPosted);
     }
 
+    /// Regression (harness report 1): the stamp lands before the rest of the entry. Every mix
+    /// of old and new bytes with the new stamp is "landing", never accepted, never an error.
     #[test]
-    fn slot_garbage_rejected() {
-        let mut e = entries(0, &[1, 2]);
-        e[0].nreqs = 0;
-        assert_eq!(check_slot(&e[..2], 1), Err(FifoError::BadCount(0)));
-        e[0].nreqs = 9;
-        assert_eq!(check_slot(&e[..2], 1), Err(FifoError::BadCount(9)));
-        let mut e = entries(0, &[1, 2]);
-        e[1].nreqs = 3;
-        assert!(matches!(check_slot(&e[..2], 1), Err(FifoError::CountMismatch { .. })));
-        let mut e = entries(0, &[1]);
-        e[0].size = u64::MAX;
-        assert_eq!(check_slot(&e[..1], 1), Err(FifoError::BadSize(u64::MAX)));
+    fn torn_entries_are_landing_not_corrupt() {
+        let mut old = entries(41 - SLOTS as u64, &[9, 8, 7, 6, 5]);
+        old[0] = CtsEntry::new(0xdead_0000, 77_777, [0x55; MAX_DEVS], 5, 9, 41 - SLOTS as u64);
+        let new = entries(41, &[1, 2]);
+        // Byte-level tearing of entry 0: take each prefix/suffix split and each 8-byte word.
+        let to_bytes = |e: &CtsEntry| -> [u8; 64] {
+            let w = e.to_wire();
+            let mut b = [0u8; 64];
+            b[0..8].copy_from_slice(&w.addr.to_ne_bytes());
+            b[8..16].copy_from_slice(&w.size.to_ne_bytes());
+            for i in 0..8 {
+                b[16 + 4 * i..20 + 4 * i].copy_from_slice(&w.rkeys[i].to_ne_bytes());
+            }
+            b[48..52].copy_from_slice(&w.seal.to_ne_bytes());
+            b[52..56].copy_from_slice(&w.tag.to_ne_bytes());
+            b[56..64].copy_from_slice(&w.stamp.to_ne_bytes());
+            b
+        };
+        let from_bytes = |b: &[u8; 64]| -> CtsEntry {
+            let u64_at = |o: usize| u64::from_ne_bytes(b[o..o + 8].try_into().unwrap());
+            let u32_at = |o: usize| u32::from_ne_bytes(b[o..o + 4].try_into().unwrap());
+            CtsEntry::from_wire(&CtsEntry {
+                addr: u64_at(0),
+                size: u64_at(8),
+                rkeys: std::array::from_fn(|i| u32_at(16 + 4 * i)),
+                seal: u32_at(48),
+                tag: u32_at(52),
+                stamp: u64_at(56),
+            })
+        };
+        let (ob, nb) = (to_bytes(&old[0]), to_bytes(&new[0]));
+        for mask in 1u8..0x7f {
+            // Words 0..7 new or old by mask bit; word 7 (the stamp) always new.
+            let mut b = ob;
+            for w in 0..8 {
+                if w == 7 || mask & (1 << w) != 0 {
+                    b[8 * w..8 * w + 8].copy_from_slice(&nb[8 * w..8 * w + 8]);
+                }
+            }
+            let mut snap = new;
+            snap[0] = from_bytes(&b);
+            let st = check_slot(&snap[..2], 41);
+            assert_eq!(st, SlotState::Landing, "torn mask {mask:#x} accepted");
+        }
+        // All new: ready.
+        assert_eq!(check_slot(&new[..2], 41), SlotState::Ready(2));
+        // nreqs 0 with the right idx: landing, not an error.
+        let mut z = new;
+        z[0].stamp &= IDX_MASK;
+        assert_eq!(check_slot(&z[..2], 41), SlotState::Landing);
     }
 
     #[test]
@@ -345,10 +386,11 @@ mod tests {
     #[test]
     fn stamps_and_slots() {
         assert_eq!(slot_of(0), 0);
-        assert_eq!(slot_of(257), 1);
-        assert_eq!(stamp(u64::MAX), 0);
+        assert_eq!(slot_of(SLOTS as u64 + 1), 1);
+        assert_ne!(stamp(u64::MAX), 0);
+        assert_ne!(stamp(IDX_MASK), 0, "the stamp never looks like zeroed memory");
         assert_eq!(full_mask(1), 1);
         assert_eq!(full_mask(8), 0xff);
-        assert_eq!(FIFO_BYTES, 128 * 1024);
+        assert_eq!(FIFO_BYTES, 16 * 1024);
     }
 }

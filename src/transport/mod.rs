@@ -52,12 +52,17 @@ pub enum MemKind {
     Cuda,
 }
 
-/// Send WRs per sender data QP: 2 per request slot (data + completion write).
+/// Send WRs per sender data QP: 2 per send request slot (data + completion write), as NCCL.
 const SENDER_SEND_WR: u32 = 2 * request::MAX_REQUESTS as u32;
-/// Send WRs per receiver QP (CTS writes, signaled once per 256).
-const RECEIVER_SEND_WR: u32 = 2 * request::MAX_REQUESTS as u32;
-/// Receive WRs per receiver QP: one per request slot.
-const RECEIVER_RECV_WR: u32 = request::MAX_REQUESTS as u32;
+/// Send WRs per receiver QP: CTS writes, one signaled per SLOTS posts, so ≤ 2 × SLOTS out.
+const RECEIVER_SEND_WR: u32 = 2 * fifo::SLOTS as u32;
+/// Receive WRs per receiver QP: one per receive in flight.
+const RECEIVER_RECV_WR: u32 = fifo::SLOTS as u32;
+/// CQ entries per sender QP: signaled writes (≤ 1 per group per QP, ≤ SLOTS groups), with room
+/// for the flushed WRs of a failing QP.
+const SENDER_CQE_PER_QP: usize = 4 * fifo::SLOTS;
+/// CQ entries per receiver QP: receives + CTS completions, with room for flushes.
+const RECEIVER_CQE_PER_QP: usize = (RECEIVER_SEND_WR + RECEIVER_RECV_WR) as usize;
 /// Inline bytes requested when NCCL_IB_USE_INLINE=1 (one CTS entry).
 const INLINE_BYTES: u32 = fifo::ENTRY_BYTES as u32;
 /// Completion records: `[slot][entry]` u32.
@@ -422,7 +427,10 @@ impl RecvParts {
             chan,
             qps_per_req: p.qps_per_req,
         };
-        let core = core::Core::new(conn, request::RequestPool::new(std::ptr::null_mut()));
+        let core = core::Core::new(
+            conn,
+            request::RequestPool::new(std::ptr::null_mut(), request::RECV_REQUESTS),
+        );
         recv::RecvDp::new(core, p.flush_qps, p.cts, p.cmpl, p.scratch, config::get().use_inline)
     }
 }
@@ -449,8 +457,8 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
     let devs = conn::local_devs(
         members,
         nqps,
-        (RECEIVER_SEND_WR + RECEIVER_RECV_WR) as usize,
-        if flush { 256 + 16 } else { 16 },
+        RECEIVER_CQE_PER_QP,
+        if flush { request::RECV_REQUESTS + 16 } else { 16 },
     )?;
     let qps = conn::create_qps(
         &devs,
@@ -495,7 +503,7 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
                 d.cq.clone(),
                 d.cq.clone(),
                 QpCaps {
-                    max_send_wr: request::MAX_REQUESTS as u32,
+                    max_send_wr: request::RECV_REQUESTS as u32,
                     max_recv_wr: 0,
                     max_inline_data: 0,
                 },
@@ -634,7 +642,7 @@ fn progress_connect(c: &mut Connecting, timeout: Duration) -> Result<Option<Box<
         let nr = c.listener.ndevs as usize;
         let ndata = nl.max(nr);
         let nqps = (cfg.qps_per_connection.clamp(1, 128) as usize) * ndata;
-        let devs = conn::local_devs(&c.members, nqps, SENDER_SEND_WR as usize, 16)?;
+        let devs = conn::local_devs(&c.members, nqps, SENDER_CQE_PER_QP, 16)?;
         let qps = conn::create_qps(
             &devs,
             nqps,
@@ -713,7 +721,10 @@ fn progress_connect(c: &mut Connecting, timeout: Duration) -> Result<Option<Box<
             chan: s.chan,
             qps_per_req: s.qps_per_req,
         };
-        let core = core::Core::new(conn, request::RequestPool::new(std::ptr::null_mut()));
+        let core = core::Core::new(
+            conn,
+            request::RequestPool::new(std::ptr::null_mut(), request::MAX_REQUESTS),
+        );
         let ar = match cfg.adaptive_routing {
             0 => false,
             v if v > 0 => true,

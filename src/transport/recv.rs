@@ -37,6 +37,8 @@ pub struct RecvDp {
     /// The sender's FIFO address.
     peer_fifo: u64,
     counter: u64,
+    /// Receives posted and not yet reclaimed by test().
+    recvs_in_flight: usize,
     use_inline: bool,
     cts_sge: sys::ibv_sge,
     cts_wr: sys::ibv_send_wr,
@@ -66,6 +68,7 @@ impl RecvDp {
             scratch,
             peer_fifo,
             counter: 0,
+            recvs_in_flight: 0,
             use_inline,
             // SAFETY: plain data; zero is an empty value for all of these.
             cts_sge: unsafe { std::mem::zeroed() },
@@ -114,9 +117,15 @@ impl RecvDp {
                 )));
             }
         }
+        // A FIFO slot is free again once the receive posted SLOTS earlier completed (the sender
+        // consumed its CTS before sending). NCCL never has more than 32 in flight.
+        if self.recvs_in_flight >= fifo::SLOTS {
+            return Ok(None);
+        }
         let Some(r) = self.core.pool.alloc(ReqKind::Recv) else {
             return Ok(None);
         };
+        self.recvs_in_flight += 1;
         let id = self.counter;
         let slot = fifo::slot_of(id);
         let nq = self.core.conn.qps_per_req;
@@ -125,7 +134,9 @@ impl RecvDp {
             let req = self.core.pool.get_mut(r).expect("index from alloc");
             req.n = n as u8;
             req.slot = slot as u16;
-            req.sizes[..n].copy_from_slice(sizes);
+            for (d, &v) in req.sizes.iter_mut().zip(sizes) {
+                *d = v as u32;
+            }
             req.pending = nq as u32;
         }
         if let Err(e) = self.post(r, id, slot, nq, nqps, data, sizes, tags, mhs) {
@@ -285,10 +296,13 @@ impl RecvDp {
                     u32::from_le(unsafe { std::ptr::read_volatile(rec) }) as usize
                 };
                 // Never report more than was posted, whatever the peer claims.
-                let v = got.min(r.sizes[i]);
+                let v = got.min(r.sizes[i] as usize);
                 // SAFETY: NCCL passes room for the request's n ints (or NULL, checked).
                 unsafe { *sizes.add(i) = v.min(i32::MAX as usize) as i32 };
             }
+        }
+        if kind == ReqKind::Recv {
+            self.recvs_in_flight -= 1;
         }
         self.core.pool.free(idx);
         Ok(true)
@@ -325,7 +339,7 @@ fn describe(pool: &RequestPool, id: u64) -> (&'static str, usize) {
     match id >> KIND_SHIFT {
         KIND_RECV => (
             "receive (RDMA write with immediate from the sender)",
-            r.map(|r| r.sizes.iter().sum()).unwrap_or(0),
+            r.map(|r| r.sizes.iter().map(|&s| s as usize).sum()).unwrap_or(0),
         ),
         KIND_CTS => ("RDMA write (CTS to the sender)", fifo::ENTRY_BYTES),
         KIND_FLUSH => ("RDMA read (GPU flush)", 1),

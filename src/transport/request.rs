@@ -1,6 +1,6 @@
 //! Request slots and completion counting (pure bookkeeping, no I/O, no unsafe).
 //!
-//! Every comm owns a fixed pool of [`MAX_REQUESTS`] requests allocated once at connect time;
+//! Every comm owns a fixed pool of requests (at most [`MAX_REQUESTS`]) allocated once at connect time;
 //! NCCL receives raw pointers into it. `alloc`/`free` never allocate (the free list is a
 //! pre-sized stack). A request is done when the completions it still expects (`pending`) reach
 //! zero; a completion error marks it failed instead.
@@ -34,8 +34,8 @@ pub struct Request {
     pub n: u8,
     /// FIFO slot (send) / posting counter low bits (recv).
     pub slot: u16,
-    /// Send: bytes sent. Receive: bytes posted, replaced by bytes received at completion.
-    pub sizes: [usize; MAX_RECVS],
+    /// Send: bytes sent. Receive: bytes posted (each buffer ≤ 4 GiB).
+    pub sizes: [u32; MAX_RECVS],
     /// A completion error hit this request.
     pub failed: bool,
     /// Receive with n == 1: the size the sender announced in the immediate.
@@ -74,13 +74,18 @@ pub struct RequestPool {
     free: Vec<u16>,
 }
 
+/// Requests of a receive comm: 32 receives (NCCL_NET_MAX_REQUESTS) plus 32 flushes.
+pub const RECV_REQUESTS: usize = 64;
+
 impl RequestPool {
     /// `owner` is stored in every request (the comm's data-path state, which must not move
     /// afterwards — it is boxed by the caller).
-    pub fn new(owner: *mut ()) -> RequestPool {
-        let reqs: Box<[Request]> = (0..MAX_REQUESTS as u16).map(|i| Request::new(owner, i)).collect();
+    /// `capacity` ≤ [`MAX_REQUESTS`] (indices must fit the 8-bit `wr_id` lanes).
+    pub fn new(owner: *mut (), capacity: usize) -> RequestPool {
+        let cap = capacity.clamp(1, MAX_REQUESTS) as u16;
+        let reqs: Box<[Request]> = (0..cap).map(|i| Request::new(owner, i)).collect();
         // Lowest index on top, so tests and logs see 0, 1, 2, ...
-        let free = (0..MAX_REQUESTS as u16).rev().collect();
+        let free = (0..cap).rev().collect();
         RequestPool { reqs, free }
     }
 
@@ -137,7 +142,7 @@ impl RequestPool {
     }
 
     pub fn in_flight(&self) -> usize {
-        MAX_REQUESTS - self.free.len()
+        self.reqs.len() - self.free.len()
     }
 
     /// Every request not free (for failing them all on a fatal error).
@@ -166,7 +171,7 @@ mod tests {
 
     #[test]
     fn pool_alloc_free_exhaustion() {
-        let mut p = RequestPool::new(std::ptr::null_mut());
+        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_REQUESTS);
         let mut got = vec![];
         for _ in 0..MAX_REQUESTS {
             got.push(p.alloc(ReqKind::Send).unwrap());
@@ -184,7 +189,7 @@ mod tests {
 
     #[test]
     fn at_least_32_in_flight_with_flushes() {
-        let mut p = RequestPool::new(std::ptr::null_mut());
+        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_REQUESTS);
         for _ in 0..32 {
             p.alloc(ReqKind::Recv).unwrap();
             p.alloc(ReqKind::Flush).unwrap();
@@ -194,7 +199,7 @@ mod tests {
 
     #[test]
     fn completion_counting() {
-        let mut p = RequestPool::new(std::ptr::null_mut());
+        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_REQUESTS);
         let i = p.alloc(ReqKind::Recv).unwrap();
         let r = p.get_mut(i).unwrap();
         r.pending = 3;
@@ -207,7 +212,7 @@ mod tests {
 
     #[test]
     fn pointers_round_trip() {
-        let mut p = RequestPool::new(std::ptr::null_mut());
+        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_REQUESTS);
         let i = p.alloc(ReqKind::Send).unwrap();
         let ptr = p.ptr(i);
         assert_eq!(p.index_of(ptr), Some(i));

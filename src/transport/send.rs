@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::ibv::cq::Completed;
 use crate::ibv::sys;
 use std::sync::atomic::{fence, Ordering};
+use std::time::{Duration, Instant};
 
 /// Data WRs of a group plus the completion-carrying write.
 const MAX_CHAIN: usize = MAX_RECVS + 1;
@@ -45,6 +46,8 @@ pub struct SendDp {
     ar: bool,
     ar_threshold: usize,
     truncate_warned: bool,
+    /// When the current slot's stamp was first seen without a consistent entry.
+    landing_since: Option<Instant>,
     wrs: [sys::ibv_send_wr; MAX_CHAIN],
     sges: [sys::ibv_sge; MAX_CHAIN],
 }
@@ -73,6 +76,7 @@ impl SendDp {
             ar,
             ar_threshold,
             truncate_warned: false,
+            landing_since: None,
             // SAFETY: ibv_send_wr / ibv_sge are plain data; zero is a valid (empty) value.
             wrs: unsafe { std::mem::zeroed() },
             // SAFETY: as above.
@@ -83,44 +87,49 @@ impl SendDp {
         dp
     }
 
-    /// Read the oldest slot; true when all its entries are there.
+    /// Read the oldest slot; true when all its entries are there and sealed.
     fn load_slot(&mut self) -> Result<bool> {
         let slot = fifo::slot_of(self.counter);
-        let expected = fifo::stamp(self.counter);
         let base = (self.fifo.addr() as *const CtsEntry).wrapping_add(slot * MAX_RECVS);
-        // SAFETY: `base` is inside the FIFO (slot < SLOTS) which lives as long as self; the
-        // NIC writes it concurrently, hence the volatile read of a plain-data struct.
-        let head = CtsEntry::from_wire(&unsafe { std::ptr::read_volatile(base) });
-        let n = match fifo::check_head(&head, expected) {
-            Ok(None) => return Ok(false),
-            Ok(Some(n)) => n,
-            Err(e) => {
-                return Err(self.core.fail(Error::remote(format!(
-                    "corrupt CTS entry from the receiver {}: {e}",
-                    self.core.conn.chan.peer
-                ))))
-            }
-        };
+        // SAFETY: `base` is inside the FIFO (slot < SLOTS), which lives as long as self. The
+        // NIC writes it concurrently: the stamp is loaded alone (one aligned 8-byte volatile
+        // load), and the rest only after it matched.
+        let stamp = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*base).stamp)) };
+        if !fifo::stamp_matches(stamp, self.counter) {
+            self.landing_since = None;
+            return Ok(false);
+        }
         fence(Ordering::Acquire);
+        let n = ((u64::from_le(stamp) >> 56) as usize).clamp(1, MAX_RECVS);
         let mut es = [CtsEntry::default(); MAX_RECVS];
         for (i, e) in es.iter_mut().enumerate().take(n) {
             // SAFETY: i < n ≤ MAX_RECVS entries of this slot, inside the FIFO.
             *e = CtsEntry::from_wire(&unsafe { std::ptr::read_volatile(base.add(i)) });
         }
-        match fifo::check_slot(&es[..n], expected) {
-            Ok(SlotState::Ready(n)) => {
+        match fifo::check_slot(&es[..n], self.counter) {
+            SlotState::Ready(n) => {
                 fence(Ordering::Acquire);
+                self.landing_since = None;
                 self.cur.active = true;
                 self.cur.n = n;
                 self.cur.entries = es;
                 self.cur.matched = 0;
                 Ok(true)
             }
-            Ok(_) => Ok(false),
-            Err(e) => Err(self.core.fail(Error::remote(format!(
-                "corrupt CTS slot from the receiver {}: {e}",
-                self.core.conn.chan.peer
-            )))),
+            SlotState::NotPosted => Ok(false),
+            SlotState::Landing => {
+                // Still being written; a seal that never verifies means a broken peer.
+                let now = Instant::now();
+                let since = *self.landing_since.get_or_insert(now);
+                if now.duration_since(since) > Duration::from_secs(crate::config::get().connect_timeout_sec.max(1)) {
+                    return Err(self.core.fail(Error::remote(format!(
+                        "the CTS entries from the receiver {} for slot {slot} never became consistent (seal/count mismatch for {:?}): a corrupt or incompatible peer",
+                        self.core.conn.chan.peer,
+                        now.duration_since(since)
+                    ))));
+                }
+                Ok(false)
+            }
         }
     }
 
@@ -163,7 +172,7 @@ impl SendDp {
         let req = self.core.pool.get_mut(r).expect("index from alloc");
         req.n = n as u8;
         req.slot = slot;
-        req.sizes[0] = len;
+        req.sizes[0] = len as u32;
         // Not posted yet: one placeholder completion, replaced when the group is posted.
         req.pending = 1;
         let ptr = self.core.pool.ptr(r);
@@ -327,7 +336,7 @@ fn describe(pool: &RequestPool, wr_id: u64) -> (&'static str, usize) {
     let n = pool.get(wr_id_lane(wr_id, 0)).map(|r| r.n).unwrap_or(1).clamp(1, 8) as usize;
     let bytes = (0..n)
         .filter_map(|l| pool.get(wr_id_lane(wr_id, l)))
-        .map(|r| r.sizes[0])
+        .map(|r| r.sizes[0] as usize)
         .sum();
     ("RDMA write (data)", bytes)
 }
