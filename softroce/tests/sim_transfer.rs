@@ -480,3 +480,71 @@ fn fence_waits_for_the_read_before_it() {
     assert_eq!(p.ep[0].send_cq.len(), 2);
     assert_eq!(p.ep[1].peek(DST + 100_000, 3000), p.ep[1].peek(SRC, 3000));
 }
+
+/// `poll_transmit` reuses the caller's buffer without zeroing it: a dirty,
+/// oversized buffer must give exactly the bytes a fresh one gives.
+#[test]
+fn dirty_transmit_buffer_gives_identical_packets() {
+    let mut streams: Vec<Vec<Vec<u8>>> = Vec::new();
+    for dirty in [false, true] {
+        let s = Setup::default();
+        let mut ep = [
+            Endpoint::new(0x11, [127, 0, 0, 1], s.caps),
+            Endpoint::new(0x22, [127, 0, 0, 2], s.caps),
+        ];
+        ep[0].fill_src(1);
+        ep[1].fill_src(2);
+        let (g0, g1) = (gid(ep[0].ip), gid(ep[1].ip));
+        connect_qp(&mut ep[0].qp, &s, 0x22, g1, 1, 2);
+        connect_qp(&mut ep[1].qp, &s, 0x11, g0, 2, 1);
+        let now = Instant::from_micros(1);
+        for (k, len) in [3u32, 1500, 1, 2049, 0, 7].into_iter().enumerate() {
+            let mut w = SendWr::new(
+                k as u64,
+                if k % 2 == 0 {
+                    WrOpcode::RdmaWrite
+                } else {
+                    WrOpcode::RdmaRead
+                },
+            );
+            if k % 2 == 0 {
+                w.sges = sge(SRC, len, ep[0].src_lkey);
+                w.remote_addr = DST;
+                w.rkey = ep[1].dst_rkey;
+            } else {
+                w.sges = sge(DST, len, ep[0].dst_lkey);
+                w.remote_addr = SRC;
+                w.rkey = ep[1].src_rkey;
+            }
+            ep[0].qp.post_send(now, w).unwrap();
+        }
+        let mut out = Vec::new();
+        let mut buf = if dirty { vec![0xAA; 9000] } else { Vec::new() };
+        for _ in 0..20 {
+            for i in 0..2 {
+                let mut pkts = Vec::new();
+                loop {
+                    if !dirty {
+                        buf = Vec::new();
+                    } else {
+                        buf.resize(9000, 0xAA);
+                    }
+                    let e = &mut ep[i];
+                    let Some(m) = e.qp.poll_transmit(now, &mut e.mem, &mut buf) else {
+                        break;
+                    };
+                    assert_eq!(m.len, buf.len());
+                    pkts.push(buf.clone());
+                }
+                for p in pkts {
+                    out.push(p.clone());
+                    let e = &mut ep[1 - i];
+                    e.qp.handle_packet(now, &p, &mut e.mem);
+                }
+            }
+        }
+        streams.push(out);
+    }
+    assert!(!streams[0].is_empty());
+    assert_eq!(streams[0], streams[1]);
+}

@@ -79,7 +79,9 @@ pub trait MemoryAccess {
     /// Check that `[addr, addr+len)` lies in the MR `lkey` (and, if `write`,
     /// that the MR has LOCAL_WRITE).
     fn local_check(&self, lkey: u32, addr: u64, len: u64, write: bool) -> Result<(), LocalAccessError>;
-    /// Read local memory (gather for SEND/WRITE payloads).
+    /// Read local memory (gather for SEND/WRITE payloads). On `Ok` every
+    /// byte of `buf` must have been written (the core reuses buffers
+    /// without clearing them).
     fn local_read(&self, lkey: u32, addr: u64, buf: &mut [u8]) -> Result<(), LocalAccessError>;
     /// Write local memory (scatter of received SENDs, READ responses, atomic results).
     fn local_write(&mut self, lkey: u32, addr: u64, data: &[u8]) -> Result<(), LocalAccessError>;
@@ -87,7 +89,8 @@ pub trait MemoryAccess {
     fn remote_check(&self, rkey: u32, va: u64, len: u64, what: RemoteAccess) -> Result<(), RemoteAccessError>;
     /// Execute an incoming RDMA WRITE segment.
     fn remote_write(&mut self, rkey: u32, va: u64, data: &[u8]) -> Result<(), RemoteAccessError>;
-    /// Serve an RDMA READ response segment.
+    /// Serve an RDMA READ response segment. On `Ok` every byte of `buf`
+    /// must have been written.
     fn remote_read(&self, rkey: u32, va: u64, buf: &mut [u8]) -> Result<(), RemoteAccessError>;
     /// Execute an atomic on the host-order u64 at `va` (must be 8-byte
     /// aligned); returns the original value.

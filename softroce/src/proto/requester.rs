@@ -78,6 +78,17 @@ pub(crate) fn scatter(mem: &mut dyn MemoryAccess, sges: &[Sge], offset: u32, dat
     }
 }
 
+/// Make `buf` exactly `len` bytes long without zero-filling bytes that the
+/// caller overwrites anyway (headers, payload): only growth is zeroed. The
+/// caller must write every byte (pad included).
+pub(crate) fn set_len(buf: &mut Vec<u8>, len: usize) {
+    if buf.len() >= len {
+        buf.truncate(len);
+    } else {
+        buf.resize(len, 0);
+    }
+}
+
 /// Validate a WQE's local buffers before its first packet.
 fn check_local(mem: &dyn MemoryAccess, w: &SendWqe) -> Result<(), u32> {
     if w.wr.inline_data.is_some() {
@@ -306,8 +317,8 @@ impl QpCore {
         };
         let hdr = repr.header_len();
         let plen = payload_len as usize;
-        buf.clear();
-        buf.resize(hdr + plen + wire::pad_len(plen), 0);
+        set_len(buf, hdr + plen + wire::pad_len(plen));
+        buf[hdr + plen..].fill(0); // pad
         repr.emit_headers(&mut buf[..hdr], plen);
         if gather(mem, wr, payload_off, &mut buf[hdr..hdr + plen]).is_err() {
             // Memory changed under us (MR deregistered): local protection error.

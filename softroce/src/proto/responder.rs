@@ -2,7 +2,7 @@
 //! READ / atomics, ACK coalescing, NAKs and receive completions.
 
 use super::qp::{InMsg, QpCore, RdAtomicRes, RespOut};
-use super::requester::scatter;
+use super::requester::{scatter, set_len};
 use super::*;
 use crate::wire::opcode::{MsgKind, Position};
 use crate::wire::{self, AethRepr, AtomicAckEthRepr, BthRepr, NakCode, OpCode, Psn, RocePacketRepr, Syndrome};
@@ -524,8 +524,8 @@ impl QpCore {
                 }
                 let hdr = repr.header_len();
                 let plen = chunk as usize;
-                buf.clear();
-                buf.resize(hdr + plen + wire::pad_len(plen), 0);
+                set_len(buf, hdr + plen + wire::pad_len(plen));
+                buf[hdr + plen..].fill(0); // pad
                 repr.emit_headers(&mut buf[..hdr], plen);
                 if mem.remote_read(rkey, va, &mut buf[hdr..hdr + plen]).is_err() {
                     // The MR went away after the request was accepted.
