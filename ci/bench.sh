@@ -69,8 +69,8 @@ fi
 say "# ferroce make bench — $(date -u '+%Y-%m-%d %H:%M UTC') — $(git rev-parse --short HEAD 2>/dev/null || echo '?') — $(nproc) CPUs"
 say "# fabric: $FABRIC"
 
-# run_harness NAME TIMEOUT PROGRAM ARGS...: runs one harness program, output to the terminal and $OUT/NAME.txt
-run_harness() {
+# run_harness_ NAME TIMEOUT PROGRAM ARGS...: runs one harness program, output to the terminal and $OUT/NAME.txt
+run_harness_() {
     local name=$1 t=$2 prog=$3
     shift 3
     echo
@@ -89,6 +89,22 @@ run_harness() {
 
 # value of column COL (1-based) in the row of SIZE bytes of a harness table
 row_val() { awk -v s="$2" -v c="$3" '$1 == s && $1 ~ /^[0-9]+$/ {print $c; exit}' "$1" 2>/dev/null; }
+
+# ---- 0. can the plugin move data at all? -----------------------------------------------------
+PLUGIN_OK=1
+echo
+echo "== smoke: one 8-byte exchange through the plugin"
+# shellcheck disable=SC2086
+if ! timeout -k 5 60 "$H/sendrecv_perf" $SOFTROCE_FLAG --timeout 55 -N 2 -b 8 -e 8 -n 1 -w 0 >"$OUT/smoke.txt" 2>&1; then
+    PLUGIN_OK=0
+    problem "the plugin cannot move data here, so none of its benchmarks ran (perftest still runs): $(grep -m1 -E 'WARN|error:' "$OUT/smoke.txt" | sed 's/^ *//')"
+else
+    echo "   ok"
+fi
+run_harness() { # NAME TIMEOUT PROGRAM ARGS... (only when the smoke test passed)
+    [ "$PLUGIN_OK" = 1 ] || return 1
+    run_harness_ "$@"
+}
 
 # ---- 1. the plugin's tables (NCCL-like pipeline: 512 KiB steps, 8 in flight per comm) --------
 run_harness sendrecv 240 "$H/sendrecv_perf" -N 2 -b 8 -e "$MAX" -f 2 -n "$ITERS" -w 2 --csv "$OUT/sendrecv.csv"
@@ -144,6 +160,7 @@ hv() {
     local name=$1 size=$2 col=$3
     shift 3
     HV=""
+    [ "$PLUGIN_OK" = 1 ] || return 1
     # shellcheck disable=SC2086
     if timeout -k 5 120 "$@" $SOFTROCE_FLAG --timeout 110 >"$OUT/$name.txt" 2>&1; then
         HV=$(awk -v s="$size" -v c="$col" '$1 == s {print $c; exit}' "$OUT/$name.txt")
@@ -159,7 +176,7 @@ for r in $(seq "$ROUNDS"); do
     perftest 28562 r_wbw ib_write_bw -s 4194304 -n 500 && W_BW="$W_BW $(pt_bw r_wbw 4194304)"
     # best row of 4..64 MiB in 4 MiB messages (the largest sizes leave the 32 MiB L3 of a small host)
     hv r_oneway 0 1 "$H/sendrecv_perf" -N 2 -O --chunk 4M -b 4M -e 64M -f 2 -n 8 -w 1 -c 0
-    O_BW="$O_BW $(awk '$1 ~ /^[0-9]+$/ && $1 >= 4194304 && $8 > b {b = $8} END {if (b) print b}' "$OUT/r_oneway.txt")"
+    O_BW="$O_BW $(awk '$1 ~ /^[0-9]+$/ && $1 >= 4194304 && $8 > b {b = $8} END {if (b) print b}' "$OUT/r_oneway.txt" 2>/dev/null)"
     perftest 28563 r_wlat ib_write_lat -s 8 -n 2000 && W_LAT="$W_LAT $(pt_lat r_wlat)"
     hv r_pingpong 8 6 "$H/sendrecv_perf" -N 2 -P -b 8 -e 8 -n 2000 -w 100 -c 0
     P_LAT="$P_LAT $HV"
@@ -204,7 +221,7 @@ ratio P3 "$ar64" "$sr64" ">=" 0.90 "all_reduce busbw 64 MiB / sendrecv 64 MiB"
 say "    context: sendrecv two-way best >= 4 MiB ${sr_best:-n/a} GB/s vs ib_write_bw -b ${wbwb:-n/a} GB/s per direction"
 
 # ---- 3b. where the time goes (one run each) ---------------------------------------------------
-if [ "${BENCH_DIAG:-1}" != 0 ]; then
+if [ "${BENCH_DIAG:-1}" != 0 ] && [ "$PLUGIN_OK" = 1 ]; then
     echo
     echo "== diagnosis"
     hv d_oneway_512k 33554432 8 "$H/sendrecv_perf" -N 2 -O -b 32M -e 32M -n 8 -w 1 -c 0
@@ -242,7 +259,7 @@ else
 fi
 
 # ---- 5. scale: 1024 connections ---------------------------------------------------------------
-if [ "${BENCH_SCALE:-1}" != 0 ]; then
+if [ "${BENCH_SCALE:-1}" != 0 ] && [ "$PLUGIN_OK" = 1 ]; then
     SOFTROCE_FLAG=${SOFTROCE_FLAG/127.0.50/127.0.52}
     if run_harness scale 240 "$H/scale_bench" -N 2 --conns 1024; then
         grep '^scale_bench ' "$OUT/scale.txt" >>"$SUMMARY"
