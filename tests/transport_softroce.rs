@@ -331,7 +331,18 @@ fn connect_to_nobody_times_out() {
     api::finalize(ctx).unwrap();
 }
 
-/// Many comms at once, each moving data; closing them frees every QP/MR (fd count back).
+fn live_objects() -> (usize, usize, usize) {
+    use nccl_net_ferroce::ibv::{cq, mr, qp};
+    use std::sync::atomic::Ordering::Relaxed;
+    (
+        qp::LIVE_QPS.load(Relaxed),
+        cq::LIVE_CQS.load(Relaxed),
+        mr::LIVE_MRS.load(Relaxed),
+    )
+}
+
+/// Many comms at once, each moving data; closing them frees every QP, CQ and MR (also with
+/// requests in flight) and every fd.
 #[test]
 fn many_comms_and_no_fd_leak() {
     let Some(ctx) = setup() else { return };
@@ -343,13 +354,30 @@ fn many_comms_and_no_fd_leak() {
         transfer(&s, &r, 10, 10, 1);
     }
     let before = fds();
+    let objects = live_objects();
     for round in 0..3 {
         let pairs: Vec<_> = (0..16).map(|_| pair(&ctx)).collect();
+        assert!(live_objects().0 >= objects.0 + 32, "QPs exist while the comms are open");
         for (i, (s, r)) in pairs.iter().enumerate() {
             transfer(s, r, 1000 * i + round, 70_000, (i + round * 100) as u64);
         }
+        // Leave receives in flight on some comms before closing them.
+        let mut spare = vec![0u8; 4096];
+        let mhs: Vec<_> = pairs.iter().map(|(_, r)| reg(&**r, &spare)).collect();
+        for ((_, r), mh) in pairs.iter().zip(&mhs).step_by(3) {
+            // SAFETY: live handles; `spare` outlives the comms.
+            unsafe { api::irecv(r, &[spare.as_mut_ptr() as usize], &[4096], &[1], &[&**mh], false) }.unwrap();
+        }
         drop(pairs);
+        for mh in mhs {
+            api::dereg_mr(mh).unwrap();
+        }
     }
+    assert_eq!(
+        live_objects(),
+        objects,
+        "(QPs, CQs, MRs) leaked by connect/accept/close"
+    );
     assert_eq!(fds(), before, "file descriptors leaked by connect/accept/close");
     api::finalize(ctx).unwrap();
 }

@@ -6,7 +6,11 @@
 
 use super::{sys, Context};
 use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+/// Live objects of this type in the process (leak tests compare before/after).
+pub static LIVE_CQS: AtomicUsize = AtomicUsize::new(0);
 
 /// A completion queue on one device context.
 pub struct CompletionQueue {
@@ -37,6 +41,7 @@ impl CompletionQueue {
         }
         // SAFETY: raw is the CQ just created.
         let cqe = unsafe { (*raw).cqe };
+        LIVE_CQS.fetch_add(1, Ordering::Relaxed);
         Ok(Arc::new(CompletionQueue { context, raw, cqe }))
     }
 
@@ -63,6 +68,7 @@ impl CompletionQueue {
 
 impl Drop for CompletionQueue {
     fn drop(&mut self) {
+        LIVE_CQS.fetch_sub(1, Ordering::Relaxed);
         // SAFETY: every QP using this CQ holds an Arc to it, so none is alive; raw is owned.
         let rc = unsafe { (self.context.verbs.ibv_destroy_cq)(self.raw) };
         if rc != 0 {

@@ -2,7 +2,11 @@
 
 use super::{sys, ProtectionDomain};
 use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+/// Live objects of this type in the process (leak tests compare before/after).
+pub static LIVE_MRS: AtomicUsize = AtomicUsize::new(0);
 
 /// Access for data buffers: the peer writes into them, flush reads them back.
 pub const ACCESS_DATA: u32 = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
@@ -38,6 +42,7 @@ impl MemoryRegion {
                 pd.context.info.name
             )));
         }
+        LIVE_MRS.fetch_add(1, Ordering::Relaxed);
         Ok(MemoryRegion { pd, raw })
     }
 
@@ -64,6 +69,7 @@ impl MemoryRegion {
                 "ibv_reg_dmabuf_mr({name}, fd {fd}, offset {offset}, {len} bytes)"
             )));
         }
+        LIVE_MRS.fetch_add(1, Ordering::Relaxed);
         Ok(MemoryRegion { pd, raw })
     }
 
@@ -80,6 +86,7 @@ impl MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
+        LIVE_MRS.fetch_sub(1, Ordering::Relaxed);
         // SAFETY: raw is owned and deregistered once.
         let rc = unsafe { (self.pd.context.verbs.ibv_dereg_mr)(self.raw) };
         if rc != 0 {

@@ -10,7 +10,11 @@
 use super::cq::CompletionQueue;
 use super::{sys, ProtectionDomain};
 use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+
+/// Live objects of this type in the process (leak tests compare before/after).
+pub static LIVE_QPS: AtomicUsize = AtomicUsize::new(0);
 
 /// Queue sizes requested at creation.
 #[derive(Debug, Clone, Copy)]
@@ -87,6 +91,7 @@ impl QueuePair {
                 pd.context.info.name, init.cap.max_send_wr, init.cap.max_recv_wr, caps.max_inline_data
             )));
         }
+        LIVE_QPS.fetch_add(1, Ordering::Relaxed);
         Ok(QueuePair {
             pd,
             send_cq,
@@ -241,6 +246,7 @@ impl QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
+        LIVE_QPS.fetch_sub(1, Ordering::Relaxed);
         // SAFETY: raw is owned and destroyed once; its CQs and PD outlive it (Arcs held).
         let rc = unsafe { (self.pd.context.verbs.ibv_destroy_qp)(self.raw) };
         if rc != 0 {
