@@ -12,7 +12,8 @@
 # 127.0.50.x / 127.0.51.x address). Every process is time-bounded and cleaned up.
 # Knobs: BENCH_MAX (largest size, default 64M), BENCH_ITERS (default 20), BENCH_OUT (results
 # folder, default target/bench), BENCH_ROUNDS (5), BENCH_DIAG=0 skips the diagnosis runs,
-# BENCH_SCALE=0 skips the 1024-connection scale benchmark.
+# BENCH_SCALE=0 skips the 1024-connection scale benchmark, BENCH_FABRIC=softroce uses softroce
+# even where RDMA devices exist.
 # Exit status: 0 when everything ran and every result was correct (targets missed are reported,
 # not failed); 1 when a part could not run or a result was wrong.
 set -u
@@ -48,6 +49,7 @@ for f in "$REL/libnccl-net-ferroce.so" "$H/all_reduce_perf" "$H/sendrecv_perf" "
     [ -e "$f" ] || { echo "bench: missing $f: run make build first" >&2; exit 1; }
 done
 real_devs=$(env -u LD_LIBRARY_PATH ibv_devices 2>/dev/null | awk 'NR > 2 && NF >= 1 {print $1}' | grep -v '^softroce' || true)
+[ "${BENCH_FABRIC:-auto}" = softroce ] && real_devs=""
 if [ -n "$real_devs" ]; then
     FABRIC="RDMA devices: $(echo $real_devs)"
     export LD_LIBRARY_PATH=$REL${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
