@@ -111,6 +111,13 @@ run write_bw_4qp ib_write_bw -d softroce0 -q 4 -n 1000
 run read_bw_4qp ib_read_bw -d softroce0 -q 4 -n 500
 run send_bw_bidir ib_send_bw -d softroce0 -b -n 1000
 run write_bw_all_sizes ib_write_bw -d softroce0 -a -n 100
+
+# The second device of a two-device process (its own address).
+pair write_bw_device1 $port "SOFTROCE_DEVICES=2 SOFTROCE_ADDR=127.0.20.5,127.0.20.6" \
+    "SOFTROCE_DEVICES=2 SOFTROCE_ADDR=127.0.20.7,127.0.20.8" 127.0.20.3 "$RE" \
+    ib_write_bw -d softroce1 -n 1000
+port=$((port + 1))
+
 # Again with 1% of received packets dropped on both sides.
 S="$S SOFTROCE_LOSS=0.01 SOFTROCE_SEED=7"
 C="$C SOFTROCE_LOSS=0.01 SOFTROCE_SEED=8"
