@@ -83,6 +83,10 @@ static void build_ops(hctx_t* h, achan_t* a, int c, size_t count) {
   }
 }
 
+static void reduce_into(float* restrict dst, const float* restrict b, size_t n) {
+  for (size_t i = 0; i < n; i++) dst[i] += b[i];
+}
+
 static void reduce(float* restrict dst, const float* restrict a, const float* restrict b, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] = a[i] + b[i];
 }
@@ -99,6 +103,9 @@ static int next_with(const aop_t* ops, int i, int n, int want_recv) {
 
 static void run_allreduce(hctx_t* h, achan_t* A, float* in, float* out) {
   int steps = h->o->steps;
+  /* out of place with --direct 1: reduce steps also receive into the output buffer and add the
+   * input there (the received lines are still in cache); in place they need the slots */
+  int direct_all = h->o->direct && in != out;
   int prev = (h->rank + h->nranks - 1) % h->nranks;
   for (int c = 0; c < h->nch; c++) {
     achan_t* a = &A[c];
@@ -123,7 +130,7 @@ static void run_allreduce(hctx_t* h, achan_t* A, float* in, float* out) {
         aop_t* op = &ops[a->rpost];
         size_t bytes = op->nelem * sizeof(float);
         int ok;
-        if (DIRECT(op->kind)) /* final data: straight into the output buffer */
+        if (DIRECT(op->kind) || direct_all) /* straight into the output buffer */
           ok = hq_post_recv(h, &a->rq, out + op->off, bytes, bytes, a->mh_recv_out);
         else
           ok = hq_post_recv(h, &a->rq, ch->slots + (size_t)(a->rq.posted % steps) * ch->slot_bytes, ch->slot_bytes, bytes,
@@ -141,7 +148,12 @@ static void run_allreduce(hctx_t* h, achan_t* A, float* in, float* out) {
           int sends = HAS_SEND(op->kind);
           if (!sends || (a->scur == a->rcur && (a->ready_tail - a->sq.posted) + hq_inflight(&a->sq) < steps)) {
             const float* slot = (const float*)(ch->slots + (size_t)(a->recv_consumed % steps) * ch->slot_bytes);
-            if (!DIRECT(op->kind)) reduce(out + op->off, slot, in + op->off, op->nelem);
+            if (DIRECT(op->kind))
+              ; /* final data, already in place */
+            else if (direct_all)
+              reduce_into(out + op->off, in + op->off, op->nelem);
+            else
+              reduce(out + op->off, slot, in + op->off, op->nelem);
             a->recv_consumed++;
             if (sends) {
               a->ready[a->ready_tail++ % H_MAX_STEPS] = a->scur;
@@ -268,4 +280,9 @@ static int body(hctx_t* h) {
   return bad;
 }
 
-int main(int argc, char** argv) { return h_main(argc, argv, "all_reduce_perf", body, NULL); }
+int main(int argc, char** argv) {
+  return h_main(argc, argv, "all_reduce_perf", body,
+                "      --direct 0|1         out of place, reduce-scatter steps too receive into the output\n"
+                "                           buffer (default 1); 0 = through the slots, as NCCL without\n"
+                "                           registered user buffers\n");
+}

@@ -71,6 +71,7 @@ typedef struct {
   int pingpong;                /* sendrecv_perf -P: rank 0 <-> 1 ping-pong, time = RTT/2 */
   int oneway;                  /* sendrecv_perf -O: only rank 0 sends, to rank 1 */
   int group;                   /* sendrecv_perf --group G: irecv of G buffers at once */
+  int direct;                  /* all_reduce_perf --direct: reduce steps receive into the output */
   int net_version;             /* --net-version N: use ncclNetPlugin_vN (default newest) */
   int dev;                     /* --dev: plugin device index */
   int softroce;                /* -1 auto (LD_LIBRARY_PATH), 0 no, 1 yes */
