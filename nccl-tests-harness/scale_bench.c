@@ -12,6 +12,8 @@
  * heap growth / conns. Note that softroce (the NIC) lives in the same process and its per-QP
  * state is in that heap too (as a real provider's queue buffers would be, in part).
  * With -c 1 (default) one 8-byte message goes through every connection.
+ * -O: rank 0 holds all --conns recv comms and rank 1 all send comms, so that the heap of a recv
+ * comm and of a send comm are measured apart.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -62,10 +64,10 @@ static void exchange(hctx_t* h, int n, void** scs, void** rcs) {
   hq_t* rq = calloc((size_t)n, sizeof *rq);
   int peer = 1 - h->rank;
   for (int i = 0; i < n; i++) {
-    smh[i] = h_reg(h, scs[i], sbuf, (size_t)n * 8);
-    rmh[i] = h_reg(h, rcs[i], rbuf, (size_t)n * 8);
-    hq_init(&sq[i], scs[i], 1, h->rank, 1);
-    hq_init(&rq[i], rcs[i], 0, peer, 1);
+    if (scs) smh[i] = h_reg(h, scs[i], sbuf, (size_t)n * 8);
+    if (rcs) rmh[i] = h_reg(h, rcs[i], rbuf, (size_t)n * 8);
+    hq_init(&sq[i], scs ? scs[i] : NULL, 1, h->rank, 1);
+    hq_init(&rq[i], rcs ? rcs[i] : NULL, 0, peer, 1);
     uint64_t v = ((uint64_t)h->rank << 32) | (uint64_t)i;
     memcpy(sbuf + (size_t)i * 8, &v, 8);
   }
@@ -75,25 +77,25 @@ static void exchange(hctx_t* h, int n, void** scs, void** rcs) {
     left = 0;
     int progress = 0;
     for (int i = 0; i < n; i++) {
-      if (rq[i].posted == 0) progress |= hq_post_recv(h, &rq[i], rbuf + (size_t)i * 8, 8, 8, rmh[i]);
-      if (sq[i].posted == 0) progress |= hq_post_send(h, &sq[i], sbuf + (size_t)i * 8, 8, smh[i]);
+      if (rcs && rq[i].posted == 0) progress |= hq_post_recv(h, &rq[i], rbuf + (size_t)i * 8, 8, 8, rmh[i]);
+      if (scs && sq[i].posted == 0) progress |= hq_post_send(h, &sq[i], sbuf + (size_t)i * 8, 8, smh[i]);
       progress |= hq_poll(h, &sq[i]);
       progress |= hq_poll(h, &rq[i]);
-      left += sq[i].done == 0 || rq[i].done == 0;
+      left += (scs && sq[i].done == 0) || (rcs && rq[i].done == 0);
     }
     if (left && h_now() > deadline) h_die(h, "exchange: %d connections did not complete in 60 s", left);
     if (!progress) h_idle(h);
   } while (left);
   int bad = 0;
-  for (int i = 0; i < n; i++) {
+  for (int i = 0; rcs && i < n; i++) {
     uint64_t v, want = ((uint64_t)peer << 32) | (uint64_t)i;
     memcpy(&v, rbuf + (size_t)i * 8, 8);
     bad += v != want;
   }
   if (bad) h_die(h, "exchange: %d of %d connections delivered wrong data", bad, n);
   for (int i = 0; i < n; i++) {
-    h_dereg(h, scs[i], smh[i]);
-    h_dereg(h, rcs[i], rmh[i]);
+    if (scs) h_dereg(h, scs[i], smh[i]);
+    if (rcs) h_dereg(h, rcs[i], rmh[i]);
   }
   free(sbuf), free(rbuf), free(smh), free(rmh), free(sq), free(rq);
 }
@@ -110,34 +112,41 @@ static int body(hctx_t* h) {
   if (h->net.listen(h->net.ctx, h->dev, hw, &wl) || !wl) h_die(h, "listen failed");
   h_allgather(h, hw, sizeof hw, hall);
   h_connect_accept(h, hall + (1 - h->rank) * H_HANDLE_SIZE, &ws, wl, &wr, 60);
+  /* symmetric: each rank listens `per` times and connects `per` times; -O: rank 0 holds every
+   * recv comm, rank 1 every send comm (the two sides' costs apart) */
+  int oneway = h->o->oneway;
+  int conns = oneway ? h->o->conns : 2 * per;
+  int n = oneway ? conns : per;
+  int nlisten = oneway ? (h->rank == 0 ? n : 0) : n, nconnect = oneway ? (h->rank == 1 ? n : 0) : n;
   /* the harness's own arrays first, so that they are not counted */
-  char* mine = calloc((size_t)per, H_HANDLE_SIZE);
-  char* all = calloc((size_t)per * 2, H_HANDLE_SIZE);
-  void** lcs = calloc((size_t)per, sizeof *lcs);
-  void** scs = calloc((size_t)per, sizeof *scs);
-  void** rcs = calloc((size_t)per, sizeof *rcs);
-  memset(mine, 0, (size_t)per * H_HANDLE_SIZE);
-  memset(all, 0, (size_t)per * 2 * H_HANDLE_SIZE);
+  char* mine = calloc((size_t)n, H_HANDLE_SIZE);
+  char* all = calloc((size_t)n * 2, H_HANDLE_SIZE);
+  void** lcs = calloc((size_t)n, sizeof *lcs);
+  void** scs = calloc((size_t)n, sizeof *scs);
+  void** rcs = calloc((size_t)n, sizeof *rcs);
+  memset(mine, 0, (size_t)n * H_HANDLE_SIZE);
+  memset(all, 0, (size_t)n * 2 * H_HANDLE_SIZE);
   h_barrier(h);
   mem_t m0 = measure();
   h_barrier(h);
   double t0 = h_now();
-  for (int i = 0; i < per; i++) {
+  for (int i = 0; i < nlisten; i++) {
     int rc = h->net.listen(h->net.ctx, h->dev, mine + (size_t)i * H_HANDLE_SIZE, &lcs[i]);
     if (rc || !lcs[i]) h_die(h, "listen #%d = %d", i, rc);
   }
   double t_listen = h_now() - t0;
-  h_allgather(h, mine, (size_t)per * H_HANDLE_SIZE, all);
-  h_connect_pairs(h, per, all + (size_t)(1 - h->rank) * per * H_HANDLE_SIZE, scs, lcs, rcs, 300);
+  h_allgather(h, mine, (size_t)n * H_HANDLE_SIZE, all);
+  h_connect_pairs(h, n, nconnect ? all + (size_t)(1 - h->rank) * n * H_HANDLE_SIZE : NULL, scs, nlisten ? lcs : NULL,
+                  rcs, 300);
   double t_local = h_now() - t0;
   h_barrier(h);
   double t_all = h_now() - t0;
   mem_t m1 = measure();
-  if (h->o->check) exchange(h, per, scs, rcs);
+  if (h->o->check) exchange(h, n, nconnect ? scs : NULL, nlisten ? rcs : NULL);
   mem_t m2 = measure();
-  for (int i = 0; i < per; i++) {
-    if (h->net.close_send(scs[i])) h_die(h, "closeSend #%d failed", i);
-    if (h->net.close_recv(rcs[i])) h_die(h, "closeRecv #%d failed", i);
+  for (int i = 0; i < n; i++) {
+    if (nconnect && h->net.close_send(scs[i])) h_die(h, "closeSend #%d failed", i);
+    if (nlisten && h->net.close_recv(rcs[i])) h_die(h, "closeRecv #%d failed", i);
   }
   mem_t m3 = measure();
   h->net.close_send(ws);
@@ -148,15 +157,22 @@ static int body(hctx_t* h) {
   double allv[20];
   h_allgather(h, v, sizeof v, allv);
   if (h->rank == 0) {
-    int conns = 2 * per;
     double heap = allv[3] + allv[13], rss = allv[4] + allv[14], fds = allv[5] + allv[15];
     double setup = allv[2] > allv[12] ? allv[2] : allv[12];
-    printf("# scale_bench: %d connections between 2 processes (%d send + %d recv comms each), plugin %s v%d%s\n",
-           conns, per, per, h->net.name, h->net.version, h->o->softroce ? " over softroce" : "");
+    if (oneway)
+      printf("# scale_bench: %d connections between 2 processes (rank 0: %d recv comms, rank 1: %d send comms), plugin %s v%d%s\n",
+             conns, n, n, h->net.name, h->net.version, h->o->softroce ? " over softroce" : "");
+    else
+      printf("# scale_bench: %d connections between 2 processes (%d send + %d recv comms each), plugin %s v%d%s\n",
+             conns, n, n, h->net.name, h->net.version, h->o->softroce ? " over softroce" : "");
     printf("#   setup: %.1f ms in all, %.1f us per connection (listens on one rank %.1f ms)\n", setup * 1e3,
            setup * 1e6 / conns, allv[0] * 1e3);
-    printf("#   heap per connection : %.1f KiB (mallinfo2 in-use, both ends; rank 0 %.1f + rank 1 %.1f KiB per comm)\n",
-           heap / conns / 1024, allv[3] / per / 2 / 1024, allv[13] / per / 2 / 1024);
+    if (oneway)
+      printf("#   heap per connection : %.1f KiB (mallinfo2 in-use, both ends: recv comm %.1f + send comm %.1f KiB)\n",
+             heap / conns / 1024, allv[3] / n / 1024, allv[13] / n / 1024);
+    else
+      printf("#   heap per connection : %.1f KiB (mallinfo2 in-use, both ends; rank 0 %.1f + rank 1 %.1f KiB per comm)\n",
+             heap / conns / 1024, allv[3] / n / 2 / 1024, allv[13] / n / 2 / 1024);
     printf("#   RSS per connection  : %.1f KiB; file descriptors per connection: %.2f\n", rss / conns / 1024, fds / conns);
     if (h->o->check)
       printf("#   one 8-byte message through every connection: ok (heap +%.1f KiB per connection while used)\n",
@@ -164,9 +180,11 @@ static int body(hctx_t* h) {
     printf("#   after closing them: heap %+.1f KiB per connection vs. before (leak check)\n",
            (allv[7] + allv[17]) / conns / 1024);
     printf("scale_bench conns=%d setup_ms=%.1f setup_us_per_conn=%.1f heap_per_conn_KiB=%.1f rss_per_conn_KiB=%.1f "
-           "fds_per_conn=%.2f leak_per_conn_KiB=%.2f\n",
+           "fds_per_conn=%.2f leak_per_conn_KiB=%.2f",
            conns, setup * 1e3, setup * 1e6 / conns, heap / conns / 1024, rss / conns / 1024, fds / conns,
            (allv[7] + allv[17]) / conns / 1024);
+    if (oneway) printf(" recv_comm_KiB=%.1f send_comm_KiB=%.1f", allv[3] / n / 1024, allv[13] / n / 1024);
+    printf("\n");
   }
   h_net_close(h);
   free(mine), free(all), free(lcs), free(scs), free(rcs);
@@ -175,5 +193,6 @@ static int body(hctx_t* h) {
 
 int main(int argc, char** argv) {
   return h_main(argc, argv, "scale_bench", body,
-                "      --conns N            scale_bench: connections to open (default 1024)\n");
+                "      --conns N            scale_bench: connections to open (default 1024)\n"
+                "  -O                       rank 0 takes every recv comm, rank 1 every send comm\n");
 }
