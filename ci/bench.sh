@@ -280,6 +280,10 @@ if [ "${BENCH_SCALE:-1}" != 0 ] && [ "$PLUGIN_OK" = 1 ]; then
     if run_harness scale 240 "$H/scale_bench" -N 2 --conns 1024; then
         grep '^scale_bench ' "$OUT/scale.txt" >>"$SUMMARY"
     fi
+    # the same with every recv comm in rank 0 and every send comm in rank 1: each side's cost
+    if run_harness scale_split 240 "$H/scale_bench" -N 2 -O --conns 1024; then
+        grep '^scale_bench ' "$OUT/scale_split.txt" >>"$SUMMARY"
+    fi
 fi
 
 echo
