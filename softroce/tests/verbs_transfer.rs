@@ -251,3 +251,119 @@ fn nccl_style_zero_length_write_imm_and_self_read_flush() {
     assert_eq!((s.wr_id, s.status, s.opcode), (6, 0, 2), "{s:?}");
     assert_eq!(sink.read(), data.read()[100..104].to_vec());
 }
+
+#[test]
+fn wr_api_every_opcode() {
+    use rdma_sys::{ibv_data_buf, ibv_qp_init_attr_ex};
+    use softroce::verbs::qp_ex::ibv_qp_to_qp_ex;
+    let c = open("127.0.21.1");
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
+    unsafe {
+        let vctx = (c.ctx as *mut u8).sub(320) as *mut rdma_sys::verbs_context;
+        let create = (*vctx).create_qp_ex.expect("create_qp_ex op");
+        let cq = softroce::verbs::cq::ibv_create_cq(c.ctx, 64, std::ptr::null_mut(), std::ptr::null_mut(), 0);
+        let mut ax: ibv_qp_init_attr_ex = std::mem::zeroed();
+        ax.send_cq = cq;
+        ax.recv_cq = cq;
+        ax.qp_type = 2;
+        ax.cap.max_send_wr = 16;
+        ax.cap.max_recv_wr = 16;
+        ax.cap.max_send_sge = 2;
+        ax.cap.max_recv_sge = 2;
+        ax.comp_mask = 1 | 64; // PD | SEND_OPS_FLAGS
+        ax.pd = c.pd;
+        ax.send_ops_flags = 0x7f;
+        let qp = create(c.ctx, &mut ax);
+        assert!(!qp.is_null());
+        let a = Qp { qp, cq };
+        let b = create_qp(&c);
+        connect(&c, &a, (*b.qp).qp_num, 14, 7);
+        connect(&c, &b, (*a.qp).qp_num, 14, 7);
+        let x = ibv_qp_to_qp_ex(a.qp);
+        assert!(!x.is_null());
+        assert!(ibv_qp_to_qp_ex(b.qp).is_null(), "plain QPs have no extension");
+        // Unsupported send ops are refused at creation.
+        ax.send_ops_flags = 0x7f | 0x80; // + LOCAL_INV
+        assert!(create(c.ctx, &mut ax).is_null());
+
+        let mut src = Buf::new(&c, 8192, ACCESS_ALL);
+        src.fill(pattern(11));
+        let dst = Buf::new(&c, 8192, ACCESS_ALL);
+        let word = Buf::new(&c, 8, ACCESS_ALL);
+        let res = Buf::new(&c, 8, ACCESS_ALL);
+        post_recv(&b, dst.addr(), 8192, dst.lkey(), 50);
+        post_recv(&b, dst.addr(), 8192, dst.lkey(), 51);
+        let hdr = b"inline-";
+        let body = b"list";
+        let list = [
+            ibv_data_buf {
+                addr: hdr.as_ptr() as *mut _,
+                length: hdr.len(),
+            },
+            ibv_data_buf {
+                addr: body.as_ptr() as *mut _,
+                length: body.len(),
+            },
+        ];
+        ((*x).wr_start.unwrap())(x);
+        (*x).wr_id = 1;
+        (*x).wr_flags = 0; // unsignaled WRITE
+        ((*x).wr_rdma_write.unwrap())(x, dst.rkey(), dst.addr() + 4096);
+        ((*x).wr_set_sge.unwrap())(x, src.lkey(), src.addr(), 3000);
+        (*x).wr_id = 2;
+        (*x).wr_flags = SIGNALED;
+        ((*x).wr_send_imm.unwrap())(x, 0xAABB_CCDDu32.to_be());
+        ((*x).wr_set_inline_data_list.unwrap())(x, 2, list.as_ptr());
+        (*x).wr_id = 3;
+        ((*x).wr_rdma_write_imm.unwrap())(x, dst.rkey(), dst.addr() + 100, 7u32.to_be());
+        let sgl = [
+            ibv_sge {
+                addr: src.addr() + 10,
+                length: 5,
+                lkey: src.lkey(),
+            },
+            ibv_sge {
+                addr: src.addr() + 20,
+                length: 5,
+                lkey: src.lkey(),
+            },
+        ];
+        ((*x).wr_set_sge_list.unwrap())(x, 2, sgl.as_ptr());
+        (*x).wr_id = 4;
+        ((*x).wr_atomic_fetch_add.unwrap())(x, word.rkey(), word.addr(), 5);
+        ((*x).wr_set_sge.unwrap())(x, res.lkey(), res.addr(), 8);
+        (*x).wr_id = 5;
+        ((*x).wr_atomic_cmp_swp.unwrap())(x, word.rkey(), word.addr(), 5, 99);
+        ((*x).wr_set_sge.unwrap())(x, res.lkey(), res.addr(), 8);
+        assert_eq!(((*x).wr_complete.unwrap())(x), 0);
+        let got: Vec<u64> = (0..4).map(|_| poll_one(cq).wr_id).collect();
+        assert_eq!(got, vec![2, 3, 4, 5], "unsignaled WR 1 produces no CQE");
+        assert_eq!(&dst.read()[4096..7096], &src.read()[..3000]);
+        let r = poll_one(b.cq);
+        assert_eq!((r.wr_id, r.byte_len, r.imm), (50, 11, 0xAABB_CCDDu32.to_be()));
+        let r = poll_one(b.cq);
+        assert_eq!((r.wr_id, r.opcode, r.byte_len, r.imm), (51, 129, 10, 7u32.to_be()));
+        let d = dst.read();
+        assert_eq!(&d[..11], b"inline-list");
+        assert_eq!(&d[100..110], &[&src.read()[10..15], &src.read()[20..25]].concat()[..]);
+        assert_eq!(u64::from_ne_bytes(word.read().try_into().unwrap()), 99);
+        assert_eq!(u64::from_ne_bytes(res.read().try_into().unwrap()), 5);
+
+        // RDMA READ through the builder, then an aborted batch posts nothing,
+        // and a builder error fails the whole batch.
+        let sink = Buf::new(&c, 64, ACCESS_ALL);
+        ((*x).wr_start.unwrap())(x);
+        (*x).wr_id = 6;
+        ((*x).wr_rdma_read.unwrap())(x, dst.rkey(), dst.addr());
+        ((*x).wr_set_sge.unwrap())(x, sink.lkey(), sink.addr(), 11);
+        assert_eq!(((*x).wr_complete.unwrap())(x), 0);
+        assert_eq!(poll_one(cq).wr_id, 6);
+        assert_eq!(&sink.read()[..11], b"inline-list");
+        ((*x).wr_start.unwrap())(x);
+        ((*x).wr_send.unwrap())(x);
+        ((*x).wr_abort.unwrap())(x);
+        ((*x).wr_start.unwrap())(x);
+        ((*x).wr_set_sge.unwrap())(x, src.lkey(), src.addr(), 8); // no WR yet
+        assert_eq!(((*x).wr_complete.unwrap())(x), libc::EINVAL);
+    }
+}

@@ -178,6 +178,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         vctx.sz = std::mem::size_of::<verbs_context>();
         vctx.query_port = Some(query_port_ex);
         vctx.query_device_ex = Some(query_device_ex);
+        vctx.create_qp_ex = Some(super::qp_ex::create_qp_ex);
         let c = &mut vctx.context;
         c.device = dev;
         c.cmd_fd = -1;

@@ -50,7 +50,12 @@ fn object_layouts() {
     assert_eq!(size_of::<ibv_async_event>(), 16);
     // Our wrappers start with the C object.
     assert_eq!(offset_of!(super::cq::Cq, ibv), 0);
-    assert_eq!(offset_of!(super::qp::Qp, ibv), 0);
+    assert_eq!(offset_of!(super::qp::Qp, ex), 0);
+    assert_eq!(size_of::<ibv_qp_ex>(), 352);
+    assert_eq!(offset_of!(ibv_qp_ex, wr_id), 168);
+    assert_eq!(offset_of!(ibv_qp_ex, wr_atomic_cmp_swp), 184);
+    assert_eq!(offset_of!(ibv_qp_ex, wr_start), 320);
+    assert_eq!(offset_of!(ibv_qp_ex, wr_set_sge), 304);
     assert_eq!(offset_of!(super::mr::Pd, ibv), 0);
     assert_eq!(offset_of!(super::mr::Mr, ibv), 0);
     assert_eq!(offset_of!(super::cq::Channel, ibv), 0);

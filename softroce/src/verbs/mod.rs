@@ -23,6 +23,7 @@ pub mod cq;
 pub mod misc;
 pub mod mr;
 pub mod qp;
+pub mod qp_ex;
 pub mod stubs;
 
 #[cfg(test)]

@@ -16,13 +16,28 @@ use crate::device::{self, gid_to_ipv4, Device};
 use crate::engine::{self, drain_locked, with_tx, QpShared};
 use crate::proto::{attr_mask, AddressVector, ModifyAttrs, QpCaps, QpCore, QpState, RecvWr, SendWr, Sge, WrOpcode};
 
-/// `struct ibv_qp` and our state.
+/// `struct ibv_qp_ex` (whose first member is the `struct ibv_qp` every QP
+/// hands out) and our state. Only QPs created through `ibv_create_qp_ex`
+/// with send_ops_flags expose the extension (`ibv_qp_to_qp_ex`).
 #[repr(C)]
 pub struct Qp {
-    pub ibv: ibv_qp,
+    pub ex: rdma_sys::ibv_qp_ex,
     pub shared: Arc<QpShared>,
     pub dev: Arc<Device>,
     pub caps: QpCaps,
+    /// Created with send_ops_flags: the `ibv_wr_*` API is available.
+    pub is_ex: bool,
+    /// WRs built between `wr_start` and `wr_complete` (the `ibv_wr_*` API).
+    pub batch: Mutex<super::qp_ex::WrBatch>,
+}
+
+impl Qp {
+    /// # Safety
+    /// `qp` must be NULL or a live QP created by us.
+    pub unsafe fn from_ibv<'a>(qp: *mut ibv_qp) -> Option<&'a Qp> {
+        // SAFETY: per the contract (the ibv_qp is at offset 0 of Qp).
+        unsafe { (qp as *const Qp).as_ref() }
+    }
 }
 
 const IBV_QPT_RC: u32 = 2;
@@ -38,86 +53,100 @@ const SEND_INLINE: u32 = 8;
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_qp(pd: *mut rdma_sys::ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
     ffi_guard!(std::ptr::null_mut(), {
-        // SAFETY: pd is ours per the API contract.
-        let Some(p) = (unsafe { Pd::from_ibv(pd) }) else {
-            return null_err(libc::EINVAL);
-        };
         if attr.is_null() {
             return null_err(libc::EINVAL);
         }
-        // SAFETY: attr is a valid in/out pointer.
-        let a = unsafe { &mut *attr };
-        if a.qp_type != IBV_QPT_RC {
-            return null_err(libc::EOPNOTSUPP);
+        // SAFETY: attr is a valid in/out pointer per the API contract.
+        match create_rc_qp(pd, unsafe { &mut *attr }, None) {
+            Ok(q) => q,
+            Err(e) => null_err(e),
         }
-        if !a.srq.is_null() {
-            return null_err(libc::EOPNOTSUPP);
-        }
-        // SAFETY: CQ pointers are ours or NULL.
-        let (Some(scq), Some(rcq)) = (unsafe { Cq::from_ibv(a.send_cq) }, unsafe { Cq::from_ibv(a.recv_cq) }) else {
-            return null_err(libc::EINVAL);
-        };
-        let c = &a.cap;
-        if c.max_send_wr > device::MAX_QP_WR
-            || c.max_recv_wr > device::MAX_QP_WR
-            || c.max_send_sge > device::MAX_SGE
-            || c.max_recv_sge > device::MAX_SGE
-            || c.max_inline_data > device::MAX_INLINE
-        {
-            return null_err(libc::EINVAL);
-        }
-        let caps = QpCaps {
-            max_send_wr: c.max_send_wr.max(1),
-            max_recv_wr: c.max_recv_wr.max(1),
-            max_send_sge: c.max_send_sge.max(1),
-            max_recv_sge: c.max_recv_sge.max(1),
-            max_inline_data: device::MAX_INLINE,
-            sq_sig_all: a.sq_sig_all != 0,
-        };
-        let dev = p.dev.clone();
-        // SAFETY: the PD's context pointer is our live context.
-        let ctx = unsafe { Context::from_ibv(p.ibv.context) }.expect("PD without context");
-        let qpn = dev.alloc_qpn();
-        let shared = Arc::new(QpShared {
-            qpn,
-            pd: p.ibv.handle,
-            core: Mutex::new(QpCore::new(qpn, caps)),
-            send_cq: scq.inner.clone(),
-            recv_cq: rcq.inner.clone(),
-            async_q: ctx.async_q.clone(),
-            ibv_ptr: AtomicUsize::new(0),
-            dirty: AtomicBool::new(false),
-        });
-        // SAFETY: ibv_qp is plain data; zeroed mutex/cond are static initialisers.
-        let mut ibv: ibv_qp = unsafe { std::mem::zeroed() };
-        ibv.context = p.ibv.context;
-        ibv.qp_context = a.qp_context;
-        ibv.pd = pd;
-        ibv.send_cq = a.send_cq;
-        ibv.recv_cq = a.recv_cq;
-        ibv.srq = std::ptr::null_mut();
-        ibv.handle = dev.alloc_handle();
-        ibv.qp_num = qpn;
-        ibv.state = QpState::Reset as u32;
-        ibv.qp_type = IBV_QPT_RC;
-        let q = Box::into_raw(Box::new(Qp {
-            ibv,
-            shared: shared.clone(),
-            dev: dev.clone(),
-            caps,
-        }));
-        shared.ibv_ptr.store(q as usize, Ordering::Relaxed);
-        shared.send_cq.users.fetch_add(1, Ordering::AcqRel);
-        shared.recv_cq.users.fetch_add(1, Ordering::AcqRel);
-        dev.engine.add_qp(shared);
-        // Granted capabilities go back to the caller.
-        a.cap.max_send_wr = caps.max_send_wr;
-        a.cap.max_recv_wr = caps.max_recv_wr;
-        a.cap.max_send_sge = caps.max_send_sge;
-        a.cap.max_recv_sge = caps.max_recv_sge;
-        a.cap.max_inline_data = caps.max_inline_data;
-        q as *mut ibv_qp
     })
+}
+
+/// Creates an RC QP; `send_ops` (the send_ops_flags of `ibv_create_qp_ex`)
+/// enables the `ibv_qp_ex` extension. Writes the granted caps back.
+pub(crate) fn create_rc_qp(
+    pd: *mut rdma_sys::ibv_pd,
+    a: &mut ibv_qp_init_attr,
+    send_ops: Option<u64>,
+) -> Result<*mut ibv_qp, i32> {
+    // SAFETY: pd is ours per the API contract.
+    let p = unsafe { Pd::from_ibv(pd) }.ok_or(libc::EINVAL)?;
+    if a.qp_type != IBV_QPT_RC || !a.srq.is_null() {
+        return Err(libc::EOPNOTSUPP);
+    }
+    // SAFETY: CQ pointers are ours or NULL.
+    let (Some(scq), Some(rcq)) = (unsafe { Cq::from_ibv(a.send_cq) }, unsafe { Cq::from_ibv(a.recv_cq) }) else {
+        return Err(libc::EINVAL);
+    };
+    let c = &a.cap;
+    if c.max_send_wr > device::MAX_QP_WR
+        || c.max_recv_wr > device::MAX_QP_WR
+        || c.max_send_sge > device::MAX_SGE
+        || c.max_recv_sge > device::MAX_SGE
+        || c.max_inline_data > device::MAX_INLINE
+    {
+        return Err(libc::EINVAL);
+    }
+    let caps = QpCaps {
+        max_send_wr: c.max_send_wr.max(1),
+        max_recv_wr: c.max_recv_wr.max(1),
+        max_send_sge: c.max_send_sge.max(1),
+        max_recv_sge: c.max_recv_sge.max(1),
+        max_inline_data: device::MAX_INLINE,
+        sq_sig_all: a.sq_sig_all != 0,
+    };
+    let dev = p.dev.clone();
+    // SAFETY: the PD's context pointer is our live context.
+    let ctx = unsafe { Context::from_ibv(p.ibv.context) }.ok_or(libc::EINVAL)?;
+    let qpn = dev.alloc_qpn();
+    let shared = Arc::new(QpShared {
+        qpn,
+        pd: p.ibv.handle,
+        core: Mutex::new(QpCore::new(qpn, caps)),
+        send_cq: scq.inner.clone(),
+        recv_cq: rcq.inner.clone(),
+        async_q: ctx.async_q.clone(),
+        ibv_ptr: AtomicUsize::new(0),
+        dirty: AtomicBool::new(false),
+    });
+    // SAFETY: ibv_qp_ex is plain data (pointers, ints, Option<fn>, opaque
+    // mutex/cond whose all-zero value is the static initialiser).
+    let mut ex: rdma_sys::ibv_qp_ex = unsafe { std::mem::zeroed() };
+    let ibv = &mut ex.qp_base;
+    ibv.context = p.ibv.context;
+    ibv.qp_context = a.qp_context;
+    ibv.pd = pd;
+    ibv.send_cq = a.send_cq;
+    ibv.recv_cq = a.recv_cq;
+    ibv.srq = std::ptr::null_mut();
+    ibv.handle = dev.alloc_handle();
+    ibv.qp_num = qpn;
+    ibv.state = QpState::Reset as u32;
+    ibv.qp_type = IBV_QPT_RC;
+    if let Some(ops) = send_ops {
+        super::qp_ex::fill_ops(&mut ex, ops);
+    }
+    let q = Box::into_raw(Box::new(Qp {
+        ex,
+        shared: shared.clone(),
+        dev: dev.clone(),
+        caps,
+        is_ex: send_ops.is_some(),
+        batch: Mutex::new(Default::default()),
+    }));
+    shared.ibv_ptr.store(q as usize, Ordering::Relaxed);
+    shared.send_cq.users.fetch_add(1, Ordering::AcqRel);
+    shared.recv_cq.users.fetch_add(1, Ordering::AcqRel);
+    dev.engine.add_qp(shared);
+    // Granted capabilities go back to the caller.
+    a.cap.max_send_wr = caps.max_send_wr;
+    a.cap.max_recv_wr = caps.max_recv_wr;
+    a.cap.max_send_sge = caps.max_send_sge;
+    a.cap.max_recv_sge = caps.max_recv_sge;
+    a.cap.max_inline_data = caps.max_inline_data;
+    Ok(q as *mut ibv_qp)
 }
 
 #[no_mangle]
@@ -246,7 +275,7 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
         if let Err(e) = core.modify(&m) {
             return int_err(e.0);
         }
-        q.ibv.state = core.state() as u32;
+        q.ex.qp_base.state = core.state() as u32;
         with_tx(&q.dev, |tx| drain_locked(&q.dev, &q.shared, &mut core, t, tx));
         let deadline = core.poll_timeout();
         drop(core);
@@ -308,9 +337,9 @@ pub unsafe extern "C" fn ibv_query_qp(
             let cap = o.cap;
             *attr = o;
             let ia = &mut *init_attr;
-            ia.qp_context = q.ibv.qp_context;
-            ia.send_cq = q.ibv.send_cq;
-            ia.recv_cq = q.ibv.recv_cq;
+            ia.qp_context = q.ex.qp_base.qp_context;
+            ia.send_cq = q.ex.qp_base.send_cq;
+            ia.recv_cq = q.ex.qp_base.recv_cq;
             ia.srq = std::ptr::null_mut();
             ia.cap = cap;
             ia.qp_type = IBV_QPT_RC;
@@ -399,38 +428,56 @@ unsafe fn to_send_wr(w: &ibv_send_wr, max_sge: u32) -> Result<SendWr, i32> {
     })
 }
 
+/// Posts converted WRs in order, stopping at the first the core refuses;
+/// transmits what became due. Returns 0 or the errno and the index of the
+/// refused WR.
+pub(crate) fn post_send_wrs(q: &Qp, wrs: impl IntoIterator<Item = Result<SendWr, i32>>) -> (i32, usize) {
+    let t = engine::now();
+    let mut core = q.shared.core.lock().unwrap();
+    let mut res = (0, 0);
+    for (i, w) in wrs.into_iter().enumerate() {
+        if let Err(e) = w.and_then(|sw| core.post_send(t, sw).map_err(|e| e.errno().0)) {
+            res = (e, i);
+            break;
+        }
+    }
+    with_tx(&q.dev, |tx| drain_locked(&q.dev, &q.shared, &mut core, t, tx));
+    let deadline = core.poll_timeout();
+    drop(core);
+    q.dev.engine.note_deadline(deadline);
+    res
+}
+
 /// `ops.post_send`.
 pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
     ffi_guard!(libc::EIO, {
-        if qp.is_null() {
-            return libc::EINVAL;
-        }
         // SAFETY: qp is ours.
-        let q = unsafe { &*(qp as *const Qp) };
-        let t = engine::now();
-        let mut core = q.shared.core.lock().unwrap();
+        let Some(q) = (unsafe { Qp::from_ibv(qp) }) else {
+            return libc::EINVAL;
+        };
+        // Walk the chain lazily, converting each WR as it is posted (inline
+        // data is copied here); `last` is the WR most recently handed out,
+        // i.e. the refused one when posting stops with an error.
+        let max_sge = q.caps.max_send_sge;
+        let last = std::cell::Cell::new(std::ptr::null_mut::<ibv_send_wr>());
         let mut cur = wr;
-        let mut err = 0;
-        while !cur.is_null() {
-            // SAFETY: the WR chain is valid per the API contract.
-            let w = unsafe { &*cur };
-            // SAFETY: as above.
-            let r = unsafe { to_send_wr(w, q.caps.max_send_sge) }
-                .and_then(|sw| core.post_send(t, sw).map_err(|e| e.errno().0));
-            if let Err(e) = r {
-                err = e;
-                break;
+        let chain = std::iter::from_fn(|| {
+            if cur.is_null() {
+                return None;
             }
+            let w = cur;
+            last.set(w);
+            // SAFETY: the WR chain is valid per the API contract.
+            let w = unsafe { &*w };
             cur = w.next;
-        }
+            // SAFETY: as above (SGEs / inline buffers valid per the contract).
+            Some(unsafe { to_send_wr(w, max_sge) })
+        });
+        let (err, _) = post_send_wrs(q, chain);
         if err != 0 && !bad_wr.is_null() {
             // SAFETY: valid out-pointer.
-            unsafe { *bad_wr = cur };
+            unsafe { *bad_wr = last.get() };
         }
-        with_tx(&q.dev, |tx| drain_locked(&q.dev, &q.shared, &mut core, t, tx));
-        let deadline = core.poll_timeout();
-        drop(core);
-        q.dev.engine.note_deadline(deadline);
         err
     })
 }
@@ -512,13 +559,6 @@ pub unsafe extern "C" fn ibv_query_srq(_srq: *mut ibv_srq, _attr: *mut ibv_srq_a
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_srq(_srq: *mut ibv_srq) -> c_int {
     ffi_guard!(libc::EIO, { int_err(libc::EOPNOTSUPP) })
-}
-
-/// Plain QPs have no `ibv_qp_ex` extension (as for any QP not created with
-/// `ibv_create_qp_ex` + send_ops_flags): NULL, errno untouched... rdma-core sets none.
-#[no_mangle]
-pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut rdma_sys::ibv_qp_ex {
-    ffi_guard!(std::ptr::null_mut(), { std::ptr::null_mut() })
 }
 
 /// Acknowledges an async event whose element is this QP.
