@@ -267,9 +267,10 @@ pub unsafe extern "C" fn ibv_create_cq(
         ibv.cq_context = cq_context;
         ibv.handle = handle as u32;
         ibv.cqe = cqe;
+        inner.ibv_ptr.store(0, Ordering::Relaxed);
+        let shared = inner.clone();
         let p = Box::into_raw(Box::new(Cq { ibv, inner }));
-        // SAFETY: p was just allocated and is uniquely ours.
-        unsafe { (&(*p).inner).ibv_ptr.store(p as usize, Ordering::Relaxed) };
+        shared.ibv_ptr.store(p as usize, Ordering::Relaxed);
         LIVE_CQS
             .lock()
             .unwrap()

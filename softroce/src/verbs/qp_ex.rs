@@ -229,13 +229,15 @@ unsafe extern "C" fn wr_rdma_write_imm(qpx: *mut ibv_qp_ex, rkey: u32, remote_ad
 }
 
 unsafe extern "C" fn wr_send(qpx: *mut ibv_qp_ex) {
-    // SAFETY: qpx is ours (header contract).
-    ffi_guard!((), { unsafe { begin(qpx, WrOpcode::Send, |_| {}) } })
+    ffi_guard!((), {
+        // SAFETY: qpx is ours (header contract).
+        unsafe { begin(qpx, WrOpcode::Send, |_| {}) }
+    })
 }
 
 unsafe extern "C" fn wr_send_imm(qpx: *mut ibv_qp_ex, imm: u32) {
-    // SAFETY: qpx is ours (header contract).
     ffi_guard!((), {
+        // SAFETY: qpx is ours (header contract).
         unsafe { begin(qpx, WrOpcode::SendWithImm, |w| w.imm_data = imm) }
     })
 }
