@@ -25,7 +25,14 @@ pub struct Ctx {
 
 /// Opens softroce0 bound to `addr` (must be called before anything else in the process).
 pub fn open(addr: &str) -> Ctx {
-    std::env::set_var("SOFTROCE_ADDR", addr);
+    if std::env::var("SOFTROCE_ADDR").ok().as_deref() != Some(addr) {
+        std::env::set_var("SOFTROCE_ADDR", addr);
+    }
+    reopen()
+}
+
+/// Opens another context on softroce0 (the address is already configured).
+pub fn reopen() -> Ctx {
     // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     unsafe {
         let mut n = 0;
