@@ -164,6 +164,10 @@ pub fn reg_mr(
         rkeys: [0; fifo::MAX_DEVS],
         regs: Vec::with_capacity(dev.members.len()),
     });
+    if len == 0 {
+        // Nothing to register: only zero-byte transfers can use it (they name no memory).
+        return Ok(mh);
+    }
     for (d, m) in dev.members.iter().enumerate() {
         let cache = mr_cache::cache_for(&m.pd);
         match cache.acquire(addr, len, dmabuf) {
