@@ -6,12 +6,12 @@
 #        only) in 4 MiB messages, the best row of 4..64 MiB
 #   P2 = plugin 8-byte half round trip (ping-pong median) / ib_write_lat       target <= 1.25
 #   P3 = all_reduce busbw at 64 MiB / sendrecv busbw at 64 MiB (2 ranks)       target >= 0.90
-# BENCH_ROUNDS (5) rounds each run the plugin and perftest back to back; a ratio is the median of
+# BENCH_ROUNDS (7) rounds each run the plugin and perftest back to back; a ratio is the median of
 # the rounds' ratios, so that load from other processes (which drifts) hits both sides alike.
 # Fabric: the real RDMA devices `ibv_devices` lists, else softroce (each process its own
 # 127.0.50.x / 127.0.51.x address). Every process is time-bounded and cleaned up.
 # Knobs: BENCH_MAX (largest size, default 64M), BENCH_ITERS (default 20), BENCH_OUT (results
-# folder, default target/bench), BENCH_ROUNDS (5), BENCH_DIAG=0 skips the diagnosis runs,
+# folder, default target/bench), BENCH_ROUNDS (7), BENCH_DIAG=0 skips the diagnosis runs,
 # BENCH_SCALE=0 skips the 1024-connection scale benchmark, BENCH_FABRIC=softroce uses softroce
 # even where RDMA devices exist.
 # Exit status: 0 when everything ran and every result was correct (targets missed are reported,
@@ -153,7 +153,7 @@ show_perftest ib_write_lat ib_write_lat ib_write_lat -s 8 -n 5000
 # ---- 3. ratios: the plugin and perftest measured alternately, median of ROUNDS rounds ---------
 # This host may be shared and has few cores: a figure alone drifts with the load, so each ratio
 # compares medians of runs made side by side.
-ROUNDS=${BENCH_ROUNDS:-5}
+ROUNDS=${BENCH_ROUNDS:-7}
 # perftest reports MB/sec with MB = 2^20 bytes; the harness reports GB/s = 1e9 bytes/s.
 pt_bw() { awk -v s="$2" '$1 == s {printf "%.4f", $4 * 1048576 / 1e9; exit}' "$OUT/$1.txt" 2>/dev/null; }
 pt_lat() { awk '$1 == 8 && NF >= 5 {print $5; exit}' "$OUT/$1.txt" 2>/dev/null; }
@@ -187,9 +187,9 @@ for r in $(seq "$ROUNDS"); do
     W_LAT="$W_LAT ${v:--}"
     hv r_pingpong 8 6 "$H/sendrecv_perf" -N 2 -P -b 8 -e 8 -n 2000 -w 100 -c 0
     P_LAT="$P_LAT ${HV:--}"
-    hv r_sendrecv 67108864 8 "$H/sendrecv_perf" -N 2 -b 64M -e 64M -n 8 -w 1 -c 0
+    hv r_sendrecv 67108864 8 "$H/sendrecv_perf" -N 2 -b 64M -e 64M -n 12 -w 1 -c 0
     S64="$S64 ${HV:--}"
-    hv r_all_reduce 67108864 8 "$H/all_reduce_perf" -N 2 -b 64M -e 64M -n 8 -w 1 -c 0
+    hv r_all_reduce 67108864 8 "$H/all_reduce_perf" -N 2 -b 64M -e 64M -n 12 -w 1 -c 0
     A64="$A64 ${HV:--}"
     echo "   round $r: $(echo $W_BW | awk '{print $NF}') | $(echo $O_BW | awk '{print $NF}') GB/s | $(echo $W_LAT | awk '{print $NF}') | $(echo $P_LAT | awk '{print $NF}') us | $(echo $S64 | awk '{print $NF}') | $(echo $A64 | awk '{print $NF}') GB/s"
 done
@@ -256,6 +256,8 @@ if [ "${BENCH_DIAG:-1}" != 0 ] && [ "$PLUGIN_OK" = 1 ]; then
     say "ping-pong 8 B with every receive posted beforehand (no CTS write during the timed window): $(echo $nocts | median) us (runs:$nocts)"
     hv d_stats 33554432 8 "$H/sendrecv_perf" -N 2 -O --chunk 4M -b 32M -e 32M -n 8 -w 1 -c 0 --stats
     grep -E '^# cpu|^#   rank' "$OUT/d_stats.txt" | tee -a "$SUMMARY"
+    hv d_stats_ar 67108864 8 "$H/all_reduce_perf" -N 2 -b 64M -e 64M -n 8 -w 1 -c 0 --stats
+    grep -E '^# cpu|^#   rank' "$OUT/d_stats_ar.txt" | sed 's/^# cpu during/# all_reduce: cpu during/' | tee -a "$SUMMARY"
 fi
 
 # ---- 4. plot ----------------------------------------------------------------------------------

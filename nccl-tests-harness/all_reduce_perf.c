@@ -106,6 +106,7 @@ static void run_allreduce(hctx_t* h, achan_t* A, float* in, float* out) {
   /* out of place with --direct 1: reduce steps also receive into the output buffer and add the
    * input there (the received lines are still in cache); in place they need the slots */
   int direct_all = h->o->direct && in != out;
+  int compute = h->o->compute;
   int prev = (h->rank + h->nranks - 1) % h->nranks;
   for (int c = 0; c < h->nch; c++) {
     achan_t* a = &A[c];
@@ -148,12 +149,14 @@ static void run_allreduce(hctx_t* h, achan_t* A, float* in, float* out) {
           int sends = HAS_SEND(op->kind);
           if (!sends || (a->scur == a->rcur && (a->ready_tail - a->sq.posted) + hq_inflight(&a->sq) < steps)) {
             const float* slot = (const float*)(ch->slots + (size_t)(a->recv_consumed % steps) * ch->slot_bytes);
-            if (DIRECT(op->kind))
-              ; /* final data, already in place */
+            double t0 = h_now();
+            if (DIRECT(op->kind) || !compute)
+              ; /* final data, already in place (or --compute 0) */
             else if (direct_all)
               reduce_into(out + op->off, in + op->off, op->nelem);
             else
               reduce(out + op->off, slot, in + op->off, op->nelem);
+            h_stats.compute_s += h_now() - t0;
             a->recv_consumed++;
             if (sends) {
               a->ready[a->ready_tail++ % H_MAX_STEPS] = a->scur;
@@ -214,6 +217,10 @@ static long check_data(hctx_t* h, const float* out, size_t count) {
 
 static int body(hctx_t* h) {
   hopts_t* o = h->o;
+  if (!o->compute && o->check) {
+    if (h->rank == 0) printf("# --compute 0: the reduction is skipped, so results are not checked (-c 0)\n");
+    o->check = 0;
+  }
   h_net_open(h);
   h_ring_connect(h, o->chunk_bytes);
   size_t maxcount = o->max_bytes / sizeof(float);
@@ -284,5 +291,7 @@ int main(int argc, char** argv) {
   return h_main(argc, argv, "all_reduce_perf", body,
                 "      --direct 0|1         out of place, reduce-scatter steps too receive into the output\n"
                 "                           buffer (default 1); 0 = through the slots, as NCCL without\n"
-                "                           registered user buffers\n");
+                "                           registered user buffers\n"
+                "      --compute 0|1        0: skip the CPU reduction (diagnosis: the network part alone;\n"
+                "                           results are then not checked; default 1)\n");
 }

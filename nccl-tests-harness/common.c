@@ -153,10 +153,11 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
   o->conns = 1024;
   o->group = 1;
   o->direct = 1;
+  o->compute = 1;
   const char* dbg = getenv("NCCL_DEBUG");
   if (dbg && (strcasecmp(dbg, "INFO") == 0 || strcasecmp(dbg, "TRACE") == 0)) o->quiet_log = 0;
 
-  enum { O_INPLACE = 1000, O_CHUNK, O_STEPS, O_PLUGIN, O_NETV, O_DEV, O_SOFTROCE, O_ADDR, O_TIMEOUT, O_CSV, O_JSON, O_CONNS, O_STATS, O_GROUP, O_DIRECT };
+  enum { O_INPLACE = 1000, O_CHUNK, O_STEPS, O_PLUGIN, O_NETV, O_DEV, O_SOFTROCE, O_ADDR, O_TIMEOUT, O_CSV, O_JSON, O_CONNS, O_STATS, O_GROUP, O_DIRECT, O_COMPUTE };
   static const struct option longs[] = {
       {"minbytes", required_argument, 0, 'b'}, {"maxbytes", required_argument, 0, 'e'},
       {"stepfactor", required_argument, 0, 'f'}, {"stepbytes", required_argument, 0, 'i'},
@@ -169,7 +170,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
       {"net-version", required_argument, 0, O_NETV}, {"dev", required_argument, 0, O_DEV},
       {"softroce", required_argument, 0, O_SOFTROCE}, {"addr-base", required_argument, 0, O_ADDR},
       {"timeout", required_argument, 0, O_TIMEOUT}, {"csv", required_argument, 0, O_CSV},
-      {"json", required_argument, 0, O_JSON}, {"conns", required_argument, 0, O_CONNS}, {"stats", no_argument, 0, O_STATS}, {"group", required_argument, 0, O_GROUP}, {"direct", required_argument, 0, O_DIRECT}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+      {"json", required_argument, 0, O_JSON}, {"conns", required_argument, 0, O_CONNS}, {"stats", no_argument, 0, O_STATS}, {"group", required_argument, 0, O_GROUP}, {"direct", required_argument, 0, O_DIRECT}, {"compute", required_argument, 0, O_COMPUTE}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "b:e:f:i:n:w:c:N:g:C:a:POh", longs, NULL)) != -1) {
     switch (c) {
@@ -200,6 +201,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
       case O_STATS: o->stats = 1; break;
       case O_GROUP: o->group = atoi(optarg); break;
       case O_DIRECT: o->direct = atoi(optarg); break;
+      case O_COMPUTE: o->compute = atoi(optarg); break;
       case 'h': usage(test_name, extra_usage, 0); break;
       default: usage(test_name, extra_usage, 2);
     }
@@ -1057,15 +1059,16 @@ void h_stats_report(hctx_t* h, const char* what) {
   char names[256];
   thread_cpu(&cm, &co, names, sizeof names);
   cm -= h_stats.cpu_main0, co -= h_stats.cpu_other0;
-  double v[8] = {wall, cm, co, h_stats.isend_s, h_stats.irecv_s, h_stats.test_s, (double)h_stats.sends, (double)h_stats.tests};
-  double all[8 * 256];
+  double v[9] = {wall, cm, co, h_stats.isend_s, h_stats.irecv_s, h_stats.test_s, (double)h_stats.sends, (double)h_stats.tests,
+                 h_stats.compute_s};
+  double all[9 * 256];
   h_allgather(h, v, sizeof v, all);
   if (h->rank != 0) return;
-  printf("# cpu during %s (per rank: wall s | main thread cpu s | other threads cpu s [%s] | time inside isend/irecv/test s | sends | tests):\n",
+  printf("# cpu during %s (per rank: wall s | main thread cpu s | other threads cpu s [%s] | time inside isend/irecv/test s | sends | tests | CPU reduction s):\n",
          what, names[0] ? names : "none");
   for (int r = 0; r < h->nranks; r++) {
-    double* x = all + 8 * r;
-    printf("#   rank %d: %.2f | %.2f (%.0f%%) | %.2f (%.0f%%) | %.3f/%.3f/%.3f | %.0f | %.0f\n", r, x[0], x[1],
-           100 * x[1] / x[0], x[2], 100 * x[2] / x[0], x[3], x[4], x[5], x[6], x[7]);
+    double* x = all + 9 * r;
+    printf("#   rank %d: %.2f | %.2f (%.0f%%) | %.2f (%.0f%%) | %.3f/%.3f/%.3f | %.0f | %.0f | %.3f (%.0f%%)\n", r, x[0], x[1],
+           100 * x[1] / x[0], x[2], 100 * x[2] / x[0], x[3], x[4], x[5], x[6], x[7], x[8], 100 * x[8] / x[0]);
   }
 }

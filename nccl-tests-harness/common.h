@@ -72,6 +72,7 @@ typedef struct {
   int oneway;                  /* sendrecv_perf -O: only rank 0 sends, to rank 1 */
   int group;                   /* sendrecv_perf --group G: irecv of G buffers at once */
   int direct;                  /* all_reduce_perf --direct: reduce steps receive into the output */
+  int compute;                 /* all_reduce_perf --compute 0: skip the CPU reduction (diagnosis) */
   int net_version;             /* --net-version N: use ncclNetPlugin_vN (default newest) */
   int dev;                     /* --dev: plugin device index */
   int softroce;                /* -1 auto (LD_LIBRARY_PATH), 0 no, 1 yes */
@@ -179,6 +180,7 @@ void h_test_req(hctx_t* h, void* req, int* done, int* size, const char* what);
 /* ---- where the time goes ---- */
 typedef struct {
   double isend_s, irecv_s, test_s; /* wall time inside the plugin calls */
+  double compute_s;                 /* wall time in the CPU reduction (all_reduce_perf) */
   long isend_calls, irecv_calls, tests, sends, recvs;
   double bytes_sent;
   double cpu_main0, cpu_other0, wall0;
