@@ -95,6 +95,7 @@ done
 pair pingpong-g3 $port "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 3 -s 4096 -n 500; port=$((port + 1))
 pair pingpong-g3-mtu4096 $port "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 3 -m 4096 -s 20000 -n 300; port=$((port + 1))
 pair pingpong-wr-api $port "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 0 -N -s 4096 -n 300; port=$((port + 1))
+pair pingpong-cq-ex-timestamps $port "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 0 -t -N -s 1024 -n 300; port=$((port + 1))
 pair pingpong-events $port "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 0 -e -s 4096 -n 300; port=$((port + 1))
 pair pingpong-loss $port "$S SOFTROCE_LOSS=0.01 SOFTROCE_SEED=1" "$C SOFTROCE_LOSS=0.01 SOFTROCE_SEED=2" \
     127.0.20.1 "$RE" ibv_rc_pingpong -g 0 -s 8192 -n 300; port=$((port + 1))

@@ -383,6 +383,7 @@ pub fn drain_locked(dev: &Device, qp: &QpShared, core: &mut QpCore, now: Instant
             src_qp: c.src_qp,
             wc_flags: c.wc_flags,
             solicited: c.solicited,
+            ts: now.as_nanos(),
         };
         match c.queue {
             proto::WcQueue::Send => {

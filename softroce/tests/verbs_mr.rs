@@ -282,3 +282,58 @@ fn solicited_only_arming_ignores_unsolicited_sends() {
         assert_eq!(poll_one(rcq).wr_id, 2);
     }
 }
+
+#[test]
+fn cq_ex_poll_api_with_timestamps() {
+    let c = open(ADDR);
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
+    unsafe {
+        let vctx = (c.ctx as *mut u8).sub(320) as *mut rdma_sys::verbs_context;
+        let create = (*vctx).create_cq_ex.expect("create_cq_ex op");
+        let mut attr: rdma_sys::ibv_cq_init_attr_ex = std::mem::zeroed();
+        attr.cqe = 16;
+        attr.wc_flags = 1 | 128; // BYTE_LEN | COMPLETION_TIMESTAMP
+        let cqx = create(c.ctx, &mut attr);
+        assert!(!cqx.is_null());
+        let cq = cqx as *mut rdma_sys::ibv_cq;
+        let a = create_qp_on(&c, cq);
+        let b = create_qp(&c);
+        connect(&c, &a, (*b.qp).qp_num, 14, 7);
+        connect(&c, &b, (*a.qp).qp_num, 14, 7);
+        let src = Buf::new(&c, 4096, ACCESS_ALL);
+        let dst = Buf::new(&c, 4096, ACCESS_ALL);
+        for i in 0..2u64 {
+            let mut sge = ibv_sge {
+                addr: src.addr(),
+                length: 1000 + i as u32,
+                lkey: src.lkey(),
+            };
+            let mut wr = send_wr(40 + i, 0, &mut sge, SIGNALED);
+            wr.wr.rdma.remote_addr = dst.addr();
+            wr.wr.rdma.rkey = dst.rkey();
+            assert_eq!(post_send(&a, &mut wr), 0);
+        }
+        let x = &*cqx;
+        let mut pattr = rdma_sys::ibv_poll_cq_attr { comp_mask: 0 };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut rc = (x.start_poll.unwrap())(cqx, &mut pattr);
+        while rc == libc::ENOENT {
+            assert!(std::time::Instant::now() < deadline);
+            rc = (x.start_poll.unwrap())(cqx, &mut pattr);
+        }
+        assert_eq!(rc, 0);
+        assert_eq!(((*cqx).wr_id, (*cqx).status), (40, 0));
+        assert_eq!((x.read_opcode.unwrap())(cqx), 1); // IBV_WC_RDMA_WRITE
+        let t0 = (x.read_completion_ts.unwrap())(cqx);
+        let mut rc = (x.next_poll.unwrap())(cqx);
+        while rc == libc::ENOENT {
+            assert!(std::time::Instant::now() < deadline);
+            rc = (x.next_poll.unwrap())(cqx);
+        }
+        assert_eq!(((*cqx).wr_id, (*cqx).status), (41, 0));
+        let t1 = (x.read_completion_ts.unwrap())(cqx);
+        assert!(t0 > 0 && t1 >= t0, "timestamps {t0} {t1}");
+        assert_eq!((x.next_poll.unwrap())(cqx), libc::ENOENT);
+        (x.end_poll.unwrap())(cqx);
+    }
+}

@@ -179,6 +179,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         vctx.query_port = Some(query_port_ex);
         vctx.query_device_ex = Some(query_device_ex);
         vctx.create_qp_ex = Some(super::qp_ex::create_qp_ex);
+        vctx.create_cq_ex = Some(super::cq::create_cq_ex);
         let c = &mut vctx.context;
         c.device = dev;
         c.cmd_fd = -1;
@@ -289,6 +290,9 @@ unsafe extern "C" fn query_device_ex(
         let mut ex: ibv_device_attr_ex = unsafe { std::mem::zeroed() };
         fill_device_attr(&c.dev, &mut ex.orig_attr);
         ex.phys_port_cnt_ex = 1;
+        // Completion timestamps are nanoseconds of a 64-bit clock.
+        ex.completion_timestamp_mask = u64::MAX;
+        ex.hca_core_clock = 1_000_000; // kHz
         let n = attr_size.min(std::mem::size_of::<ibv_device_attr_ex>());
         // SAFETY: the caller's buffer holds attr_size bytes; we copy at most that.
         unsafe {

@@ -31,6 +31,8 @@ pub struct Wc {
     pub wc_flags: u32,
     /// The message carried the Solicited Event bit (for solicited-only arming).
     pub solicited: bool,
+    /// Completion time, nanoseconds of the engine clock (`ibv_wc_read_completion_ts`).
+    pub ts: u64,
 }
 
 /// Shared CQ state (the engine holds it through the QPs).
@@ -125,11 +127,15 @@ impl CqInner {
     }
 }
 
-/// `struct ibv_cq` and our state.
+/// `struct ibv_cq_ex` (whose first 128 bytes are the `struct ibv_cq` every
+/// CQ hands out; the poll API slots are filled for `ibv_create_cq_ex` CQs)
+/// and our state.
 #[repr(C)]
 pub struct Cq {
-    pub ibv: ibv_cq,
+    pub ibv: rdma_sys::ibv_cq_ex,
     pub inner: Arc<CqInner>,
+    /// The completion the `ibv_start_poll` / `ibv_next_poll` API is on.
+    cur: Mutex<Wc>,
 }
 
 impl Cq {
@@ -230,55 +236,195 @@ pub unsafe extern "C" fn ibv_create_cq(
     comp_vector: c_int,
 ) -> *mut ibv_cq {
     ffi_guard!(std::ptr::null_mut(), {
-        // SAFETY: ctx is ours.
-        let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
-            return null_err(libc::EINVAL);
-        };
-        if cqe < 1 || cqe as u32 > device::MAX_CQE || !(0..1).contains(&comp_vector) {
-            return null_err(libc::EINVAL);
+        match create_cq(ctx, cqe, cq_context, channel, comp_vector) {
+            Ok(p) => p as *mut ibv_cq,
+            Err(e) => null_err(e),
         }
-        let ch_fds = if channel.is_null() {
-            None
-        } else {
-            // SAFETY: channel is ours.
-            let ch = unsafe { &mut *(channel as *mut Channel) };
-            ch.ibv.refcnt += 1;
-            Some(ch.fds.clone())
-        };
-        let handle = NEXT_CQ_HANDLE.fetch_add(1, Ordering::Relaxed) as u64;
-        let inner = Arc::new(CqInner {
-            queue: Mutex::new(VecDeque::with_capacity(cqe as usize)),
-            len: AtomicUsize::new(0),
-            armed: AtomicU8::new(0),
-            channel: ch_fds,
-            handle,
-            cqe: AtomicI32::new(cqe),
-            users: AtomicUsize::new(0),
-            async_q: c.async_q.clone(),
-            ibv_ptr: AtomicUsize::new(0),
-            overflowed: std::sync::atomic::AtomicBool::new(false),
-            events: Mutex::new((0, 0)),
-            events_cv: Condvar::new(),
-        });
-        // SAFETY: ibv_cq is plain data; zeroed mutex/cond are the static initialisers.
-        let mut ibv: ibv_cq = unsafe { std::mem::zeroed() };
-        ibv.context = ctx;
-        ibv.channel = channel;
-        ibv.cq_context = cq_context;
-        ibv.handle = handle as u32;
-        ibv.cqe = cqe;
-        inner.ibv_ptr.store(0, Ordering::Relaxed);
-        let shared = inner.clone();
-        let p = Box::into_raw(Box::new(Cq { ibv, inner }));
-        shared.ibv_ptr.store(p as usize, Ordering::Relaxed);
-        LIVE_CQS
-            .lock()
-            .unwrap()
-            .get_or_insert_with(HashMap::new)
-            .insert(handle, p as usize);
-        p as *mut ibv_cq
     })
 }
+
+fn create_cq(
+    ctx: *mut ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut ibv_comp_channel,
+    comp_vector: c_int,
+) -> Result<*mut Cq, i32> {
+    // SAFETY: ctx is ours per the API contract.
+    let c = unsafe { Context::from_ibv(ctx) }.ok_or(libc::EINVAL)?;
+    if cqe < 1 || cqe as u32 > device::MAX_CQE || !(0..1).contains(&comp_vector) {
+        return Err(libc::EINVAL);
+    }
+    let ch_fds = if channel.is_null() {
+        None
+    } else {
+        // SAFETY: channel is ours per the API contract.
+        let ch = unsafe { &mut *(channel as *mut Channel) };
+        ch.ibv.refcnt += 1;
+        Some(ch.fds.clone())
+    };
+    let handle = NEXT_CQ_HANDLE.fetch_add(1, Ordering::Relaxed) as u64;
+    let inner = Arc::new(CqInner {
+        queue: Mutex::new(VecDeque::with_capacity(cqe as usize)),
+        len: AtomicUsize::new(0),
+        armed: AtomicU8::new(0),
+        channel: ch_fds,
+        handle,
+        cqe: AtomicI32::new(cqe),
+        users: AtomicUsize::new(0),
+        async_q: c.async_q.clone(),
+        ibv_ptr: AtomicUsize::new(0),
+        overflowed: std::sync::atomic::AtomicBool::new(false),
+        events: Mutex::new((0, 0)),
+        events_cv: Condvar::new(),
+    });
+    // SAFETY: ibv_cq_ex is plain data (pointers, ints, Option<fn>, opaque
+    // mutex/cond whose all-zero value is the static initialiser).
+    let mut ibv: rdma_sys::ibv_cq_ex = unsafe { std::mem::zeroed() };
+    ibv.context = ctx;
+    ibv.channel = channel;
+    ibv.cq_context = cq_context;
+    ibv.handle = handle as u32;
+    ibv.cqe = cqe;
+    let shared = inner.clone();
+    let p = Box::into_raw(Box::new(Cq {
+        ibv,
+        inner,
+        cur: Mutex::new(Wc::default()),
+    }));
+    shared.ibv_ptr.store(p as usize, Ordering::Relaxed);
+    LIVE_CQS
+        .lock()
+        .unwrap()
+        .get_or_insert_with(HashMap::new)
+        .insert(handle, p as usize);
+    Ok(p)
+}
+
+/// `ibv_create_cq_wc_flags` we can report: byte_len, imm, qp_num, src_qp,
+/// slid, sl, dlid_path_bits (all but the first four read as 0) and the
+/// completion timestamp (nanoseconds; `hca_core_clock` is 1 GHz).
+const SUPPORTED_WC_FLAGS: u64 = 0xff;
+const CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
+/// IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: hints we may ignore.
+const CQ_CREATE_FLAGS: u32 = 3;
+
+/// `verbs_context.create_cq_ex`.
+pub unsafe extern "C" fn create_cq_ex(
+    ctx: *mut ibv_context,
+    attr: *mut rdma_sys::ibv_cq_init_attr_ex,
+) -> *mut rdma_sys::ibv_cq_ex {
+    ffi_guard!(std::ptr::null_mut(), {
+        if attr.is_null() {
+            return null_err(libc::EINVAL);
+        }
+        // SAFETY: attr is valid for reading per the API contract.
+        let a = unsafe { &*attr };
+        if a.comp_mask & !CQ_INIT_ATTR_MASK_FLAGS != 0 || a.wc_flags & !SUPPORTED_WC_FLAGS != 0 {
+            return null_err(libc::EOPNOTSUPP);
+        }
+        if a.comp_mask & CQ_INIT_ATTR_MASK_FLAGS != 0 && a.flags & !CQ_CREATE_FLAGS != 0 {
+            return null_err(libc::EOPNOTSUPP);
+        }
+        if a.cqe > i32::MAX as u32 {
+            return null_err(libc::EINVAL);
+        }
+        let p = match create_cq(ctx, a.cqe as c_int, a.cq_context, a.channel, a.comp_vector as c_int) {
+            Ok(p) => p,
+            Err(e) => return null_err(e),
+        };
+        // SAFETY: p is the CQ just created, not yet visible to the application.
+        let x = unsafe { &mut (*p).ibv };
+        x.start_poll = Some(ex_start_poll);
+        x.next_poll = Some(ex_next_poll);
+        x.end_poll = Some(ex_end_poll);
+        x.read_opcode = Some(ex_read_opcode);
+        x.read_vendor_err = Some(ex_read_vendor_err);
+        x.read_byte_len = Some(ex_read_byte_len);
+        x.read_imm_data = Some(ex_read_imm_data);
+        x.read_qp_num = Some(ex_read_qp_num);
+        x.read_src_qp = Some(ex_read_src_qp);
+        x.read_wc_flags = Some(ex_read_wc_flags);
+        x.read_slid = Some(ex_read_slid);
+        x.read_sl = Some(ex_read_sl);
+        x.read_dlid_path_bits = Some(ex_read_dlid_path_bits);
+        x.read_completion_ts = Some(ex_read_completion_ts);
+        p as *mut rdma_sys::ibv_cq_ex
+    })
+}
+
+/// Loads the next completion into the poll-API cursor (ENOENT when empty).
+///
+/// # Safety
+/// `cq` must be a live extended CQ of ours.
+unsafe fn ex_load(cq: *mut rdma_sys::ibv_cq_ex) -> c_int {
+    let p = cq as *mut Cq;
+    // SAFETY: per the contract; only the `inner` and `cur` fields are borrowed.
+    let (inner, cur) = unsafe { (&(*p).inner, &(*p).cur) };
+    let mut one = [Wc::default()];
+    if inner.poll(&mut one) == 0 {
+        idle_poll();
+        return libc::ENOENT;
+    }
+    *cur.lock().unwrap() = one[0];
+    // SAFETY: the public fields of the caller's ibv_cq_ex, written through the raw pointer.
+    unsafe {
+        std::ptr::addr_of_mut!((*cq).wr_id).write(one[0].wr_id);
+        std::ptr::addr_of_mut!((*cq).status).write(one[0].status);
+    }
+    0
+}
+
+unsafe extern "C" fn ex_start_poll(cq: *mut rdma_sys::ibv_cq_ex, attr: *mut rdma_sys::ibv_poll_cq_attr) -> c_int {
+    ffi_guard!(libc::EIO, {
+        // SAFETY: attr is NULL or valid per the API contract.
+        if !attr.is_null() && unsafe { (*attr).comp_mask } != 0 {
+            return libc::EINVAL;
+        }
+        // SAFETY: cq is our extended CQ (the header dispatches through it).
+        unsafe { ex_load(cq) }
+    })
+}
+
+unsafe extern "C" fn ex_next_poll(cq: *mut rdma_sys::ibv_cq_ex) -> c_int {
+    // SAFETY: cq is our extended CQ (the header dispatches through it).
+    ffi_guard!(libc::EIO, { unsafe { ex_load(cq) } })
+}
+
+unsafe extern "C" fn ex_end_poll(_cq: *mut rdma_sys::ibv_cq_ex) {}
+
+/// The completion under the poll-API cursor.
+///
+/// # Safety
+/// `cq` must be a live extended CQ of ours.
+unsafe fn ex_cur(cq: *mut rdma_sys::ibv_cq_ex) -> Wc {
+    // SAFETY: per the contract; only the `cur` field is borrowed.
+    unsafe { *(*(cq as *mut Cq)).cur.lock().unwrap() }
+}
+
+macro_rules! ex_reader {
+    ($name:ident, $ty:ty, |$w:ident| $e:expr) => {
+        unsafe extern "C" fn $name(cq: *mut rdma_sys::ibv_cq_ex) -> $ty {
+            ffi_guard!(Default::default(), {
+                // SAFETY: cq is our extended CQ (the header dispatches through it).
+                let $w = unsafe { ex_cur(cq) };
+                $e
+            })
+        }
+    };
+}
+
+ex_reader!(ex_read_opcode, u32, |w| w.opcode);
+ex_reader!(ex_read_vendor_err, u32, |w| w.vendor_err);
+ex_reader!(ex_read_byte_len, u32, |w| w.byte_len);
+ex_reader!(ex_read_imm_data, u32, |w| w.imm_data);
+ex_reader!(ex_read_qp_num, u32, |w| w.qp_num);
+ex_reader!(ex_read_src_qp, u32, |w| w.src_qp);
+ex_reader!(ex_read_wc_flags, u32, |w| w.wc_flags);
+ex_reader!(ex_read_slid, u32, |_w| 0);
+ex_reader!(ex_read_sl, u8, |_w| 0);
+ex_reader!(ex_read_dlid_path_bits, u8, |_w| 0);
+ex_reader!(ex_read_completion_ts, u64, |w| w.ts);
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {

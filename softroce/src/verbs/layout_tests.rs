@@ -50,6 +50,11 @@ fn object_layouts() {
     assert_eq!(size_of::<ibv_async_event>(), 16);
     // Our wrappers start with the C object.
     assert_eq!(offset_of!(super::cq::Cq, ibv), 0);
+    assert_eq!(size_of::<ibv_cq_ex>(), 288);
+    assert_eq!(offset_of!(ibv_cq_ex, status), 132);
+    assert_eq!(offset_of!(ibv_cq_ex, wr_id), 136);
+    assert_eq!(offset_of!(ibv_cq_ex, start_poll), 144);
+    assert_eq!(offset_of!(ibv_cq_ex, read_completion_ts), 248);
     assert_eq!(offset_of!(super::qp::Qp, ex), 0);
     assert_eq!(size_of::<ibv_qp_ex>(), 352);
     assert_eq!(offset_of!(ibv_qp_ex, wr_id), 168);

@@ -84,10 +84,22 @@ int main(int argc, char **argv)
     struct ibv_wc wc;
     CHECK(ibv_poll_cq(cq, 1, &wc) == 0, "inline ibv_poll_cq on empty CQ");
 
-    /* extended verbs we do not offer fail cleanly through the header's checks */
-    struct ibv_cq_init_attr_ex cqx = {.cqe = 16};
+    /* extended CQ: the poll API through the ibv_cq_ex slots */
+    struct ibv_cq_init_attr_ex cqx = {.cqe = 16, .wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP};
+    struct ibv_cq_ex *cqex = ibv_create_cq_ex(ctx, &cqx);
+    CHECK(cqex != NULL && ibv_cq_ex_to_cq(cqex)->context == ctx, "ibv_create_cq_ex");
+    if (cqex) {
+        struct ibv_poll_cq_attr pattr = {0};
+        CHECK(ibv_start_poll(cqex, &pattr) == ENOENT, "ibv_start_poll on an empty CQ -> ENOENT");
+        CHECK(ibv_poll_cq(ibv_cq_ex_to_cq(cqex), 1, &wc) == 0, "ibv_poll_cq works on a cq_ex");
+        CHECK(ibv_destroy_cq(ibv_cq_ex_to_cq(cqex)) == 0, "destroy cq_ex");
+    }
+    struct ibv_cq_init_attr_ex cqbad = {.cqe = 16, .wc_flags = IBV_WC_EX_WITH_FLOW_TAG};
     errno = 0;
-    CHECK(ibv_create_cq_ex(ctx, &cqx) == NULL && errno == EOPNOTSUPP, "ibv_create_cq_ex -> EOPNOTSUPP");
+    CHECK(ibv_create_cq_ex(ctx, &cqbad) == NULL && errno == EOPNOTSUPP, "unsupported wc_flags -> EOPNOTSUPP");
+    CHECK(dx.completion_timestamp_mask != 0 && dx.hca_core_clock != 0, "timestamp capability");
+
+    /* extended verbs we do not offer fail cleanly through the header's checks */
     errno = 0;
     CHECK(ibv_alloc_mw(pd, IBV_MW_TYPE_1) == NULL && errno == EOPNOTSUPP, "ibv_alloc_mw -> EOPNOTSUPP");
     struct ibv_srq_init_attr sa = {.attr = {.max_wr = 8, .max_sge = 1}};
