@@ -15,6 +15,8 @@ pub const ACCESS_DATA: u32 = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
     | sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
 /// Access for local-only staging (sources of RDMA writes, flush scratch).
 pub const ACCESS_LOCAL: u32 = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
+/// `IBV_ACCESS_RELAXED_ORDERING` (an optional flag: providers without it ignore it).
+pub const ACCESS_RELAXED_ORDERING: u32 = sys::ibv_access_flags::IBV_ACCESS_RELAXED_ORDERING.0;
 
 pub struct MemoryRegion {
     pub pd: Arc<ProtectionDomain>,
@@ -44,6 +46,39 @@ impl MemoryRegion {
         }
         LIVE_MRS.fetch_add(1, Ordering::Relaxed);
         Ok(MemoryRegion { pd, raw })
+    }
+
+    /// Register `[addr, addr + len)` with PCIe relaxed ordering (`ibv_reg_mr_iova2`, iova =
+    /// addr), as NCCL does when NCCL_IB_PCI_RELAXED_ORDERING allows it; `None` when the library
+    /// has no `ibv_reg_mr_iova2`.
+    ///
+    /// # Safety
+    /// As [`MemoryRegion::register`].
+    pub unsafe fn register_relaxed(
+        pd: Arc<ProtectionDomain>,
+        addr: usize,
+        len: usize,
+        access: u32,
+    ) -> Option<Result<MemoryRegion>> {
+        let reg = pd.context.verbs.ibv_reg_mr_iova2?;
+        // SAFETY: live PD; the caller guarantees the range.
+        let raw = unsafe {
+            reg(
+                pd.as_ptr(),
+                addr as *mut _,
+                len,
+                addr as u64,
+                access | ACCESS_RELAXED_ORDERING,
+            )
+        };
+        if raw.is_null() {
+            return Some(Err(Error::last_os(&format!(
+                "ibv_reg_mr_iova2({}, {addr:#x}, {len} bytes, relaxed ordering)",
+                pd.context.info.name
+            ))));
+        }
+        LIVE_MRS.fetch_add(1, Ordering::Relaxed);
+        Some(Ok(MemoryRegion { pd, raw }))
     }
 
     /// Register `len` bytes of the DMA-BUF `fd` from `offset`, addressed by the NIC as `iova`.

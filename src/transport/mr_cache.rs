@@ -128,11 +128,22 @@ impl DeviceCache {
         let page = page_size();
         let (start, end) = page_range(addr, len, page);
         let mut cache = self.cache.lock();
+        let relaxed = crate::config::get().pci_relaxed_ordering != 0;
         match dmabuf {
             None => cache.acquire(start, end, || {
                 // SAFETY: NCCL registers memory it owns and deregisters it before freeing it
                 // (spec §7.4); the range is page-rounded like NCCL's IB transport does.
-                unsafe { MemoryRegion::register(self.pd.clone(), start, end - start, ACCESS_DATA) }
+                unsafe {
+                    if relaxed {
+                        // Relaxed ordering when the library has ibv_reg_mr_iova2 (spec §8.1
+                        // step 6); a refusal falls back to a plain registration.
+                        match MemoryRegion::register_relaxed(self.pd.clone(), start, end - start, ACCESS_DATA) {
+                            Some(Ok(mr)) => return Ok(mr),
+                            Some(Err(_)) | None => {}
+                        }
+                    }
+                    MemoryRegion::register(self.pd.clone(), start, end - start, ACCESS_DATA)
+                }
             }),
             Some((fd, offset)) => {
                 // Round the start down only as far as the fd offset allows; never past the
@@ -141,6 +152,13 @@ impl DeviceCache {
                 let (s, off) = (addr - back, offset - back as u64);
                 let l = len.max(1) + back;
                 cache.acquire(s, s + l, || {
+                    let has_iova2 = self.pd.context.verbs.ibv_reg_mr_iova2.is_some();
+                    if relaxed && has_iova2 {
+                        let ro = ACCESS_DATA | crate::ibv::mr::ACCESS_RELAXED_ORDERING;
+                        if let Ok(mr) = MemoryRegion::register_dmabuf(self.pd.clone(), off, l, s as u64, fd, ro) {
+                            return Ok(mr);
+                        }
+                    }
                     MemoryRegion::register_dmabuf(self.pd.clone(), off, l, s as u64, fd, ACCESS_DATA)
                 })
             }
