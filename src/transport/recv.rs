@@ -6,7 +6,7 @@
 use super::conn::RegBuf;
 use super::core::Core;
 use super::fifo::{self, CtsEntry, MAX_DEVS, MAX_RECVS};
-use super::request::{ReqKind, Request, RequestPool};
+use super::request::{self, ReqKind, Request, RequestPool};
 use super::split;
 use super::MemHandle;
 use crate::error::{Error, Result};
@@ -230,8 +230,13 @@ impl RecvDp {
         else {
             return Ok(None);
         };
+        // A NULL flush request means "nothing to flush" to NCCL, so running out of slots must
+        // be an error here, not a retry (NCCL keeps ≤ 32 receives + their flushes in flight).
         let Some(r) = self.core.pool.alloc(ReqKind::Flush) else {
-            return Ok(None);
+            return Err(Error::internal(format!(
+                "iflush: all {} request slots of the receive comm are in flight",
+                request::RECV_REQUESTS
+            )));
         };
         let ndevs = self.flush_qps.len();
         self.core.pool.get_mut(r).expect("index from alloc").pending = ndevs as u32;
