@@ -164,10 +164,14 @@ hv() {
     HV=""
     [ "$PLUGIN_OK" = 1 ] || return 1
     # shellcheck disable=SC2086
-    if timeout -k 5 120 "$@" $SOFTROCE_FLAG --timeout 110 >"$OUT/$name.txt" 2>&1; then
+    timeout -k 5 120 "$@" $SOFTROCE_FLAG --timeout 110 >"$OUT/$name.txt" 2>&1
+    local rc=$?
+    if [ $rc -eq 0 ]; then
         HV=$(awk -v s="$size" -v c="$col" '$1 == s {print $c; exit}' "$OUT/$name.txt")
     else
-        problem "$name: $(grep -m1 -E 'error:|WARN' "$OUT/$name.txt")"
+        local keep="$OUT/$name.failed.$(date +%H%M%S).txt"
+        cp "$OUT/$name.txt" "$keep"
+        problem "$name (exit $rc, output in $keep): $(grep -v '^#' "$OUT/$name.txt" | grep -m1 -E 'error:|WARN|signal|timeout' || tail -n 1 "$OUT/$name.txt")"
     fi
 }
 median() { tr ' ' '\n' | grep -E '^[0-9.]+$' | sort -g | awk '{v[NR] = $1} END {if (NR) print v[int((NR + 1) / 2)]}'; }
