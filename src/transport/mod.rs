@@ -578,6 +578,15 @@ struct Connecting {
 static CONNECTING: Mutex<Vec<Box<Connecting>>> = Mutex::new(Vec::new());
 static NEXT_CONNECT_ID: AtomicU64 = AtomicU64::new(1);
 
+/// Drop every connect NCCL started and abandoned (never re-entered). They hold device
+/// references, so the last `finalize` calls this before closing the devices.
+pub fn forget_pending_connects() -> usize {
+    let mut all = CONNECTING.lock();
+    let n = all.len();
+    all.clear();
+    n
+}
+
 /// Non-blocking connect. Re-entered with the same handle until it returns `Some`; the
 /// in-progress state lives in this module, keyed by an id recorded in the handle.
 pub fn connect(ctx: &CommContext, dev: &Arc<VirtualDevice>, handle: &mut [u8; 128]) -> Result<Option<Box<SendComm>>> {
