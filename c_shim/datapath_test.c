@@ -533,6 +533,7 @@ static int run_local(net_t* n) {
   }
   CHECK(count_fds() == fds0, "no fd leaked by %d comm(s): %d fds before, %d after", C, fds0, count_fds());
   CHECK(warns == 0, "no WARN on a clean run (%d, last: %s)", warns, last_warn);
+  CHECK(n_finalize(n) == 0, "finalize");
   return summary();
 }
 
@@ -665,6 +666,7 @@ static int run_garbage(net_t* n) {
     n_close_send(n, sc);
     n_close_recv(n, rc);
   }
+  CHECK(n_finalize(n) == 0, "finalize");
   return summary();
 }
 
