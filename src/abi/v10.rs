@@ -28,37 +28,14 @@ unsafe extern "C" fn connect_v10(
     unsafe { connect(&ctx, dev, handle, send_comm) }
 }
 
-unsafe extern "C" fn get_properties_v10(dev: std::ffi::c_int, props: *mut NcclNetPropertiesV9) -> NcclResult {
-    get_properties("getProperties", dev, props, |p| {
-        let (ndevs, devs) = vprops::<NCCL_NET_MAX_DEVS_PER_NIC_V9>(p);
-        NcclNetPropertiesV9 {
-            name: p.name,
-            pci_path: p.pci_path,
-            guid: p.guid,
-            ptr_support: p.ptr_support,
-            speed: p.speed,
-            port: p.port,
-            latency: p.latency,
-            max_comms: p.max_comms,
-            max_recvs: p.max_recvs,
-            reg_is_global: p.reg_is_global,
-            force_flush: p.force_flush,
-            net_device_type: p.net_device_type,
-            net_device_version: p.net_device_version,
-            v_props: NcclNetVDevicePropsV9 { ndevs, devs },
-            max_p2p_bytes: p.max_p2p_bytes,
-            max_coll_bytes: p.max_coll_bytes,
-        }
-    })
-}
-
 /// Exported data symbol NCCL finds with `dlsym` (spec §2).
 #[no_mangle]
 #[used]
 pub static ncclNetPlugin_v10: NcclNetV10 = NcclNetV10 {
     name: PLUGIN_NAME,
     init: Some(init_v10),
-    get_properties: Some(get_properties_v10),
+    // v10 properties have the v9 layout.
+    get_properties: Some(super::v9::get_properties_v9),
     listen: Some(listen_v6),
     connect: Some(connect_v10),
     accept: Some(accept),

@@ -5,7 +5,7 @@
 use super::common::*;
 use super::types::*;
 
-unsafe extern "C" fn get_properties_v9(dev: std::ffi::c_int, props: *mut NcclNetPropertiesV9) -> NcclResult {
+pub(super) unsafe extern "C" fn get_properties_v9(dev: std::ffi::c_int, props: *mut NcclNetPropertiesV9) -> NcclResult {
     get_properties("getProperties", dev, props, |p| {
         let (ndevs, devs) = vprops::<NCCL_NET_MAX_DEVS_PER_NIC_V9>(p);
         NcclNetPropertiesV9 {
