@@ -154,6 +154,7 @@ fn wire_ll(l: LinkLayer) -> WireLinkLayer {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 /// This side's handshake record. `rkeys[d]` is the rkey of the buffer at `addr` on device d.
 pub fn endpoint(
     devs: &[LocalDev],

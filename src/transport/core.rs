@@ -128,7 +128,7 @@ impl Core {
     pub fn idle_probe(&mut self) -> Result<bool> {
         self.check()?;
         self.idle = self.idle.wrapping_add(1);
-        if self.idle % PROBE_EVERY != 0 {
+        if !self.idle.is_multiple_of(PROBE_EVERY) {
             return Ok(false);
         }
         let now = Instant::now();

@@ -190,6 +190,7 @@ pub fn reg_mr(
 }
 
 /// Releases a registration made by [`reg_mr`].
+#[allow(clippy::boxed_local)] // the API layer hands back the Box it got from reg_mr
 pub fn dereg_mr(mh: Box<MemHandle>) -> Result<()> {
     for (cache, mr) in &mh.regs {
         cache.release(mr);
@@ -575,7 +576,7 @@ struct Connecting {
     touched: Instant,
 }
 
-static CONNECTING: Mutex<Vec<Box<Connecting>>> = Mutex::new(Vec::new());
+static CONNECTING: Mutex<Vec<Connecting>> = Mutex::new(Vec::new());
 static NEXT_CONNECT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// Drop every connect NCCL started and abandoned (never re-entered). They hold device
@@ -614,7 +615,7 @@ pub fn connect(ctx: &CommContext, dev: &Arc<VirtualDevice>, handle: &mut [u8; 12
             Some(i) => all.swap_remove(i),
             None => {
                 let id = NEXT_CONNECT_ID.fetch_add(1, Ordering::Relaxed);
-                Box::new(Connecting {
+                Connecting {
                     id,
                     listener,
                     members: dev.members.clone(),
@@ -623,7 +624,7 @@ pub fn connect(ctx: &CommContext, dev: &Arc<VirtualDevice>, handle: &mut [u8; 12
                     setup: None,
                     started: now,
                     touched: now,
-                })
+                }
             }
         }
     };
@@ -828,12 +829,12 @@ pub unsafe fn test(req: *mut Request, sizes: *mut i32) -> Result<bool> {
     let (owner, kind, index) = unsafe { ((*req).owner, (*req).kind, (*req).index) };
     match kind {
         // SAFETY: a Send request's owner is the boxed SendDp of its (open) comm, used only by
-        // this thread (NCCL's progress thread).
-        request::ReqKind::Send => unsafe { &mut *(owner as *mut send::SendDp) }.test(index, sizes),
-        // SAFETY: as above for the RecvDp.
-        request::ReqKind::Recv | request::ReqKind::Flush => {
-            unsafe { &mut *(owner as *mut recv::RecvDp) }.test(index, sizes)
-        }
+        // this thread (NCCL's progress thread); `sizes` as the caller guarantees.
+        request::ReqKind::Send => unsafe { (*(owner as *mut send::SendDp)).test(index, sizes) },
+        // SAFETY: as above for the RecvDp; `sizes` as the caller guarantees.
+        request::ReqKind::Recv | request::ReqKind::Flush => unsafe {
+            (*(owner as *mut recv::RecvDp)).test(index, sizes)
+        },
         request::ReqKind::Free => Err(Error::internal(
             "test: the request is not in flight (tested again after done?)",
         )),

@@ -137,9 +137,10 @@ impl DeviceCache {
                     if relaxed {
                         // Relaxed ordering when the library has ibv_reg_mr_iova2 (spec §8.1
                         // step 6); a refusal falls back to a plain registration.
-                        match MemoryRegion::register_relaxed(self.pd.clone(), start, end - start, ACCESS_DATA) {
-                            Some(Ok(mr)) => return Ok(mr),
-                            Some(Err(_)) | None => {}
+                        if let Some(Ok(mr)) =
+                            MemoryRegion::register_relaxed(self.pd.clone(), start, end - start, ACCESS_DATA)
+                        {
+                            return Ok(mr);
                         }
                     }
                     MemoryRegion::register(self.pd.clone(), start, end - start, ACCESS_DATA)

@@ -266,7 +266,11 @@ impl RecvDp {
         Ok(Some(self.core.pool.ptr(r)))
     }
 
-    pub fn test(&mut self, idx: u16, sizes: *mut i32) -> Result<bool> {
+    /// Progress the comm; report whether request `idx` is done (and reclaim it).
+    ///
+    /// # Safety
+    /// `sizes` is NULL or points to room for the request's `n` `i32`s.
+    pub unsafe fn test(&mut self, idx: u16, sizes: *mut i32) -> Result<bool> {
         self.core.poll(on_completion, describe)?;
         let Some(r) = self.core.pool.get(idx) else {
             return Err(Error::internal("test: unknown receive request"));

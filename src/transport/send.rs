@@ -294,7 +294,11 @@ impl SendDp {
         Ok(())
     }
 
-    pub fn test(&mut self, idx: u16, sizes: *mut i32) -> Result<bool> {
+    /// Progress the comm; report whether send request `idx` is done (and reclaim it).
+    ///
+    /// # Safety
+    /// `sizes` is NULL or points to room for one `i32`.
+    pub unsafe fn test(&mut self, idx: u16, sizes: *mut i32) -> Result<bool> {
         self.core.poll(on_completion, describe)?;
         let Some(r) = self.core.pool.get(idx) else {
             return Err(Error::internal("test: unknown send request"));

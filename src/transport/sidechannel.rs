@@ -41,12 +41,10 @@ fn name_matches(filter: &DeviceFilter, name: &str) -> bool {
 }
 
 fn family_ok(ip: &IpAddr, family: Option<AddrFamily>) -> bool {
-    match (family, ip) {
-        (None, _) => true,
-        (Some(AddrFamily::Inet), IpAddr::V4(_)) => true,
-        (Some(AddrFamily::Inet6), IpAddr::V6(_)) => true,
-        _ => false,
-    }
+    matches!(
+        (family, ip),
+        (None, _) | (Some(AddrFamily::Inet), IpAddr::V4(_)) | (Some(AddrFamily::Inet6), IpAddr::V6(_))
+    )
 }
 
 fn usable(a: &IfAddr) -> bool {
