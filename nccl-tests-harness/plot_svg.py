@@ -10,6 +10,7 @@ standard library is used.
 import argparse
 import csv
 import math
+import os
 import sys
 from xml.sax.saxutils import escape
 
@@ -25,14 +26,19 @@ def human(n):
 
 def load(paths):
     series = {}
+    owner = {}
     for p in paths:
         with open(p, newline="") as f:
             for row in csv.DictReader(f):
                 key = f"{row['test']} n={row['nranks']} C={row['channels']}"
-                if row.get("mode") == "pingpong":
-                    key += " ping-pong"
+                mode = row.get("mode", "ring")
+                if mode != "ring":
+                    key += {"pingpong": " ping-pong", "oneway": " one way"}.get(mode, " " + mode)
                 if row.get("placement") == "in-place":
                     key += " in-place"
+                if owner.setdefault(key, p) != p:  # the same test from another file: keep both lines
+                    key += f" ({os.path.basename(p)})"
+                    owner.setdefault(key, p)
                 series.setdefault(key, []).append((int(row["size"]), float(row["busbw_GBps"])))
     for pts in series.values():
         pts.sort()
