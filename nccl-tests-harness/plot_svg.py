@@ -56,8 +56,8 @@ def nice_max(v):
 
 
 def render(series, refs, title):
-    W, H = 860, 500
-    L, R, T, B = 70, 230, 40, 60
+    W, H = 920, 500
+    L, R, T, B = 70, 290, 40, 60
     pw, ph = W - L - R, H - T - B
     sizes = [s for pts in series.values() for s, _ in pts if s > 0]
     if not sizes:
