@@ -351,6 +351,7 @@ static int launcher(hopts_t* o, int* fds, const char* test_name) {
       if (fds[i] < 0 || !(pfd[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       uint64_t l;
       ssize_t r = read(fds[i], &l, sizeof l);
+      if (r > 0 && r < (ssize_t)sizeof l && read_all(fds[i], (char*)&l + r, sizeof l - (size_t)r) == 0) r = sizeof l;
       if (r == 0) { /* rank done */
         close(fds[i]);
         fds[i] = -1;
