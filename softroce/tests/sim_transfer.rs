@@ -548,3 +548,93 @@ fn dirty_transmit_buffer_gives_identical_packets() {
     assert!(!streams[0].is_empty());
     assert_eq!(streams[0], streams[1]);
 }
+
+/// Receive WQEs from an SRQ (`MemoryAccess::take_srq_recv`): SENDs and
+/// WRITE-with-imm consume them, an empty SRQ gives RNR NAKs until refilled,
+/// `post_recv` is EINVAL, and ERR flushes a half-filled WQE and raises
+/// LAST_WQE_REACHED.
+#[test]
+fn shared_receive_queue() {
+    let mut p = Pair::new(
+        &Setup {
+            min_rnr_timer: 1,
+            ..Setup::default()
+        },
+        40,
+    );
+    p.b().qp.set_srq(true);
+    assert_eq!(p.b().qp.post_recv(RecvWr::default()), Err(PostError::InvalidWr));
+    let dl = p.ep[1].dst_lkey;
+    p.b().mem.srq.push_back(RecvWr {
+        wr_id: 100,
+        sges: sge(DST, 4096, dl),
+    });
+    let sl = p.ep[0].src_lkey;
+    let now = p.now;
+    for k in 0..3u64 {
+        let mut wr = SendWr::new(
+            k,
+            if k == 1 {
+                WrOpcode::RdmaWriteWithImm
+            } else {
+                WrOpcode::Send
+            },
+        );
+        wr.sges = sge(SRC + k * 4096, 3000, sl);
+        wr.remote_addr = DST + 50_000;
+        wr.rkey = p.ep[1].dst_rkey;
+        p.a().qp.post_send(now, wr).unwrap();
+    }
+    p.run_for(Duration::from_micros(500));
+    // One WQE: only the first SEND landed; the WRITE_IMM is bouncing off RNR NAKs.
+    assert_eq!(p.ep[1].recv_cq.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![100]);
+    assert!(p.ep[1].qp.stats().rnr_naks_sent > 0);
+    p.b().mem.srq.push_back(RecvWr {
+        wr_id: 101,
+        sges: vec![],
+    });
+    p.b().mem.srq.push_back(RecvWr {
+        wr_id: 102,
+        sges: sge(DST + 8192, 4096, dl),
+    });
+    p.run();
+    let r: Vec<(u64, u32)> = p.ep[1].recv_cq.iter().map(|c| (c.wr_id, c.opcode)).collect();
+    assert_eq!(
+        r,
+        vec![
+            (100, wc_opcode::RECV),
+            (101, wc_opcode::RECV_RDMA_WITH_IMM),
+            (102, wc_opcode::RECV)
+        ]
+    );
+    assert_eq!(p.ep[0].send_cq.len(), 3);
+    assert_eq!(p.ep[1].peek(DST, 3000), p.ep[0].peek(SRC, 3000));
+    assert_eq!(p.ep[1].peek(DST + 8192, 3000), p.ep[0].peek(SRC + 8192, 3000));
+    // A multi-packet SEND that takes a WQE and then stops half way (peer link cut).
+    p.b().mem.srq.push_back(RecvWr {
+        wr_id: 103,
+        sges: sge(DST, 8192, dl),
+    });
+    let mut wr = SendWr::new(9, WrOpcode::Send);
+    wr.sges = sge(SRC, 5000, sl);
+    let now = p.now;
+    p.a().qp.post_send(now, wr).unwrap();
+    p.faults.loss = 0.0;
+    // Deliver only the first packet by cutting A's link after one step.
+    p.run_for(Duration::ZERO);
+    p.link_up[0] = false;
+    p.net.truncate(1);
+    p.run_for(Duration::from_micros(50));
+    p.b()
+        .qp
+        .modify(&ModifyAttrs {
+            mask: attr_mask::STATE,
+            qp_state: QpState::Err,
+            ..Default::default()
+        })
+        .unwrap();
+    p.run_for(Duration::from_micros(50));
+    let last = p.ep[1].recv_cq.last().copied().unwrap();
+    assert_eq!((last.wr_id, last.status), (103, wc_status::WR_FLUSH_ERR));
+    assert!(p.ep[1].events.contains(&AsyncEvent::LastWqeReached));
+}

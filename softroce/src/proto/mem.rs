@@ -95,6 +95,10 @@ pub trait MemoryAccess {
     /// Execute an atomic on the host-order u64 at `va` (must be 8-byte
     /// aligned); returns the original value.
     fn remote_atomic(&mut self, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, RemoteAccessError>;
+    /// Shared receive queue hook (see above).
+    fn take_srq_recv(&mut self) -> Option<super::RecvWr> {
+        None
+    }
 }
 
 /// One registered region of [`InMemory`].
@@ -111,6 +115,8 @@ pub struct Region {
 #[derive(Debug, Clone, Default)]
 pub struct InMemory {
     pub regions: Vec<Region>,
+    /// The SRQ served by [`MemoryAccess::take_srq_recv`].
+    pub srq: std::collections::VecDeque<super::RecvWr>,
     next_key: u32,
 }
 
@@ -118,6 +124,7 @@ impl InMemory {
     pub fn new() -> Self {
         InMemory {
             regions: Vec::new(),
+            srq: Default::default(),
             next_key: 0x100,
         }
     }
@@ -267,5 +274,8 @@ impl MemoryAccess for InMemory {
         let orig = u64::from_ne_bytes(b);
         word.copy_from_slice(&op.apply(orig).to_ne_bytes());
         Ok(orig)
+    }
+    fn take_srq_recv(&mut self) -> Option<super::RecvWr> {
+        self.srq.pop_front()
     }
 }

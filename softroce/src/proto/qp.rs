@@ -136,6 +136,8 @@ pub struct QpCore {
     /// Adaptive retransmission floor; `None` = off.
     pub(crate) probe_floor: Option<Duration>,
     pub(crate) probe_backoff: u32,
+    /// Receive WQEs come from an SRQ through [`MemoryAccess::take_srq_recv`].
+    pub(crate) srq: bool,
 
     // ---- responder ----
     pub(crate) rq: VecDeque<RecvWr>,
@@ -203,6 +205,7 @@ impl QpCore {
             rtt_sample: None,
             probe_floor: Some(DEFAULT_ADAPTIVE_RETRANSMIT_FLOOR),
             probe_backoff: 0,
+            srq: false,
             rq: VecDeque::new(),
             epsn: Psn::new(0),
             msn: 0,
@@ -389,12 +392,19 @@ impl QpCore {
     }
 
     fn reset(&mut self) {
-        let (qpn, caps, max_inflight, stats, floor) =
-            (self.qpn, self.caps, self.max_inflight, self.stats, self.probe_floor);
+        let (qpn, caps, max_inflight, stats, floor, srq) = (
+            self.qpn,
+            self.caps,
+            self.max_inflight,
+            self.stats,
+            self.probe_floor,
+            self.srq,
+        );
         *self = QpCore::new(qpn, caps);
         self.max_inflight = max_inflight;
         self.stats = stats;
         self.probe_floor = floor;
+        self.srq = srq;
     }
 
     /// Move to ERR because of an error the QP detected, raising `event`.
@@ -414,6 +424,12 @@ impl QpCore {
     //= softroce spec §3.8
     //# After an error, remaining WRs complete with WR_FLUSH_ERR, and so do posted receives.
     fn flush(&mut self) {
+        //= IBTA Vol 1 §11.6.3.2 (Affiliated asynchronous events)
+        //# Last WQE Reached: a QP associated with an SRQ transitioned to the Error
+        //# state and no more WQEs will be consumed from the SRQ.
+        if self.srq {
+            self.events.push_back(AsyncEvent::LastWqeReached);
+        }
         self.timers.clear();
         self.rnr_wait = false;
         while let Some(w) = self.sq.pop_front() {
@@ -539,6 +555,10 @@ impl QpCore {
     /// `ibv_post_recv` of one WR. Legal in every state but RESET; in ERR it
     /// completes at once with WR_FLUSH_ERR.
     pub fn post_recv(&mut self, wr: RecvWr) -> Result<(), PostError> {
+        if self.srq {
+            // ibv_post_recv on a QP attached to an SRQ is EINVAL.
+            return Err(PostError::InvalidWr);
+        }
         match self.attrs.qp_state {
             QpState::Reset => return Err(PostError::InvalidState),
             QpState::Err => {
@@ -701,6 +721,15 @@ impl QpCore {
     /// (default [`DEFAULT_MAX_INFLIGHT_PSNS`]; clamped to 1..=2^22).
     pub fn set_max_inflight_psns(&mut self, n: u32) {
         self.max_inflight = n.clamp(1, 1 << 22);
+    }
+
+    /// Attach the QP to a shared receive queue (`ibv_qp_init_attr.srq`):
+    /// its responder takes receive WQEs from
+    /// [`MemoryAccess::take_srq_recv`], `post_recv` is EINVAL, and entering
+    /// ERR raises [`AsyncEvent::LastWqeReached`] (after flushing any WQE it
+    /// had taken but not completed, on its own receive queue).
+    pub fn set_srq(&mut self, on: bool) {
+        self.srq = on;
     }
 
     /// True when nothing is queued for transmission, nothing is awaiting

@@ -247,6 +247,11 @@ impl QpCore {
         //# and the QP's min_rnr_timer; READ/atomic need max_dest_rd_atomic > 0
         let needs_wqe = (kind == MsgKind::Send && matches!(pos, Position::First | Position::Only))
             || matches!(op, OpCode::WriteLastWithImm | OpCode::WriteOnlyWithImm);
+        if needs_wqe && self.rq.is_empty() && self.srq {
+            if let Some(w) = mem.take_srq_recv() {
+                self.rq.push_back(w);
+            }
+        }
         if needs_wqe && self.rq.is_empty() {
             self.stats.rnr_naks_sent += 1;
             self.nak_sent = true;
