@@ -109,6 +109,16 @@ pub fn spin_us() -> u64 {
     })
 }
 
+/// `SOFTROCE_DEFER` (default 1): a posted message of at most 4 KiB on a QP
+/// that already has packets outstanding is left to the engine, which sends
+/// it when the next answer arrives, batched with the other due packets (one
+/// GSO datagram instead of a syscall per message). 0: the posting thread
+/// always transmits at once.
+pub fn defer() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| env("SOFTROCE_DEFER").map(|s| s.trim() != "0").unwrap_or(true))
+}
+
 /// `SOFTROCE_DEBUG` (default 0): log engine events to stderr.
 pub fn debug() -> bool {
     static V: OnceLock<bool> = OnceLock::new();

@@ -434,19 +434,34 @@ unsafe fn to_send_wr(w: &ibv_send_wr, max_sge: u32) -> Result<SendWr, i32> {
 pub(crate) fn post_send_wrs(q: &Qp, wrs: impl IntoIterator<Item = Result<SendWr, i32>>) -> (i32, usize) {
     let t = engine::now();
     let mut core = q.shared.core.lock().unwrap();
+    let busy = core.poll_timeout().is_some();
     let mut res = (0, 0);
+    let mut small = true;
     for (i, w) in wrs.into_iter().enumerate() {
+        if let Ok(sw) = &w {
+            small &= sw.length() <= DEFER_MAX_LEN;
+        }
         if let Err(e) = w.and_then(|sw| core.post_send(t, sw).map_err(|e| e.errno().0)) {
             res = (e, i);
             break;
         }
     }
-    with_tx(&q.dev, |tx| drain_locked(&q.dev, &q.shared, &mut core, t, tx));
+    if busy && small && crate::config::defer() {
+        // Packets are outstanding, so an answer will wake the engine, which
+        // then sends these together with whatever else is due (one GSO
+        // datagram for a run of small packets instead of a syscall each).
+        q.shared.dirty.store(true, Ordering::Release);
+    } else {
+        with_tx(&q.dev, |tx| drain_locked(&q.dev, &q.shared, &mut core, t, tx));
+    }
     let deadline = core.poll_timeout();
     drop(core);
     q.dev.engine.note_deadline(deadline);
     res
 }
+
+/// Messages up to this size may be left to the engine when the QP is busy.
+const DEFER_MAX_LEN: u64 = 4096;
 
 /// `ops.post_send`.
 pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
