@@ -29,7 +29,7 @@ use crate::api::CommContext;
 use crate::config;
 use crate::device::{NetDevice, VirtualDevice};
 use crate::error::Error;
-use crate::ibv::mr::{MemoryRegion, ACCESS_LOCAL};
+use crate::ibv::mr::MemoryRegion;
 use crate::ibv::qp::{QpCaps, RtrAttrs};
 use crate::ibv::{sys, QueuePair};
 use conn::{Conn, LocalDev, RegBuf};
@@ -66,7 +66,6 @@ const RECEIVER_CQE_PER_QP: usize = (RECEIVER_SEND_WR + RECEIVER_RECV_WR) as usiz
 /// Inline bytes requested when NCCL_IB_USE_INLINE=1 (one CTS entry).
 const INLINE_BYTES: u32 = fifo::ENTRY_BYTES as u32;
 /// Completion records: `[slot][entry]` u32.
-const CMPL_BYTES: usize = fifo::SLOTS * fifo::MAX_RECVS * 4;
 
 fn remote_access() -> u32 {
     use sys::ibv_access_flags as A;
@@ -415,9 +414,7 @@ struct RecvParts {
     devs: Vec<LocalDev>,
     qps: Vec<conn::ConnQp>,
     flush_qps: Vec<QueuePair>,
-    cts: RegBuf,
-    cmpl: RegBuf,
-    scratch: RegBuf,
+    bufs: RegBuf,
     peer: EndpointRepr,
     qps_per_req: usize,
 }
@@ -436,7 +433,7 @@ impl RecvParts {
             conn,
             request::RequestPool::new(std::ptr::null_mut(), request::RECV_REQUESTS),
         );
-        recv::RecvDp::new(core, p.flush_qps, p.cts, p.cmpl, p.scratch, config::get().use_inline)
+        recv::RecvDp::new(core, p.flush_qps, p.bufs, config::get().use_inline)
     }
 }
 
@@ -479,10 +476,10 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
         cfg,
     )?;
     conn::check_peer(&devs, nqps, req)?;
-    let cts = RegBuf::new(&devs, fifo::FIFO_BYTES, ACCESS_LOCAL)?;
-    let cmpl = RegBuf::new(&devs, CMPL_BYTES, remote_access())?;
-    let scratch = RegBuf::new(&devs, 64, ACCESS_LOCAL)?;
-    let rkeys: Vec<u32> = cmpl.mrs.iter().map(|m| m.rkey()).collect();
+    // Staging, completion records and flush scratch in one registration; the peer is told the
+    // completion records' address.
+    let bufs = RegBuf::new(&devs, recv::RECV_BLOCK_BYTES, remote_access())?;
+    let rkeys: Vec<u32> = bufs.mrs.iter().map(|m| m.rkey()).collect();
     let resp = conn::endpoint(
         &devs,
         &qps,
@@ -490,7 +487,7 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
         req.tc,
         req.sl,
         req.flags,
-        cmpl.addr() as u64,
+        (bufs.addr() + recv::CMPL_OFF) as u64,
         &rkeys,
     );
     // Our QPs carry the CTS writes: NCCL_IB_FIFO_TC if set, else the sender's data tc.
@@ -539,9 +536,7 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
         devs,
         qps,
         flush_qps,
-        cts,
-        cmpl,
-        scratch,
+        bufs,
         peer: req.clone(),
         qps_per_req: split::qps_per_request(split, nqps, ndata),
     });
@@ -558,8 +553,7 @@ struct SendSetup {
     devs: Vec<LocalDev>,
     qps: Option<Vec<QueuePair>>,
     conn_qps: Option<Vec<conn::ConnQp>>,
-    fifo: RegBuf,
-    sizes: RegBuf,
+    bufs: RegBuf,
     peer: Option<EndpointRepr>,
     qps_per_req: usize,
 }
@@ -668,12 +662,12 @@ fn progress_connect(c: &mut Connecting, timeout: Duration) -> Result<Option<Box<
             sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0,
             cfg,
         )?;
-        let fifo = RegBuf::new(&devs, fifo::FIFO_BYTES, remote_access())?;
-        let sizes = RegBuf::new(&devs, CMPL_BYTES, ACCESS_LOCAL)?;
+        // The FIFO (remote-writable) and the grouped-send sizes in one registration.
+        let bufs = RegBuf::new(&devs, send::SEND_BLOCK_BYTES, remote_access())?;
         let (tc, sl) = conn::tc_sl(cfg, c.traffic_class);
-        let rkeys: Vec<u32> = fifo.mrs.iter().map(|m| m.rkey()).collect();
+        let rkeys: Vec<u32> = bufs.mrs.iter().map(|m| m.rkey()).collect();
         let flags = if cfg.split_data_on_qps { FLAG_SPLIT } else { 0 };
-        let req = conn::endpoint(&devs, &qps, c.listener.nonce, tc, sl, flags, fifo.addr() as u64, &rkeys);
+        let req = conn::endpoint(&devs, &qps, c.listener.nonce, tc, sl, flags, bufs.addr() as u64, &rkeys);
         let mut chan = chan;
         chan.queue(&Message::ConnectReq(req));
         c.setup = Some(SendSetup {
@@ -681,8 +675,7 @@ fn progress_connect(c: &mut Connecting, timeout: Duration) -> Result<Option<Box<
             devs,
             qps: Some(qps),
             conn_qps: None,
-            fifo,
-            sizes,
+            bufs,
             peer: None,
             qps_per_req: split::qps_per_request(cfg.split_data_on_qps, nqps, ndata),
         });
@@ -744,7 +737,7 @@ fn progress_connect(c: &mut Connecting, timeout: Duration) -> Result<Option<Box<
             v if v > 0 => true,
             _ => c.members.iter().all(|m| m.adaptive_routing),
         };
-        let dp = send::SendDp::new(core, s.fifo, s.sizes, ar, cfg.ar_threshold);
+        let dp = send::SendDp::new(core, s.bufs, ar, cfg.ar_threshold);
         return Ok(Some(Box::new(SendComm { dp })));
     }
     let _ = sent;

@@ -19,6 +19,14 @@ const KIND_RECV: u64 = 1;
 const KIND_CTS: u64 = 2;
 const KIND_FLUSH: u64 = 3;
 
+/// Offsets inside the receiver's one registered block.
+pub const CTS_OFF: usize = 0;
+pub const CMPL_OFF: usize = fifo::FIFO_BYTES;
+pub const CMPL_BYTES: usize = fifo::SLOTS * MAX_RECVS * 4;
+pub const SCRATCH_OFF: usize = CMPL_OFF + CMPL_BYTES;
+/// Bytes of the receiver's registered block.
+pub const RECV_BLOCK_BYTES: usize = SCRATCH_OFF + 64;
+
 fn wr_id(kind: u64, idx: u16) -> u64 {
     (kind << KIND_SHIFT) | u64::from(idx)
 }
@@ -28,12 +36,12 @@ pub struct RecvDp {
     pub core: Core,
     /// One loopback QP per local device (empty when flush is disabled).
     pub flush_qps: Vec<QueuePair>,
-    /// Source of CTS writes: `[slot][entry]`.
-    pub cts: RegBuf,
-    /// Completion records the sender writes grouped sizes into: `[slot][entry]` u32.
-    pub cmpl: RegBuf,
-    /// Destination of flush reads.
-    pub scratch: RegBuf,
+    /// One registered block: CTS staging `[slot][entry]` (the source of CTS writes) at
+    /// [`CTS_OFF`], the completion records `[slot][entry]` u32 the sender writes grouped sizes
+    /// into at [`CMPL_OFF`], and the flush scratch word at [`SCRATCH_OFF`].
+    pub bufs: RegBuf,
+    /// Posted sizes of the receive in each FIFO slot.
+    posted: [[u32; MAX_RECVS]; fifo::SLOTS],
     /// The sender's FIFO address.
     peer_fifo: u64,
     counter: u64,
@@ -51,21 +59,13 @@ pub struct RecvDp {
 unsafe impl Send for RecvDp {}
 
 impl RecvDp {
-    pub fn new(
-        core: Core,
-        flush_qps: Vec<QueuePair>,
-        cts: RegBuf,
-        cmpl: RegBuf,
-        scratch: RegBuf,
-        use_inline: bool,
-    ) -> Box<RecvDp> {
+    pub fn new(core: Core, flush_qps: Vec<QueuePair>, bufs: RegBuf, use_inline: bool) -> Box<RecvDp> {
         let peer_fifo = core.conn.peer.addr;
         let mut dp = Box::new(RecvDp {
             core,
             flush_qps,
-            cts,
-            cmpl,
-            scratch,
+            bufs,
+            posted: [[0; MAX_RECVS]; fifo::SLOTS],
             peer_fifo,
             counter: 0,
             recvs_in_flight: 0,
@@ -133,11 +133,11 @@ impl RecvDp {
         {
             let req = self.core.pool.get_mut(r).expect("index from alloc");
             req.n = n as u8;
-            req.slot = slot as u16;
-            for (d, &v) in req.sizes.iter_mut().zip(sizes) {
-                *d = v as u32;
-            }
+            req.slot = slot as u8;
             req.pending = nq as u32;
+        }
+        for (d, &v) in self.posted[slot].iter_mut().zip(sizes) {
+            *d = v as u32;
         }
         if let Err(e) = self.post(r, id, slot, nq, nqps, data, sizes, tags, mhs) {
             return Err(self.core.fail(e));
@@ -180,7 +180,7 @@ impl RecvDp {
         }
         let mut entries = [CtsEntry::default(); MAX_RECVS];
         fifo::fill_slot(&mut entries, id, data, sizes, tags, &rkeys[..n]);
-        let stage = (self.cts.addr() as *mut CtsEntry).wrapping_add(slot * MAX_RECVS);
+        let stage = ((self.bufs.addr() + CTS_OFF) as *mut CtsEntry).wrapping_add(slot * MAX_RECVS);
         for (i, e) in entries.iter().enumerate().take(n) {
             // SAFETY: slot * 8 + i < SLOTS * 8 entries of the staging buffer we own. The entry
             // from 256 posts ago has been read by the NIC (its request completed).
@@ -193,7 +193,7 @@ impl RecvDp {
         self.cts_sge = sys::ibv_sge {
             addr: stage as u64,
             length: len as u32,
-            lkey: self.cts.mrs[d].lkey(),
+            lkey: self.bufs.mrs[d].lkey(),
         };
         let mut flags = 0;
         if slot == d {
@@ -214,7 +214,7 @@ impl RecvDp {
             remote_addr: self.peer_fifo + (slot * MAX_RECVS * fifo::ENTRY_BYTES) as u64,
             rkey: conn.peer.devs[cq.remote_dev].rkey,
         };
-        // SAFETY: the staging entries live in self.cts (as long as the QP) and are not
+        // SAFETY: the staging entries live in self.bufs (as long as the QP) and are not
         // rewritten before this write has been read (see above).
         unsafe { cq.qp.post_send(&mut self.cts_wr) }
     }
@@ -242,9 +242,9 @@ impl RecvDp {
         self.core.pool.get_mut(r).expect("index from alloc").pending = ndevs as u32;
         for d in 0..ndevs {
             self.flush_sge = sys::ibv_sge {
-                addr: self.scratch.addr() as u64,
+                addr: (self.bufs.addr() + SCRATCH_OFF) as u64,
                 length: 1,
-                lkey: self.scratch.mrs[d].lkey(),
+                lkey: self.bufs.mrs[d].lkey(),
             };
             // SAFETY: plain data, zero is valid.
             self.flush_wr = unsafe { std::mem::zeroed() };
@@ -297,15 +297,16 @@ impl RecvDp {
             let n = r.n as usize;
             for i in 0..n {
                 let got = if n == 1 {
-                    r.imm as usize
+                    r.size as usize
                 } else {
-                    let rec = (self.cmpl.addr() as *const u32).wrapping_add(r.slot as usize * MAX_RECVS + i);
+                    let rec =
+                        ((self.bufs.addr() + CMPL_OFF) as *const u32).wrapping_add(r.slot as usize * MAX_RECVS + i);
                     // SAFETY: inside the completion records we own; written by the NIC before
                     // the receive completions we have seen.
                     u32::from_le(unsafe { std::ptr::read_volatile(rec) }) as usize
                 };
                 // Never report more than was posted, whatever the peer claims.
-                let v = got.min(r.sizes[i] as usize);
+                let v = got.min(self.posted[r.slot as usize % fifo::SLOTS][i] as usize);
                 // SAFETY: NCCL passes room for the request's n ints (or NULL, checked).
                 unsafe { *sizes.add(i) = v.min(i32::MAX as usize) as i32 };
             }
@@ -325,7 +326,7 @@ fn on_completion(pool: &mut RequestPool, id: u64, c: Completed) {
             if let Some(r) = pool.get_mut(idx) {
                 if r.kind == ReqKind::Recv {
                     if let Some(imm) = c.imm {
-                        r.imm = imm;
+                        r.size = imm;
                     }
                     r.complete_one();
                 }
@@ -344,11 +345,12 @@ fn on_completion(pool: &mut RequestPool, id: u64, c: Completed) {
 }
 
 fn describe(pool: &RequestPool, id: u64) -> (&'static str, usize) {
+    // (The byte count of a failed receive is the announced size, when one arrived.)
     let r = pool.get((id & 0xffff) as u16);
     match id >> KIND_SHIFT {
         KIND_RECV => (
             "receive (RDMA write with immediate from the sender)",
-            r.map(|r| r.sizes.iter().map(|&s| s as usize).sum()).unwrap_or(0),
+            r.map(|r| r.size as usize).unwrap_or(0),
         ),
         KIND_CTS => ("RDMA write (CTS to the sender)", fifo::ENTRY_BYTES),
         KIND_FLUSH => ("RDMA read (GPU flush)", 1),

@@ -20,40 +20,40 @@ pub enum ReqKind {
     Flush,
 }
 
-/// One in-flight operation. NCCL holds `*mut Request`; `owner` leads back to the comm.
+/// One in-flight operation (24 bytes). NCCL holds `*mut Request`; `owner` leads back to the
+/// comm. A receive's posted sizes live in its comm (per FIFO slot), not here.
 #[derive(Debug)]
 pub struct Request {
     /// The comm's data-path state (`SendDp` or `RecvDp`, by `kind`). Set once at pool creation.
     pub owner: *mut (),
-    pub kind: ReqKind,
-    /// Position in the pool (also what goes into `wr_id`).
-    pub index: u16,
     /// Completions still expected.
     pub pending: u32,
+    /// Send: bytes sent. Receive with n == 1: the size the sender announced (immediate).
+    pub size: u32,
+    /// Position in the pool (also what goes into `wr_id`).
+    pub index: u16,
+    /// FIFO slot of a receive.
+    pub slot: u8,
     /// Buffers of a grouped receive, or `nreqs` of the group a send belongs to.
     pub n: u8,
-    /// FIFO slot (send) / posting counter low bits (recv).
-    pub slot: u16,
-    /// Send: bytes sent. Receive: bytes posted (each buffer ≤ 4 GiB).
-    pub sizes: [u32; MAX_RECVS],
+    pub kind: ReqKind,
     /// A completion error hit this request.
     pub failed: bool,
-    /// Receive with n == 1: the size the sender announced in the immediate.
-    pub imm: u32,
 }
+
+const _: () = assert!(std::mem::size_of::<Request>() <= 24);
 
 impl Request {
     fn new(owner: *mut (), index: u16) -> Request {
         Request {
             owner,
-            kind: ReqKind::Free,
-            index,
             pending: 0,
-            n: 0,
+            size: 0,
+            index,
             slot: 0,
-            sizes: [0; MAX_RECVS],
+            n: 0,
+            kind: ReqKind::Free,
             failed: false,
-            imm: 0,
         }
     }
 
@@ -104,9 +104,8 @@ impl RequestPool {
         r.pending = 0;
         r.n = 0;
         r.slot = 0;
-        r.sizes = [0; MAX_RECVS];
+        r.size = 0;
         r.failed = false;
-        r.imm = 0;
         Some(i)
     }
 

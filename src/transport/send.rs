@@ -18,6 +18,11 @@ use crate::ibv::sys;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
+/// Offset of the grouped-send sizes inside the sender's registered block.
+pub const SIZES_OFF: usize = fifo::FIFO_BYTES;
+/// Bytes of the sender's registered block (FIFO + sizes `[slot][entry]` u32).
+pub const SEND_BLOCK_BYTES: usize = SIZES_OFF + fifo::SLOTS * MAX_RECVS * 4;
+
 /// Data WRs of a group plus the completion-carrying write.
 const MAX_CHAIN: usize = MAX_RECVS + 1;
 
@@ -36,10 +41,9 @@ struct CurSlot {
 pub struct SendDp {
     /// First: QPs are destroyed before the FIFO memory they write into is freed.
     pub core: Core,
-    /// The CTS FIFO the receiver writes into (remote-writable).
-    pub fifo: RegBuf,
-    /// Sizes of grouped sends, the source of the completion-record write.
-    pub sizes_src: RegBuf,
+    /// One registered block: the CTS FIFO the receiver writes into at offset 0, then the
+    /// sizes of grouped sends (the source of the completion-record write) at [`SIZES_OFF`].
+    pub bufs: RegBuf,
     /// FIFO slots consumed so far.
     counter: u64,
     cur: CurSlot,
@@ -57,11 +61,10 @@ pub struct SendDp {
 unsafe impl Send for SendDp {}
 
 impl SendDp {
-    pub fn new(core: Core, fifo: RegBuf, sizes_src: RegBuf, ar: bool, ar_threshold: usize) -> Box<SendDp> {
+    pub fn new(core: Core, bufs: RegBuf, ar: bool, ar_threshold: usize) -> Box<SendDp> {
         let mut dp = Box::new(SendDp {
             core,
-            fifo,
-            sizes_src,
+            bufs,
             counter: 0,
             cur: CurSlot {
                 active: false,
@@ -90,7 +93,7 @@ impl SendDp {
     /// Read the oldest slot; true when all its entries are there and sealed.
     fn load_slot(&mut self) -> Result<bool> {
         let slot = fifo::slot_of(self.counter);
-        let base = (self.fifo.addr() as *const CtsEntry).wrapping_add(slot * MAX_RECVS);
+        let base = (self.bufs.addr() as *const CtsEntry).wrapping_add(slot * MAX_RECVS);
         // SAFETY: `base` is inside the FIFO (slot < SLOTS), which lives as long as self. The
         // NIC writes it concurrently: the stamp is loaded alone (one aligned 8-byte volatile
         // load), and the rest only after it matched.
@@ -171,8 +174,8 @@ impl SendDp {
         let slot = fifo::slot_of(self.counter) as u16;
         let req = self.core.pool.get_mut(r).expect("index from alloc");
         req.n = n as u8;
-        req.slot = slot;
-        req.sizes[0] = len as u32;
+        req.slot = slot as u8;
+        req.size = len as u32;
         // Not posted yet: one placeholder completion, replaced when the group is posted.
         req.pending = 1;
         let ptr = self.core.pool.ptr(r);
@@ -192,7 +195,7 @@ impl SendDp {
         let nq = conn.qps_per_req;
         let nqps = conn.qps.len();
         let ar_split = n == 1 && self.ar && self.cur.len[0] > self.ar_threshold;
-        let sizes_addr = self.sizes_src.addr() + slot * MAX_RECVS * 4;
+        let sizes_addr = self.bufs.addr() + SIZES_OFF + slot * MAX_RECVS * 4;
         if n > 1 {
             for i in 0..n {
                 // SAFETY: slot * 8 + i is inside the sizes staging array (SLOTS × 8 u32).
@@ -258,7 +261,7 @@ impl SendDp {
                     self.sges[k] = sys::ibv_sge {
                         addr: sizes_addr as u64,
                         length: (n * 4) as u32,
-                        lkey: self.sizes_src.mrs[ldev].lkey(),
+                        lkey: self.bufs.mrs[ldev].lkey(),
                     };
                     w.sg_list = &mut self.sges[k];
                     w.num_sge = 1;
@@ -311,7 +314,7 @@ impl SendDp {
         if r.pending == 0 {
             if !sizes.is_null() {
                 // SAFETY: NCCL passes NULL or room for one int for a send.
-                unsafe { *sizes = r.sizes[0] as i32 };
+                unsafe { *sizes = r.size as i32 };
             }
             self.core.pool.free(idx);
             return Ok(true);
@@ -340,7 +343,7 @@ fn describe(pool: &RequestPool, wr_id: u64) -> (&'static str, usize) {
     let n = pool.get(wr_id_lane(wr_id, 0)).map(|r| r.n).unwrap_or(1).clamp(1, 8) as usize;
     let bytes = (0..n)
         .filter_map(|l| pool.get(wr_id_lane(wr_id, l)))
-        .map(|r| r.sizes[0] as usize)
+        .map(|r| r.size as usize)
         .sum();
     ("RDMA write (data)", bytes)
 }
