@@ -5,8 +5,11 @@
 //! runs the core timers and drains every touched QP: packets to the socket
 //! (ICRC appended), completions to the CQs (waking completion channels),
 //! async events to the owning context. Posting threads drain their own QP
-//! directly after `post_send` (lowest latency) and wake this thread only
-//! when they armed a timer earlier than the one it sleeps on.
+//! directly after `post_send` (lowest latency) — except small messages on a
+//! QP with packets outstanding, which are left to this thread's next batch
+//! (`SOFTROCE_DEFER`) — and wake this thread only when they armed a timer
+//! earlier than the one it sleeps on. While packets arrive, the thread polls
+//! its socket for `SOFTROCE_SPIN_US` before blocking.
 //!
 //! All signals are blocked in the engine thread (perftest uses SIGALRM).
 
