@@ -12,6 +12,21 @@
 //!
 //! Errors: unreachable or failed peer → `ErrorKind::Remote`; OS / verbs failure → `System`;
 //! NCCL misuse → `Internal`. Completion errors are WARNed once per comm ([`errors`]).
+//!
+//! Connection setup (connector → listener, one TCP connection per comm, kept open afterwards
+//! as the liveness probe): `ConnectReq` (sender devices, QPs, CTS FIFO address/rkeys, tc/sl,
+//! split flag) → `ConnectResp` (receiver devices, QPs, completion-record address/rkeys, echoed
+//! tc/sl; the receiver's QPs are already RTS) → `Ready` (the sender's QPs are RTS). Both ends
+//! give up after `FERROCE_CONNECT_TIMEOUT_SEC`. QP *i* lives on member device *i mod ndevs*,
+//! `NCCL_IB_QPS_PER_CONNECTION × max(ndevs local, remote)` QPs in all; the receiver adopts
+//! the sender's QP count and split mode.
+//!
+//! Limits: 32 receives in flight per recv comm (NCCL_NET_MAX_REQUESTS; more return "retry
+//! later"), 32 flushes besides; 256 isends in flight per send comm (32 × maxRecvs 8); grouped
+//! receives of up to 8 buffers of ≤ 4 GiB each.
+//!
+//! Per-message path: no allocation, no lock; syscalls only inside the provider's post/poll and
+//! one rate-limited `recv(MSG_PEEK)` on the side channel while a request waits for the peer.
 
 pub mod conn;
 pub mod core;
