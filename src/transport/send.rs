@@ -10,7 +10,7 @@ use super::conn::RegBuf;
 use super::core::Core;
 use super::fifo::{self, CtsEntry, SlotState, MAX_RECVS};
 use super::request::{pack_wr_id, wr_id_lane, ReqKind, Request, RequestPool};
-use super::split;
+use super::split::{self, WrPlan, MAX_CHAIN};
 use super::MemHandle;
 use crate::error::{Error, Result};
 use crate::ibv::cq::Completed;
@@ -22,9 +22,6 @@ use std::time::{Duration, Instant};
 pub const SIZES_OFF: usize = fifo::FIFO_BYTES;
 /// Bytes of the sender's registered block (FIFO + sizes `[slot][entry]` u32).
 pub const SEND_BLOCK_BYTES: usize = SIZES_OFF + fifo::SLOTS * MAX_RECVS * 4;
-
-/// Data WRs of a group plus the completion-carrying write.
-const MAX_CHAIN: usize = MAX_RECVS + 1;
 
 /// The oldest FIFO slot once all its entries have landed.
 struct CurSlot {
@@ -52,6 +49,7 @@ pub struct SendDp {
     truncate_warned: bool,
     /// When the current slot's stamp was first seen without a consistent entry.
     landing_since: Option<Instant>,
+    plan: [WrPlan; MAX_CHAIN],
     wrs: [sys::ibv_send_wr; MAX_CHAIN],
     sges: [sys::ibv_sge; MAX_CHAIN],
 }
@@ -80,6 +78,7 @@ impl SendDp {
             ar_threshold,
             truncate_warned: false,
             landing_since: None,
+            plan: [WrPlan::ZeroImm; MAX_CHAIN],
             // SAFETY: ibv_send_wr / ibv_sge are plain data; zero is a valid (empty) value.
             wrs: unsafe { std::mem::zeroed() },
             // SAFETY: as above.
@@ -207,72 +206,69 @@ impl SendDp {
             let q = split::qp_for_chunk(id, nq, j, nqps);
             let cq = &conn.qps[q];
             let (ldev, rdev) = (cq.dev, cq.remote_dev);
-            let mut k = 0;
-            for i in 0..n {
-                let (off, len) = split::chunk(self.cur.len[i], nq, j);
-                let carries_imm = n == 1 && !ar_split;
-                if len == 0 && !carries_imm {
-                    continue;
-                }
-                let e = &self.cur.entries[i];
-                self.sges[k] = sys::ibv_sge {
-                    addr: (self.cur.data[i] + off) as u64,
-                    length: len as u32,
-                    lkey: self.cur.lkeys[i][ldev],
-                };
-                let w = &mut self.wrs[k];
+            let k = split::plan_chain(&self.cur.len[..n], nq, j, ar_split, &mut self.plan);
+            for x in 0..k {
+                let w = &mut self.wrs[x];
                 w.wr_id = wr_id;
-                w.sg_list = if len > 0 {
-                    &mut self.sges[k]
-                } else {
-                    std::ptr::null_mut()
-                };
-                w.num_sge = (len > 0) as i32;
-                w.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
-                w.send_flags = 0;
-                w.wr.rdma = sys::rdma_t {
-                    remote_addr: e.addr + off as u64,
-                    rkey: e.rkeys[rdev.min(fifo::MAX_DEVS - 1)],
-                };
-                k += 1;
-            }
-            if n == 1 && !ar_split {
-                let w = &mut self.wrs[k - 1];
-                w.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
-                w.imm_data_invalidated_rkey_union.imm_data = (self.cur.len[0] as u32).to_be();
-                w.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-            } else {
-                let w = &mut self.wrs[k];
-                w.wr_id = wr_id;
-                w.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
-                w.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-                if n == 1 {
-                    // AR: a zero-length write carries the completion behind the bulk data.
-                    let e = &self.cur.entries[0];
-                    w.sg_list = std::ptr::null_mut();
-                    w.num_sge = 0;
-                    w.imm_data_invalidated_rkey_union.imm_data = (self.cur.len[0] as u32).to_be();
-                    w.wr.rdma = sys::rdma_t {
-                        remote_addr: e.addr,
-                        rkey: e.rkeys[rdev.min(fifo::MAX_DEVS - 1)],
-                    };
-                } else {
-                    // Grouped: the n sizes go into the receiver's completion record [slot].
-                    self.sges[k] = sys::ibv_sge {
-                        addr: sizes_addr as u64,
-                        length: (n * 4) as u32,
-                        lkey: self.bufs.mrs[ldev].lkey(),
-                    };
-                    w.sg_list = &mut self.sges[k];
-                    w.num_sge = 1;
-                    w.imm_data_invalidated_rkey_union.imm_data = (slot as u32).to_be();
-                    let peer_dev = &conn.peer.devs[rdev];
-                    w.wr.rdma = sys::rdma_t {
-                        remote_addr: conn.peer.addr + (slot * MAX_RECVS * 4) as u64,
-                        rkey: peer_dev.rkey,
-                    };
+                match self.plan[x] {
+                    WrPlan::Data { sub, off, len, imm } => {
+                        let i = sub as usize;
+                        let e = &self.cur.entries[i];
+                        self.sges[x] = sys::ibv_sge {
+                            addr: (self.cur.data[i] + off) as u64,
+                            length: len as u32,
+                            lkey: self.cur.lkeys[i][ldev],
+                        };
+                        w.sg_list = if len > 0 {
+                            &mut self.sges[x]
+                        } else {
+                            std::ptr::null_mut()
+                        };
+                        w.num_sge = (len > 0) as i32;
+                        w.wr.rdma = sys::rdma_t {
+                            remote_addr: e.addr + off as u64,
+                            rkey: e.rkeys[rdev.min(fifo::MAX_DEVS - 1)],
+                        };
+                        if imm {
+                            w.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+                            w.imm_data_invalidated_rkey_union.imm_data = (self.cur.len[0] as u32).to_be();
+                            w.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+                        } else {
+                            w.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+                            w.send_flags = 0;
+                        }
+                    }
+                    WrPlan::ZeroImm => {
+                        // AR: a zero-length write carries the completion behind the bulk data.
+                        let e = &self.cur.entries[0];
+                        w.sg_list = std::ptr::null_mut();
+                        w.num_sge = 0;
+                        w.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+                        w.imm_data_invalidated_rkey_union.imm_data = (self.cur.len[0] as u32).to_be();
+                        w.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+                        w.wr.rdma = sys::rdma_t {
+                            remote_addr: e.addr,
+                            rkey: e.rkeys[rdev.min(fifo::MAX_DEVS - 1)],
+                        };
+                    }
+                    WrPlan::SizesImm => {
+                        // Grouped: the n sizes go into the receiver's completion record [slot].
+                        self.sges[x] = sys::ibv_sge {
+                            addr: sizes_addr as u64,
+                            length: (n * 4) as u32,
+                            lkey: self.bufs.mrs[ldev].lkey(),
+                        };
+                        w.sg_list = &mut self.sges[x];
+                        w.num_sge = 1;
+                        w.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
+                        w.imm_data_invalidated_rkey_union.imm_data = (slot as u32).to_be();
+                        w.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+                        w.wr.rdma = sys::rdma_t {
+                            remote_addr: conn.peer.addr + (slot * MAX_RECVS * 4) as u64,
+                            rkey: conn.peer.devs[rdev].rkey,
+                        };
+                    }
                 }
-                k += 1;
             }
             for x in 0..k {
                 let next: *mut sys::ibv_send_wr = if x + 1 < k {

@@ -44,9 +44,196 @@ pub fn chunk(size: usize, qps_per_req: usize, i: usize) -> (usize, usize) {
     (off, len)
 }
 
+/// One WR of the chain a group posts on one QP (pure plan; the sender turns it into an
+/// `ibv_send_wr`). Spec §8.8 "Posting the transfer".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WrPlan {
+    /// RDMA WRITE of `len` bytes at offset `off` of buffer `sub` (local and remote alike).
+    /// `imm`: this write is also the signaled WRITE WITH IMMEDIATE that completes the group on
+    /// this QP (n == 1 without the adaptive-routing split; it may be empty).
+    Data { sub: u8, off: usize, len: usize, imm: bool },
+    /// A zero-length, signaled WRITE WITH IMMEDIATE behind the data (n == 1, adaptive routing
+    /// on and the message above NCCL_IB_AR_THRESHOLD).
+    ZeroImm,
+    /// A signaled WRITE WITH IMMEDIATE of the n sizes into the receiver's completion record
+    /// (grouped receives, n > 1).
+    SizesImm,
+}
+
+/// Most WRs in one chain: 8 data writes and the completion write.
+pub const MAX_CHAIN: usize = 9;
+
+/// The chain for QP number `j` (0-based, of `qps_per_req`) of a group whose buffers carry
+/// `lens` bytes. Every chain ends with exactly one completion-carrying write, so the receiver
+/// sees one immediate per QP used. Empty data writes are left out except when the write
+/// carries the immediate. Returns the number of entries written to `out`.
+pub fn plan_chain(
+    lens: &[usize],
+    qps_per_req: usize,
+    j: usize,
+    ar_split: bool,
+    out: &mut [WrPlan; MAX_CHAIN],
+) -> usize {
+    let n = lens.len().min(MAX_CHAIN - 1);
+    let mut k = 0;
+    let single = n == 1 && !ar_split;
+    for (i, &l) in lens.iter().enumerate().take(n) {
+        let (off, len) = chunk(l, qps_per_req, j);
+        if len == 0 && !single {
+            continue;
+        }
+        out[k] = WrPlan::Data {
+            sub: i as u8,
+            off,
+            len,
+            imm: single,
+        };
+        k += 1;
+    }
+    if !single {
+        out[k] = if n == 1 { WrPlan::ZeroImm } else { WrPlan::SizesImm };
+        k += 1;
+    }
+    k
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn plan(lens: &[usize], nq: usize, j: usize, ar: bool) -> Vec<WrPlan> {
+        let mut out = [WrPlan::ZeroImm; MAX_CHAIN];
+        let k = plan_chain(lens, nq, j, ar, &mut out);
+        out[..k].to_vec()
+    }
+
+    #[test]
+    fn single_message_carries_its_own_immediate() {
+        assert_eq!(
+            plan(&[1000], 1, 0, false),
+            [WrPlan::Data {
+                sub: 0,
+                off: 0,
+                len: 1000,
+                imm: true
+            }]
+        );
+        // Zero bytes: one empty write with the immediate.
+        assert_eq!(
+            plan(&[0], 1, 0, false),
+            [WrPlan::Data {
+                sub: 0,
+                off: 0,
+                len: 0,
+                imm: true
+            }]
+        );
+        // Split over 4 QPs: QP 1 gets 128..256; QP 3 an empty write that still completes.
+        assert_eq!(
+            plan(&[300], 4, 1, false),
+            [WrPlan::Data {
+                sub: 0,
+                off: 128,
+                len: 128,
+                imm: true
+            }]
+        );
+        assert_eq!(
+            plan(&[300], 4, 3, false),
+            [WrPlan::Data {
+                sub: 0,
+                off: 300,
+                len: 0,
+                imm: true
+            }]
+        );
+    }
+
+    #[test]
+    fn adaptive_routing_adds_a_zero_length_completion() {
+        assert_eq!(
+            plan(&[65536], 1, 0, true),
+            [
+                WrPlan::Data {
+                    sub: 0,
+                    off: 0,
+                    len: 65536,
+                    imm: false
+                },
+                WrPlan::ZeroImm
+            ]
+        );
+        // An empty chunk sends only the completion.
+        assert_eq!(plan(&[100], 2, 1, true), [WrPlan::ZeroImm]);
+    }
+
+    #[test]
+    fn grouped_sends_end_with_the_sizes_write() {
+        assert_eq!(
+            plan(&[10, 0, 20], 1, 0, false),
+            [
+                WrPlan::Data {
+                    sub: 0,
+                    off: 0,
+                    len: 10,
+                    imm: false
+                },
+                WrPlan::Data {
+                    sub: 2,
+                    off: 0,
+                    len: 20,
+                    imm: false
+                },
+                WrPlan::SizesImm
+            ]
+        );
+        assert_eq!(plan(&[0, 0], 1, 0, false), [WrPlan::SizesImm]);
+        // AR does not change grouped sends.
+        assert_eq!(plan(&[0; 8], 2, 1, true), [WrPlan::SizesImm]);
+    }
+
+    #[test]
+    fn chains_cover_every_byte_once_with_one_completion_per_qp() {
+        let mut seed = 0x1234_5678_9abc_def1u64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..2000 {
+            let n = (rnd() % 8 + 1) as usize;
+            let lens: Vec<usize> = (0..n)
+                .map(|_| if rnd() % 5 == 0 { 0 } else { (rnd() % 5000) as usize })
+                .collect();
+            let nq = [1, 2, 3, 4, 8][(rnd() % 5) as usize];
+            let ar = rnd() % 2 == 0;
+            let mut covered = vec![0usize; n];
+            for j in 0..nq {
+                let p = plan(&lens, nq, j, ar);
+                assert!(!p.is_empty() && p.len() <= MAX_CHAIN);
+                let completions = p
+                    .iter()
+                    .filter(|w| matches!(w, WrPlan::ZeroImm | WrPlan::SizesImm | WrPlan::Data { imm: true, .. }))
+                    .count();
+                assert_eq!(completions, 1, "exactly one completion per QP");
+                assert!(matches!(
+                    p.last(),
+                    Some(WrPlan::ZeroImm | WrPlan::SizesImm | WrPlan::Data { imm: true, .. })
+                ));
+                for w in &p {
+                    if let WrPlan::Data { sub, off, len, .. } = *w {
+                        assert_eq!(off, covered[sub as usize], "chunks in order, no gap");
+                        covered[sub as usize] += len;
+                        if len > 0 {
+                            assert_eq!(off % CHUNK_ALIGN, 0);
+                        }
+                    }
+                }
+            }
+            assert_eq!(covered, lens, "every byte exactly once");
+        }
+    }
 
     #[test]
     fn qps_per_request_modes() {
