@@ -308,6 +308,9 @@ impl Tx {
                 || ip != self.ip
                 || l > self.seg
                 || self.closed
+                // A lone longer packet (e.g. a WRITE First with its RETH) goes
+                // alone, so the equal-size packets after it share one batch.
+                || (self.count == 1 && l < self.seg)
                 || self.count == MAX_GSO_SEGS
                 || self.batch.len() + l > MAX_GSO_BYTES)
         {
