@@ -80,8 +80,6 @@ const SENDER_CQE_PER_QP: usize = 4 * fifo::SLOTS;
 const RECEIVER_CQE_PER_QP: usize = (RECEIVER_SEND_WR + RECEIVER_RECV_WR) as usize;
 /// Inline bytes requested when NCCL_IB_USE_INLINE=1 (one CTS entry).
 const INLINE_BYTES: u32 = fifo::ENTRY_BYTES as u32;
-/// Completion records: `[slot][entry]` u32.
-
 fn remote_access() -> u32 {
     use sys::ibv_access_flags as A;
     A::IBV_ACCESS_LOCAL_WRITE.0 | A::IBV_ACCESS_REMOTE_WRITE.0 | A::IBV_ACCESS_REMOTE_READ.0
@@ -225,7 +223,7 @@ struct Pending {
 /// The connection that sent a valid request: resources are up, waiting for `Ready`.
 struct Accepting {
     chan: Channel,
-    parts: Box<RecvParts>,
+    parts: RecvParts,
     since: Instant,
 }
 
@@ -435,8 +433,8 @@ struct RecvParts {
 }
 
 impl RecvParts {
-    fn finish(self: Box<Self>, chan: Channel) -> Box<recv::RecvDp> {
-        let p = *self;
+    fn finish(self, chan: Channel) -> Box<recv::RecvDp> {
+        let p = self;
         let conn = Conn {
             qps: p.qps,
             devs: p.devs,
@@ -459,7 +457,7 @@ fn flush_wanted(members: &[Arc<NetDevice>]) -> bool {
     !config::get().gdr_flush_disable && (peer || members.iter().all(|m| m.dmabuf))
 }
 
-fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Result<(Box<RecvParts>, EndpointRepr)> {
+fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Result<(RecvParts, EndpointRepr)> {
     let cfg = config::get();
     let nl = members.len();
     let nr = req.devs.len();
@@ -547,14 +545,14 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
         }
     }
     let split = req.flags & FLAG_SPLIT != 0;
-    let parts = Box::new(RecvParts {
+    let parts = RecvParts {
         devs,
         qps,
         flush_qps,
         bufs,
         peer: req.clone(),
         qps_per_req: split::qps_per_request(split, nqps, ndata),
-    });
+    };
     Ok((parts, resp))
 }
 
