@@ -221,7 +221,7 @@ impl Engine {
         }
         let r = std::thread::Builder::new()
             .name(format!("softroce{}", dev.index))
-            .spawn(move || run(dev));
+            .spawn(move || supervise(dev));
         // SAFETY: restores the caller's mask.
         unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
         r.map(|_| ())
@@ -459,6 +459,24 @@ impl Rng {
     }
 }
 
+/// Runs the engine loop; a panic (a bug: nothing in it should panic on
+/// packet data) is reported and the loop restarted, so the device keeps
+/// working for its other QPs. Poisoned QP locks are taken over as they are.
+fn supervise(dev: Arc<Device>) {
+    loop {
+        let d = dev.clone();
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(d))).is_ok() {
+            return;
+        }
+        eprintln!("softroce: {} progress engine panicked; restarting it", dev.name);
+    }
+}
+
+/// Locks a QP core even if a panicking thread poisoned the mutex.
+pub fn lock_core(qp: &QpShared) -> std::sync::MutexGuard<'_, QpCore> {
+    qp.core.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn run(dev: Arc<Device>) {
     let eng = &dev.engine;
     const BATCH: usize = 32;
@@ -479,7 +497,7 @@ fn run(dev: Arc<Device>) {
         let mut next = u64::MAX;
         let qps: Vec<Arc<QpShared>> = eng.qps.read().unwrap().values().cloned().collect();
         for qp in &qps {
-            let mut core = qp.core.lock().unwrap();
+            let mut core = lock_core(qp);
             let mut due = qp.dirty.swap(false, Ordering::AcqRel);
             if let Some(d) = core.poll_timeout() {
                 if d <= t {
@@ -592,7 +610,7 @@ fn run(dev: Arc<Device>) {
                     let qpn = u32::from_be_bytes([0, body[5], body[6], body[7]]);
                     let Some(qp) = eng.qp(qpn) else { continue };
                     {
-                        let mut core = qp.core.lock().unwrap();
+                        let mut core = lock_core(&qp);
                         let mut mem = PdMemory { dev: &dev, pd: qp.pd };
                         core.handle_packet(t, body, &mut mem);
                     }
@@ -604,7 +622,7 @@ fn run(dev: Arc<Device>) {
             // Drain after each batch: ACKs coalesce across the batch.
             let t = now();
             for qp in touched.drain(..) {
-                let mut core = qp.core.lock().unwrap();
+                let mut core = lock_core(&qp);
                 drain_locked(&dev, &qp, &mut core, t, &mut tx);
             }
             tx.flush(&dev);

@@ -159,7 +159,7 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         let q = unsafe { Box::from_raw(qp as *mut Qp) };
         q.dev.engine.remove_qp(q.shared.qpn);
         if crate::config::debug() {
-            let st = q.shared.core.lock().unwrap().stats();
+            let st = q.shared.core.lock().unwrap_or_else(|e| e.into_inner()).stats();
             eprintln!("softroce: {} QP {:#x} destroyed: {st:?}", q.dev.name, q.shared.qpn);
         }
         q.shared.send_cq.users.fetch_sub(1, Ordering::AcqRel);
@@ -271,7 +271,7 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
             Err(e) => return int_err(e),
         };
         let t = engine::now();
-        let mut core = q.shared.core.lock().unwrap();
+        let mut core = q.shared.core.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(e) = core.modify(&m) {
             return int_err(e.0);
         }
@@ -297,7 +297,7 @@ pub unsafe extern "C" fn ibv_query_qp(
         }
         // SAFETY: qp is ours.
         let q = unsafe { &*(qp as *const Qp) };
-        let s = q.shared.core.lock().unwrap().query();
+        let s = q.shared.core.lock().unwrap_or_else(|e| e.into_inner()).query();
         // SAFETY: plain data.
         let mut o: ibv_qp_attr = unsafe { std::mem::zeroed() };
         o.qp_state = s.qp_state as u32;
@@ -433,7 +433,7 @@ unsafe fn to_send_wr(w: &ibv_send_wr, max_sge: u32) -> Result<SendWr, i32> {
 /// refused WR.
 pub(crate) fn post_send_wrs(q: &Qp, wrs: impl IntoIterator<Item = Result<SendWr, i32>>) -> (i32, usize) {
     let t = engine::now();
-    let mut core = q.shared.core.lock().unwrap();
+    let mut core = q.shared.core.lock().unwrap_or_else(|e| e.into_inner());
     let busy = core.poll_timeout().is_some();
     let mut res = (0, 0);
     let mut small = true;
@@ -505,7 +505,7 @@ pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr
         }
         // SAFETY: qp is ours.
         let q = unsafe { &*(qp as *const Qp) };
-        let mut core = q.shared.core.lock().unwrap();
+        let mut core = q.shared.core.lock().unwrap_or_else(|e| e.into_inner());
         let mut cur = wr;
         let mut err = 0;
         while !cur.is_null() {
