@@ -41,8 +41,10 @@ c_shim:
 harness:
 	@if [ -f nccl-tests-harness/Makefile ]; then $(MAKE) --no-print-directory -C nccl-tests-harness; fi
 
+# FERROCE_TEST_SOFTROCE=1: the transport's integration tests run the real verbs path over the
+# softroce library that `build` made (they skip without it).
 test: build
-	$(CARGO) test --release --workspace
+	FERROCE_TEST_SOFTROCE=1 $(CARGO) test --release --workspace
 	ci/run-tests.sh
 
 bench: build

@@ -130,6 +130,8 @@ pub fn finalize(ctx: Box<CommContext>) -> Result<()> {
         let mut g = GLOBAL.lock();
         g.contexts = g.contexts.saturating_sub(1);
         if g.contexts == 0 {
+            // A connect NCCL started and never resumed holds QPs and device references.
+            transport::forget_pending_connects();
             g.registry.take()
         } else {
             None

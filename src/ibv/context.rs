@@ -41,13 +41,46 @@ pub struct PortInfo {
     pub link_layer: u8,
 }
 
+/// QP numbers named by fatal QP events, so only the comm owning the QP fails (as NCCL does).
+#[derive(Default)]
+pub struct QpFailures {
+    /// Bumped after each recorded QP; comms compare it with the value they started with.
+    pub count: AtomicU32,
+    qpns: Mutex<std::collections::VecDeque<u32>>,
+}
+
+impl QpFailures {
+    /// Keeps the newest this many QP numbers; a comm checks within its probe interval, long
+    /// before that many other QPs of one device could fail.
+    const KEPT: usize = 4096;
+
+    fn record(&self, qpn: u32) {
+        let mut q = self.qpns.lock();
+        if q.len() == Self::KEPT {
+            q.pop_front();
+        }
+        q.push_back(qpn);
+        drop(q);
+        self.count.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Whether a fatal event named any of `qpns`.
+    pub fn any_of(&self, qpns: impl IntoIterator<Item = u32>) -> bool {
+        let q = self.qpns.lock();
+        qpns.into_iter().any(|n| q.contains(&n))
+    }
+}
+
 /// An open device (`ibv_context`) with its async-event thread.
 pub struct Context {
     pub verbs: Arc<Verbs>,
     raw: *mut sys::ibv_context,
     pub info: DeviceInfo,
-    /// Fatal async events seen (device fatal, QP/CQ errors); later calls fail once non-zero.
+    /// Device-level fatal async events seen (device fatal, port error, CQ/SRQ error): every
+    /// comm on the device fails once this moves.
     pub fatal_events: Arc<AtomicU32>,
+    /// QP-level fatal events (QP fatal, request error, access error), attributed to QP numbers.
+    pub qp_failures: Arc<QpFailures>,
     stop: Arc<AtomicBool>,
     events_thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -108,6 +141,7 @@ impl Context {
             raw,
             info,
             fatal_events: Arc::new(AtomicU32::new(0)),
+            qp_failures: Arc::new(QpFailures::default()),
             stop: Arc::new(AtomicBool::new(false)),
             events_thread: Mutex::new(None),
         });
@@ -233,6 +267,7 @@ impl Context {
         let verbs = self.verbs.clone();
         let stop = self.stop.clone();
         let fatal = self.fatal_events.clone();
+        let qp_failures = self.qp_failures.clone();
         let name = self.info.name.clone();
         let raw = SendPtr(self.raw);
         let spawned = std::thread::Builder::new().name(format!("ferroce-ev-{name}")).spawn(move || {
@@ -251,22 +286,21 @@ impl Context {
                     continue;
                 }
                 let kind = ev.event_type;
+                use sys::ibv_event_type::*;
+                let is_qp_event = matches!(kind, IBV_EVENT_QP_FATAL | IBV_EVENT_QP_REQ_ERR | IBV_EVENT_QP_ACCESS_ERR);
+                // SAFETY: for QP events the element is the QP, alive until the event is acked.
+                let qpn = if is_qp_event { unsafe { (*ev.element.qp).qp_num } } else { 0 };
                 // SAFETY: ev was filled by ibv_get_async_event and is acked exactly once.
                 unsafe { (verbs.ibv_ack_async_event)(&mut ev) };
-                use sys::ibv_event_type::*;
-                let is_fatal = matches!(
-                    kind,
-                    IBV_EVENT_DEVICE_FATAL
-                        | IBV_EVENT_CQ_ERR
-                        | IBV_EVENT_QP_FATAL
-                        | IBV_EVENT_QP_REQ_ERR
-                        | IBV_EVENT_QP_ACCESS_ERR
-                        | IBV_EVENT_SRQ_ERR
-                );
+                let device_fatal =
+                    matches!(kind, IBV_EVENT_DEVICE_FATAL | IBV_EVENT_PORT_ERR | IBV_EVENT_CQ_ERR | IBV_EVENT_SRQ_ERR);
                 let text = verbs.event_type_str(kind as u32);
-                if is_fatal {
+                if is_qp_event {
+                    qp_failures.record(qpn);
+                    crate::log_warn!("device {name}: fatal async event '{text}' on QP {qpn} — the connection using it fails; the WARN of that connection says why");
+                } else if device_fatal {
                     fatal.fetch_add(1, Ordering::AcqRel);
-                    crate::log_warn!("device {name}: fatal async event '{text}' — the NIC or a queue pair failed; check the link and `dmesg`");
+                    crate::log_warn!("device {name}: fatal async event '{text}' — the NIC or its port failed; every connection on it fails. Check the link (ibv_devinfo) and `dmesg`");
                 } else {
                     crate::log_info!(crate::log::subsys::NET, "device {name}: async event '{text}'");
                 }

@@ -84,6 +84,8 @@ pub struct LocalDev {
     pub cq: Arc<CompletionQueue>,
     /// `fatal_events` of the context when the comm was made; more means the NIC failed.
     pub fatal_base: u32,
+    /// `qp_failures.count` when the comm was made; more means some QP of the device failed.
+    pub qp_failure_base: u32,
 }
 
 /// One QP of the connection and where its peer QP lives.
@@ -130,6 +132,7 @@ pub fn local_devs(members: &[Arc<NetDevice>], nqps: usize, cqe_per_qp: usize, ex
                 dev: dev.clone(),
                 cq: CompletionQueue::new(dev.context.clone(), cqe)?,
                 fatal_base: dev.context.fatal_events.load(Ordering::Acquire),
+                qp_failure_base: dev.context.qp_failures.count.load(Ordering::Acquire),
             })
         })
         .collect()
@@ -276,10 +279,19 @@ impl Conn {
         self.qps.iter().find(|q| q.qp.qpn() == qpn)
     }
 
-    /// A fatal async event happened on one of our devices since the comm was made.
+    /// A fatal async event hit one of our devices, or one of our own QPs, since the comm was
+    /// made. Another comm's QP failing on the same device does not fail this one.
     pub fn fatal_event(&self) -> Option<&LocalDev> {
-        self.devs
-            .iter()
-            .find(|d| d.dev.context.fatal_events.load(Ordering::Relaxed) != d.fatal_base)
+        self.devs.iter().enumerate().find_map(|(i, d)| {
+            let ctx = &d.dev.context;
+            let device_failed = ctx.fatal_events.load(Ordering::Relaxed) != d.fatal_base;
+            let own_qp_failed = || {
+                ctx.qp_failures.count.load(Ordering::Relaxed) != d.qp_failure_base
+                    && ctx
+                        .qp_failures
+                        .any_of(self.qps.iter().filter(|q| q.dev == i).map(|q| q.qp.qpn()))
+            };
+            (device_failed || own_qp_failed()).then_some(d)
+        })
     }
 }

@@ -139,7 +139,7 @@ impl Core {
         if crate::config::get().return_async_events {
             if let Some(d) = self.conn.fatal_event() {
                 let e = Error::system(format!(
-                    "device {} reported a fatal asynchronous event (see the WARN above); the connection to {} cannot continue",
+                    "device {} reported a fatal asynchronous event for this connection or the whole NIC (see the WARN above); the connection to {} cannot continue",
                     d.dev.label(),
                     self.conn.chan.peer
                 ));
