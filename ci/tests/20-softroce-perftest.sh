@@ -111,6 +111,8 @@ run write_bw_4qp ib_write_bw -d softroce0 -q 4 -n 1000
 run read_bw_4qp ib_read_bw -d softroce0 -q 4 -n 500
 run send_bw_bidir ib_send_bw -d softroce0 -b -n 1000
 run write_bw_all_sizes ib_write_bw -d softroce0 -a -n 100
+run send_bw_srq ib_send_bw -d softroce0 --use-srq -q 4 -n 1000
+run send_lat_srq ib_send_lat -d softroce0 --use-srq -n 1000
 
 # The second device of a two-device process (its own address).
 pair write_bw_device1 $port "SOFTROCE_DEVICES=2 SOFTROCE_ADDR=127.0.20.5,127.0.20.6" \

@@ -39,7 +39,8 @@ pub const MAX_PD: u32 = 1 << 16;
 pub const MAX_QP_RD_ATOM: u32 = 16;
 pub const MAX_INLINE: u32 = 256;
 pub const MAX_MSG_SZ: u32 = 1 << 31;
-pub const MAX_SRQ: u32 = 0;
+pub const MAX_SRQ: u32 = 1 << 16;
+pub const MAX_SRQ_WR: u32 = 16 * 1024;
 
 /// The `struct ibv_device` we hand out, plus our index.
 #[repr(C)]

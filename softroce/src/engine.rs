@@ -38,6 +38,8 @@ pub struct QpShared {
     pub qpn: u32,
     pub pd: u32,
     pub core: Mutex<QpCore>,
+    /// The shared receive queue the QP takes receive WQEs from, if any.
+    pub srq: Option<Arc<crate::verbs::srq::SrqInner>>,
     pub send_cq: Arc<CqInner>,
     pub recv_cq: Arc<CqInner>,
     pub async_q: Arc<AsyncQueue>,
@@ -51,6 +53,8 @@ pub struct QpShared {
 pub struct PdMemory<'a> {
     pub dev: &'a Device,
     pub pd: u32,
+    /// The QP's SRQ (serves `take_srq_recv`).
+    pub srq: Option<&'a crate::verbs::srq::SrqInner>,
 }
 
 // Every access translates and copies while holding the MR table's read lock,
@@ -184,6 +188,9 @@ impl MemoryAccess for PdMemory<'_> {
             let r = a.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(op.apply(v)));
             Ok(r.unwrap_or_else(|v| v))
         })?
+    }
+    fn take_srq_recv(&mut self) -> Option<proto::RecvWr> {
+        self.srq?.take()
     }
 }
 
@@ -355,7 +362,11 @@ impl Tx {
 /// Drains one QP: queues every due packet on `tx` (the caller flushes),
 /// delivers completions and events. Called with the QP's core locked.
 pub fn drain_locked(dev: &Device, qp: &QpShared, core: &mut QpCore, now: Instant, tx: &mut Tx) {
-    let mut mem = PdMemory { dev, pd: qp.pd };
+    let mut mem = PdMemory {
+        dev,
+        pd: qp.pd,
+        srq: qp.srq.as_deref(),
+    };
     loop {
         let mut scratch = std::mem::take(&mut tx.scratch);
         let meta = core.poll_transmit(now, &mut mem, &mut scratch);
@@ -611,7 +622,11 @@ fn run(dev: Arc<Device>) {
                     let Some(qp) = eng.qp(qpn) else { continue };
                     {
                         let mut core = lock_core(&qp);
-                        let mut mem = PdMemory { dev: &dev, pd: qp.pd };
+                        let mut mem = PdMemory {
+                            dev: &dev,
+                            pd: qp.pd,
+                            srq: qp.srq.as_deref(),
+                        };
                         core.handle_packet(t, body, &mut mem);
                     }
                     if !touched.iter().any(|q| q.qpn == qpn) {

@@ -337,3 +337,120 @@ fn cq_ex_poll_api_with_timestamps() {
         (x.end_poll.unwrap())(cqx);
     }
 }
+
+#[test]
+fn srq_shared_by_two_qps() {
+    use softroce::verbs::srq::{ibv_create_srq, ibv_destroy_srq, ibv_modify_srq};
+    let c = open(ADDR);
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
+    unsafe {
+        let mut sa: rdma_sys::ibv_srq_init_attr = std::mem::zeroed();
+        sa.attr.max_wr = 8;
+        sa.attr.max_sge = 1;
+        let srq = ibv_create_srq(c.pd, &mut sa);
+        assert!(!srq.is_null());
+        let rcq = ibv_create_cq(c.ctx, 16, null_mut(), null_mut(), 0);
+        // Two receivers on the SRQ, two senders.
+        let mk = |srq: *mut rdma_sys::ibv_srq| {
+            let mut ia: rdma_sys::ibv_qp_init_attr = std::mem::zeroed();
+            ia.send_cq = rcq;
+            ia.recv_cq = rcq;
+            ia.srq = srq;
+            ia.qp_type = 2;
+            ia.cap.max_send_wr = 4;
+            ia.cap.max_send_sge = 1;
+            let qp = softroce::verbs::qp::ibv_create_qp(c.pd, &mut ia);
+            assert!(!qp.is_null());
+            Qp { qp, cq: rcq }
+        };
+        let r1 = mk(srq);
+        let r2 = mk(srq);
+        assert_eq!((*r1.qp).srq, srq);
+        let s1 = create_qp(&c);
+        let s2 = create_qp(&c);
+        connect(&c, &s1, (*r1.qp).qp_num, 14, 7);
+        connect(&c, &r1, (*s1.qp).qp_num, 14, 7);
+        connect(&c, &s2, (*r2.qp).qp_num, 14, 7);
+        connect(&c, &r2, (*s2.qp).qp_num, 14, 7);
+        let dst = Buf::new(&c, 4 * 256, ACCESS_ALL);
+        let post = |id: u64| {
+            let mut sge = ibv_sge {
+                addr: dst.addr() + id * 256,
+                length: 256,
+                lkey: dst.lkey(),
+            };
+            let mut wr: rdma_sys::ibv_recv_wr = std::mem::zeroed();
+            wr.wr_id = id;
+            wr.sg_list = &mut sge;
+            wr.num_sge = 1;
+            let mut bad = null_mut();
+            ((*c.ctx).ops.post_srq_recv.unwrap())(srq, &mut wr, &mut bad)
+        };
+        for id in 0..3 {
+            assert_eq!(post(id), 0);
+        }
+        // Arm the limit at 2: taking a WQE that leaves fewer than 2 fires it.
+        let mut lim: rdma_sys::ibv_srq_attr = std::mem::zeroed();
+        lim.srq_limit = 2;
+        assert_eq!(ibv_modify_srq(srq, &mut lim, 2), 0);
+        // post_recv on an SRQ-attached QP is invalid.
+        let mut rw: rdma_sys::ibv_recv_wr = std::mem::zeroed();
+        let mut bad = null_mut();
+        assert_eq!(
+            ((*c.ctx).ops.post_recv.unwrap())(r1.qp, &mut rw, &mut bad),
+            libc::EINVAL
+        );
+
+        let mut src = Buf::new(&c, 64, ACCESS_ALL);
+        src.fill(|i| i as u8 + 1);
+        for (n, s) in [&s1, &s2].into_iter().enumerate() {
+            let mut sge = ibv_sge {
+                addr: src.addr(),
+                length: 10 + n as u32,
+                lkey: src.lkey(),
+            };
+            let mut wr = send_wr(100 + n as u64, 2, &mut sge, SIGNALED);
+            assert_eq!(post_send(s, &mut wr), 0);
+            assert_eq!(poll_one(s.cq).status, 0);
+        }
+        let mut got: Vec<(u64, u32, u32)> = (0..2)
+            .map(|_| {
+                let w = poll_one(rcq);
+                assert_eq!(w.status, 0);
+                (w.wr_id, w.byte_len, w.qp_num)
+            })
+            .collect();
+        got.sort();
+        assert_eq!(got[0].0, 0, "WQEs are consumed in order");
+        assert_eq!(got[1].0, 1);
+        let mut lens: Vec<u32> = got.iter().map(|g| g.1).collect();
+        lens.sort();
+        assert_eq!(lens, vec![10, 11]);
+        let qps: std::collections::HashSet<u32> = got.iter().map(|g| g.2).collect();
+        assert_eq!(qps.len(), 2, "both SRQ QPs received");
+        // The second take left 1 < 2 WQEs: IBV_EVENT_SRQ_LIMIT_REACHED for this SRQ.
+        let mut pfd = libc::pollfd {
+            fd: (*c.ctx).async_fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let mut seen = Vec::new();
+        while libc::poll(&mut pfd, 1, 1000) == 1 {
+            let mut ev: ibv_async_event = std::mem::zeroed();
+            assert_eq!(ibv_get_async_event(c.ctx, &mut ev), 0);
+            seen.push((ev.event_type as u32, ev.element.srq));
+            ibv_ack_async_event(&mut ev);
+            if seen.iter().any(|&(t, s)| t == 15 && s == srq) {
+                break;
+            }
+        }
+        assert!(
+            seen.iter().any(|&(t, s)| t == 15 && s == srq),
+            "expected SRQ_LIMIT_REACHED, got {seen:?}"
+        );
+        assert_eq!(ibv_destroy_srq(srq), libc::EBUSY, "QPs still attached");
+        softroce::verbs::qp::ibv_destroy_qp(r1.qp);
+        softroce::verbs::qp::ibv_destroy_qp(r2.qp);
+        assert_eq!(ibv_destroy_srq(srq), 0);
+    }
+}

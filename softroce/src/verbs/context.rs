@@ -190,7 +190,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         c.ops.req_notify_cq = Some(super::cq::req_notify_cq);
         c.ops.post_send = Some(super::qp::post_send);
         c.ops.post_recv = Some(super::qp::post_recv);
-        c.ops.post_srq_recv = Some(super::qp::post_srq_recv);
+        c.ops.post_srq_recv = Some(super::srq::post_srq_recv);
         let b = Box::new(Context {
             vctx,
             dev: inst,
@@ -246,6 +246,8 @@ pub fn fill_device_attr(dev: &Device, a: &mut ibv_device_attr) {
     a.atomic_cap = rdma_sys::ibv_atomic_cap::IBV_ATOMIC_HCA;
     a.max_ah = 1 << 16;
     a.max_srq = device::MAX_SRQ as c_int;
+    a.max_srq_wr = device::MAX_SRQ_WR as c_int;
+    a.max_srq_sge = device::MAX_SGE as c_int;
     a.max_pkeys = 1;
     a.local_ca_ack_delay = 15;
     a.phys_port_cnt = 1;
@@ -565,6 +567,15 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
             ibv_event_type::IBV_EVENT_CQ_ERR => {
                 // SAFETY: the element of a CQ event is our CQ.
                 unsafe { super::cq::ack_async(ev.element.cq) }
+            }
+            ibv_event_type::IBV_EVENT_SRQ_ERR | ibv_event_type::IBV_EVENT_SRQ_LIMIT_REACHED => {
+                // SAFETY: the element of an SRQ event is our SRQ.
+                unsafe {
+                    let srq = ev.element.srq;
+                    if !srq.is_null() {
+                        (*srq).events_completed += 1;
+                    }
+                }
             }
             ibv_event_type::IBV_EVENT_QP_FATAL
             | ibv_event_type::IBV_EVENT_QP_REQ_ERR

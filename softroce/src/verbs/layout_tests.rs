@@ -64,6 +64,7 @@ fn object_layouts() {
     assert_eq!(offset_of!(super::mr::Pd, ibv), 0);
     assert_eq!(offset_of!(super::mr::Mr, ibv), 0);
     assert_eq!(offset_of!(super::cq::Channel, ibv), 0);
+    assert_eq!(offset_of!(super::srq::Srq, ibv), 0);
     assert_eq!(offset_of!(crate::device::IbvDevice, ibv), 0);
 }
 

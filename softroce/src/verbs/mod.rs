@@ -24,6 +24,7 @@ pub mod misc;
 pub mod mr;
 pub mod qp;
 pub mod qp_ex;
+pub mod srq;
 pub mod stubs;
 
 #[cfg(test)]

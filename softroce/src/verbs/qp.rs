@@ -4,9 +4,7 @@ use std::ffi::c_int;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use rdma_sys::{
-    ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr, ibv_srq, ibv_srq_attr, ibv_srq_init_attr,
-};
+use rdma_sys::{ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr};
 
 use super::context::Context;
 use super::cq::Cq;
@@ -73,8 +71,15 @@ pub(crate) fn create_rc_qp(
 ) -> Result<*mut ibv_qp, i32> {
     // SAFETY: pd is ours per the API contract.
     let p = unsafe { Pd::from_ibv(pd) }.ok_or(libc::EINVAL)?;
-    if a.qp_type != IBV_QPT_RC || !a.srq.is_null() {
+    if a.qp_type != IBV_QPT_RC {
         return Err(libc::EOPNOTSUPP);
+    }
+    // SAFETY: a.srq is NULL or an SRQ of ours per the API contract.
+    let srq = unsafe { super::srq::Srq::from_ibv(a.srq) }.map(|s| s.inner.clone());
+    if let Some(s) = &srq {
+        if s.pd != p.ibv.handle {
+            return Err(libc::EINVAL);
+        }
     }
     // SAFETY: CQ pointers are ours or NULL.
     let (Some(scq), Some(rcq)) = (unsafe { Cq::from_ibv(a.send_cq) }, unsafe { Cq::from_ibv(a.recv_cq) }) else {
@@ -104,7 +109,12 @@ pub(crate) fn create_rc_qp(
     let shared = Arc::new(QpShared {
         qpn,
         pd: p.ibv.handle,
-        core: Mutex::new(QpCore::new(qpn, caps)),
+        core: Mutex::new({
+            let mut core = QpCore::new(qpn, caps);
+            core.set_srq(srq.is_some());
+            core
+        }),
+        srq: srq.clone(),
         send_cq: scq.inner.clone(),
         recv_cq: rcq.inner.clone(),
         async_q: ctx.async_q.clone(),
@@ -120,7 +130,7 @@ pub(crate) fn create_rc_qp(
     ibv.pd = pd;
     ibv.send_cq = a.send_cq;
     ibv.recv_cq = a.recv_cq;
-    ibv.srq = std::ptr::null_mut();
+    ibv.srq = if srq.is_some() { a.srq } else { std::ptr::null_mut() };
     ibv.handle = dev.alloc_handle();
     ibv.qp_num = qpn;
     ibv.state = QpState::Reset as u32;
@@ -139,6 +149,9 @@ pub(crate) fn create_rc_qp(
     shared.ibv_ptr.store(q as usize, Ordering::Relaxed);
     shared.send_cq.users.fetch_add(1, Ordering::AcqRel);
     shared.recv_cq.users.fetch_add(1, Ordering::AcqRel);
+    if let Some(s) = &shared.srq {
+        s.users.fetch_add(1, Ordering::AcqRel);
+    }
     dev.engine.add_qp(shared);
     // Granted capabilities go back to the caller.
     a.cap.max_send_wr = caps.max_send_wr;
@@ -164,6 +177,9 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         }
         q.shared.send_cq.users.fetch_sub(1, Ordering::AcqRel);
         q.shared.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
+        if let Some(s) = &q.shared.srq {
+            s.users.fetch_sub(1, Ordering::AcqRel);
+        }
         0
     })
 }
@@ -340,7 +356,7 @@ pub unsafe extern "C" fn ibv_query_qp(
             ia.qp_context = q.ex.qp_base.qp_context;
             ia.send_cq = q.ex.qp_base.send_cq;
             ia.recv_cq = q.ex.qp_base.recv_cq;
-            ia.srq = std::ptr::null_mut();
+            ia.srq = q.ex.qp_base.srq;
             ia.cap = cap;
             ia.qp_type = IBV_QPT_RC;
             ia.sq_sig_all = q.caps.sq_sig_all as c_int;
@@ -536,44 +552,6 @@ pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr
         with_tx(&q.dev, |tx| drain_locked(&q.dev, &q.shared, &mut core, t, tx));
         err
     })
-}
-
-/// `ops.post_srq_recv`: no SRQ can exist (ibv_create_srq fails), so any call is invalid.
-pub unsafe extern "C" fn post_srq_recv(
-    _srq: *mut ibv_srq,
-    wr: *mut ibv_recv_wr,
-    bad_wr: *mut *mut ibv_recv_wr,
-) -> c_int {
-    ffi_guard!(libc::EIO, {
-        if !bad_wr.is_null() {
-            // SAFETY: valid out-pointer.
-            unsafe { *bad_wr = wr };
-        }
-        libc::EOPNOTSUPP
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_create_srq(pd: *mut rdma_sys::ibv_pd, _attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
-    ffi_guard!(std::ptr::null_mut(), {
-        let _ = pd;
-        null_err(libc::EOPNOTSUPP)
-    })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_modify_srq(_srq: *mut ibv_srq, _attr: *mut ibv_srq_attr, _mask: c_int) -> c_int {
-    ffi_guard!(libc::EIO, { int_err(libc::EOPNOTSUPP) })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_query_srq(_srq: *mut ibv_srq, _attr: *mut ibv_srq_attr) -> c_int {
-    ffi_guard!(libc::EIO, { int_err(libc::EOPNOTSUPP) })
-}
-
-#[no_mangle]
-pub unsafe extern "C" fn ibv_destroy_srq(_srq: *mut ibv_srq) -> c_int {
-    ffi_guard!(libc::EIO, { int_err(libc::EOPNOTSUPP) })
 }
 
 /// Acknowledges an async event whose element is this QP.

@@ -102,9 +102,21 @@ int main(int argc, char **argv)
     /* extended verbs we do not offer fail cleanly through the header's checks */
     errno = 0;
     CHECK(ibv_alloc_mw(pd, IBV_MW_TYPE_1) == NULL && errno == EOPNOTSUPP, "ibv_alloc_mw -> EOPNOTSUPP");
-    struct ibv_srq_init_attr sa = {.attr = {.max_wr = 8, .max_sge = 1}};
-    errno = 0;
-    CHECK(ibv_create_srq(pd, &sa) == NULL && errno == EOPNOTSUPP, "ibv_create_srq -> EOPNOTSUPP");
+    struct ibv_srq_init_attr sa = {.attr = {.max_wr = 2, .max_sge = 1}};
+    struct ibv_srq *srq = ibv_create_srq(pd, &sa);
+    CHECK(srq != NULL && srq->context == ctx, "ibv_create_srq");
+    if (srq) {
+        struct ibv_sge rs = {.addr = (uintptr_t)buf, .length = 64, .lkey = mr->lkey};
+        struct ibv_recv_wr rw = {.wr_id = 7, .sg_list = &rs, .num_sge = 1}, *rbad = NULL;
+        CHECK(ibv_post_srq_recv(srq, &rw, &rbad) == 0, "inline ibv_post_srq_recv");
+        CHECK(ibv_post_srq_recv(srq, &rw, &rbad) == 0, "second WQE");
+        CHECK(ibv_post_srq_recv(srq, &rw, &rbad) == ENOMEM && rbad == &rw, "SRQ full -> ENOMEM");
+        struct ibv_srq_attr sq = {.srq_limit = 1};
+        CHECK(ibv_modify_srq(srq, &sq, IBV_SRQ_LIMIT) == 0, "arm SRQ limit");
+        memset(&sq, 0, sizeof(sq));
+        CHECK(ibv_query_srq(srq, &sq) == 0 && sq.max_wr == 2 && sq.srq_limit == 1, "ibv_query_srq");
+        CHECK(ibv_destroy_srq(srq) == 0, "ibv_destroy_srq");
+    }
 
     /* ibv_create_qp_ex with comp_mask == PD falls back to ibv_create_qp */
     struct ibv_qp_init_attr_ex qx = {
