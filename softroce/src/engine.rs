@@ -45,7 +45,7 @@ pub struct QpShared {
     pub async_q: Arc<AsyncQueue>,
     /// The application's `ibv_qp *` (element of async events).
     pub ibv_ptr: AtomicUsize,
-    /// Set when the QP should be drained by the engine (e.g. timers changed).
+    /// Queued on the engine's dirty list (deferred packets to send).
     pub dirty: AtomicBool,
 }
 
@@ -200,6 +200,12 @@ pub struct Engine {
     wake_fd: i32,
     /// Deadline (ns) the engine sleeps until; u64::MAX when it waits for input only.
     sleep_until: AtomicU64,
+    /// Earliest timer armed by another thread since the engine last looked (ns).
+    noted: AtomicU64,
+    /// A full timer scan is due (the QP set changed).
+    rescan: AtomicBool,
+    /// QPs with work left for the engine (deferred small messages).
+    dirty: Mutex<Vec<Arc<QpShared>>>,
 }
 
 impl Engine {
@@ -211,6 +217,9 @@ impl Engine {
             qps: RwLock::new(HashMap::new()),
             wake_fd,
             sleep_until: AtomicU64::new(u64::MAX),
+            noted: AtomicU64::new(u64::MAX),
+            rescan: AtomicBool::new(true),
+            dirty: Mutex::new(Vec::new()),
         }
     }
 
@@ -244,10 +253,21 @@ impl Engine {
 
     pub fn add_qp(&self, qp: Arc<QpShared>) {
         self.qps.write().unwrap().insert(qp.qpn, qp);
+        self.rescan.store(true, Ordering::Release);
     }
 
     pub fn remove_qp(&self, qpn: u32) -> Option<Arc<QpShared>> {
-        self.qps.write().unwrap().remove(&qpn)
+        let r = self.qps.write().unwrap().remove(&qpn);
+        self.rescan.store(true, Ordering::Release);
+        r
+    }
+
+    /// Leaves `qp`'s due packets to the engine's next loop (no wake-up: the
+    /// caller knows an answer or a timer will come).
+    pub fn defer(&self, qp: &Arc<QpShared>) {
+        if !qp.dirty.swap(true, Ordering::AcqRel) {
+            self.dirty.lock().unwrap_or_else(|e| e.into_inner()).push(qp.clone());
+        }
     }
 
     pub fn qp(&self, qpn: u32) -> Option<Arc<QpShared>> {
@@ -266,6 +286,7 @@ impl Engine {
     /// Wakes the engine if `deadline` is earlier than what it sleeps on.
     pub fn note_deadline(&self, deadline: Option<Instant>) {
         if let Some(d) = deadline {
+            self.noted.fetch_min(d.as_nanos(), Ordering::AcqRel);
             if d.as_nanos() < self.sleep_until.load(Ordering::Acquire) {
                 self.kick();
             }
@@ -502,28 +523,45 @@ fn run(dev: Arc<Device>) {
     let mut bad_icrc: u64 = 0;
     let spin = std::time::Duration::from_micros(config::spin_us());
     let mut last_rx = std::time::Instant::now();
+    // Earliest known timer (ns). It may be stale-early (a timer was disarmed
+    // since), which only costs a scan; it is never late: every QP event that
+    // can arm a timer is seen here (own draining) or noted (other threads).
+    let mut next = u64::MAX;
     loop {
-        // 1. Timers: find the earliest deadline, fire expired ones.
+        // 1. Deferred work, then timers: scan every QP only when the earliest
+        // known deadline passed or the QP set changed.
         let t = now();
-        let mut next = u64::MAX;
-        let qps: Vec<Arc<QpShared>> = eng.qps.read().unwrap().values().cloned().collect();
-        for qp in &qps {
+        let dirty = std::mem::take(&mut *eng.dirty.lock().unwrap_or_else(|e| e.into_inner()));
+        for qp in &dirty {
             let mut core = lock_core(qp);
-            let mut due = qp.dirty.swap(false, Ordering::AcqRel);
-            if let Some(d) = core.poll_timeout() {
-                if d <= t {
-                    core.handle_timeout(t);
-                    due = true;
-                }
-            }
-            if due {
-                drain_locked(&dev, qp, &mut core, t, &mut tx);
-            }
+            qp.dirty.store(false, Ordering::Release);
+            drain_locked(&dev, qp, &mut core, t, &mut tx);
             if let Some(d) = core.poll_timeout() {
                 next = next.min(d.as_nanos());
             }
         }
-        drop(qps);
+        drop(dirty);
+        next = next.min(eng.noted.swap(u64::MAX, Ordering::AcqRel));
+        if eng.rescan.swap(false, Ordering::AcqRel) || t.as_nanos() >= next {
+            next = u64::MAX;
+            let qps: Vec<Arc<QpShared>> = eng.qps.read().unwrap().values().cloned().collect();
+            for qp in &qps {
+                let mut core = lock_core(qp);
+                let mut due = false;
+                if let Some(d) = core.poll_timeout() {
+                    if d <= t {
+                        core.handle_timeout(t);
+                        due = true;
+                    }
+                }
+                if due {
+                    drain_locked(&dev, qp, &mut core, t, &mut tx);
+                }
+                if let Some(d) = core.poll_timeout() {
+                    next = next.min(d.as_nanos());
+                }
+            }
+        }
         tx.flush(&dev);
         eng.sleep_until.store(next, Ordering::Release);
         // 2. Wait for packets, a kick, or the deadline.
@@ -639,6 +677,9 @@ fn run(dev: Arc<Device>) {
             for qp in touched.drain(..) {
                 let mut core = lock_core(&qp);
                 drain_locked(&dev, &qp, &mut core, t, &mut tx);
+                if let Some(d) = core.poll_timeout() {
+                    next = next.min(d.as_nanos());
+                }
             }
             tx.flush(&dev);
             if n < BATCH {

@@ -466,7 +466,7 @@ pub(crate) fn post_send_wrs(q: &Qp, wrs: impl IntoIterator<Item = Result<SendWr,
         // Packets are outstanding, so an answer will wake the engine, which
         // then sends these together with whatever else is due (one GSO
         // datagram for a run of small packets instead of a syscall each).
-        q.shared.dirty.store(true, Ordering::Release);
+        q.dev.engine.defer(&q.shared);
     } else {
         with_tx(&q.dev, |tx| drain_locked(&q.dev, &q.shared, &mut core, t, tx));
     }
@@ -550,6 +550,9 @@ pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr
         // they complete at once (flush), so deliver completions now.
         let t = engine::now();
         with_tx(&q.dev, |tx| drain_locked(&q.dev, &q.shared, &mut core, t, tx));
+        let deadline = core.poll_timeout();
+        drop(core);
+        q.dev.engine.note_deadline(deadline);
         err
     })
 }
