@@ -119,6 +119,18 @@ pub fn defer() -> bool {
     *V.get_or_init(|| env("SOFTROCE_DEFER").map(|s| s.trim() != "0").unwrap_or(true))
 }
 
+/// `SOFTROCE_POLL_YIELD` (default 64): an application thread polling an
+/// empty CQ gives its CPU away (`sched_yield`) every this many empty polls,
+/// so spinning applications do not starve the engine threads; 0 never yields.
+pub fn poll_yield() -> u32 {
+    static V: OnceLock<u32> = OnceLock::new();
+    *V.get_or_init(|| {
+        env("SOFTROCE_POLL_YIELD")
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(64)
+    })
+}
+
 /// `SOFTROCE_DEBUG` (default 0): log engine events to stderr.
 pub fn debug() -> bool {
     static V: OnceLock<bool> = OnceLock::new();

@@ -513,13 +513,16 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -
 /// starve the engine. Every `YIELD_EVERY` consecutive empty polls of a thread
 /// give the CPU away once (`sched_yield` returns at once on an idle CPU).
 fn idle_poll() {
-    const YIELD_EVERY: u32 = 64;
+    let yield_every = crate::config::poll_yield();
+    if yield_every == 0 {
+        return;
+    }
     thread_local! {
         static EMPTY: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
     }
     EMPTY.with(|e| {
         let n = e.get() + 1;
-        if n >= YIELD_EVERY {
+        if n >= yield_every {
             e.set(0);
             // SAFETY: sched_yield has no preconditions.
             unsafe { libc::sched_yield() };
