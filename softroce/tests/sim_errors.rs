@@ -856,3 +856,154 @@ fn random_responses_never_panic() {
         assert_eq!(ids.len() as u64, n);
     }
 }
+
+/// Project lead, 19:35: a READ replayed after the requester completed it
+/// and the application deregistered the buffer made `poll_response`
+/// recurse until the stack overflowed. Now: the replay is NAKed (remote
+/// access, ignored by the requester that is past that PSN), nothing
+/// recurses, both QPs stay usable.
+#[test]
+fn regression_replayed_read_after_dereg() {
+    for self_loop in [false, true] {
+        let s = Setup::default();
+        let mut a = Endpoint::new(0x11, [127, 0, 0, 1], s.caps);
+        let mut b = if self_loop {
+            None
+        } else {
+            Some(Endpoint::new(0x22, [127, 0, 0, 2], s.caps))
+        };
+        a.fill_src(1);
+        let now = Instant::from_micros(1);
+        // The READ target: a separate MR on the responder, deregistered later.
+        let (dest_qpn, target_rkey) = {
+            let r = b.as_mut().unwrap_or(&mut a);
+            let (_, rk) = r
+                .mem
+                .register(0x7000_0000, 4096, mem::access::REMOTE_READ | mem::access::LOCAL_WRITE);
+            r.mem.poke(0x7000_0000, &[0x5A; 16]);
+            (r.qp.qpn(), rk)
+        };
+        let ag = gid(a.ip);
+        match b.as_mut() {
+            Some(b) => {
+                let bg = gid(b.ip);
+                connect_qp(&mut a.qp, &s, b.qp.qpn(), bg, 10, 20);
+                connect_qp(&mut b.qp, &s, 0x11, ag, 20, 10);
+            }
+            None => connect_qp(&mut a.qp, &s, dest_qpn, ag, 10, 10),
+        }
+        let mut rd = SendWr::new(1, WrOpcode::RdmaRead);
+        rd.sges = sge(DST, 1, a.dst_lkey);
+        rd.remote_addr = 0x7000_0000;
+        rd.rkey = target_rkey;
+        a.qp.post_send(now, rd).unwrap();
+        let mut buf = Vec::new();
+        assert!(a.qp.poll_transmit(now, &mut a.mem, &mut buf).is_some());
+        let request = buf.clone();
+        // Deliver the request, the response, and complete the READ.
+        fn deliver(to: &mut Endpoint, pkt: &[u8], now: Instant) -> Vec<Vec<u8>> {
+            to.qp.handle_packet(now, pkt, &mut to.mem);
+            let mut out = Vec::new();
+            let mut buf = Vec::new();
+            while to.qp.poll_transmit(now, &mut to.mem, &mut buf).is_some() {
+                out.push(buf.clone());
+            }
+            out
+        }
+        let resp = deliver(b.as_mut().unwrap_or(&mut a), &request, now);
+        assert_eq!(resp.len(), 1);
+        for p in &resp {
+            deliver(&mut a, p, now);
+        }
+        let c = a.qp.poll_completion().expect("READ completed");
+        assert_eq!((c.wr_id, c.status), (1, wc_status::SUCCESS));
+        assert_eq!(a.peek(DST, 1), vec![0x5A]);
+        // The application deregisters; then the replayed request arrives.
+        b.as_mut()
+            .unwrap_or(&mut a)
+            .mem
+            .regions
+            .retain(|r| r.rkey != target_rkey);
+        let answer = deliver(b.as_mut().unwrap_or(&mut a), &request, now);
+        assert_eq!(answer.len(), 1, "exactly one NAK");
+        let nak = softroce::wire::RocePacketRepr::parse(&answer[0]).unwrap();
+        assert_eq!(nak.bth.opcode, softroce::wire::OpCode::Acknowledge);
+        assert_eq!(
+            nak.aeth.map(|a| a.syndrome),
+            Some(softroce::wire::Syndrome::Nak(
+                softroce::wire::NakCode::RemoteAccessError
+            ))
+        );
+        for p in &answer {
+            deliver(&mut a, p, now);
+        }
+        let responder = b.as_ref().unwrap_or(&a);
+        assert_eq!(responder.qp.state(), QpState::Rts);
+        assert_eq!(responder.qp.stats().read_resp_failed, 1);
+        assert_eq!(a.qp.state(), QpState::Rts);
+        assert!(a.qp.poll_completion().is_none());
+        // Still usable: a WRITE goes through.
+        let mut w = SendWr::new(2, WrOpcode::RdmaWrite);
+        w.sges = sge(SRC, 100, a.src_lkey);
+        w.remote_addr = DST + 1000;
+        w.rkey = b.as_ref().unwrap_or(&a).dst_rkey;
+        a.qp.post_send(now, w).unwrap();
+        let mut pending = Vec::new();
+        while a.qp.poll_transmit(now, &mut a.mem, &mut buf).is_some() {
+            pending.push(buf.clone());
+        }
+        for p in pending {
+            let back = deliver(b.as_mut().unwrap_or(&mut a), &p, now);
+            for q in back {
+                deliver(&mut a, &q, now);
+            }
+        }
+        let c = a.qp.poll_completion().expect("WRITE completed");
+        assert_eq!((c.wr_id, c.status), (2, wc_status::SUCCESS));
+    }
+}
+
+/// The non-replayed case: the MR disappears between accepting a READ and
+/// serving it. Remote access NAK, responder to ERR, requester REM_ACCESS_ERR —
+/// and no recursion even with many reads queued behind it.
+#[test]
+fn read_target_deregistered_before_the_response() {
+    let mut p = Pair::new(&Setup::default(), 41);
+    let (_, rk) = p.b().mem.register(0x7000_0000, 1 << 16, mem::access::REMOTE_READ);
+    let now = p.now;
+    for k in 0..16u64 {
+        let mut rd = SendWr::new(k, WrOpcode::RdmaRead);
+        rd.sges = sge(DST + k * 4096, 4096, p.ep[0].dst_lkey);
+        rd.remote_addr = 0x7000_0000 + k * 4096;
+        rd.rkey = rk;
+        p.a().qp.post_send(now, rd).unwrap();
+    }
+    // Requests reach B and are accepted; before B answers, the MR goes away.
+    let a = &mut p.ep[0];
+    let mut reqs = Vec::new();
+    let mut buf = Vec::new();
+    while a.qp.poll_transmit(now, &mut a.mem, &mut buf).is_some() {
+        reqs.push(buf.clone());
+    }
+    let b = &mut p.ep[1];
+    for r in &reqs {
+        b.qp.handle_packet(now, r, &mut b.mem);
+    }
+    b.mem.regions.retain(|r| r.rkey != rk);
+    let mut answers = Vec::new();
+    while b.qp.poll_transmit(now, &mut b.mem, &mut buf).is_some() {
+        answers.push(buf.clone());
+    }
+    assert_eq!(b.qp.state(), QpState::Err);
+    assert_eq!(answers.len(), 1, "one NAK, nothing else");
+    let a = &mut p.ep[0];
+    for r in &answers {
+        a.qp.handle_packet(now, r, &mut a.mem);
+    }
+    let first = a.qp.poll_completion().unwrap();
+    assert_eq!((first.wr_id, first.status), (0, wc_status::REM_ACCESS_ERR));
+    let rest: Vec<u32> = std::iter::from_fn(|| a.qp.poll_completion())
+        .map(|c| c.status)
+        .collect();
+    assert_eq!(rest, vec![wc_status::WR_FLUSH_ERR; 15]);
+}

@@ -449,4 +449,7 @@ pub struct QpStats {
     pub rnr_naks_sent: u64,
     pub rnr_naks_received: u64,
     pub acks_sent: u64,
+    /// READ responses that could not be served because the MR went away
+    /// (a replayed READ is NAKed, an original one is fatal).
+    pub read_resp_failed: u64,
 }

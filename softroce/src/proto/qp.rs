@@ -76,7 +76,8 @@ pub(crate) enum RespOut {
         syndrome: u8,
         msn: u32,
     },
-    /// Remaining read response packets.
+    /// Remaining read response packets. `dup`: regenerated for a duplicate
+    /// READ request (the requester may already have completed it).
     Read {
         psn: Psn,
         va: u64,
@@ -84,6 +85,7 @@ pub(crate) enum RespOut {
         remaining: u32,
         first: bool,
         msn: u32,
+        dup: bool,
     },
     AtomicAck {
         psn: Psn,

@@ -3,6 +3,7 @@
 
 use super::qp::{InMsg, QpCore, RdAtomicRes, RespOut};
 use super::requester::{scatter, set_len};
+use super::state::QpState;
 use super::*;
 use crate::wire::opcode::{MsgKind, Position};
 use crate::wire::{self, AethRepr, AtomicAckEthRepr, BthRepr, NakCode, OpCode, Psn, RocePacketRepr, Syndrome};
@@ -62,6 +63,9 @@ impl QpCore {
         //= softroce spec §3.8
         //# Fatal errors (remote access, invalid request, operational) → NAK, error
         //# completion if a receive WQE was consumed, QP to ERR.
+        if self.attrs.qp_state == QpState::Err {
+            return; // already failed: one NAK is enough
+        }
         self.queue_nak(psn, f.nak());
         if let Some(InMsg::Send { wqe, .. }) = self.cur.take() {
             let status = match f {
@@ -183,6 +187,7 @@ impl QpCore {
                     remaining,
                     first: true,
                     msn,
+                    dup: true,
                 });
             }
             MsgKind::Atomic => {
@@ -312,6 +317,7 @@ impl QpCore {
                     remaining: reth.dma_len,
                     first: true,
                     msn,
+                    dup: false,
                 });
                 self.advance(npkts);
                 return Ok(());
@@ -448,112 +454,134 @@ impl QpCore {
     pub(crate) fn poll_response(&mut self, mem: &mut dyn MemoryAccess, buf: &mut Vec<u8>) -> Option<usize> {
         let mtu = self.mtu;
         let dest_qp = self.attrs.dest_qp_num;
-        let front = *self.out.front()?;
-        let mut bth = BthRepr {
-            opcode: OpCode::Acknowledge,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: wire::DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qp,
-            ack_req: false,
-            psn: Psn::new(0),
-        };
-        let mut repr = RocePacketRepr {
-            bth,
-            reth: None,
-            atomic_eth: None,
-            aeth: None,
-            atomic_ack_eth: None,
-            immdt: None,
-            ieth: None,
-            payload: &[],
-        };
-        match front {
-            RespOut::Ack { psn, syndrome, msn } => {
-                self.out.pop_front();
-                bth.psn = psn;
-                repr.bth = bth;
-                repr.aeth = Some(AethRepr {
-                    syndrome: Syndrome::from_byte(syndrome),
-                    msn,
-                });
-                if syndrome == ACK {
-                    self.stats.acks_sent += 1;
+        // A loop, never recursion: an entry that cannot be served is popped
+        // and the next one is tried (regression: unbounded recursion when a
+        // replayed READ hit a deregistered MR).
+        loop {
+            let front = *self.out.front()?;
+            let mut bth = BthRepr {
+                opcode: OpCode::Acknowledge,
+                solicited: false,
+                mig_req: false,
+                pad_count: 0,
+                pkey: wire::DEFAULT_PKEY,
+                fecn: false,
+                becn: false,
+                dest_qp,
+                ack_req: false,
+                psn: Psn::new(0),
+            };
+            let mut repr = RocePacketRepr {
+                bth,
+                reth: None,
+                atomic_eth: None,
+                aeth: None,
+                atomic_ack_eth: None,
+                immdt: None,
+                ieth: None,
+                payload: &[],
+            };
+            match front {
+                RespOut::Ack { psn, syndrome, msn } => {
+                    self.out.pop_front();
+                    bth.psn = psn;
+                    repr.bth = bth;
+                    repr.aeth = Some(AethRepr {
+                        syndrome: Syndrome::from_byte(syndrome),
+                        msn,
+                    });
+                    if syndrome == ACK {
+                        self.stats.acks_sent += 1;
+                    }
+                    buf.clear();
+                    buf.resize(repr.buffer_len(), 0);
+                    repr.emit(buf);
+                    return Some(buf.len());
                 }
-                buf.clear();
-                buf.resize(repr.buffer_len(), 0);
-                repr.emit(buf);
-                Some(buf.len())
-            }
-            RespOut::AtomicAck { psn, orig, msn } => {
-                self.out.pop_front();
-                bth.opcode = OpCode::AtomicAcknowledge;
-                bth.psn = psn;
-                repr.bth = bth;
-                repr.aeth = Some(AethRepr {
-                    syndrome: Syndrome::ACK_NO_CREDITS,
-                    msn,
-                });
-                repr.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
-                buf.clear();
-                buf.resize(repr.buffer_len(), 0);
-                repr.emit(buf);
-                Some(buf.len())
-            }
-            RespOut::Read {
-                psn,
-                va,
-                rkey,
-                remaining,
-                first,
-                msn,
-            } => {
-                let chunk = remaining.min(mtu);
-                let last = remaining <= mtu;
-                bth.opcode = match (first, last) {
-                    (true, true) => OpCode::ReadResponseOnly,
-                    (true, false) => OpCode::ReadResponseFirst,
-                    (false, true) => OpCode::ReadResponseLast,
-                    (false, false) => OpCode::ReadResponseMiddle,
-                };
-                bth.psn = psn;
-                repr.bth = bth;
-                if first || last {
+                RespOut::AtomicAck { psn, orig, msn } => {
+                    self.out.pop_front();
+                    bth.opcode = OpCode::AtomicAcknowledge;
+                    bth.psn = psn;
+                    repr.bth = bth;
                     repr.aeth = Some(AethRepr {
                         syndrome: Syndrome::ACK_NO_CREDITS,
                         msn,
                     });
-                }
-                let hdr = repr.header_len();
-                let plen = chunk as usize;
-                set_len(buf, hdr + plen + wire::pad_len(plen));
-                buf[hdr + plen..].fill(0); // pad
-                repr.emit_headers(&mut buf[..hdr], plen);
-                if mem.remote_read(rkey, va, &mut buf[hdr..hdr + plen]).is_err() {
-                    // The MR went away after the request was accepted.
+                    repr.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
                     buf.clear();
-                    self.fatal(psn, Fatal::RemoteAccess);
-                    return self.poll_response(mem, buf);
+                    buf.resize(repr.buffer_len(), 0);
+                    repr.emit(buf);
+                    return Some(buf.len());
                 }
-                if last {
-                    self.out.pop_front();
-                } else if let Some(RespOut::Read {
-                    psn: p,
-                    va: v,
-                    remaining: r,
-                    first: f,
-                    ..
-                }) = self.out.front_mut()
-                {
-                    *p = psn + 1;
-                    *v = va.wrapping_add(u64::from(chunk));
-                    *r = remaining - chunk;
-                    *f = false;
+                RespOut::Read {
+                    psn,
+                    va,
+                    rkey,
+                    remaining,
+                    first,
+                    msn,
+                    dup,
+                } => {
+                    let chunk = remaining.min(mtu);
+                    let last = remaining <= mtu;
+                    bth.opcode = match (first, last) {
+                        (true, true) => OpCode::ReadResponseOnly,
+                        (true, false) => OpCode::ReadResponseFirst,
+                        (false, true) => OpCode::ReadResponseLast,
+                        (false, false) => OpCode::ReadResponseMiddle,
+                    };
+                    bth.psn = psn;
+                    repr.bth = bth;
+                    if first || last {
+                        repr.aeth = Some(AethRepr {
+                            syndrome: Syndrome::ACK_NO_CREDITS,
+                            msn,
+                        });
+                    }
+                    let hdr = repr.header_len();
+                    let plen = chunk as usize;
+                    set_len(buf, hdr + plen + wire::pad_len(plen));
+                    buf[hdr + plen..].fill(0); // pad
+                    repr.emit_headers(&mut buf[..hdr], plen);
+                    if mem.remote_read(rkey, va, &mut buf[hdr..hdr + plen]).is_err() {
+                        // The MR went away after the request was accepted.
+                        buf.clear();
+                        self.out.pop_front();
+                        self.stats.read_resp_failed += 1;
+                        if dup {
+                            // A replayed READ (the requester has most likely
+                            // completed it already and the application then
+                            // deregistered the buffer): NAK this PSN — ignored by
+                            // a requester that is past it — and stay usable.
+                            let nak = Syndrome::Nak(NakCode::RemoteAccessError).to_byte();
+                            let msn = self.msn;
+                            self.out.push_front(RespOut::Ack {
+                                psn,
+                                syndrome: nak,
+                                msn,
+                            });
+                        } else {
+                            self.fatal(psn, Fatal::RemoteAccess);
+                        }
+                        continue;
+                    }
+                    if last {
+                        self.out.pop_front();
+                    } else if let Some(RespOut::Read {
+                        psn: p,
+                        va: v,
+                        remaining: r,
+                        first: f,
+                        ..
+                    }) = self.out.front_mut()
+                    {
+                        *p = psn + 1;
+                        *v = va.wrapping_add(u64::from(chunk));
+                        *r = remaining - chunk;
+                        *f = false;
+                    }
+                    return Some(buf.len());
                 }
-                Some(buf.len())
             }
         }
     }
