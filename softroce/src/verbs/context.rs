@@ -313,8 +313,9 @@ fn fill_port_attr(dev: &Device, a: &mut ibv_port_attr) {
     a.max_mtu = dev.active_mtu;
     a.active_mtu = dev.active_mtu;
     a.gid_tbl_len = device::GID_TABLE_LEN as c_int;
-    // IBV_PORT_CM_SUP
-    a.port_cap_flags = 1 << 16;
+    // No IBV_PORT_CM_SUP: there is no rdma_cm for this device (librdmacm needs
+    // the kernel's /dev/infiniband/rdma_cm), so connections are set up out of band.
+    a.port_cap_flags = 0;
     a.max_msg_sz = device::MAX_MSG_SZ;
     a.pkey_tbl_len = 1;
     a.lid = 0;
