@@ -108,6 +108,8 @@ pub struct Device {
     pub link_mtu: u32,
     /// Active MTU as an `ibv_mtu` enum value (1 = 256 ... 5 = 4096).
     pub active_mtu: u32,
+    /// Index of the network interface holding `addr` (`ibv_gid_entry.ndev_ifindex`).
+    pub ifindex: u32,
     pub guid: u64,
     pub sock: Arc<UdpSocket>,
     pub mrs: RwLock<HashMap<u32, MrInfo>>,
@@ -316,6 +318,11 @@ pub fn instance(index: usize) -> std::io::Result<Arc<Device>> {
     }
     let (addr, sock) = bind_for(index)?;
     let link_mtu = link_mtu_of(addr);
+    let ifindex = ifname_of(addr)
+        .and_then(|n| std::ffi::CString::new(n).ok())
+        // SAFETY: if_nametoindex reads a NUL-terminated name.
+        .map(|n| unsafe { libc::if_nametoindex(n.as_ptr()) })
+        .unwrap_or(0);
     let active_mtu = config::mtu_override().unwrap_or_else(|| mtu_enum_for_link(link_mtu).min(5));
     let guid = guid_for(addr);
     let sock = Arc::new(sock);
@@ -326,6 +333,7 @@ pub fn instance(index: usize) -> std::io::Result<Arc<Device>> {
         addr,
         link_mtu,
         active_mtu,
+        ifindex,
         guid,
         sock: sock.clone(),
         mrs: RwLock::new(HashMap::new()),

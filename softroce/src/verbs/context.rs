@@ -415,7 +415,7 @@ fn gid_entry(dev: &Device, index: usize) -> Option<ibv_gid_entry> {
     e.gid_index = index as u32;
     e.port_num = 1;
     e.gid_type = dev.gid_type(index)?;
-    e.ndev_ifindex = 0;
+    e.ndev_ifindex = dev.ifindex;
     Some(e)
 }
 
