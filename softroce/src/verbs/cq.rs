@@ -174,6 +174,10 @@ impl Drop for ChannelFds {
     }
 }
 
+/// Serialises updates of `ibv_comp_channel.refcnt` (rdma-core uses the
+/// context mutex for this).
+static CHANNEL_REFS: Mutex<()> = Mutex::new(());
+
 /// `struct ibv_comp_channel` and its pipe.
 #[repr(C)]
 pub struct Channel {
@@ -216,9 +220,9 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> 
         if ch.is_null() {
             return minus_one(libc::EINVAL);
         }
-        // SAFETY: ch is ours.
-        let c = unsafe { &*(ch as *const Channel) };
-        if c.ibv.refcnt != 0 {
+        let _g = CHANNEL_REFS.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: ch is ours; its refcnt is only touched under CHANNEL_REFS.
+        if unsafe { (*ch).refcnt } != 0 {
             return minus_one(libc::EBUSY);
         }
         // SAFETY: freed once.
@@ -258,10 +262,11 @@ fn create_cq(
     let ch_fds = if channel.is_null() {
         None
     } else {
-        // SAFETY: channel is ours per the API contract.
-        let ch = unsafe { &mut *(channel as *mut Channel) };
-        ch.ibv.refcnt += 1;
-        Some(ch.fds.clone())
+        let _g = CHANNEL_REFS.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: channel is ours per the API contract; refcnt only under CHANNEL_REFS.
+        unsafe { (*channel).refcnt += 1 };
+        // SAFETY: as above; the fds field is never written after creation.
+        Some(unsafe { &(*(channel as *const Channel)).fds }.clone())
     };
     let handle = NEXT_CQ_HANDLE.fetch_add(1, Ordering::Relaxed) as u64;
     let inner = Arc::new(CqInner {
@@ -432,13 +437,15 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
         if cq.is_null() || cqe < 1 || cqe as u32 > device::MAX_CQE {
             return int_err(libc::EINVAL);
         }
-        // SAFETY: cq is ours.
-        let c = unsafe { &mut *(cq as *mut Cq) };
-        if (cqe as usize) < c.inner.len() {
+        // SAFETY: cq is ours; only the `inner` field is borrowed (other
+        // threads may be polling the CQ).
+        let inner = unsafe { &(*(cq as *const Cq)).inner };
+        if (cqe as usize) < inner.len() {
             return int_err(libc::EINVAL);
         }
-        c.inner.cqe.store(cqe, Ordering::Relaxed);
-        c.ibv.cqe = cqe;
+        inner.cqe.store(cqe, Ordering::Relaxed);
+        // SAFETY: the public `cqe` field, written through the raw pointer.
+        unsafe { std::ptr::addr_of_mut!((*cq).cqe).write(cqe) };
         0
     })
 }
@@ -466,8 +473,10 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             m.remove(&c.inner.handle);
         }
         if !c.ibv.channel.is_null() {
-            // SAFETY: the channel outlives its CQs (destroy_comp_channel checks refcnt).
-            unsafe { (*(c.ibv.channel as *mut Channel)).ibv.refcnt -= 1 };
+            let _g = CHANNEL_REFS.lock().unwrap_or_else(|e| e.into_inner());
+            // SAFETY: the channel outlives its CQs (destroy_comp_channel checks
+            // refcnt); refcnt is only touched under CHANNEL_REFS.
+            unsafe { (*c.ibv.channel).refcnt -= 1 };
         }
         // SAFETY: freed once.
         drop(unsafe { Box::from_raw(cq as *mut Cq) });
@@ -617,12 +626,17 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
         if cq.is_null() {
             return;
         }
-        // SAFETY: cq is ours.
-        let c = unsafe { &mut *(cq as *mut Cq) };
-        let mut ev = c.inner.events.lock().unwrap();
+        // SAFETY: cq is ours; only the `inner` field is borrowed (other
+        // threads may be polling the CQ).
+        let inner = unsafe { &(*(cq as *const Cq)).inner };
+        let mut ev = inner.events.lock().unwrap_or_else(|e| e.into_inner());
         ev.1 += nevents as u64;
-        c.ibv.comp_events_completed = c.ibv.comp_events_completed.wrapping_add(nevents);
-        c.inner.events_cv.notify_all();
+        // SAFETY: the public counter, updated through the raw pointer under the events lock.
+        unsafe {
+            let p = std::ptr::addr_of_mut!((*cq).comp_events_completed);
+            p.write(p.read().wrapping_add(nevents));
+        }
+        inner.events_cv.notify_all();
     })
 }
 

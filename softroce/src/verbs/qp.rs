@@ -275,8 +275,9 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
         if qp.is_null() || attr.is_null() {
             return int_err(libc::EINVAL);
         }
-        // SAFETY: qp is ours; attr is valid for reading.
-        let (q, a) = unsafe { (&mut *(qp as *mut Qp), &*attr) };
+        // SAFETY: qp is ours; attr is valid for reading. Shared borrow only:
+        // other threads may be posting on the QP.
+        let (q, a) = unsafe { (&*(qp as *const Qp), &*attr) };
         let mask = mask as u32;
         // RATE_LIMIT and bits we do not know.
         if mask & !0x1f_ffff != 0 {
@@ -291,7 +292,9 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
         if let Err(e) = core.modify(&m) {
             return int_err(e.0);
         }
-        q.ex.qp_base.state = core.state() as u32;
+        // SAFETY: the public `state` field, written through the raw pointer
+        // while the core lock serialises modify calls.
+        unsafe { std::ptr::addr_of_mut!((*qp).state).write(core.state() as u32) };
         with_tx(&q.dev, |tx| drain_locked(&q.dev, &q.shared, &mut core, t, tx));
         let deadline = core.poll_timeout();
         drop(core);
