@@ -120,6 +120,10 @@ pair write_bw_device1 $port "SOFTROCE_DEVICES=2 SOFTROCE_ADDR=127.0.20.5,127.0.2
     ib_write_bw -d softroce1 -n 1000
 port=$((port + 1))
 
+# GSO on one side only (the receiver's GRO keeps segment IP IDs known).
+pair write_bw_mixed_gso $port "$S SOFTROCE_GSO=0" "$C SOFTROCE_GSO=1" 127.0.20.3 "$RE" ib_write_bw -d softroce0 -n 1000
+port=$((port + 1))
+
 # Again with 1% of received packets dropped on both sides.
 S="$S SOFTROCE_LOSS=0.01 SOFTROCE_SEED=7"
 C="$C SOFTROCE_LOSS=0.01 SOFTROCE_SEED=8"

@@ -87,7 +87,7 @@ pub fn seed() -> u64 {
 }
 
 /// `SOFTROCE_GSO` (default 1): send runs of equal-size packets to one peer
-/// as one UDP GSO datagram, and receive with UDP GRO. Segment *i* of a GSO
+/// as one UDP GSO datagram (receiving always uses UDP GRO). Segment *i* of a GSO
 /// send carries IP ID *i*, which the ICRC covers; a capture on `lo` shows the
 /// unsegmented super-datagram, so packet-by-packet ICRC checks of a capture
 /// need `SOFTROCE_GSO=0`.

@@ -88,8 +88,8 @@ fn setsockopt_int(fd: RawFd, level: i32, name: i32, v: i32) -> io::Result<()> {
 }
 
 impl UdpSocket {
-    /// Binds `addr:4791` (never the wildcard). `gso` enables UDP GRO on
-    /// receive and allows [`Self::send_gso`].
+    /// Binds `addr:4791` (never the wildcard), with UDP GRO on receive;
+    /// `gso` allows GSO sends ([`Self::send_gso`]).
     pub fn bind(addr: Ipv4Addr, gso: bool) -> io::Result<UdpSocket> {
         if addr.is_unspecified() {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
@@ -108,7 +108,11 @@ impl UdpSocket {
         for (opt, v) in [(libc::SO_RCVBUF, 4 << 20), (libc::SO_SNDBUF, 4 << 20)] {
             let _ = setsockopt_int(fd, libc::SOL_SOCKET, opt, v);
         }
-        if gso && setsockopt_int(fd, libc::SOL_UDP, UDP_GRO, 1).is_ok() {
+        // GRO is always on: a peer's GSO datagram then arrives whole, so each
+        // segment's index (= its IP ID, inside the ICRC) is known. Without it
+        // the kernel would split the datagram and the IDs would be lost.
+        let gro = setsockopt_int(fd, libc::SOL_UDP, UDP_GRO, 1).is_ok();
+        if gso && gro {
             s.gso.store(true, Ordering::Relaxed);
         }
         let sa = sockaddr(addr, ROCE_PORT);
