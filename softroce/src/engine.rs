@@ -286,8 +286,8 @@ impl Engine {
     /// Wakes the engine if `deadline` is earlier than what it sleeps on.
     pub fn note_deadline(&self, deadline: Option<Instant>) {
         if let Some(d) = deadline {
-            self.noted.fetch_min(d.as_nanos(), Ordering::AcqRel);
-            if d.as_nanos() < self.sleep_until.load(Ordering::Acquire) {
+            self.noted.fetch_min(d.as_nanos(), Ordering::SeqCst);
+            if d.as_nanos() < self.sleep_until.load(Ordering::SeqCst) {
                 self.kick();
             }
         }
@@ -563,10 +563,17 @@ fn run(dev: Arc<Device>) {
             }
         }
         tx.flush(&dev);
-        eng.sleep_until.store(next, Ordering::Release);
-        // 2. Wait for packets, a kick, or the deadline.
-        // At most 10 ms: a posting thread that arms a timer while we are
-        // between computing `next` and sleeping does not kick us.
+        // Publish the deadline we will sleep on, then look at `noted` again:
+        // a posting thread stores `noted` before it reads `sleep_until`, so
+        // (SeqCst on both sides) either it kicks us or we see its deadline.
+        eng.sleep_until.store(next, Ordering::SeqCst);
+        let late = eng.noted.load(Ordering::SeqCst);
+        if late < next {
+            next = late;
+            eng.sleep_until.store(next, Ordering::SeqCst);
+        }
+        // 2. Wait for packets, a kick, or the deadline (at most 10 ms, as a
+        // safety net).
         let timeout_ms: i32 = if next == u64::MAX {
             10
         } else {
