@@ -22,6 +22,9 @@ pub struct AlignedBuf {
 
 // SAFETY: plain owned memory.
 unsafe impl Send for AlignedBuf {}
+// SAFETY: `&AlignedBuf` only hands out the address and length; whoever writes through the
+// address (unsafe code, or a NIC) answers for the accesses.
+unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
     pub fn new(len: usize) -> Result<AlignedBuf> {

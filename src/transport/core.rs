@@ -56,7 +56,7 @@ impl Core {
         crate::log_warn!("{e}");
         let e = e.mark_logged();
         for r in self.pool.busy_mut() {
-            r.failed = true;
+            r.set_failed();
         }
         self.failed = Some(e.clone());
         e

@@ -35,8 +35,10 @@ pub const MAX_RECVS: usize = 8;
 pub const MAX_DEVS: usize = 8;
 /// Bytes per entry.
 pub const ENTRY_BYTES: usize = 64;
+/// Bytes of one slot (8 entries).
+pub const SLOT_BYTES: usize = MAX_RECVS * ENTRY_BYTES;
 /// Bytes of the whole FIFO (16 KiB).
-pub const FIFO_BYTES: usize = SLOTS * MAX_RECVS * ENTRY_BYTES;
+pub const FIFO_BYTES: usize = SLOTS * SLOT_BYTES;
 /// Bits of the stamp holding the posting counter.
 const IDX_MASK: u64 = (1 << 56) - 1;
 
@@ -57,6 +59,17 @@ const _: () = assert!(std::mem::align_of::<CtsEntry>() >= 32);
 /// Byte offset of the stamp (the sender loads it alone first).
 pub const STAMP_OFFSET: usize = 56;
 const _: () = assert!(std::mem::offset_of!(CtsEntry, stamp) == STAMP_OFFSET);
+/// Where, inside a slot whose entries have been consumed, a grouped transfer's n sizes (u32
+/// LE) are kept: over entry 0's rkeys (bytes 16..48). The sender stages them there in its FIFO
+/// (the source of the sizes write) and the receiver takes them there in its CTS staging (the
+/// completion record `[slot]` is at `record address + slot × SLOT_BYTES`), so neither end
+/// needs a separate array. Safe because a slot is written again only for the posting counter
+/// SLOTS later, which the receiver posts after this slot's receive completed and was tested.
+pub const SIZES_IN_SLOT: usize = std::mem::offset_of!(CtsEntry, rkeys);
+const _: () = assert!(
+    SIZES_IN_SLOT + MAX_RECVS * 4 <= 48,
+    "sizes stay clear of seal, tag and stamp"
+);
 
 fn mix(h: u64, v: u64) -> u64 {
     (h ^ v).wrapping_mul(0x9e37_79b9_7f4a_7c15).rotate_left(29)

@@ -41,8 +41,9 @@ pub const HANDLE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceH");
 pub const WIRE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceW");
 /// "ferroceS" connect-stage magic (connector's bytes in the handle).
 pub const STAGE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceS");
-/// Wire version; a peer with another version is rejected.
-pub const VERSION: u16 = 1;
+/// Wire version; a peer with another version is rejected. 2: the receiver's completion record
+/// `[slot]` lies `slot × fifo::SLOT_BYTES` past the advertised address (inside its CTS staging).
+pub const VERSION: u16 = 2;
 /// Size of the handle NCCL allocates.
 pub const HANDLE_BYTES: usize = 128;
 /// Largest frame body accepted.
@@ -682,7 +683,7 @@ mod tests {
         let mut h = [0u8; HANDLE_BYTES];
         r.emit(&mut h);
         assert_eq!(&h[0..8], b"ferroceH");
-        assert_eq!(&h[8..16], &[1, 0, 4, 1, 0x12, 0x34, 0, 0]);
+        assert_eq!(&h[8..16], &[2, 0, 4, 1, 0x12, 0x34, 0, 0]);
         assert_eq!(&h[16..20], &[10, 1, 2, 3]);
         assert_eq!(&h[40..48], &[8, 7, 6, 5, 4, 3, 2, 1]);
         assert!(h[48..].iter().all(|&b| b == 0));
@@ -758,7 +759,7 @@ mod tests {
     fn frame_header_literal() {
         let mut out = Vec::new();
         Message::Ready { nonce: 1 }.emit(&mut out);
-        assert_eq!(&out[..16], b"ferroceW\x01\x00\x03\x00\x08\x00\x00\x00");
+        assert_eq!(&out[..16], b"ferroceW\x02\x00\x03\x00\x08\x00\x00\x00");
     }
 
     #[test]
@@ -781,8 +782,8 @@ mod tests {
         k[10] = 99;
         assert_eq!(HeaderRepr::parse(&k), Err(WireError::BadKind(99)));
         let mut v = out.clone();
-        v[8] = 2;
-        assert_eq!(HeaderRepr::parse(&v), Err(WireError::BadVersion(2)));
+        v[8] = 1;
+        assert_eq!(HeaderRepr::parse(&v), Err(WireError::BadVersion(1)), "version 1 (records apart) is rejected");
         let mut l = out.clone();
         l[12..16].copy_from_slice(&(MAX_BODY as u32 + 1).to_le_bytes());
         assert!(matches!(HeaderRepr::parse(&l), Err(WireError::TooLong(_))));

@@ -73,11 +73,19 @@ const SENDER_SEND_WR: u32 = 2 * request::MAX_REQUESTS as u32;
 const RECEIVER_SEND_WR: u32 = 2 * fifo::SLOTS as u32;
 /// Receive WRs per receiver QP: one per receive in flight.
 const RECEIVER_RECV_WR: u32 = fifo::SLOTS as u32;
-/// CQ entries per sender QP: signaled writes (≤ 1 per group per QP, ≤ SLOTS groups), with room
-/// for the flushed WRs of a failing QP.
-const SENDER_CQE_PER_QP: usize = 4 * fifo::SLOTS;
+/// CQ entries per sender QP: signaled writes, one per group per QP. A group is posted after
+/// the receiver re-posted its slot, i.e. after the group SLOTS earlier landed there, so about
+/// SLOTS groups are unreaped at a time (NCCL keeps ≤ 32 requests per comm); twice that, plus
+/// the 16 of [`CQE_EXTRA`], leaves room for the flushed WRs of a failing QP.
+const SENDER_CQE_PER_QP: usize = 2 * fifo::SLOTS;
 /// CQ entries per receiver QP: receives + CTS completions, with room for flushes.
 const RECEIVER_CQE_PER_QP: usize = (RECEIVER_SEND_WR + RECEIVER_RECV_WR) as usize;
+/// CQ entries per receiver device for the flush QP's RDMA reads: receives and flushes share
+/// the RECV_REQUESTS request slots and the receives (≤ SLOTS) already have RECEIVER_RECV_WR
+/// entries per QP, so the reads need the rest.
+const FLUSH_CQE: usize = request::RECV_REQUESTS - fifo::SLOTS;
+/// CQ entries per device besides the per-QP ones.
+const CQE_EXTRA: usize = 16;
 /// Inline bytes requested when NCCL_IB_USE_INLINE=1 (one CTS entry).
 const INLINE_BYTES: u32 = fifo::ENTRY_BYTES as u32;
 fn remote_access() -> u32 {
@@ -427,6 +435,7 @@ struct RecvParts {
     devs: Vec<LocalDev>,
     qps: Vec<conn::ConnQp>,
     flush_qps: Vec<QueuePair>,
+    flush_scratch: Vec<(Arc<mr_cache::DeviceCache>, Arc<mr_cache::FlushScratch>)>,
     bufs: RegBuf,
     peer: EndpointRepr,
     qps_per_req: usize,
@@ -446,7 +455,7 @@ impl RecvParts {
             conn,
             request::RequestPool::new(std::ptr::null_mut(), request::RECV_REQUESTS),
         );
-        recv::RecvDp::new(core, p.flush_qps, p.bufs, config::get().use_inline)
+        recv::RecvDp::new(core, p.flush_qps, p.flush_scratch, p.bufs, config::get().use_inline)
     }
 }
 
@@ -473,7 +482,7 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
         members,
         nqps,
         RECEIVER_CQE_PER_QP,
-        if flush { request::RECV_REQUESTS + 16 } else { 16 },
+        if flush { FLUSH_CQE + CQE_EXTRA } else { CQE_EXTRA },
     )?;
     let qps = conn::create_qps(
         &devs,
@@ -489,8 +498,8 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
         cfg,
     )?;
     conn::check_peer(&devs, nqps, req)?;
-    // Staging, completion records and flush scratch in one registration; the peer is told the
-    // completion records' address.
+    // The CTS staging, which also holds the completion records, in one registration; the peer
+    // is told the completion records' address.
     let bufs = RegBuf::new(&devs, recv::RECV_BLOCK_BYTES, remote_access())?;
     let rkeys: Vec<u32> = bufs.mrs.iter().map(|m| m.rkey()).collect();
     let resp = conn::endpoint(
@@ -511,8 +520,12 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
     };
     let qps = conn::bring_up(&devs, qps, req, tc, req.sl, cfg)?;
     let mut flush_qps = Vec::new();
+    let mut flush_scratch = Vec::new();
     if flush {
         for d in &devs {
+            let cache = mr_cache::cache_for(&d.dev.pd);
+            let scratch = cache.flush_scratch()?;
+            flush_scratch.push((cache, scratch));
             let qp = QueuePair::new_rc(
                 d.dev.pd.clone(),
                 d.cq.clone(),
@@ -549,6 +562,7 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
         devs,
         qps,
         flush_qps,
+        flush_scratch,
         bufs,
         peer: req.clone(),
         qps_per_req: split::qps_per_request(split, nqps, ndata),
@@ -663,7 +677,7 @@ fn progress_connect(c: &mut Connecting, timeout: Duration) -> Result<Option<Box<
         let nr = c.listener.ndevs as usize;
         let ndata = nl.max(nr);
         let nqps = (cfg.qps_per_connection.clamp(1, 128) as usize) * ndata;
-        let devs = conn::local_devs(&c.members, nqps, SENDER_CQE_PER_QP, 16)?;
+        let devs = conn::local_devs(&c.members, nqps, SENDER_CQE_PER_QP, CQE_EXTRA)?;
         let qps = conn::create_qps(
             &devs,
             nqps,
@@ -832,15 +846,13 @@ pub unsafe fn test(req: *mut Request, sizes: *mut i32) -> Result<bool> {
     }
     // SAFETY: the caller guarantees req points into a live comm's pool; the fields are read
     // by value and the borrow ends before the comm is borrowed mutably.
-    let (owner, kind, index) = unsafe { ((*req).owner, (*req).kind, (*req).index) };
+    let (owner, kind) = unsafe { ((*req).owner, (*req).kind()) };
     match kind {
         // SAFETY: a Send request's owner is the boxed SendDp of its (open) comm, used only by
         // this thread (NCCL's progress thread); `sizes` as the caller guarantees.
-        request::ReqKind::Send => unsafe { (*(owner as *mut send::SendDp)).test(index, sizes) },
+        request::ReqKind::Send => unsafe { (*(owner as *mut send::SendDp)).test(req, sizes) },
         // SAFETY: as above for the RecvDp; `sizes` as the caller guarantees.
-        request::ReqKind::Recv | request::ReqKind::Flush => unsafe {
-            (*(owner as *mut recv::RecvDp)).test(index, sizes)
-        },
+        request::ReqKind::Recv | request::ReqKind::Flush => unsafe { (*(owner as *mut recv::RecvDp)).test(req, sizes) },
         request::ReqKind::Free => Err(Error::internal(
             "test: the request is not in flight (tested again after done?)",
         )),

@@ -101,6 +101,16 @@ impl<T> RangeCache<T> {
 pub struct DeviceCache {
     pub pd: Arc<ProtectionDomain>,
     cache: Mutex<RangeCache<MemoryRegion>>,
+    /// The flush scratch of every receive comm on this device, made at the first use.
+    scratch: Mutex<Option<Arc<FlushScratch>>>,
+}
+
+/// One registered page per device that every GPU flush (spec §8.9) reads its byte into.
+/// Nobody reads it, so all comms share it (instead of a registration per comm). Field order:
+/// the MR goes before the memory.
+pub struct FlushScratch {
+    pub mr: MemoryRegion,
+    pub buf: super::conn::AlignedBuf,
 }
 
 static CACHES: Mutex<Vec<(usize, Weak<DeviceCache>)>> = Mutex::new(Vec::new());
@@ -116,6 +126,7 @@ pub fn cache_for(pd: &Arc<ProtectionDomain>) -> Arc<DeviceCache> {
     let c = Arc::new(DeviceCache {
         pd: pd.clone(),
         cache: Mutex::new(RangeCache::default()),
+        scratch: Mutex::new(None),
     });
     all.push((key, Arc::downgrade(&c)));
     c
@@ -164,6 +175,28 @@ impl DeviceCache {
                 })
             }
         }
+    }
+
+    /// The device's shared flush scratch (registered once; callers keep the `Arc` as long as
+    /// a QP may write into it).
+    pub fn flush_scratch(&self) -> Result<Arc<FlushScratch>> {
+        let mut s = self.scratch.lock();
+        if let Some(s) = &*s {
+            return Ok(s.clone());
+        }
+        let buf = super::conn::AlignedBuf::new(64)?;
+        // SAFETY: `buf` lives in the same FlushScratch, dropped after the MR.
+        let mr = unsafe {
+            MemoryRegion::register(
+                self.pd.clone(),
+                buf.addr(),
+                buf.len(),
+                crate::ibv::sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0,
+            )?
+        };
+        let new = Arc::new(FlushScratch { mr, buf });
+        *s = Some(new.clone());
+        Ok(new)
     }
 
     pub fn release(&self, mr: &Arc<MemoryRegion>) {

@@ -1,17 +1,20 @@
 //! The receiver's data path (spec §8.8, §8.9): post one zero-SGE receive per QP the message
 //! will use, RDMA-write the CTS entries of the grouped receive into the sender's FIFO, and
 //! complete when every used QP delivered its WRITE WITH IMMEDIATE. `iflush` reads one byte of
-//! the last non-empty buffer back through a loopback QP per device.
+//! the last non-empty buffer back through a loopback QP per device, into the device's shared
+//! scratch ([`mr_cache::FlushScratch`]).
 
 use super::conn::RegBuf;
 use super::core::Core;
 use super::fifo::{self, CtsEntry, MAX_DEVS, MAX_RECVS};
+use super::mr_cache::{DeviceCache, FlushScratch};
 use super::request::{self, ReqKind, Request, RequestPool};
 use super::split;
 use super::MemHandle;
 use crate::error::{Error, Result};
 use crate::ibv::cq::Completed;
 use crate::ibv::{sys, QueuePair};
+use std::sync::Arc;
 
 /// `wr_id` kinds (top byte); the low 16 bits are a request index or a slot.
 const KIND_SHIFT: u32 = 56;
@@ -19,13 +22,13 @@ const KIND_RECV: u64 = 1;
 const KIND_CTS: u64 = 2;
 const KIND_FLUSH: u64 = 3;
 
-/// Offsets inside the receiver's one registered block.
-pub const CTS_OFF: usize = 0;
-pub const CMPL_OFF: usize = fifo::FIFO_BYTES;
-pub const CMPL_BYTES: usize = fifo::SLOTS * MAX_RECVS * 4;
-pub const SCRATCH_OFF: usize = CMPL_OFF + CMPL_BYTES;
-/// Bytes of the receiver's registered block.
-pub const RECV_BLOCK_BYTES: usize = SCRATCH_OFF + 64;
+/// Bytes of the receiver's one registered block: the CTS staging `[slot][entry]`, which also
+/// holds each slot's completion record ([`fifo::SIZES_IN_SLOT`]) and the posted sizes (the
+/// staged entries' `size`). 16 KiB, four pages.
+pub const RECV_BLOCK_BYTES: usize = fifo::FIFO_BYTES;
+/// The completion-record address told to the sender (record `[slot]` is `SLOT_BYTES` further
+/// per slot).
+pub const CMPL_OFF: usize = fifo::SIZES_IN_SLOT;
 
 fn wr_id(kind: u64, idx: u16) -> u64 {
     (kind << KIND_SHIFT) | u64::from(idx)
@@ -36,12 +39,12 @@ pub struct RecvDp {
     pub core: Core,
     /// One loopback QP per local device (empty when flush is disabled).
     pub flush_qps: Vec<QueuePair>,
-    /// One registered block: CTS staging `[slot][entry]` (the source of CTS writes) at
-    /// [`CTS_OFF`], the completion records `[slot][entry]` u32 the sender writes grouped sizes
-    /// into at [`CMPL_OFF`], and the flush scratch word at [`SCRATCH_OFF`].
+    /// Per local device with flush: its shared scratch (kept alive with its cache) and the
+    /// scratch's address and lkey. After the flush QPs: they write into it.
+    flush_scratch: Vec<(Arc<DeviceCache>, Arc<FlushScratch>)>,
+    /// One registered block: the CTS staging `[slot][entry]` (the source of CTS writes), where
+    /// the sender also writes a grouped receive's sizes (see [`RECV_BLOCK_BYTES`]).
     pub bufs: RegBuf,
-    /// Posted sizes of the receive in each FIFO slot.
-    posted: [[u32; MAX_RECVS]; fifo::SLOTS],
     /// The sender's FIFO address.
     peer_fifo: u64,
     counter: u64,
@@ -59,13 +62,19 @@ pub struct RecvDp {
 unsafe impl Send for RecvDp {}
 
 impl RecvDp {
-    pub fn new(core: Core, flush_qps: Vec<QueuePair>, bufs: RegBuf, use_inline: bool) -> Box<RecvDp> {
+    pub fn new(
+        core: Core,
+        flush_qps: Vec<QueuePair>,
+        flush_scratch: Vec<(Arc<DeviceCache>, Arc<FlushScratch>)>,
+        bufs: RegBuf,
+        use_inline: bool,
+    ) -> Box<RecvDp> {
         let peer_fifo = core.conn.peer.addr;
         let mut dp = Box::new(RecvDp {
             core,
             flush_qps,
+            flush_scratch,
             bufs,
-            posted: [[0; MAX_RECVS]; fifo::SLOTS],
             peer_fifo,
             counter: 0,
             recvs_in_flight: 0,
@@ -132,12 +141,8 @@ impl RecvDp {
         let nqps = self.core.conn.qps.len();
         {
             let req = self.core.pool.get_mut(r).expect("index from alloc");
-            req.n = n as u8;
-            req.slot = slot as u8;
-            req.pending = nq as u32;
-        }
-        for (d, &v) in self.posted[slot].iter_mut().zip(sizes) {
-            *d = v as u32;
+            req.set_slot_n(slot, n);
+            req.pending = request::pending_count(nq);
         }
         if let Err(e) = self.post(r, id, slot, nq, nqps, data, sizes, tags, mhs) {
             return Err(self.core.fail(e));
@@ -180,10 +185,11 @@ impl RecvDp {
         }
         let mut entries = [CtsEntry::default(); MAX_RECVS];
         fifo::fill_slot(&mut entries, id, data, sizes, tags, &rkeys[..n]);
-        let stage = ((self.bufs.addr() + CTS_OFF) as *mut CtsEntry).wrapping_add(slot * MAX_RECVS);
+        let stage = (self.bufs.addr() as *mut CtsEntry).wrapping_add(slot * MAX_RECVS);
         for (i, e) in entries.iter().enumerate().take(n) {
             // SAFETY: slot * 8 + i < SLOTS * 8 entries of the staging buffer we own. The entry
-            // from 256 posts ago has been read by the NIC (its request completed).
+            // from SLOTS posts ago has been read by the NIC and its completion record by us
+            // (its request completed and was tested).
             unsafe { std::ptr::write_volatile(stage.add(i), e.to_wire()) };
         }
         let ndevs = conn.devs.len();
@@ -239,12 +245,13 @@ impl RecvDp {
             )));
         };
         let ndevs = self.flush_qps.len();
-        self.core.pool.get_mut(r).expect("index from alloc").pending = ndevs as u32;
+        self.core.pool.get_mut(r).expect("index from alloc").pending = request::pending_count(ndevs);
         for d in 0..ndevs {
+            let scratch = &self.flush_scratch[d].1;
             self.flush_sge = sys::ibv_sge {
-                addr: (self.bufs.addr() + SCRATCH_OFF) as u64,
+                addr: scratch.buf.addr() as u64,
                 length: 1,
-                lkey: self.bufs.mrs[d].lkey(),
+                lkey: scratch.mr.lkey(),
             };
             // SAFETY: plain data, zero is valid.
             self.flush_wr = unsafe { std::mem::zeroed() };
@@ -266,16 +273,21 @@ impl RecvDp {
         Ok(Some(self.core.pool.ptr(r)))
     }
 
-    /// Progress the comm; report whether request `idx` is done (and reclaim it).
+    /// Progress the comm; report whether request `req` is done (and reclaim it).
     ///
     /// # Safety
     /// `sizes` is NULL or points to room for the request's `n` `i32`s.
-    pub unsafe fn test(&mut self, idx: u16, sizes: *mut i32) -> Result<bool> {
+    pub unsafe fn test(&mut self, req: *const Request, sizes: *mut i32) -> Result<bool> {
         self.core.poll(on_completion, describe)?;
-        let Some(r) = self.core.pool.get(idx) else {
+        let Some((idx, r)) = self
+            .core
+            .pool
+            .index_of(req)
+            .and_then(|i| Some((i, self.core.pool.get(i)?)))
+        else {
             return Err(Error::internal("test: unknown receive request"));
         };
-        let kind = r.kind;
+        let kind = r.kind();
         if kind != ReqKind::Recv && kind != ReqKind::Flush {
             return Err(Error::internal(
                 "test: the request is not in flight (already completed?)",
@@ -294,19 +306,23 @@ impl RecvDp {
         }
         let r = self.core.pool.get(idx).expect("checked above");
         if kind == ReqKind::Recv && !sizes.is_null() {
-            let n = r.n as usize;
+            let n = r.n();
+            let slot = self.bufs.addr() + r.slot() * fifo::SLOT_BYTES;
             for i in 0..n {
                 let got = if n == 1 {
                     r.size as usize
                 } else {
-                    let rec =
-                        ((self.bufs.addr() + CMPL_OFF) as *const u32).wrapping_add(r.slot as usize * MAX_RECVS + i);
-                    // SAFETY: inside the completion records we own; written by the NIC before
-                    // the receive completions we have seen.
+                    let rec = (slot + CMPL_OFF + 4 * i) as *const u32;
+                    // SAFETY: inside our staging slot (i < 8); written by the NIC before the
+                    // receive completions we have seen, rewritten only after this request.
                     u32::from_le(unsafe { std::ptr::read_volatile(rec) }) as usize
                 };
-                // Never report more than was posted, whatever the peer claims.
-                let v = got.min(self.posted[r.slot as usize % fifo::SLOTS][i] as usize);
+                // Never report more than was posted, whatever the peer claims: the posted
+                // size is the staged entry's (untouched by the record, bytes 8..16).
+                let entry = (slot as *const CtsEntry).wrapping_add(i);
+                // SAFETY: entry i of our staging slot; we wrote it at irecv, nobody else does.
+                let posted = u64::from_le(unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*entry).size)) });
+                let v = got.min(posted.min(u32::MAX as u64) as usize);
                 // SAFETY: NCCL passes room for the request's n ints (or NULL, checked).
                 unsafe { *sizes.add(i) = v.min(i32::MAX as usize) as i32 };
             }
@@ -324,7 +340,7 @@ fn on_completion(pool: &mut RequestPool, id: u64, c: Completed) {
     match id >> KIND_SHIFT {
         KIND_RECV => {
             if let Some(r) = pool.get_mut(idx) {
-                if r.kind == ReqKind::Recv {
+                if r.kind() == ReqKind::Recv {
                     if let Some(imm) = c.imm {
                         r.size = imm;
                     }
@@ -334,7 +350,7 @@ fn on_completion(pool: &mut RequestPool, id: u64, c: Completed) {
         }
         KIND_FLUSH => {
             if let Some(r) = pool.get_mut(idx) {
-                if r.kind == ReqKind::Flush {
+                if r.kind() == ReqKind::Flush {
                     r.complete_one();
                 }
             }

@@ -12,49 +12,86 @@ pub const MAX_REQUESTS: usize = 256;
 pub const MAX_RECVS: usize = 8;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
 pub enum ReqKind {
     /// In the free list; NCCL must not hold a pointer to it.
-    Free,
-    Send,
-    Recv,
-    Flush,
+    Free = 0,
+    Send = 1,
+    Recv = 2,
+    Flush = 3,
 }
 
-/// One in-flight operation (24 bytes). NCCL holds `*mut Request`; `owner` leads back to the
-/// comm. A receive's posted sizes live in its comm (per FIFO slot), not here.
+/// One in-flight operation (16 bytes: 256 of them are a send comm's whole pool). NCCL holds
+/// `*mut Request`; `owner` leads back to the comm, and the request's index is its position in
+/// the pool ([`RequestPool::index_of`]). A receive's posted sizes live in its comm (the CTS
+/// staging entries of its FIFO slot), not here.
 #[derive(Debug)]
+#[repr(C)]
 pub struct Request {
     /// The comm's data-path state (`SendDp` or `RecvDp`, by `kind`). Set once at pool creation.
     pub owner: *mut (),
-    /// Completions still expected.
-    pub pending: u32,
     /// Send: bytes sent. Receive with n == 1: the size the sender announced (immediate).
     pub size: u32,
-    /// Position in the pool (also what goes into `wr_id`).
-    pub index: u16,
-    /// FIFO slot of a receive.
-    pub slot: u8,
-    /// Buffers of a grouped receive, or `nreqs` of the group a send belongs to.
-    pub n: u8,
-    pub kind: ReqKind,
-    /// A completion error hit this request.
-    pub failed: bool,
+    /// Completions still expected (≤ one per QP of the comm: at most 1024).
+    pub pending: u16,
+    /// FIFO slot (bits 0..5) and buffers − 1 (bits 5..8): of a grouped receive, or `nreqs` of
+    /// the group a send belongs to.
+    slot_n: u8,
+    /// [`ReqKind`] (bits 0..2) and "a completion error hit this request" (bit 2).
+    flags: u8,
 }
 
-const _: () = assert!(std::mem::size_of::<Request>() <= 24);
+const _: () = assert!(std::mem::size_of::<Request>() == 16);
+// The packed fields hold every slot and group size.
+const _: () = assert!(super::fifo::SLOTS <= 32 && MAX_RECVS <= 8);
+const FAILED: u8 = 1 << 2;
 
 impl Request {
-    fn new(owner: *mut (), index: u16) -> Request {
+    fn new(owner: *mut ()) -> Request {
         Request {
             owner,
-            pending: 0,
             size: 0,
-            index,
-            slot: 0,
-            n: 0,
-            kind: ReqKind::Free,
-            failed: false,
+            pending: 0,
+            slot_n: 0,
+            flags: ReqKind::Free as u8,
         }
+    }
+
+    pub fn kind(&self) -> ReqKind {
+        match self.flags & 3 {
+            1 => ReqKind::Send,
+            2 => ReqKind::Recv,
+            3 => ReqKind::Flush,
+            _ => ReqKind::Free,
+        }
+    }
+
+    fn set_kind(&mut self, kind: ReqKind) {
+        self.flags = (self.flags & !3) | kind as u8;
+    }
+
+    /// A completion error hit this request.
+    pub fn failed(&self) -> bool {
+        self.flags & FAILED != 0
+    }
+
+    pub fn set_failed(&mut self) {
+        self.flags |= FAILED;
+    }
+
+    /// FIFO slot of a receive (or of the group a send belongs to).
+    pub fn slot(&self) -> usize {
+        usize::from(self.slot_n & 31)
+    }
+
+    /// Buffers of a grouped receive, or `nreqs` of the group a send belongs to (1..=8).
+    pub fn n(&self) -> usize {
+        usize::from(self.slot_n >> 5) + 1
+    }
+
+    /// Record the FIFO slot (mod 32) and the group size (clamped to 1..=8).
+    pub fn set_slot_n(&mut self, slot: usize, n: usize) {
+        self.slot_n = (slot & 31) as u8 | ((n.clamp(1, MAX_RECVS) - 1) as u8) << 5;
     }
 
     /// One expected completion arrived; true when none is left.
@@ -68,10 +105,16 @@ impl Request {
     }
 }
 
+/// `n` expected completions as stored in [`Request::pending`] (never more than 1024 QPs).
+pub fn pending_count(n: usize) -> u16 {
+    n.min(u16::MAX as usize) as u16
+}
+
 /// A fixed pool of requests with a LIFO free list.
 pub struct RequestPool {
     reqs: Box<[Request]>,
-    free: Vec<u16>,
+    /// Free indices (< 256, as the `wr_id` lanes).
+    free: Vec<u8>,
 }
 
 /// Requests of a receive comm: 32 receives (NCCL_NET_MAX_REQUESTS) plus 32 flushes.
@@ -83,9 +126,9 @@ impl RequestPool {
     /// `capacity` ≤ [`MAX_REQUESTS`] (indices must fit the 8-bit `wr_id` lanes).
     pub fn new(owner: *mut (), capacity: usize) -> RequestPool {
         let cap = capacity.clamp(1, MAX_REQUESTS) as u16;
-        let reqs: Box<[Request]> = (0..cap).map(|i| Request::new(owner, i)).collect();
+        let reqs: Box<[Request]> = (0..cap).map(|_| Request::new(owner)).collect();
         // Lowest index on top, so tests and logs see 0, 1, 2, ...
-        let free = (0..cap).rev().collect();
+        let free = (0..cap).rev().map(|i| i as u8).collect();
         RequestPool { reqs, free }
     }
 
@@ -98,23 +141,21 @@ impl RequestPool {
 
     /// Take a free request and mark it `kind`; `None` when all are in flight.
     pub fn alloc(&mut self, kind: ReqKind) -> Option<u16> {
-        let i = self.free.pop()?;
+        let i = u16::from(self.free.pop()?);
         let r = &mut self.reqs[i as usize];
-        r.kind = kind;
+        r.flags = kind as u8;
         r.pending = 0;
-        r.n = 0;
-        r.slot = 0;
+        r.slot_n = 0;
         r.size = 0;
-        r.failed = false;
         Some(i)
     }
 
     /// Return a request to the pool. Freeing a free or unknown request is ignored.
     pub fn free(&mut self, i: u16) {
         if let Some(r) = self.reqs.get_mut(i as usize) {
-            if r.kind != ReqKind::Free {
-                r.kind = ReqKind::Free;
-                self.free.push(i);
+            if r.kind() != ReqKind::Free {
+                r.set_kind(ReqKind::Free);
+                self.free.push(i as u8);
             }
         }
     }
@@ -146,7 +187,7 @@ impl RequestPool {
 
     /// Every request not free (for failing them all on a fatal error).
     pub fn busy_mut(&mut self) -> impl Iterator<Item = &mut Request> {
-        self.reqs.iter_mut().filter(|r| r.kind != ReqKind::Free)
+        self.reqs.iter_mut().filter(|r| r.kind() != ReqKind::Free)
     }
 }
 
@@ -182,7 +223,7 @@ mod tests {
         p.free(17); // double free ignored
         assert_eq!(p.in_flight(), MAX_REQUESTS - 1);
         assert_eq!(p.alloc(ReqKind::Recv), Some(17));
-        assert_eq!(p.get(17).unwrap().kind, ReqKind::Recv);
+        assert_eq!(p.get(17).unwrap().kind(), ReqKind::Recv);
         p.free(9999); // unknown ignored
     }
 
@@ -201,12 +242,38 @@ mod tests {
         let mut p = RequestPool::new(std::ptr::null_mut(), MAX_REQUESTS);
         let i = p.alloc(ReqKind::Recv).unwrap();
         let r = p.get_mut(i).unwrap();
-        r.pending = 3;
+        r.pending = pending_count(3);
         assert!(!r.complete_one());
         assert!(!r.complete_one());
         assert!(r.complete_one());
         assert!(r.is_done());
         assert!(r.complete_one(), "extra completions never underflow");
+    }
+
+    #[test]
+    fn packed_fields() {
+        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_REQUESTS);
+        for kind in [ReqKind::Send, ReqKind::Recv, ReqKind::Flush] {
+            let i = p.alloc(kind).unwrap();
+            let r = p.get_mut(i).unwrap();
+            assert_eq!((r.kind(), r.failed(), r.n(), r.slot()), (kind, false, 1, 0));
+            for slot in 0..super::super::fifo::SLOTS {
+                for n in 1..=MAX_RECVS {
+                    r.set_slot_n(slot, n);
+                    assert_eq!((r.slot(), r.n(), r.kind()), (slot, n, kind));
+                }
+            }
+            r.set_failed();
+            assert!(r.failed());
+            assert_eq!(r.kind(), kind);
+            p.free(i);
+            assert_eq!(p.get(i).unwrap().kind(), ReqKind::Free);
+            let j = p.alloc(kind).unwrap();
+            assert!(!p.get(j).unwrap().failed(), "alloc clears the failed bit");
+            p.free(j);
+        }
+        assert_eq!(pending_count(1024), 1024);
+        assert_eq!(pending_count(1 << 20), u16::MAX);
     }
 
     #[test]

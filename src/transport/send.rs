@@ -9,7 +9,7 @@
 use super::conn::RegBuf;
 use super::core::Core;
 use super::fifo::{self, CtsEntry, SlotState, MAX_RECVS};
-use super::request::{pack_wr_id, wr_id_lane, ReqKind, Request, RequestPool};
+use super::request::{self, pack_wr_id, wr_id_lane, ReqKind, Request, RequestPool};
 use super::split::{self, WrPlan, MAX_CHAIN};
 use super::MemHandle;
 use crate::error::{Error, Result};
@@ -18,10 +18,15 @@ use crate::ibv::sys;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-/// Offset of the grouped-send sizes inside the sender's registered block.
-pub const SIZES_OFF: usize = fifo::FIFO_BYTES;
-/// Bytes of the sender's registered block (FIFO + sizes `[slot][entry]` u32).
-pub const SEND_BLOCK_BYTES: usize = SIZES_OFF + fifo::SLOTS * MAX_RECVS * 4;
+/// A grouped send stages its n sizes (the source of the completion-record write) in the FIFO
+/// slot the group was matched in ([`fifo::SIZES_IN_SLOT`]). The slot is dead for us once
+/// [`SendDp::load_slot`] copied it: we read it again only for the posting counter SLOTS later
+/// (entry 0's stamp, untouched). The receiver writes it again only for that counter, i.e.
+/// after this group's receive completed, so after every write reading these sizes executed at
+/// the receiver (a retransmitted duplicate is not executed again, IBTA C9-105). So the FIFO
+/// needs no separate sizes array, and the registered block is 16 KiB, four pages, not five.
+/// Bytes of the sender's registered block: the CTS FIFO (grouped-send sizes inside, above).
+pub const SEND_BLOCK_BYTES: usize = fifo::FIFO_BYTES;
 
 /// The oldest FIFO slot once all its entries have landed.
 struct CurSlot {
@@ -38,8 +43,8 @@ struct CurSlot {
 pub struct SendDp {
     /// First: QPs are destroyed before the FIFO memory they write into is freed.
     pub core: Core,
-    /// One registered block: the CTS FIFO the receiver writes into at offset 0, then the
-    /// sizes of grouped sends (the source of the completion-record write) at [`SIZES_OFF`].
+    /// One registered block: the CTS FIFO the receiver writes into (grouped sends stage their
+    /// sizes in their consumed slot, [`fifo::SIZES_IN_SLOT`]).
     pub bufs: RegBuf,
     /// FIFO slots consumed so far.
     counter: u64,
@@ -170,10 +175,9 @@ impl SendDp {
         self.cur.len[i] = len;
         self.cur.lkeys[i] = mh.lkeys;
         self.cur.matched |= 1 << i;
-        let slot = fifo::slot_of(self.counter) as u16;
+        let slot = fifo::slot_of(self.counter);
         let req = self.core.pool.get_mut(r).expect("index from alloc");
-        req.n = n as u8;
-        req.slot = slot as u8;
+        req.set_slot_n(slot, n);
         req.size = len as u32;
         // Not posted yet: one placeholder completion, replaced when the group is posted.
         req.pending = 1;
@@ -194,10 +198,11 @@ impl SendDp {
         let nq = conn.qps_per_req;
         let nqps = conn.qps.len();
         let ar_split = n == 1 && self.ar && self.cur.len[0] > self.ar_threshold;
-        let sizes_addr = self.bufs.addr() + SIZES_OFF + slot * MAX_RECVS * 4;
+        let sizes_addr = self.bufs.addr() + slot * fifo::SLOT_BYTES + fifo::SIZES_IN_SLOT;
         if n > 1 {
             for i in 0..n {
-                // SAFETY: slot * 8 + i is inside the sizes staging array (SLOTS × 8 u32).
+                // SAFETY: bytes 16 + 4i of entry 0 of our (consumed) slot, inside the FIFO; no
+                // NIC writes this slot before this group's receive completed (see above).
                 unsafe { std::ptr::write_volatile((sizes_addr as *mut u32).add(i), (self.cur.len[i] as u32).to_le()) };
             }
         }
@@ -252,7 +257,8 @@ impl SendDp {
                         };
                     }
                     WrPlan::SizesImm => {
-                        // Grouped: the n sizes go into the receiver's completion record [slot].
+                        // Grouped: the n sizes go into the receiver's completion record [slot]
+                        // (inside its CTS staging slot, fifo::SIZES_IN_SLOT).
                         self.sges[x] = sys::ibv_sge {
                             addr: sizes_addr as u64,
                             length: (n * 4) as u32,
@@ -264,7 +270,7 @@ impl SendDp {
                         w.imm_data_invalidated_rkey_union.imm_data = (slot as u32).to_be();
                         w.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
                         w.wr.rdma = sys::rdma_t {
-                            remote_addr: conn.peer.addr + (slot * MAX_RECVS * 4) as u64,
+                            remote_addr: conn.peer.addr + (slot * fifo::SLOT_BYTES) as u64,
                             rkey: conn.peer.devs[rdev].rkey,
                         };
                     }
@@ -280,12 +286,12 @@ impl SendDp {
             }
             // SAFETY: the chain lives in self (stable, boxed) for the call; the local buffers
             // are registered user buffers (NCCL keeps them until the request completes) or our
-            // sizes staging array (lives as long as the QP); remote keys come from the CTS.
+            // consumed FIFO slot (lives as long as the QP); remote keys come from the CTS.
             unsafe { cq.qp.post_send(&mut self.wrs[0]) }?;
         }
         for &r in &self.cur.reqs[..n] {
             if let Some(req) = self.core.pool.get_mut(r) {
-                req.pending = nq as u32;
+                req.pending = request::pending_count(nq);
             }
         }
         self.counter += 1;
@@ -293,16 +299,21 @@ impl SendDp {
         Ok(())
     }
 
-    /// Progress the comm; report whether send request `idx` is done (and reclaim it).
+    /// Progress the comm; report whether send request `req` is done (and reclaim it).
     ///
     /// # Safety
     /// `sizes` is NULL or points to room for one `i32`.
-    pub unsafe fn test(&mut self, idx: u16, sizes: *mut i32) -> Result<bool> {
+    pub unsafe fn test(&mut self, req: *const Request, sizes: *mut i32) -> Result<bool> {
         self.core.poll(on_completion, describe)?;
-        let Some(r) = self.core.pool.get(idx) else {
+        let Some((idx, r)) = self
+            .core
+            .pool
+            .index_of(req)
+            .and_then(|i| Some((i, self.core.pool.get(i)?)))
+        else {
             return Err(Error::internal("test: unknown send request"));
         };
-        if r.kind != ReqKind::Send {
+        if r.kind() != ReqKind::Send {
             return Err(Error::internal(
                 "test: the request is not in flight (already completed?)",
             ));
@@ -325,10 +336,10 @@ impl SendDp {
 
 /// A successful send completion: the final signaled write of one QP's chain for a group.
 fn on_completion(pool: &mut RequestPool, wr_id: u64, _c: Completed) {
-    let n = pool.get(wr_id_lane(wr_id, 0)).map(|r| r.n).unwrap_or(1).clamp(1, 8) as usize;
+    let n = pool.get(wr_id_lane(wr_id, 0)).map(|r| r.n()).unwrap_or(1);
     for lane in 0..n {
         if let Some(r) = pool.get_mut(wr_id_lane(wr_id, lane)) {
-            if r.kind == ReqKind::Send {
+            if r.kind() == ReqKind::Send {
                 r.complete_one();
             }
         }
@@ -336,7 +347,7 @@ fn on_completion(pool: &mut RequestPool, wr_id: u64, _c: Completed) {
 }
 
 fn describe(pool: &RequestPool, wr_id: u64) -> (&'static str, usize) {
-    let n = pool.get(wr_id_lane(wr_id, 0)).map(|r| r.n).unwrap_or(1).clamp(1, 8) as usize;
+    let n = pool.get(wr_id_lane(wr_id, 0)).map(|r| r.n()).unwrap_or(1);
     let bytes = (0..n)
         .filter_map(|l| pool.get(wr_id_lane(wr_id, l)))
         .map(|r| r.size as usize)
