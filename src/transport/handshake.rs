@@ -783,7 +783,11 @@ mod tests {
         assert_eq!(HeaderRepr::parse(&k), Err(WireError::BadKind(99)));
         let mut v = out.clone();
         v[8] = 1;
-        assert_eq!(HeaderRepr::parse(&v), Err(WireError::BadVersion(1)), "version 1 (records apart) is rejected");
+        assert_eq!(
+            HeaderRepr::parse(&v),
+            Err(WireError::BadVersion(1)),
+            "version 1 (records apart) is rejected"
+        );
         let mut l = out.clone();
         l[12..16].copy_from_slice(&(MAX_BODY as u32 + 1).to_le_bytes());
         assert!(matches!(HeaderRepr::parse(&l), Err(WireError::TooLong(_))));

@@ -39,8 +39,8 @@ pub struct RecvDp {
     pub core: Core,
     /// One loopback QP per local device (empty when flush is disabled).
     pub flush_qps: Vec<QueuePair>,
-    /// Per local device with flush: its shared scratch (kept alive with its cache) and the
-    /// scratch's address and lkey. After the flush QPs: they write into it.
+    /// Per local device with flush: the device's shared scratch, with its cache (so that every
+    /// comm of the device gets the same one). After the flush QPs: they write into it.
     flush_scratch: Vec<(Arc<DeviceCache>, Arc<FlushScratch>)>,
     /// One registered block: the CTS staging `[slot][entry]` (the source of CTS writes), where
     /// the sender also writes a grouped receive's sizes (see [`RECV_BLOCK_BYTES`]).
