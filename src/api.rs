@@ -330,6 +330,9 @@ impl<T> CommHandle<T> {
 
     /// # Safety
     /// Only the thread that runs this comm's data path calls it, and not concurrently with a close.
+    // The &self → &mut is the point of the UnsafeCell: exclusivity comes from NCCL's threading
+    // contract (one progress thread per comm), stated in `# Safety`.
+    #[allow(clippy::mut_from_ref)]
     pub unsafe fn data_path(&self) -> &mut T {
         // SAFETY: per the contract above this is the only live reference to `inner`.
         unsafe { &mut *self.inner.get() }

@@ -535,7 +535,8 @@ mod tests {
     #[test]
     fn gid_selection_table() {
         let d = Config::default();
-        let cases: Vec<(&str, Vec<Row>, Config, std::result::Result<i32, String>)> = vec![
+        type Case = (&'static str, Vec<Row>, Config, std::result::Result<i32, String>);
+        let cases: Vec<Case> = vec![
             ("usual host picks IPv4 RoCEv2", usual_table(), d.clone(), Ok(3)),
             (
                 "explicit index wins",
