@@ -8,7 +8,7 @@ PLUGIN  := $(RELEASE)/libnccl-net-ferroce.so
 CFLAGS_SHIM := -O2 -g -Wall -Wextra -Werror -Iinclude
 SHIM_OUT := $(RELEASE)/c_shim
 
-.PHONY: all deps build plugin softroce c_shim harness test bench clean
+.PHONY: all deps build plugin softroce c_shim harness lint test bench clean
 
 all: build
 
@@ -41,9 +41,15 @@ c_shim:
 harness:
 	@if [ -f nccl-tests-harness/Makefile ]; then $(MAKE) --no-print-directory -C nccl-tests-harness; fi
 
+# Formatting and clippy, warnings as errors.
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
 # FERROCE_TEST_SOFTROCE=1: the transport's integration tests run the real verbs path over the
 # softroce library that `build` made (they skip without it).
 test: build
+	$(MAKE) --no-print-directory lint
 	FERROCE_TEST_SOFTROCE=1 $(CARGO) test --release --workspace
 	ci/run-tests.sh
 
