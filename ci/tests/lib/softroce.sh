@@ -1,0 +1,87 @@
+# Shared by the ci/tests/20-softroce-*.sh scripts (sourced, not run): the repository root,
+# the softroce library, a scratch directory and process list cleaned up on exit, PASS/FAIL
+# counters, and the helpers ok, ko, wait_port, pair and finish.
+# shellcheck shell=bash
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+LIB=$ROOT/target/release/softroce
+if [ ! -e "$LIB/libibverbs.so.1" ]; then
+    echo "missing $LIB/libibverbs.so.1 (run softroce/build.sh)"
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+T=${SOFTROCE_TEST_TIMEOUT:-60}
+D=$(mktemp -d /tmp/softroce-test.XXXXXX)
+PASS=0
+FAIL=0
+PIDS=""
+cleanup() {
+    for p in $PIDS; do kill "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    rm -rf "$D"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ok() { PASS=$((PASS + 1)); echo "   PASS $1"; }
+ko() {
+    FAIL=$((FAIL + 1))
+    echo "   FAIL $1"
+    shift
+    for f in "$@"; do
+        [ -e "$f" ] && { echo "   --- $(basename "$f"):"; tail -n 25 "$f" | sed 's/^/   | /'; }
+    done
+}
+
+# wait_port PORT [NETNS]: until a TCP listener is on PORT (5 s).
+wait_port() {
+    for _ in $(seq 100); do
+        if [ -n "${2:-}" ]; then
+            ip netns exec "$2" ss -ltnH "sport = :$1" | grep -q . && return 0
+        else
+            ss -ltnH "sport = :$1" | grep -q . && return 0
+        fi
+        sleep 0.05
+    done
+    return 1
+}
+
+# pair NAME PORT "SERVER_ENV" "CLIENT_ENV" SERVER_IP REGEX TOOL ARGS...
+# Runs TOOL as server (no host argument) and client (connecting to SERVER_IP),
+# both bounded by $T seconds; passes when both exit 0 and the client output
+# matches REGEX.
+pair() {
+    local name=$1 port=$2 senv=$3 cenv=$4 sip=$5 re=$6
+    shift 6
+    echo "== $name"
+    echo "   server: $senv $* -p $port"
+    echo "   client: $cenv $* -p $port $sip"
+    # shellcheck disable=SC2086
+    env LD_LIBRARY_PATH="$LIB" $senv timeout "$T" "$@" -p "$port" >"$D/$name.server" 2>&1 &
+    local spid=$!
+    PIDS="$PIDS $spid"
+    if ! wait_port "$port"; then
+        kill "$spid" 2>/dev/null
+        wait "$spid" 2>/dev/null
+        ko "$name (server did not listen)" "$D/$name.server"
+        return
+    fi
+    # shellcheck disable=SC2086
+    env LD_LIBRARY_PATH="$LIB" $cenv timeout "$T" "$@" -p "$port" "$sip" >"$D/$name.client" 2>&1
+    local crc=$?
+    wait "$spid"
+    local src=$?
+    if [ $crc -eq 0 ] && [ $src -eq 0 ] && grep -Eq "$re" "$D/$name.client"; then
+        grep -E "$re" "$D/$name.client" | tail -n 1 | sed 's/^/   > /'
+        ok "$name"
+    else
+        ko "$name (client rc=$crc, server rc=$src)" "$D/$name.server" "$D/$name.client"
+    fi
+}
+
+finish() {
+    echo "$PASS passed, $FAIL failed"
+    [ "$FAIL" -eq 0 ]
+    exit $?
+}
+
