@@ -66,6 +66,9 @@ pub enum Error {
 
 pub type Result<T> = core::result::Result<T, Error>;
 
+#[macro_use]
+mod scalar;
+
 pub mod aeth;
 pub mod atomic_ack_eth;
 pub mod atomic_eth;
