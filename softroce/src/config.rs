@@ -119,6 +119,18 @@ pub fn defer() -> bool {
     *V.get_or_init(|| env("SOFTROCE_DEFER").map(|s| s.trim() != "0").unwrap_or(true))
 }
 
+/// `SOFTROCE_POLL_SLEEP_AFTER_US` (default 200): an application thread whose
+/// CQ polls have all been empty for this long sleeps briefly between polls
+/// instead of only yielding (see `verbs::cq::idle_poll`); 0 never sleeps.
+pub fn poll_sleep_after() -> std::time::Duration {
+    static V: OnceLock<u64> = OnceLock::new();
+    std::time::Duration::from_micros(*V.get_or_init(|| {
+        env("SOFTROCE_POLL_SLEEP_AFTER_US")
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(200)
+    }))
+}
+
 /// `SOFTROCE_POLL_YIELD` (default 64): an application thread polling an
 /// empty CQ gives its CPU away (`sched_yield`) every this many empty polls,
 /// so spinning applications do not starve the engine threads; 0 never yields.

@@ -527,6 +527,7 @@ fn run(dev: Arc<Device>) {
     // since), which only costs a scan; it is never late: every QP event that
     // can arm a timer is seen here (own draining) or noted (other threads).
     let mut next = u64::MAX;
+    let mut landed_write = false;
     loop {
         // 1. Deferred work, then timers: scan every QP only when the earliest
         // known deadline passed or the QP set changed.
@@ -663,6 +664,9 @@ fn run(dev: Arc<Device>) {
                     } else {
                         &pkt[..pkt.len() - icrc::ICRC_LEN]
                     };
+                    // The end of an inbound RDMA WRITE: memory an application may be
+                    // watching changed (completions ring on their own).
+                    landed_write |= matches!(body[0], 0x08 | 0x0A);
                     let qpn = u32::from_be_bytes([0, body[5], body[6], body[7]]);
                     let Some(qp) = eng.qp(qpn) else { continue };
                     {
@@ -689,6 +693,9 @@ fn run(dev: Arc<Device>) {
                 }
             }
             tx.flush(&dev);
+            if std::mem::take(&mut landed_write) {
+                crate::activity::ring();
+            }
             if n < BATCH {
                 break;
             }

@@ -7,6 +7,7 @@
 pub mod proto;
 pub mod wire;
 
+pub mod activity;
 pub mod config;
 pub mod device;
 pub mod engine;

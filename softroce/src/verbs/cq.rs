@@ -81,6 +81,7 @@ impl CqInner {
             );
         }
         self.maybe_fire(wcs.iter().any(|w| w.solicited || w.status != 0));
+        crate::activity::ring();
     }
 
     fn maybe_fire(&self, solicited: bool) {
@@ -367,10 +368,12 @@ unsafe fn ex_load(cq: *mut rdma_sys::ibv_cq_ex) -> c_int {
     // SAFETY: per the contract; only the `inner` and `cur` fields are borrowed.
     let (inner, cur) = unsafe { (&(*p).inner, &(*p).cur) };
     let mut one = [Wc::default()];
+    let seen = crate::activity::snapshot();
     if inner.poll(&mut one) == 0 {
-        idle_poll();
+        idle_poll(seen);
         return libc::ENOENT;
     }
+    poll_found_work();
     *cur.lock().unwrap() = one[0];
     // SAFETY: the public fields of the caller's ibv_cq_ex, written through the raw pointer.
     unsafe {
@@ -494,10 +497,12 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -
         if num <= 0 || wc.is_null() {
             return 0;
         }
+        let seen = crate::activity::snapshot();
         if c.inner.is_empty() {
-            idle_poll();
+            idle_poll(seen);
             return 0;
         }
+        poll_found_work();
         let mut buf = [Wc::default(); 32];
         let mut total = 0usize;
         let want = num as usize;
@@ -520,25 +525,45 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -
 /// Applications spin on `ibv_poll_cq` while our engine thread does the NIC's
 /// work; on a host with fewer free cores than spinning threads that spin would
 /// starve the engine. Every `YIELD_EVERY` consecutive empty polls of a thread
-/// give the CPU away once (`sched_yield` returns at once on an idle CPU).
-fn idle_poll() {
+/// give the CPU away once (`sched_yield` returns at once on an idle CPU). Once
+/// every poll of the thread has been empty for `SOFTROCE_POLL_SLEEP_AFTER_US`,
+/// it waits for the NIC's next event instead (see [`crate::activity`]).
+/// `seen` is the activity count read before the CQ was found empty.
+fn idle_poll(seen: u32) {
     let yield_every = crate::config::poll_yield();
     if yield_every == 0 {
         return;
     }
-    thread_local! {
-        static EMPTY: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
-    }
-    EMPTY.with(|e| {
-        let n = e.get() + 1;
-        if n >= yield_every {
-            e.set(0);
+    POLL_STREAK.with(|e| {
+        let (n, since) = e.get();
+        let n = n + 1;
+        if n < yield_every {
+            e.set((n, since));
+            return;
+        }
+        let now = std::time::Instant::now();
+        let since = since.unwrap_or(now);
+        e.set((0, Some(since)));
+        let sleep_after = crate::config::poll_sleep_after();
+        if !sleep_after.is_zero() && now.duration_since(since) >= sleep_after {
+            crate::activity::wait(seen, crate::activity::MAX_WAIT);
+        } else {
             // SAFETY: sched_yield has no preconditions.
             unsafe { libc::sched_yield() };
-        } else {
-            e.set(n);
         }
     });
+}
+
+thread_local! {
+    /// This thread's empty polls since the last yield, and since when every
+    /// poll of it (on any CQ) has been empty.
+    static POLL_STREAK: std::cell::Cell<(u32, Option<std::time::Instant>)> =
+        const { std::cell::Cell::new((0, None)) };
+}
+
+/// A poll that found a completion ends the thread's empty streak.
+fn poll_found_work() {
+    POLL_STREAK.with(|e| e.set((0, None)));
 }
 
 /// # Safety
