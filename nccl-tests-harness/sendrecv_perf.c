@@ -9,6 +9,12 @@
  * trip is two one-way trips. The time column is half the median round trip measured on rank 0
  * (what ib_write_lat reports as t_typical).
  * -O (one way, 2 ranks): only rank 0 sends, to rank 1 (compare with unidirectional ib_write_bw).
+ *   The timed iterations run back to back as one stream, as ib_write_bw streams its writes and
+ *   as NCCL's send-only kernels and receive proxy do (the proxy posts the next operation's
+ *   receives while the current one's are in flight): the messages of iteration k+1 go out while
+ *   those of iteration k are still landing, at the same buffer offsets (identical bytes, so the
+ *   overlapping receives are harmless). Checked iterations (-c) run one at a time. In two-way
+ *   mode each rank's iteration ends with its receives, as an NCCL sendrecv kernel does.
  * --group G: the receiver posts G consecutive messages in one grouped irecv (n = G, as NCCL does
  * for up to maxRecvs sub-receives on one comm); the sender still sends each message on its own.
  */
@@ -40,7 +46,8 @@ static void plan(hctx_t* h, schan_t* S, size_t bytes) {
   }
 }
 
-static void run_sendrecv(hctx_t* h, schan_t* S, char* sbuf, char* rbuf) {
+/* `iters` iterations as one stream of iters × nmsg messages per channel */
+static void run_sendrecv(hctx_t* h, schan_t* S, char* sbuf, char* rbuf, int iters) {
   int steps = h->o->steps;
   int prev = (h->rank + h->nranks - 1) % h->nranks;
   size_t chunk = h->o->chunk_bytes;
@@ -55,7 +62,7 @@ static void run_sendrecv(hctx_t* h, schan_t* S, char* sbuf, char* rbuf) {
     int progress = 0, left = 0;
     for (int c = 0; c < h->nch; c++) {
       schan_t* s = &S[c];
-      long nsend = do_send ? s->nmsg : 0, nrecv = do_recv ? s->nmsg : 0;
+      long nsend = do_send ? s->nmsg * iters : 0, nrecv = do_recv ? s->nmsg * iters : 0;
       while (s->rpost < nrecv) {
         /* up to G consecutive messages in one (grouped) receive */
         void* d[H_MAX_GROUP];
@@ -63,7 +70,7 @@ static void run_sendrecv(hctx_t* h, schan_t* S, char* sbuf, char* rbuf) {
         size_t len[H_MAX_GROUP];
         int n = 0;
         for (; n < G && s->rpost + n < nrecv; n++) {
-          size_t o = (size_t)(s->rpost + n) * chunk;
+          size_t o = (size_t)((s->rpost + n) % s->nmsg) * chunk;
           len[n] = s->bytes - o < chunk ? s->bytes - o : chunk;
           d[n] = rbuf + s->off + o;
           mh[n] = s->mh_recv;
@@ -73,7 +80,7 @@ static void run_sendrecv(hctx_t* h, schan_t* S, char* sbuf, char* rbuf) {
         progress = 1;
       }
       while (s->spost < nsend) {
-        size_t o = (size_t)s->spost * chunk;
+        size_t o = (size_t)(s->spost % s->nmsg) * chunk;
         size_t len = s->bytes - o < chunk ? s->bytes - o : chunk;
         if (!hq_post_send(h, &s->sq, sbuf + s->off + o, len, s->mh_send)) break;
         s->spost++;
@@ -118,7 +125,10 @@ static void run_op(hctx_t* h, schan_t* S, char* sbuf, char* rbuf, size_t bytes, 
   if (h->o->pingpong) {
     run_pingpong(h, S, sbuf, rbuf, bytes, iters, t);
   } else {
-    for (int i = 0; i < iters; i++) run_sendrecv(h, S, sbuf, rbuf);
+    if (h->o->oneway)
+      run_sendrecv(h, S, sbuf, rbuf, iters);
+    else
+      for (int i = 0; i < iters; i++) run_sendrecv(h, S, sbuf, rbuf, 1);
   }
 }
 
