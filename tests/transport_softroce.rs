@@ -149,21 +149,42 @@ fn connect_and_transfer_sizes() {
     api::finalize(ctx).unwrap();
 }
 
+/// CTS entries the FIFO ring holds (`fifo::RING`): grouped receives beyond it wait.
+const RING: usize = nccl_net_ferroce::transport::fifo::RING;
+
+fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
+/// Post `isend`s until one is accepted (the receiver's CTS may still be landing).
+fn isend_retry(s: &SendHandle, p: usize, size: usize, tag: i32, mh: &MemHandle) -> *mut Request {
+    let end = deadline();
+    loop {
+        // SAFETY: live handle; the caller keeps the buffer registered and alive.
+        if let Some(q) = unsafe { api::isend(s, p, size, tag, mh) }.unwrap() {
+            return q;
+        }
+        assert!(Instant::now() < end, "isend never matched");
+    }
+}
+
 /// Grouped receives (n = 1..8) with tags in shuffled order, buffers larger than the messages,
-/// and 32 groups in flight at once; every byte verified.
+/// 32 groups kept in flight as far as the FIFO ring holds them; every byte verified. Groups
+/// are posted while the ring has room (irecv must accept them then, even with no send going
+/// on) and must be refused ("retry later") exactly when it has none; the sends of every posted
+/// group are in flight together.
 #[test]
 fn grouped_shuffled_and_32_in_flight() {
     let Some(ctx) = setup() else { return };
     let _g = LOCK.lock().unwrap();
     let (s, r) = pair(&ctx);
     const GROUPS: usize = 32;
-    let mut rng = 0x1234_5678u64;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
+    let mut next = xorshift(0x1234_5678);
     // One big source and one big destination arena, registered once each.
     let slot = 256 * 1024;
     let mut src = vec![0u8; GROUPS * 8 * slot];
@@ -174,62 +195,268 @@ fn grouped_shuffled_and_32_in_flight() {
         n: usize,
         tags: Vec<i32>,
         sizes: Vec<usize>,
+        order: Vec<usize>,
         rreq: *mut Request,
+        sreqs: Vec<*mut Request>,
     }
-    let mut groups = Vec::new();
-    for g in 0..GROUPS {
-        let n = (next() % 8 + 1) as usize;
-        let tags: Vec<i32> = (0..n).map(|i| (i as i32) * 3 + (g as i32 % 5)).collect();
-        let sizes: Vec<usize> = (0..n).map(|_| (next() % (slot as u64 - 1024)) as usize).collect();
-        let data: Vec<usize> = (0..n).map(|i| dst.as_mut_ptr() as usize + (g * 8 + i) * slot).collect();
-        let caps = vec![slot; n];
-        let mhs: Vec<&MemHandle> = (0..n).map(|_| &*rmh).collect();
-        // SAFETY: live handles; the arena outlives the requests.
-        let rreq = unsafe { api::irecv(&r, &data, &caps, &tags, &mhs, false) }
-            .unwrap()
-            .expect("32 receives in flight");
-        groups.push(G { n, tags, sizes, rreq });
-    }
-    // Sends, group by group, each group's isends in shuffled tag order; all in flight together.
-    let mut sreqs = Vec::new();
-    for (g, gr) in groups.iter().enumerate() {
-        let mut order: Vec<usize> = (0..gr.n).collect();
-        for i in (1..gr.n).rev() {
-            order.swap(i, (next() % (i as u64 + 1)) as usize);
-        }
-        for &i in &order {
-            let p = src.as_ptr() as usize + (g * 8 + i) * slot;
+    let mut groups: Vec<G> = (0..GROUPS)
+        .map(|g| {
+            let n = (next() % 8 + 1) as usize;
+            let mut order: Vec<usize> = (0..n).collect();
+            for i in (1..n).rev() {
+                order.swap(i, (next() % (i as u64 + 1)) as usize);
+            }
+            G {
+                n,
+                tags: (0..n).map(|i| (i as i32) * 3 + (g as i32 % 5)).collect(),
+                sizes: (0..n).map(|_| (next() % (slot as u64 - 1024)) as usize).collect(),
+                order,
+                rreq: std::ptr::null_mut(),
+                sreqs: vec![],
+            }
+        })
+        .collect();
+    let (mut posted, mut sent, mut done) = (0, 0, 0);
+    let (mut refused, mut peak) = (0, 0);
+    while done < GROUPS {
+        // Post while the ring has room; the first group that does not fit is refused.
+        while posted < GROUPS {
+            let gr = &groups[posted];
+            let in_ring: usize = groups[done..posted].iter().map(|g| g.n).sum();
+            let room = in_ring + gr.n <= RING && posted - done < 32;
+            let data: Vec<usize> = (0..gr.n)
+                .map(|i| dst.as_mut_ptr() as usize + (posted * 8 + i) * slot)
+                .collect();
+            let caps = vec![slot; gr.n];
+            let mhs: Vec<&MemHandle> = (0..gr.n).map(|_| &*rmh).collect();
             let end = deadline();
-            loop {
-                // SAFETY: as above.
-                if let Some(q) = unsafe { api::isend(&s, p, gr.sizes[i], gr.tags[i], &smh) }.unwrap() {
-                    sreqs.push((q, gr.sizes[i]));
+            // SAFETY: live handles; the arena outlives the requests.
+            let q = loop {
+                let q = unsafe { api::irecv(&r, &data, &caps, &gr.tags, &mhs, false) }.unwrap();
+                if q.is_some() || !room {
+                    break q;
+                }
+                // Room in the ring: only CTS credits can refuse, and they come back by
+                // themselves.
+                assert!(Instant::now() < end, "group {posted} refused with room in the ring");
+            };
+            match q {
+                Some(q) => {
+                    assert!(
+                        room,
+                        "group {posted} ({} entries) accepted past the ring ({in_ring} in use)",
+                        gr.n
+                    );
+                    groups[posted].rreq = q;
+                    posted += 1;
+                    peak = peak.max(in_ring + groups[posted - 1].n);
+                }
+                None => {
+                    refused += 1;
                     break;
                 }
-                assert!(Instant::now() < end, "isend never matched");
             }
         }
-    }
-    assert!(sreqs.len() >= 32);
-    for (q, size) in sreqs {
-        let mut ss = [-1i32];
-        wait(q, &mut ss);
-        assert_eq!(ss[0] as usize, size);
-    }
-    for (g, gr) in groups.iter().enumerate() {
+        // Send every posted group, each group's isends in shuffled tag order, all in flight.
+        while sent < posted {
+            let gr = &mut groups[sent];
+            for k in 0..gr.n {
+                let i = gr.order[k];
+                let p = src.as_ptr() as usize + (sent * 8 + i) * slot;
+                gr.sreqs.push(isend_retry(&s, p, gr.sizes[i], gr.tags[i], &smh));
+            }
+            sent += 1;
+        }
+        // Complete the oldest group: its sends, its receive; check sizes and bytes.
+        let gr = &groups[done];
+        for (k, &q) in gr.sreqs.iter().enumerate() {
+            let mut ss = [-1i32];
+            wait(q, &mut ss);
+            assert_eq!(ss[0] as usize, gr.sizes[gr.order[k]]);
+        }
         let mut rs = [-1i32; 8];
         wait(gr.rreq, &mut rs);
         for i in 0..gr.n {
-            assert_eq!(rs[i] as usize, gr.sizes[i], "group {g} buffer {i} size");
-            let off = (g * 8 + i) * slot;
+            assert_eq!(rs[i] as usize, gr.sizes[i], "group {done} buffer {i} size");
+            let off = (done * 8 + i) * slot;
             assert!(
                 dst[off..off + gr.sizes[i]] == src[off..off + gr.sizes[i]],
-                "group {g} buffer {i} payload"
+                "group {done} buffer {i} payload"
             );
             assert!(
                 dst[off + gr.sizes[i]..off + slot].iter().all(|&b| b == 0xee),
-                "group {g} buffer {i} overrun"
+                "group {done} buffer {i} overrun"
             );
+        }
+        done += 1;
+    }
+    assert!(refused > 0, "the ring filled up at least once");
+    assert!(
+        peak > RING - 8,
+        "the ring was used up to its last group ({peak} entries)"
+    );
+    api::dereg_mr(smh).unwrap();
+    api::dereg_mr(rmh).unwrap();
+    drop(s);
+    drop(r);
+    api::finalize(ctx).unwrap();
+}
+
+/// A posted grouped receive.
+struct Posted {
+    n: usize,
+    rreq: *mut Request,
+}
+
+/// 32 single-buffer receives in flight (NCCL_NET_MAX_REQUESTS): irecv accepts all of them with
+/// no send going on and refuses a 33rd; then the sends, every byte checked. Twice; the second
+/// round wraps around the end of the FIFO ring.
+#[test]
+fn thirty_two_single_receives_in_flight() {
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap();
+    let (s, r) = pair(&ctx);
+    let size = 40_000;
+    let mut src = vec![0u8; 32 * size];
+    fill(&mut src, 7);
+    let mut dst = vec![0u8; 32 * size];
+    let (smh, rmh) = (reg(&*s, &src), reg(&*r, &dst));
+    for round in 0..2 {
+        if round == 1 {
+            // One more receive first: the second round's 32 entries straddle the ring's end.
+            transfer(&s, &r, 10, 10, 5);
+        }
+        dst.fill(0xee);
+        let mut rreqs = vec![];
+        for k in 0..32 {
+            let p = dst.as_mut_ptr() as usize + k * size;
+            let end = deadline();
+            let q = loop {
+                // SAFETY: live handles; the arena outlives the requests.
+                if let Some(q) = unsafe { api::irecv(&r, &[p], &[size], &[k as i32], &[&rmh], false) }.unwrap() {
+                    break q;
+                }
+                // A fresh comm has credit for 32 CTS writes; later rounds wait for the CTS
+                // writes of the last round to be acknowledged, with no send or test.
+                assert!(round > 0, "receive {k} of 32 refused");
+                assert!(Instant::now() < end, "receive {k} of 32 refused (round {round})");
+            };
+            rreqs.push(q);
+        }
+        let p = dst.as_mut_ptr() as usize;
+        // SAFETY: as above.
+        let extra = unsafe { api::irecv(&r, &[p], &[size], &[99], &[&rmh], false) }.unwrap();
+        assert!(extra.is_none(), "a 33rd receive must wait");
+        let sreqs: Vec<_> = (0..32)
+            .map(|k| {
+                let len = size - 100 * k - round;
+                isend_retry(&s, src.as_ptr() as usize + k * size, len, k as i32, &smh)
+            })
+            .collect();
+        for (k, (&sq, &rq)) in sreqs.iter().zip(&rreqs).enumerate() {
+            let len = size - 100 * k - round;
+            let (mut ss, mut rs) = ([-1i32], [-1i32]);
+            wait(sq, &mut ss);
+            wait(rq, &mut rs);
+            assert_eq!((ss[0] as usize, rs[0] as usize), (len, len));
+            let off = k * size;
+            assert!(dst[off..off + len] == src[off..off + len], "receive {k} payload");
+            assert!(
+                dst[off + len..off + size].iter().all(|&b| b == 0xee),
+                "receive {k} overrun"
+            );
+        }
+    }
+    api::dereg_mr(smh).unwrap();
+    api::dereg_mr(rmh).unwrap();
+    drop(s);
+    drop(r);
+    api::finalize(ctx).unwrap();
+}
+
+/// Groups of 8 posted back to back until irecv says "retry later": exactly the ring's 64
+/// entries are accepted. Then every send (shuffled tags), every receive completed and checked.
+/// Done twice: from ring position 0, and from position 1, so that the last group straddles the
+/// end of the ring (its CTS goes out in two writes).
+#[test]
+fn groups_of_8_until_the_ring_is_full() {
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap();
+    let (s, r) = pair(&ctx);
+    let mut next = xorshift(0xfeed_beef);
+    let size = 8192;
+    let mut src = vec![0u8; RING * size];
+    fill(&mut src, 3);
+    let mut dst = vec![0u8; RING * size];
+    let (smh, rmh) = (reg(&*s, &src), reg(&*r, &dst));
+    for round in 0..2 {
+        if round == 1 {
+            // One single receive moves the ring's start to position 1 (an 8-aligned group
+            // never straddles the end).
+            transfer(&s, &r, 100, 100, 77);
+        }
+        dst.fill(0xee);
+        let mut groups = vec![];
+        loop {
+            let g = groups.len();
+            // (The refused ninth group names the first group's buffers.)
+            let data: Vec<usize> = (0..8)
+                .map(|i| dst.as_mut_ptr() as usize + ((g % (RING / 8)) * 8 + i) * size)
+                .collect();
+            let tags: Vec<i32> = (0..8).map(|i| i % 3).collect();
+            if g == RING / 8 {
+                // SAFETY: live handles; the arena outlives the requests.
+                let q = unsafe { api::irecv(&r, &data[..1], &[size], &tags[..1], &[&rmh], false) }.unwrap();
+                assert!(q.is_none(), "the ring is full: retry later");
+                break;
+            }
+            // SAFETY: as above.
+            let q = unsafe { api::irecv(&r, &data, &[size; 8], &tags, &[&*rmh; 8], false) }.unwrap();
+            let q = q.unwrap_or_else(|| panic!("group {g} of 8 refused with room in the ring (round {round})"));
+            groups.push(Posted { n: 8, rreq: q });
+        }
+        assert_eq!(groups.len(), RING / 8);
+        // Sends in shuffled order. Tags repeat inside a group (0,1,2,0,1,2,0,1): the k-th send
+        // with tag t lands in the group's k-th buffer with tag t.
+        let mut sreqs = vec![];
+        let mut expect = vec![(0usize, 0usize); RING]; // per destination buffer: (source offset, len)
+        for g in 0..groups.len() {
+            let mut order: Vec<usize> = (0..8).collect();
+            for i in (1..8).rev() {
+                order.swap(i, (next() % (i as u64 + 1)) as usize);
+            }
+            let mut seen = [0usize; 3];
+            for &i in &order {
+                let tag = i % 3;
+                let dest = tag + 3 * seen[tag];
+                seen[tag] += 1;
+                let len = size - 8 * (g * 8 + i) - round;
+                let off = (g * 8 + i) * size;
+                expect[g * 8 + dest] = (off, len);
+                sreqs.push((isend_retry(&s, src.as_ptr() as usize + off, len, tag as i32, &smh), len));
+            }
+        }
+        for (q, len) in sreqs {
+            let mut ss = [-1i32];
+            wait(q, &mut ss);
+            assert_eq!(ss[0] as usize, len);
+        }
+        for (g, gr) in groups.iter().enumerate() {
+            let mut rs = [-1i32; 8];
+            wait(gr.rreq, &mut rs);
+            for d in 0..gr.n {
+                let (off, len) = expect[g * 8 + d];
+                assert_eq!(rs[d] as usize, len, "round {round} group {g} buffer {d} size");
+                let at = (g * 8 + d) * size;
+                assert!(
+                    dst[at..at + len] == src[off..off + len],
+                    "round {round} group {g} buffer {d} payload"
+                );
+                assert!(
+                    dst[at + len..at + size].iter().all(|&b| b == 0xee),
+                    "round {round} group {g} buffer {d} overrun"
+                );
+            }
         }
     }
     api::dereg_mr(smh).unwrap();

@@ -1,17 +1,30 @@
-//! The CTS ("clear to send") FIFO: slot layout and tag matching (pure, no I/O, no unsafe).
+//! The CTS ("clear to send") FIFO: a ring of entries, its allocation and tag matching (pure, no
+//! I/O, no unsafe).
 //!
-//! Spec §8.8. The receiver RDMA-writes `n` entries of 64 bytes (one per buffer of a grouped
-//! receive) into slot `id mod SLOTS` of the sender's FIFO. The sender consumes slots strictly in
-//! order; a slot is posted when entry 0 carries the stamp `counter + 1`, and complete when all
-//! `nreqs` entries carry it. Tags pick the buffer *inside* the oldest slot; there is no matching
-//! across slots.
+//! Spec §8.8, with the FIFO cut to what NCCL really keeps in flight. The sender's FIFO is a ring
+//! of [`RING`] 64-byte entries (4 KiB), and the receiver keeps a staging copy of the same shape.
+//! A grouped receive of `n` buffers (posting counter `c`) takes the next `n` entries of the ring,
+//! starting at absolute entry number `start` ([`RingAlloc`]); the receiver RDMA-writes them into
+//! the sender's FIFO at the same positions, in two writes when the group straddles the end of
+//! the ring ([`pieces`]). The sender consumes groups strictly in posting order: it expects group
+//! `c` at its own `head` (the sum of the sizes of the groups before it), learns `n` from the head
+//! entry's stamp, and accepts the group when all `n` entries carry the stamp of `c`
+//! ([`read_group`]). Tags pick the buffer *inside* that group; there is no matching across
+//! groups.
+//!
+//! The receiver frees ring space in posting order, once a group's receive has completed and
+//! been reported (its completion implies the sender consumed the group, and every group before
+//! it); when the ring has no room for `n` entries `irecv` says "retry later". [`RING`] = 64 =
+//! NCCL_STEPS 8 × maxRecvs 8 holds NCCL's real peak, and ≥ 32 single receives.
 //!
 //! An RDMA WRITE gives no ordering promise *inside* the written range (a NIC's DMA, or
 //! softroce's `memcpy` on another thread, may store the stamp before the rest of the entry), so
 //! every entry is **sealed**: a 32-bit check over all its other bytes, stamp included. The
 //! sender loads the stamp alone first; once it matches, it reads the whole entry and accepts it
 //! only if the seal verifies. An entry whose stamp matches but whose seal does not is *still
-//! landing* and is read again later (never an error by itself).
+//! landing* and is read again later (never an error by itself). The stamp carries the posting
+//! counter (56 bits, never wraps in practice), so an entry left from an earlier lap of the ring
+//! never passes for the one expected.
 //!
 //! Entry layout (little-endian on the wire; both ends convert, so it is a no-op on LE hosts):
 //!
@@ -26,21 +39,21 @@
 //!
 //! Nothing here panics on any input.
 
-/// Slots in the FIFO: NCCL never has more than NCCL_NET_MAX_REQUESTS (32) receives in flight
-/// per comm (spec §7.6); the receiver refuses (retry later) beyond that.
-pub const SLOTS: usize = 32;
+/// Entries in the ring: NCCL_STEPS (8) grouped receives of maxRecvs (8) buffers, NCCL's peak
+/// per comm; 64 ≥ the 32 single receives NCCL_NET_MAX_REQUESTS allows. A power of two.
+pub const RING: usize = 64;
 /// Most buffers in one grouped receive (the `maxRecvs` we report).
 pub const MAX_RECVS: usize = 8;
 /// Most member devices of a fused device (v12 `NCCL_NET_MAX_DEVS_PER_NIC`).
 pub const MAX_DEVS: usize = 8;
 /// Bytes per entry.
 pub const ENTRY_BYTES: usize = 64;
-/// Bytes of one slot (8 entries).
-pub const SLOT_BYTES: usize = MAX_RECVS * ENTRY_BYTES;
-/// Bytes of the whole FIFO (16 KiB).
-pub const FIFO_BYTES: usize = SLOTS * SLOT_BYTES;
+/// Bytes of the whole ring (4 KiB, one page).
+pub const RING_BYTES: usize = RING * ENTRY_BYTES;
 /// Bits of the stamp holding the posting counter.
 const IDX_MASK: u64 = (1 << 56) - 1;
+
+const _: () = assert!(RING.is_power_of_two() && RING >= MAX_RECVS && RING <= 256);
 
 /// One CTS entry exactly as it sits in registered memory.
 #[repr(C, align(64))]
@@ -59,15 +72,17 @@ const _: () = assert!(std::mem::align_of::<CtsEntry>() >= 32);
 /// Byte offset of the stamp (the sender loads it alone first).
 pub const STAMP_OFFSET: usize = 56;
 const _: () = assert!(std::mem::offset_of!(CtsEntry, stamp) == STAMP_OFFSET);
-/// Where, inside a slot whose entries have been consumed, a grouped transfer's n sizes (u32
-/// LE) are kept: over entry 0's rkeys (bytes 16..48). The sender stages them there in its FIFO
-/// (the source of the sizes write) and the receiver takes them there in its CTS staging (the
-/// completion record `[slot]` is at `record address + slot × SLOT_BYTES`), so neither end
-/// needs a separate array. Safe because a slot is written again only for the posting counter
-/// SLOTS later, which the receiver posts after this slot's receive completed and was tested.
-pub const SIZES_IN_SLOT: usize = std::mem::offset_of!(CtsEntry, rkeys);
+/// Where, inside the first entry of a group whose entries have been consumed, the grouped
+/// transfer's n sizes (u32 LE) are kept: over that entry's rkeys (bytes 16..48). The sender
+/// stages them there in its FIFO (the source of the sizes write) and the receiver takes them
+/// there in its CTS staging (the completion record of the group at ring position `p` is at
+/// `record address + p × ENTRY_BYTES`), so neither end needs a separate array. Safe because the
+/// receiver reuses ring space only after the group's own receive completed (so after the sizes
+/// write executed at the receiver) and was reported by `test` (so after the record was read);
+/// a retransmitted duplicate of the sizes write is not executed again (IBTA C9-105).
+pub const SIZES_IN_ENTRY: usize = std::mem::offset_of!(CtsEntry, rkeys);
 const _: () = assert!(
-    SIZES_IN_SLOT + MAX_RECVS * 4 <= 48,
+    SIZES_IN_ENTRY + MAX_RECVS * 4 <= 48,
     "sizes stay clear of seal, tag and stamp"
 );
 
@@ -160,15 +175,26 @@ pub fn stamp_matches(wire_stamp: u64, counter: u64) -> bool {
     u64::from_le(wire_stamp) & IDX_MASK == stamp(counter)
 }
 
-/// FIFO slot of posting counter `counter`.
-pub fn slot_of(counter: u64) -> usize {
-    (counter % SLOTS as u64) as usize
+/// Ring position of absolute entry number `abs`.
+pub fn ring_pos(abs: u64) -> usize {
+    (abs % RING as u64) as usize
 }
 
-/// State of the oldest FIFO slot as seen by the sender.
+/// The one or two contiguous runs `(position, entries)` that the `n` entries starting at
+/// absolute entry `start` occupy; the second run is empty unless the group straddles the end
+/// of the ring (`n` is clamped to [`RING`]).
+pub fn pieces(start: u64, n: usize) -> [(usize, usize); 2] {
+    let n = n.min(RING);
+    let pos = ring_pos(start);
+    let first = n.min(RING - pos);
+    [(pos, first), (0, n - first)]
+}
+
+/// State of the group the sender expects next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SlotState {
-    /// Entry 0 does not carry the expected stamp: the receiver has not posted yet.
+pub enum GroupState {
+    /// The head entry does not carry the expected stamp: the receiver has not posted yet (or
+    /// the entry there is left from an earlier lap of the ring).
     NotPosted,
     /// The stamp is there but some entry is not complete yet (seal fails, or an entry of the
     /// group has not landed): read again later.
@@ -177,28 +203,118 @@ pub enum SlotState {
     Ready(usize),
 }
 
-/// Validate a slot snapshot (host order). `entries` holds the first `min(len, 8)` entries of
-/// the slot, read after entry 0's stamp matched.
-pub fn check_slot(entries: &[CtsEntry], counter: u64) -> SlotState {
+/// Validate a group snapshot (host order). `entries` holds the group's first `min(len, 8)`
+/// entries in ring order, read after the head entry's stamp matched.
+pub fn check_group(entries: &[CtsEntry], counter: u64) -> GroupState {
     let Some(head) = entries.first() else {
-        return SlotState::NotPosted;
+        return GroupState::NotPosted;
     };
     if head.idx() != stamp(counter) {
-        return SlotState::NotPosted;
+        return GroupState::NotPosted;
     }
     let n = head.nreqs();
     if !head.sealed() || n == 0 || n > MAX_RECVS || entries.len() < n {
-        return SlotState::Landing;
+        return GroupState::Landing;
     }
     for e in &entries[..n] {
         if e.idx() != stamp(counter) || !e.sealed() || e.nreqs() != n || e.size > i64::MAX as u64 {
-            return SlotState::Landing;
+            return GroupState::Landing;
         }
     }
-    SlotState::Ready(n)
+    GroupState::Ready(n)
 }
 
-/// The first entry of the slot not yet matched (bit `i` of `matched` set = entry `i` taken)
+/// The sender's read of group `counter`, expected at absolute entry `head` of its ring.
+/// `load_stamp(pos)` loads the raw (wire-order) stamp word of the entry at ring position `pos`
+/// alone; only when it announces `counter` are the group's entries loaded with `load(pos)`
+/// (wire order), in ring order (wrapping past the end), into `out`. On `Ready(n)` `out[..n]`
+/// holds the group in host order.
+pub fn read_group(
+    head: u64,
+    counter: u64,
+    load_stamp: impl FnOnce(usize) -> u64,
+    mut load: impl FnMut(usize) -> CtsEntry,
+    out: &mut [CtsEntry; MAX_RECVS],
+) -> GroupState {
+    let wire_stamp = load_stamp(ring_pos(head));
+    if !stamp_matches(wire_stamp, counter) {
+        return GroupState::NotPosted;
+    }
+    let n = ((u64::from_le(wire_stamp) >> 56) as usize).clamp(1, MAX_RECVS);
+    for (i, e) in out.iter_mut().enumerate().take(n) {
+        *e = CtsEntry::from_wire(&load(ring_pos(head.wrapping_add(i as u64))));
+    }
+    check_group(&out[..n], counter)
+}
+
+/// The receiver's allocation of ring entries: groups take entries in posting order and give
+/// them back in posting order (a group's entries are reusable once it and every group posted
+/// before it were released).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingAlloc {
+    /// Absolute number of the next entry to hand out.
+    tail: u64,
+    /// Absolute number of the oldest entry not free yet (`tail - head` ≤ RING).
+    head: u64,
+    /// Ring positions of entries in `[head, tail)` whose group was released.
+    done: u64,
+}
+
+const _: () = assert!(RING <= 64, "RingAlloc::done has one bit per entry");
+
+impl RingAlloc {
+    /// Entries in use (posted and not freed).
+    pub fn in_use(&self) -> usize {
+        (self.tail - self.head) as usize
+    }
+
+    /// Absolute entry number where the next group starts.
+    pub fn next_start(&self) -> u64 {
+        self.tail
+    }
+
+    /// The absolute entry number of an entry in use, from its ring position (entries in use
+    /// span at most RING consecutive numbers from the oldest one, so the position names one).
+    pub fn abs_start(&self, pos: usize) -> u64 {
+        self.head + ((pos as u64).wrapping_sub(self.head) % RING as u64)
+    }
+
+    /// Whether `n` (1..=RING) more entries are free.
+    pub fn fits(&self, n: usize) -> bool {
+        (1..=RING).contains(&n) && self.in_use() + n <= RING
+    }
+
+    /// Take `n` (1..=RING) entries: their absolute start, or `None` when the ring has no room
+    /// (retry later).
+    pub fn alloc(&mut self, n: usize) -> Option<u64> {
+        if !self.fits(n) {
+            return None;
+        }
+        let start = self.tail;
+        self.tail += n as u64;
+        Some(start)
+    }
+
+    /// The group of `n` entries at `start` completed: mark it, then free the longest prefix of
+    /// released entries. A range that is not in use is ignored.
+    pub fn release(&mut self, start: u64, n: usize) {
+        let Some(end) = start.checked_add(n as u64) else {
+            return;
+        };
+        if n == 0 || start < self.head || end > self.tail {
+            return;
+        }
+        for a in start..end {
+            self.done |= 1 << ring_pos(a);
+        }
+        while self.head < self.tail && self.done & (1 << ring_pos(self.head)) != 0 {
+            self.done &= !(1 << ring_pos(self.head));
+            self.head += 1;
+        }
+    }
+}
+
+/// The first entry of the group not yet matched (bit `i` of `matched` set = entry `i` taken)
 /// whose tag equals `tag`.
 pub fn match_tag(entries: &[CtsEntry], matched: u8, tag: i32) -> Option<usize> {
     entries
@@ -209,7 +325,7 @@ pub fn match_tag(entries: &[CtsEntry], matched: u8, tag: i32) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
-/// Mask with the low `n` bits set (all entries of an `n`-entry slot matched).
+/// Mask with the low `n` bits set (all entries of an `n`-entry group matched).
 pub fn full_mask(n: usize) -> u8 {
     if n >= 8 {
         0xff
@@ -220,7 +336,7 @@ pub fn full_mask(n: usize) -> u8 {
 
 /// Build the sealed host-order entries for a grouped receive at posting counter `counter`.
 /// `rkeys[i]` are the per-device rkeys of buffer `i`.
-pub fn fill_slot(
+pub fn fill_group(
     out: &mut [CtsEntry; MAX_RECVS],
     counter: u64,
     addrs: &[usize],
@@ -250,7 +366,7 @@ mod tests {
         let addrs: Vec<usize> = (0..n).map(|i| 0x1000 * (i + 1)).collect();
         let sizes: Vec<usize> = (0..n).map(|i| 100 * (i + 1)).collect();
         let rkeys: Vec<[u32; MAX_DEVS]> = (0..n).map(|i| [i as u32 + 7; MAX_DEVS]).collect();
-        assert_eq!(fill_slot(&mut out, counter, &addrs, &sizes, tags, &rkeys), n);
+        assert_eq!(fill_group(&mut out, counter, &addrs, &sizes, tags, &rkeys), n);
         out
     }
 
@@ -282,22 +398,22 @@ mod tests {
     #[test]
     fn slot_states() {
         let e = entries(41, &[3, 1, 2]);
-        assert_eq!(check_slot(&e[..3], 40), SlotState::NotPosted);
-        assert_eq!(check_slot(&e[..3], 41), SlotState::Ready(3));
+        assert_eq!(check_group(&e[..3], 40), GroupState::NotPosted);
+        assert_eq!(check_group(&e[..3], 41), GroupState::Ready(3));
         // entry 2 not landed yet (old stamp)
         let mut partial = e;
         partial[2] = CtsEntry::default();
-        assert_eq!(check_slot(&partial[..3], 41), SlotState::Landing);
-        assert_eq!(check_slot(&e[..1], 41), SlotState::Landing);
-        assert_eq!(check_slot(&[], 41), SlotState::NotPosted);
+        assert_eq!(check_group(&partial[..3], 41), GroupState::Landing);
+        assert_eq!(check_group(&e[..1], 41), GroupState::Landing);
+        assert_eq!(check_group(&[], 41), GroupState::NotPosted);
     }
 
     /// Regression (harness report 1): the stamp lands before the rest of the entry. Every mix
     /// of old and new bytes with the new stamp is "landing", never accepted, never an error.
     #[test]
     fn torn_entries_are_landing_not_corrupt() {
-        let mut old = entries(41 - SLOTS as u64, &[9, 8, 7, 6, 5]);
-        old[0] = CtsEntry::new(0xdead_0000, 77_777, [0x55; MAX_DEVS], 5, 9, 41 - SLOTS as u64);
+        let mut old = entries(41 - 9, &[9, 8, 7, 6, 5]);
+        old[0] = CtsEntry::new(0xdead_0000, 77_777, [0x55; MAX_DEVS], 5, 9, 41 - 9);
         let new = entries(41, &[1, 2]);
         // Byte-level tearing of entry 0: take each prefix/suffix split and each 8-byte word.
         let to_bytes = |e: &CtsEntry| -> [u8; 64] {
@@ -336,15 +452,15 @@ mod tests {
             }
             let mut snap = new;
             snap[0] = from_bytes(&b);
-            let st = check_slot(&snap[..2], 41);
-            assert_eq!(st, SlotState::Landing, "torn mask {mask:#x} accepted");
+            let st = check_group(&snap[..2], 41);
+            assert_eq!(st, GroupState::Landing, "torn mask {mask:#x} accepted");
         }
         // All new: ready.
-        assert_eq!(check_slot(&new[..2], 41), SlotState::Ready(2));
+        assert_eq!(check_group(&new[..2], 41), GroupState::Ready(2));
         // nreqs 0 with the right idx: landing, not an error.
         let mut z = new;
         z[0].stamp &= IDX_MASK;
-        assert_eq!(check_slot(&z[..2], 41), SlotState::Landing);
+        assert_eq!(check_group(&z[..2], 41), GroupState::Landing);
     }
 
     #[test]
@@ -397,13 +513,285 @@ mod tests {
     }
 
     #[test]
-    fn stamps_and_slots() {
-        assert_eq!(slot_of(0), 0);
-        assert_eq!(slot_of(SLOTS as u64 + 1), 1);
+    fn stamps_and_positions() {
+        assert_eq!(ring_pos(0), 0);
+        assert_eq!(ring_pos(RING as u64 + 1), 1);
         assert_ne!(stamp(u64::MAX), 0);
         assert_ne!(stamp(IDX_MASK), 0, "the stamp never looks like zeroed memory");
         assert_eq!(full_mask(1), 1);
         assert_eq!(full_mask(8), 0xff);
-        assert_eq!(FIFO_BYTES, 16 * 1024);
+        assert_eq!(RING_BYTES, 4 * 1024);
+        assert_eq!(pieces(0, 8), [(0, 8), (0, 0)]);
+        assert_eq!(pieces(56, 8), [(56, 8), (0, 0)]);
+        assert_eq!(pieces(62, 5), [(62, 2), (0, 3)]);
+        assert_eq!(pieces(RING as u64 * 3 + 63, 8), [(63, 1), (0, 7)]);
+    }
+
+    /// The sender's FIFO as the receiver's RDMA writes leave it (wire order).
+    struct Fifo([CtsEntry; RING]);
+
+    impl Fifo {
+        fn new() -> Fifo {
+            Fifo([CtsEntry::default(); RING])
+        }
+
+        /// What the receiver's CTS write(s) of a group do: the group's entries at its ring
+        /// positions, in one or two runs.
+        fn post(&mut self, start: u64, group: &[CtsEntry]) {
+            let mut k = 0;
+            for (pos, len) in pieces(start, group.len()) {
+                for p in pos..pos + len {
+                    self.0[p] = group[k].to_wire();
+                    k += 1;
+                }
+            }
+            assert_eq!(k, group.len());
+        }
+
+        fn read(&self, head: u64, counter: u64) -> (GroupState, [CtsEntry; MAX_RECVS]) {
+            let mut out = [CtsEntry::default(); MAX_RECVS];
+            let st = read_group(head, counter, |p| self.0[p].stamp, |p| self.0[p], &mut out);
+            (st, out)
+        }
+    }
+
+    #[test]
+    fn ring_wraps_over_many_laps() {
+        let mut ring = RingAlloc::default();
+        let mut fifo = Fifo::new();
+        let (mut head, mut counter) = (0u64, 0u64);
+        for lap in 0..100u64 {
+            // Group sizes 1..=8 in a pattern that lands groups on every offset.
+            let n = (lap * 5 % 8 + 1) as usize;
+            let tags: Vec<i32> = (0..n as i32).collect();
+            let e = entries(counter, &tags);
+            let start = ring.alloc(n).expect("room: one group at a time");
+            assert_eq!(start, head, "both ends agree where the group starts");
+            fifo.post(start, &e[..n]);
+            let (st, got) = fifo.read(head, counter);
+            assert_eq!(st, GroupState::Ready(n), "group {counter} at {start}");
+            assert_eq!(got[..n], e[..n]);
+            // Nothing announced for the next counter yet.
+            assert_eq!(fifo.read(head + n as u64, counter + 1).0, GroupState::NotPosted);
+            head += n as u64;
+            counter += 1;
+            ring.release(start, n);
+            assert_eq!(ring.in_use(), 0);
+        }
+        assert!(head > 3 * RING as u64, "several laps");
+    }
+
+    #[test]
+    fn group_straddling_the_end_and_tags_inside_it() {
+        let mut ring = RingAlloc::default();
+        let mut fifo = Fifo::new();
+        // 62 single receives, then a group of 5 at position 62: entries 62, 63, 0, 1, 2.
+        for c in 0..62u64 {
+            let s = ring.alloc(1).unwrap();
+            fifo.post(s, &entries(c, &[0])[..1]);
+            ring.release(s, 1);
+        }
+        let tags = [4, 9, 4, 1, 9];
+        let e = entries(62, &tags);
+        let start = ring.alloc(5).unwrap();
+        assert_eq!(pieces(start, 5), [(62, 2), (0, 3)]);
+        fifo.post(start, &e[..5]);
+        let (st, got) = fifo.read(start, 62);
+        assert_eq!(st, GroupState::Ready(5));
+        assert_eq!(got[..5], e[..5]);
+        // Sends arrive 9, 1, 4, 9, 4: each lands in the first unmatched buffer with its tag,
+        // across the wrap (buffers 2..5 sit at ring positions 0..3).
+        let mut matched = 0u8;
+        let mut order = vec![];
+        for tag in [9, 1, 4, 9, 4] {
+            let i = match_tag(&got[..5], matched, tag).expect("match");
+            matched |= 1 << i;
+            order.push(i);
+        }
+        assert_eq!(order, [1, 3, 0, 4, 2]);
+        assert_eq!(matched, full_mask(5));
+        assert_eq!(got[4].addr, e[4].addr, "buffer 4 came from ring position 2");
+        // Only the first run landed: still landing, never ready, never an error.
+        let mut half = Fifo::new();
+        half.0 = fifo.0;
+        for p in 0..3 {
+            half.0[p] = entries(p as u64, &[7])[0].to_wire();
+        }
+        assert_eq!(half.read(start, 62).0, GroupState::Landing);
+    }
+
+    #[test]
+    fn full_ring_says_retry_later_and_frees_in_posting_order() {
+        let mut ring = RingAlloc::default();
+        // Eight groups of 8 fill the ring exactly (NCCL's peak: 8 steps × maxRecvs 8).
+        let starts: Vec<u64> = (0..8).map(|_| ring.alloc(8).expect("room")).collect();
+        assert_eq!(starts, [0, 8, 16, 24, 32, 40, 48, 56]);
+        assert_eq!(ring.alloc(1), None, "full: retry later");
+        assert_eq!(ring.alloc(0), None);
+        assert_eq!(ring.alloc(RING + 1), None);
+        // A later group completing first frees nothing: the receiver may not reuse entries of
+        // a group whose completion record it has not read yet.
+        ring.release(8, 8);
+        assert_eq!(ring.in_use(), 64);
+        assert_eq!(ring.alloc(1), None);
+        ring.release(8, 8); // twice: ignored
+        assert_eq!((ring.abs_start(0), ring.abs_start(8), ring.abs_start(63)), (0, 8, 63));
+        ring.release(ring.abs_start(0), 8);
+        assert_eq!(ring.in_use(), 48, "groups 0 and 1 free together");
+        assert_eq!(ring.abs_start(16), 16);
+        assert_eq!(ring.abs_start(0), 64, "position 0 is the next lap now");
+        // Partial room: a group of 8 wraps into the freed space.
+        for _ in 0..6 {
+            ring.alloc(2).unwrap();
+        }
+        assert_eq!(ring.next_start(), 76);
+        assert!(!ring.fits(5));
+        assert_eq!(ring.alloc(5), None);
+        assert_eq!(ring.alloc(4), Some(76));
+        assert_eq!(ring.in_use(), 64);
+        // Unknown ranges are ignored.
+        ring.release(1000, 1);
+        ring.release(0, 8);
+        ring.release(u64::MAX, 2);
+        assert_eq!(ring.in_use(), 64);
+        // 32 single receives always fit in an empty ring.
+        let mut r = RingAlloc::default();
+        for _ in 0..32 {
+            r.alloc(1).expect("32 single receives in flight");
+        }
+    }
+
+    /// Entries left from an earlier lap carry an older posting counter: never accepted, at the
+    /// head (not posted) or inside a group (still landing), however well sealed.
+    #[test]
+    fn stale_entries_from_an_earlier_lap_never_accepted() {
+        let mut fifo = Fifo::new();
+        // Lap 0: groups 0..8 of 8 entries each fill the ring.
+        for c in 0..8u64 {
+            fifo.post(c * 8, &entries(c, &[1; 8])[..8]);
+        }
+        for c in 0..8u64 {
+            assert_eq!(fifo.read(c * 8, c).0, GroupState::Ready(8));
+        }
+        // The sender now expects group 8 at entry 64 = position 0, where group 0 still sits.
+        assert_eq!(fifo.read(64, 8).0, GroupState::NotPosted);
+        // An old entry whose counter matches modulo the ring or the group count is no match.
+        for old in [0u64, 8, 8 - 1, 64] {
+            let mut f = Fifo::new();
+            f.0[0] = entries(old, &[1])[0].to_wire();
+            assert_eq!(f.read(64, 8 + 64).0, GroupState::NotPosted, "counter {old}");
+        }
+        // Group 8 is a group of 3 at positions 0..3; only its head landed, the rest is lap 0.
+        let g8 = entries(8, &[1, 2, 3]);
+        fifo.0[0] = g8[0].to_wire();
+        assert_eq!(fifo.read(64, 8).0, GroupState::Landing);
+        fifo.post(64, &g8[..3]);
+        assert_eq!(fifo.read(64, 8).0, GroupState::Ready(3));
+        // A consumed entry whose rkeys now hold grouped-send sizes is dead: not for its own
+        // counter (seal broken) and not for a later one (stamp).
+        let mut dead = g8[0].to_wire();
+        dead.rkeys[..3].copy_from_slice(&[5u32.to_le(), 6u32.to_le(), 7u32.to_le()]);
+        fifo.0[0] = dead;
+        assert_eq!(fifo.read(64, 8).0, GroupState::Landing);
+        assert_eq!(fifo.read(64, 9).0, GroupState::NotPosted);
+    }
+
+    /// A torn entry inside a wrapped group is read again until it has landed.
+    #[test]
+    fn torn_entry_in_a_wrapped_group_is_read_again() {
+        let mut fifo = Fifo::new();
+        let e = entries(100, &[3, 1, 4, 1]);
+        let start = 64 * 7 + 62; // positions 62, 63, 0, 1
+        fifo.post(start, &e[..4]);
+        let good = fifo.0[0];
+        // Entry 2 (position 0): new stamp, old everything else.
+        let mut torn = entries(100 - 9, &[0; 8])[0].to_wire();
+        torn.stamp = good.stamp;
+        fifo.0[0] = torn;
+        assert_eq!(fifo.read(start, 100).0, GroupState::Landing);
+        // New address, old rest.
+        torn.addr = good.addr;
+        fifo.0[0] = torn;
+        assert_eq!(fifo.read(start, 100).0, GroupState::Landing);
+        // Landed.
+        fifo.0[0] = good;
+        let (st, got) = fifo.read(start, 100);
+        assert_eq!(st, GroupState::Ready(4));
+        assert_eq!(got[..4], e[..4]);
+    }
+
+    /// Receiver and sender driven against each other with random group sizes, random send
+    /// progress and completions in random order: the sender sees every group in order with its
+    /// own entries, and the receiver never writes over entries the sender has not consumed or
+    /// whose completion record it has not read.
+    #[test]
+    fn ring_property_against_a_naive_model() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut rnd = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut ring = RingAlloc::default();
+        let mut fifo = Fifo::new();
+        // Oracle: owner[pos] = the group counter whose entry lives there until released.
+        let mut owner: [Option<u64>; RING] = [None; RING];
+        let mut posted: std::collections::VecDeque<(u64, u64, usize)> = Default::default(); // (counter, start, n)
+        let mut sent: Vec<(u64, u64, usize)> = vec![];
+        let (mut rcounter, mut scounter, mut shead) = (0u64, 0u64, 0u64);
+        let mut refused = 0;
+        for _ in 0..20_000 {
+            match rnd() % 3 {
+                0 => {
+                    let n = (rnd() % 8 + 1) as usize;
+                    let Some(start) = ring.alloc(n) else {
+                        assert!(ring.in_use() + n > RING, "refused with room");
+                        refused += 1;
+                        continue;
+                    };
+                    for a in start..start + n as u64 {
+                        assert_eq!(owner[ring_pos(a)], None, "entry {a} still in use");
+                        owner[ring_pos(a)] = Some(rcounter);
+                    }
+                    let tags: Vec<i32> = (0..n).map(|_| (rnd() % 3) as i32).collect();
+                    fifo.post(start, &entries(rcounter, &tags)[..n]);
+                    posted.push_back((rcounter, start, n));
+                    rcounter += 1;
+                }
+                1 => {
+                    // The sender consumes the next group if it is there.
+                    let (st, got) = fifo.read(shead, scounter);
+                    match posted.front() {
+                        Some(&(c, start, n)) => {
+                            assert_eq!((c, start), (scounter, shead));
+                            assert_eq!(st, GroupState::Ready(n));
+                            assert!(got[..n].iter().all(|e| e.idx() == stamp(c)));
+                            posted.pop_front();
+                            sent.push((c, start, n));
+                            shead += n as u64;
+                            scounter += 1;
+                        }
+                        None => assert_eq!(st, GroupState::NotPosted),
+                    }
+                }
+                _ => {
+                    // Some sent group's receive completes and is reported.
+                    if !sent.is_empty() {
+                        let (c, start, n) = sent.swap_remove((rnd() % sent.len() as u64) as usize);
+                        for a in start..start + n as u64 {
+                            assert_eq!(owner[ring_pos(a)], Some(c));
+                            owner[ring_pos(a)] = None;
+                        }
+                        assert_eq!(ring.abs_start(ring_pos(start)), start);
+                        ring.release(ring.abs_start(ring_pos(start)), n);
+                    }
+                }
+            }
+        }
+        assert!(
+            rcounter > 1000 && refused > 100,
+            "the ring filled and wrapped many times"
+        );
     }
 }

@@ -43,7 +43,10 @@ pub const WIRE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceW");
 pub const STAGE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceS");
 /// Wire version; a peer with another version is rejected. 2: the receiver's completion record
 /// `[slot]` lies `slot × fifo::SLOT_BYTES` past the advertised address (inside its CTS staging).
-pub const VERSION: u16 = 2;
+/// 3: the CTS FIFO is a ring of 64 entries (4 KiB) that groups fill in posting order (spec
+/// §8.8 slots of 8 entries no longer); the completion record of the group at ring position `p`
+/// lies `p × fifo::ENTRY_BYTES` past the advertised address.
+pub const VERSION: u16 = 3;
 /// Size of the handle NCCL allocates.
 pub const HANDLE_BYTES: usize = 128;
 /// Largest frame body accepted.
@@ -588,6 +591,13 @@ impl FrameReader {
         }
     }
 
+    /// Free the buffer's memory when it holds nothing (it grows again if bytes arrive).
+    pub fn release_buffer(&mut self) {
+        if self.buf.is_empty() {
+            self.buf = Vec::new();
+        }
+    }
+
     pub fn handle_bytes(&mut self, b: &[u8]) {
         self.buf.extend_from_slice(b);
     }
@@ -683,7 +693,7 @@ mod tests {
         let mut h = [0u8; HANDLE_BYTES];
         r.emit(&mut h);
         assert_eq!(&h[0..8], b"ferroceH");
-        assert_eq!(&h[8..16], &[2, 0, 4, 1, 0x12, 0x34, 0, 0]);
+        assert_eq!(&h[8..16], &[3, 0, 4, 1, 0x12, 0x34, 0, 0]);
         assert_eq!(&h[16..20], &[10, 1, 2, 3]);
         assert_eq!(&h[40..48], &[8, 7, 6, 5, 4, 3, 2, 1]);
         assert!(h[48..].iter().all(|&b| b == 0));
@@ -759,7 +769,7 @@ mod tests {
     fn frame_header_literal() {
         let mut out = Vec::new();
         Message::Ready { nonce: 1 }.emit(&mut out);
-        assert_eq!(&out[..16], b"ferroceW\x02\x00\x03\x00\x08\x00\x00\x00");
+        assert_eq!(&out[..16], b"ferroceW\x03\x00\x03\x00\x08\x00\x00\x00");
     }
 
     #[test]
@@ -787,6 +797,12 @@ mod tests {
             HeaderRepr::parse(&v),
             Err(WireError::BadVersion(1)),
             "version 1 (records apart) is rejected"
+        );
+        v[8] = 2;
+        assert_eq!(
+            HeaderRepr::parse(&v),
+            Err(WireError::BadVersion(2)),
+            "version 2 (FIFO slots of 8 entries) is rejected"
         );
         let mut l = out.clone();
         l[12..16].copy_from_slice(&(MAX_BODY as u32 + 1).to_le_bytes());

@@ -21,8 +21,9 @@
 //! `NCCL_IB_QPS_PER_CONNECTION × max(ndevs local, remote)` QPs in all; the receiver adopts
 //! the sender's QP count and split mode.
 //!
-//! Limits: 32 receives in flight per recv comm (NCCL_NET_MAX_REQUESTS; more return "retry
-//! later"), 32 flushes besides; 256 isends in flight per send comm (32 × maxRecvs 8); grouped
+//! Limits: 32 receives in flight per recv comm (NCCL_NET_MAX_REQUESTS) holding at most 64 CTS
+//! entries in all (the FIFO ring: NCCL_STEPS 8 × maxRecvs 8), 32 flushes besides; 64 isends in
+//! flight per send comm; beyond these irecv/isend return "retry later" (spec §7.6). Grouped
 //! receives of up to 8 buffers of ≤ 4 GiB each.
 //!
 //! Per-message path: no allocation, no lock; syscalls only inside the provider's post/poll and
@@ -67,25 +68,33 @@ pub enum MemKind {
     Cuda,
 }
 
-/// Send WRs per sender data QP: 2 per send request slot (data + completion write), as NCCL.
-const SENDER_SEND_WR: u32 = 2 * request::MAX_REQUESTS as u32;
-/// Send WRs per receiver QP: CTS writes, one signaled per SLOTS posts, so ≤ 2 × SLOTS out.
-const RECEIVER_SEND_WR: u32 = 2 * fifo::SLOTS as u32;
-/// Receive WRs per receiver QP: one per receive in flight.
-const RECEIVER_RECV_WR: u32 = fifo::SLOTS as u32;
-/// CQ entries per sender QP: signaled writes, one per group per QP. A group is posted after
-/// the receiver re-posted its slot, i.e. after the group SLOTS earlier landed there, so about
-/// SLOTS groups are unreaped at a time (NCCL keeps ≤ 32 requests per comm); twice that, plus
-/// the 16 of [`CQE_EXTRA`], leaves room for the flushed WRs of a failing QP.
-const SENDER_CQE_PER_QP: usize = 2 * fifo::SLOTS;
-/// CQ entries per receiver QP: receives + CTS completions, with room for flushes.
-const RECEIVER_CQE_PER_QP: usize = (RECEIVER_SEND_WR + RECEIVER_RECV_WR) as usize;
-/// CQ entries per receiver device for the flush QP's RDMA reads: receives and flushes share
-/// the RECV_REQUESTS request slots and the receives (≤ SLOTS) already have RECEIVER_RECV_WR
-/// entries per QP, so the reads need the rest.
-const FLUSH_CQE: usize = request::RECV_REQUESTS - fifo::SLOTS;
-/// CQ entries per device besides the per-QP ones.
-const CQE_EXTRA: usize = 16;
+// Queue and CQ sizes, from what can be outstanding at once (no CQ can overflow, even when a
+// failed QP flushes every WR it holds: softroce and the verbs spec give a flushed WR a
+// completion whether it was signaled or not, and an overrun CQ is a device-fatal event).
+
+/// Send WRs per sender data QP: its credits (bound: WRs not yet retired ≤ send::SQ_DEPTH).
+const SENDER_SEND_WR: u32 = send::SQ_DEPTH as u32;
+/// CQ entries per sender data QP: ≤ one per unretired WR (send::SQ_DEPTH); nothing else
+/// completes on the sender's CQ.
+const SENDER_CQE_PER_QP: usize = send::SQ_DEPTH;
+/// Send WRs per receiver QP: CTS writes (bound: unretired ≤ recv::CTS_DEPTH, only on the first
+/// QP of each device).
+const RECEIVER_SEND_WR: u32 = recv::CTS_DEPTH as u32;
+/// Receive WRs per receiver QP: one per receive in flight that uses the QP (≤ RECVS_IN_FLIGHT;
+/// a receive's WRs complete before test() reports it).
+const RECEIVER_RECV_WR: u32 = request::RECVS_IN_FLIGHT as u32;
+/// CQ entries per receiver QP: its receive WRs.
+const RECEIVER_CQE_PER_QP: usize = request::RECVS_IN_FLIGHT;
+/// CQ entries per receiver device besides the per-QP ones: the CTS writes of its one CTS QP
+/// (≤ recv::CTS_DEPTH unretired).
+const RECEIVER_CQE_CTS: usize = recv::CTS_DEPTH;
+/// CQ entries per receiver device for the flush QP's RDMA reads, when flushing: receives
+/// (r ≤ RECVS_IN_FLIGHT, each one WR on each of the device's m QPs it uses) and flushes (one
+/// read per device each) share the RECV_REQUESTS requests, so the two take at most
+/// max over r of (m·r + RECV_REQUESTS − r) = m·RECVS_IN_FLIGHT + (RECV_REQUESTS − RECVS_IN_FLIGHT).
+const FLUSH_CQE: usize = request::RECV_REQUESTS - request::RECVS_IN_FLIGHT;
+// Every QP of a connection has an index a send wr_id can carry.
+const _: () = assert!(handshake::MAX_QPS <= request::WR_ID_QPS);
 /// Inline bytes requested when NCCL_IB_USE_INLINE=1 (one CTS entry).
 const INLINE_BYTES: u32 = fifo::ENTRY_BYTES as u32;
 fn remote_access() -> u32 {
@@ -442,8 +451,9 @@ struct RecvParts {
 }
 
 impl RecvParts {
-    fn finish(self, chan: Channel) -> Box<recv::RecvDp> {
+    fn finish(self, mut chan: Channel) -> Box<recv::RecvDp> {
         let p = self;
+        chan.release_buffers();
         let conn = Conn {
             qps: p.qps,
             devs: p.devs,
@@ -482,7 +492,7 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
         members,
         nqps,
         RECEIVER_CQE_PER_QP,
-        if flush { FLUSH_CQE + CQE_EXTRA } else { CQE_EXTRA },
+        RECEIVER_CQE_CTS + if flush { FLUSH_CQE } else { 0 },
     )?;
     let qps = conn::create_qps(
         &devs,
@@ -531,6 +541,7 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
                 d.cq.clone(),
                 d.cq.clone(),
                 QpCaps {
+                    // One read per flush in flight, ≤ every request of the comm.
                     max_send_wr: request::RECV_REQUESTS as u32,
                     max_recv_wr: 0,
                     max_inline_data: 0,
@@ -677,7 +688,7 @@ fn progress_connect(c: &mut Connecting, timeout: Duration) -> Result<Option<Box<
         let nr = c.listener.ndevs as usize;
         let ndata = nl.max(nr);
         let nqps = (cfg.qps_per_connection.clamp(1, 128) as usize) * ndata;
-        let devs = conn::local_devs(&c.members, nqps, SENDER_CQE_PER_QP, CQE_EXTRA)?;
+        let devs = conn::local_devs(&c.members, nqps, SENDER_CQE_PER_QP, 0)?;
         let qps = conn::create_qps(
             &devs,
             nqps,
@@ -747,7 +758,8 @@ fn progress_connect(c: &mut Connecting, timeout: Duration) -> Result<Option<Box<
         }
     }
     if s.conn_qps.is_some() && s.chan.flush().map_err(io_err)? {
-        let s = c.setup.take().expect("checked above");
+        let mut s = c.setup.take().expect("checked above");
+        s.chan.release_buffers();
         let conn = Conn {
             qps: s.conn_qps.expect("checked above"),
             devs: s.devs,
@@ -757,7 +769,7 @@ fn progress_connect(c: &mut Connecting, timeout: Duration) -> Result<Option<Box<
         };
         let core = core::Core::new(
             conn,
-            request::RequestPool::new(std::ptr::null_mut(), request::MAX_REQUESTS),
+            request::RequestPool::new(std::ptr::null_mut(), request::SEND_REQUESTS),
         );
         let ar = match cfg.adaptive_routing {
             0 => false,

@@ -1,8 +1,13 @@
 //! The receiver's data path (spec §8.8, §8.9): post one zero-SGE receive per QP the message
-//! will use, RDMA-write the CTS entries of the grouped receive into the sender's FIFO, and
-//! complete when every used QP delivered its WRITE WITH IMMEDIATE. `iflush` reads one byte of
-//! the last non-empty buffer back through a loopback QP per device, into the device's shared
-//! scratch ([`mr_cache::FlushScratch`]).
+//! will use, RDMA-write the CTS entries of the grouped receive into the next entries of the
+//! sender's FIFO ring (two writes when they straddle its end), and complete when every used QP
+//! delivered its WRITE WITH IMMEDIATE. `iflush` reads one byte of the last non-empty buffer back
+//! through a loopback QP per device, into the device's shared scratch
+//! ([`mr_cache::FlushScratch`]).
+//!
+//! `irecv` says "retry later" (no side effects) when [`request::RECVS_IN_FLIGHT`] receives are
+//! in flight, when the ring has no room for the group, or when the CTS QP has no send-queue
+//! credit left ([`CTS_DEPTH`]).
 
 use super::conn::RegBuf;
 use super::core::Core;
@@ -16,19 +21,31 @@ use crate::ibv::cq::Completed;
 use crate::ibv::{sys, QueuePair};
 use std::sync::Arc;
 
-/// `wr_id` kinds (top byte); the low 16 bits are a request index or a slot.
+/// `wr_id` kinds (top byte); the low 16 bits are a request index, or for CTS writes the device
+/// (bits 48..56) and the write's sequence number on that device's CTS QP (bits 0..48).
 const KIND_SHIFT: u32 = 56;
 const KIND_RECV: u64 = 1;
 const KIND_CTS: u64 = 2;
 const KIND_FLUSH: u64 = 3;
 
-/// Bytes of the receiver's one registered block: the CTS staging `[slot][entry]`, which also
-/// holds each slot's completion record ([`fifo::SIZES_IN_SLOT`]) and the posted sizes (the
-/// staged entries' `size`). 16 KiB, four pages.
-pub const RECV_BLOCK_BYTES: usize = fifo::FIFO_BYTES;
-/// The completion-record address told to the sender (record `[slot]` is `SLOT_BYTES` further
-/// per slot).
-pub const CMPL_OFF: usize = fifo::SIZES_IN_SLOT;
+/// Bytes of the receiver's one registered block: the CTS staging ring (the same shape as the
+/// sender's FIFO), which also holds each group's completion record ([`fifo::SIZES_IN_ENTRY`])
+/// and the posted sizes (the staged entries' `size`). 4 KiB, one page.
+pub const RECV_BLOCK_BYTES: usize = fifo::RING_BYTES;
+/// The completion-record address told to the sender (the record of the group at ring position
+/// `p` is `p × ENTRY_BYTES` further).
+pub const CMPL_OFF: usize = fifo::SIZES_IN_ENTRY;
+
+/// Send-queue depth of a receiver QP, and the CQ entries its CTS writes may take. Bound: CTS
+/// WRs posted on a device's CTS QP and not yet retired ≤ CTS_DEPTH, enforced by `irecv` (which
+/// says "retry later" beyond); a WR is retired when the polled completion of a signaled one at
+/// or after it shows the queue got that far. Every [`CTS_SIGNAL_EVERY`]-th is signaled, so
+/// whenever `irecv` is refused for credits (≥ CTS_DEPTH − 1 unretired, one irecv posts ≤ 2)
+/// a signaled one is among them and its completion will come.
+pub const CTS_DEPTH: usize = 32;
+/// One CTS write in this many is signaled.
+pub const CTS_SIGNAL_EVERY: u64 = 8;
+const _: () = assert!(CTS_DEPTH as u64 > CTS_SIGNAL_EVERY && CTS_DEPTH >= 2);
 
 fn wr_id(kind: u64, idx: u16) -> u64 {
     (kind << KIND_SHIFT) | u64::from(idx)
@@ -42,14 +59,20 @@ pub struct RecvDp {
     /// Per local device with flush: the device's shared scratch, with its cache (so that every
     /// comm of the device gets the same one). After the flush QPs: they write into it.
     flush_scratch: Vec<(Arc<DeviceCache>, Arc<FlushScratch>)>,
-    /// One registered block: the CTS staging `[slot][entry]` (the source of CTS writes), where
-    /// the sender also writes a grouped receive's sizes (see [`RECV_BLOCK_BYTES`]).
+    /// One registered block: the CTS staging ring (the source of CTS writes), where the sender
+    /// also writes a grouped receive's sizes (see [`RECV_BLOCK_BYTES`]).
     pub bufs: RegBuf,
     /// The sender's FIFO address.
     peer_fifo: u64,
+    /// Posting counter: receives posted so far.
     counter: u64,
+    /// Entries of the ring held by posted groups.
+    ring: fifo::RingAlloc,
     /// Receives posted and not yet reclaimed by test().
     recvs_in_flight: usize,
+    /// Per device: CTS writes posted on its CTS QP, and how many of them are retired.
+    cts_posted: [u64; MAX_DEVS],
+    cts_retired: [u64; MAX_DEVS],
     use_inline: bool,
     cts_sge: sys::ibv_sge,
     cts_wr: sys::ibv_send_wr,
@@ -77,7 +100,10 @@ impl RecvDp {
             bufs,
             peer_fifo,
             counter: 0,
+            ring: fifo::RingAlloc::default(),
             recvs_in_flight: 0,
+            cts_posted: [0; MAX_DEVS],
+            cts_retired: [0; MAX_DEVS],
             use_inline,
             // SAFETY: plain data; zero is an empty value for all of these.
             cts_sge: unsafe { std::mem::zeroed() },
@@ -126,29 +152,50 @@ impl RecvDp {
                 )));
             }
         }
-        // A FIFO slot is free again once the receive posted SLOTS earlier completed (the sender
-        // consumed its CTS before sending). NCCL never has more than 32 in flight.
-        if self.recvs_in_flight >= fifo::SLOTS {
+        // Everything that can say "retry later" is checked before anything changes. NCCL
+        // never has more than 32 receives in flight; ring entries come back in posting order
+        // as receives complete; CTS credits as signaled CTS writes complete.
+        if self.recvs_in_flight >= request::RECVS_IN_FLIGHT || !self.ring.fits(n) {
             return Ok(None);
+        }
+        let id = self.counter;
+        let d = (id % ndevs as u64) as usize;
+        let start = self.ring.next_start();
+        let writes = fifo::pieces(start, n).iter().filter(|p| p.1 > 0).count() as u64;
+        if !self.cts_room(d, writes) {
+            self.poll()?;
+            if !self.cts_room(d, writes) {
+                return Ok(None);
+            }
         }
         let Some(r) = self.core.pool.alloc(ReqKind::Recv) else {
             return Ok(None);
         };
+        let start = self.ring.alloc(n).expect("checked by fits");
         self.recvs_in_flight += 1;
-        let id = self.counter;
-        let slot = fifo::slot_of(id);
         let nq = self.core.conn.qps_per_req;
         let nqps = self.core.conn.qps.len();
         {
             let req = self.core.pool.get_mut(r).expect("index from alloc");
-            req.set_slot_n(slot, n);
+            req.set_pos_n(fifo::ring_pos(start), n);
             req.pending = request::pending_count(nq);
         }
-        if let Err(e) = self.post(r, id, slot, nq, nqps, data, sizes, tags, mhs) {
+        if let Err(e) = self.post(r, id, start, d, nq, nqps, data, sizes, tags, mhs) {
             return Err(self.core.fail(e));
         }
         self.counter += 1;
         Ok(Some(self.core.pool.ptr(r)))
+    }
+
+    /// Whether device `d`'s CTS QP takes `writes` more WRs within [`CTS_DEPTH`].
+    fn cts_room(&self, d: usize, writes: u64) -> bool {
+        self.cts_posted[d] + writes - self.cts_retired[d] <= CTS_DEPTH as u64
+    }
+
+    /// Poll the CQs; signaled CTS completions retire CTS writes.
+    fn poll(&mut self) -> Result<bool> {
+        let RecvDp { core, cts_retired, .. } = self;
+        core.poll(|pool, id, c| on_completion(pool, cts_retired, id, c), describe)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -156,7 +203,8 @@ impl RecvDp {
         &mut self,
         r: u16,
         id: u64,
-        slot: usize,
+        start: u64,
+        d: usize,
         nq: usize,
         nqps: usize,
         data: &[usize],
@@ -178,51 +226,60 @@ impl RecvDp {
             // SAFETY: a zero-SGE receive names no memory; the WR is copied by the provider.
             unsafe { conn.qps[q].qp.post_recv(&mut self.recv_wr) }?;
         }
-        // Stage the CTS entries (wire order) and write them into the sender's FIFO slot.
+        // Stage the CTS entries (wire order) and write them into the sender's FIFO ring.
         let mut rkeys = [[0u32; MAX_DEVS]; MAX_RECVS];
         for i in 0..n {
             rkeys[i] = mhs[i].rkeys;
         }
         let mut entries = [CtsEntry::default(); MAX_RECVS];
-        fifo::fill_slot(&mut entries, id, data, sizes, tags, &rkeys[..n]);
-        let stage = (self.bufs.addr() as *mut CtsEntry).wrapping_add(slot * MAX_RECVS);
+        fifo::fill_group(&mut entries, id, data, sizes, tags, &rkeys[..n]);
+        let stage = self.bufs.addr() as *mut CtsEntry;
         for (i, e) in entries.iter().enumerate().take(n) {
-            // SAFETY: slot * 8 + i < SLOTS * 8 entries of the staging buffer we own. The entry
-            // from SLOTS posts ago has been read by the NIC and its completion record by us
-            // (its request completed and was tested).
-            unsafe { std::ptr::write_volatile(stage.add(i), e.to_wire()) };
+            let pos = fifo::ring_pos(start + i as u64);
+            // SAFETY: pos < RING entries of the staging ring we own. The ring gave these
+            // entries to this group: the group that had them before completed and was reported
+            // (its CTS write was read by the NIC, its completion record by us).
+            unsafe { std::ptr::write_volatile(stage.add(pos), e.to_wire()) };
         }
-        let ndevs = conn.devs.len();
-        let d = (id % ndevs as u64) as usize;
         let cq = &conn.qps[d];
-        let len = n * fifo::ENTRY_BYTES;
-        self.cts_sge = sys::ibv_sge {
-            addr: stage as u64,
-            length: len as u32,
-            lkey: self.bufs.mrs[d].lkey(),
-        };
-        let mut flags = 0;
-        if slot == d {
-            // Regularly reap the send queue (unsignaled WRs stay outstanding until then).
-            flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        let rkey = conn.peer.devs[cq.remote_dev].rkey;
+        for (pos, len) in fifo::pieces(start, n) {
+            if len == 0 {
+                continue;
+            }
+            let bytes = len * fifo::ENTRY_BYTES;
+            let seq = self.cts_posted[d];
+            self.cts_sge = sys::ibv_sge {
+                addr: stage.wrapping_add(pos) as u64,
+                length: bytes as u32,
+                lkey: self.bufs.mrs[d].lkey(),
+            };
+            let mut flags = 0;
+            if seq % CTS_SIGNAL_EVERY == CTS_SIGNAL_EVERY - 1 {
+                // Regularly reap the send queue (unsignaled WRs stay outstanding until then).
+                flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+            }
+            if self.use_inline && bytes as u32 <= cq.qp.max_inline_data {
+                flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
+            }
+            // SAFETY: plain data, zero is valid.
+            self.cts_wr = unsafe { std::mem::zeroed() };
+            self.cts_wr.wr_id = cts_wr_id(d, seq);
+            self.cts_wr.sg_list = &mut self.cts_sge;
+            self.cts_wr.num_sge = 1;
+            self.cts_wr.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+            self.cts_wr.send_flags = flags;
+            self.cts_wr.wr.rdma = sys::rdma_t {
+                remote_addr: self.peer_fifo + (pos * fifo::ENTRY_BYTES) as u64,
+                rkey,
+            };
+            // Counted before posting: a WR the provider may hold counts against the queue.
+            self.cts_posted[d] += 1;
+            // SAFETY: the staging entries live in self.bufs (as long as the QP) and are not
+            // rewritten before this write has been read (see above).
+            unsafe { cq.qp.post_send(&mut self.cts_wr) }?;
         }
-        if self.use_inline && len as u32 <= cq.qp.max_inline_data {
-            flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
-        }
-        // SAFETY: plain data, zero is valid.
-        self.cts_wr = unsafe { std::mem::zeroed() };
-        self.cts_wr.wr_id = wr_id(KIND_CTS, slot as u16);
-        self.cts_wr.sg_list = &mut self.cts_sge;
-        self.cts_wr.num_sge = 1;
-        self.cts_wr.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
-        self.cts_wr.send_flags = flags;
-        self.cts_wr.wr.rdma = sys::rdma_t {
-            remote_addr: self.peer_fifo + (slot * MAX_RECVS * fifo::ENTRY_BYTES) as u64,
-            rkey: conn.peer.devs[cq.remote_dev].rkey,
-        };
-        // SAFETY: the staging entries live in self.bufs (as long as the QP) and are not
-        // rewritten before this write has been read (see above).
-        unsafe { cq.qp.post_send(&mut self.cts_wr) }
+        Ok(())
     }
 
     pub fn iflush(&mut self, data: &[usize], sizes: &[i32], mhs: &[&MemHandle]) -> Result<Option<*mut Request>> {
@@ -278,7 +335,7 @@ impl RecvDp {
     /// # Safety
     /// `sizes` is NULL or points to room for the request's `n` `i32`s.
     pub unsafe fn test(&mut self, req: *const Request, sizes: *mut i32) -> Result<bool> {
-        self.core.poll(on_completion, describe)?;
+        self.poll()?;
         let Some((idx, r)) = self
             .core
             .pool
@@ -296,7 +353,7 @@ impl RecvDp {
         if r.pending != 0 {
             if self.core.idle_probe()? && kind == ReqKind::Recv {
                 // Completions that raced with the peer's exit still count.
-                self.core.poll(on_completion, describe)?;
+                self.poll()?;
                 if self.core.pool.get(idx).map(|r| r.pending) != Some(0) {
                     return Err(self.core.fail_peer_gone("a receive"));
                 }
@@ -305,22 +362,25 @@ impl RecvDp {
             }
         }
         let r = self.core.pool.get(idx).expect("checked above");
+        let (n, pos) = (r.n(), r.pos());
         if kind == ReqKind::Recv && !sizes.is_null() {
-            let n = r.n();
-            let slot = self.bufs.addr() + r.slot() * fifo::SLOT_BYTES;
+            let stage = self.bufs.addr() as *const CtsEntry;
+            let record = self.bufs.addr() + pos * fifo::ENTRY_BYTES + CMPL_OFF;
             for i in 0..n {
                 let got = if n == 1 {
                     r.size as usize
                 } else {
-                    let rec = (slot + CMPL_OFF + 4 * i) as *const u32;
-                    // SAFETY: inside our staging slot (i < 8); written by the NIC before the
-                    // receive completions we have seen, rewritten only after this request.
+                    let rec = (record + 4 * i) as *const u32;
+                    // SAFETY: inside the group's first staging entry (i < 8); written by the
+                    // NIC before the receive completions we have seen; the entry is reused only
+                    // after this request is reclaimed below.
                     u32::from_le(unsafe { std::ptr::read_volatile(rec) }) as usize
                 };
                 // Never report more than was posted, whatever the peer claims: the posted
                 // size is the staged entry's (untouched by the record, bytes 8..16).
-                let entry = (slot as *const CtsEntry).wrapping_add(i);
-                // SAFETY: entry i of our staging slot; we wrote it at irecv, nobody else does.
+                let entry = stage.wrapping_add(fifo::ring_pos((pos + i) as u64));
+                // SAFETY: entry i of the group in our staging ring (position < RING); we wrote
+                // it at irecv, nobody else writes its bytes 8..16.
                 let posted = u64::from_le(unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*entry).size)) });
                 let v = got.min(posted.min(u32::MAX as u64) as usize);
                 // SAFETY: NCCL passes room for the request's n ints (or NULL, checked).
@@ -329,13 +389,21 @@ impl RecvDp {
         }
         if kind == ReqKind::Recv {
             self.recvs_in_flight -= 1;
+            // The sender consumed this group (it sent), and we have read its record: its ring
+            // entries are free once every group posted before it is too. The ring position is
+            // mod RING; the absolute start is the one at or below the ring's next start.
+            self.ring.release(self.ring.abs_start(pos), n);
         }
         self.core.pool.free(idx);
         Ok(true)
     }
 }
 
-fn on_completion(pool: &mut RequestPool, id: u64, c: Completed) {
+fn cts_wr_id(d: usize, seq: u64) -> u64 {
+    (KIND_CTS << KIND_SHIFT) | ((d as u64 & 0xff) << 48) | (seq & ((1 << 48) - 1))
+}
+
+fn on_completion(pool: &mut RequestPool, cts_retired: &mut [u64; MAX_DEVS], id: u64, c: Completed) {
     let idx = (id & 0xffff) as u16;
     match id >> KIND_SHIFT {
         KIND_RECV => {
@@ -355,7 +423,14 @@ fn on_completion(pool: &mut RequestPool, id: u64, c: Completed) {
                 }
             }
         }
-        // CTS writes: only reap the send queue.
+        // A signaled CTS write: it and every CTS write before it on that QP are retired.
+        KIND_CTS => {
+            let d = ((id >> 48) & 0xff) as usize;
+            let seq = id & ((1 << 48) - 1);
+            if let Some(r) = cts_retired.get_mut(d) {
+                *r = (*r).max(seq + 1);
+            }
+        }
         _ => {}
     }
 }

@@ -1,15 +1,27 @@
 //! Request slots and completion counting (pure bookkeeping, no I/O, no unsafe).
 //!
-//! Every comm owns a fixed pool of requests (at most [`MAX_REQUESTS`]) allocated once at connect time;
+//! Every comm owns a fixed pool of requests (at most [`MAX_POOL`]) allocated once at connect time;
 //! NCCL receives raw pointers into it. `alloc`/`free` never allocate (the free list is a
 //! pre-sized stack). A request is done when the completions it still expects (`pending`) reach
 //! zero; a completion error marks it failed instead.
 
-/// Requests per comm: NCCL_NET_MAX_REQUESTS (32) × maxRecvs (8), as NCCL's IB transport.
-/// Covers 32 grouped receives (+ flushes) on a recvComm and 32 × 8 isends on a sendComm.
-pub const MAX_REQUESTS: usize = 256;
+/// Most requests in one pool: request indices fill 6-bit `wr_id` lanes ([`SendWrId`]).
+pub const MAX_POOL: usize = 1 << LANE_BITS;
+/// Requests of a send comm: NCCL_STEPS (8) × maxRecvs (8) isends, NCCL's real peak per comm and
+/// as many as the CTS ring has entries (spec §7.6 allows more; beyond this isend says "retry
+/// later", which NCCL does). At any time at most 7 of them belong to the group being matched
+/// (not posted yet); every other one is posted and completes by itself, so a full pool always
+/// drains.
+pub const SEND_REQUESTS: usize = 64;
+/// Receives in flight per recv comm: NCCL_NET_MAX_REQUESTS (spec §7.6); more say "retry later".
+pub const RECVS_IN_FLIGHT: usize = 32;
+/// Requests of a receive comm: [`RECVS_IN_FLIGHT`] receives plus 32 flushes (a NULL flush
+/// request means "nothing to flush", so flushes cannot be refused).
+pub const RECV_REQUESTS: usize = RECVS_IN_FLIGHT + 32;
 /// Most buffers per grouped receive.
 pub const MAX_RECVS: usize = 8;
+const _: () = assert!(SEND_REQUESTS <= MAX_POOL && RECV_REQUESTS <= MAX_POOL);
+const _: () = assert!(SEND_REQUESTS >= MAX_RECVS, "a whole group can always be matched");
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
@@ -21,10 +33,9 @@ pub enum ReqKind {
     Flush = 3,
 }
 
-/// One in-flight operation (16 bytes: 256 of them are a send comm's whole pool). NCCL holds
-/// `*mut Request`; `owner` leads back to the comm, and the request's index is its position in
-/// the pool ([`RequestPool::index_of`]). A receive's posted sizes live in its comm (the CTS
-/// staging entries of its FIFO slot), not here.
+/// One in-flight operation (16 bytes). NCCL holds `*mut Request`; `owner` leads back to the
+/// comm, and the request's index is its position in the pool ([`RequestPool::index_of`]). A
+/// receive's posted sizes live in its comm (the CTS staging entries of its group), not here.
 #[derive(Debug)]
 #[repr(C)]
 pub struct Request {
@@ -34,17 +45,18 @@ pub struct Request {
     pub size: u32,
     /// Completions still expected (≤ one per QP of the comm: at most 1024).
     pub pending: u16,
-    /// FIFO slot (bits 0..5) and buffers − 1 (bits 5..8): of a grouped receive, or `nreqs` of
-    /// the group a send belongs to.
-    slot_n: u8,
-    /// [`ReqKind`] (bits 0..2) and "a completion error hit this request" (bit 2).
+    /// Receive: ring position of the group's first CTS entry (0..RING).
+    pos: u8,
+    /// [`ReqKind`] (bits 0..2), "a completion error hit this request" (bit 2), and buffers − 1
+    /// (bits 3..6) of a grouped receive, or `nreqs` − 1 of the group a send belongs to.
     flags: u8,
 }
 
 const _: () = assert!(std::mem::size_of::<Request>() == 16);
-// The packed fields hold every slot and group size.
-const _: () = assert!(super::fifo::SLOTS <= 32 && MAX_RECVS <= 8);
+// The packed fields hold every ring position and group size.
+const _: () = assert!(super::fifo::RING <= 256 && MAX_RECVS <= 8);
 const FAILED: u8 = 1 << 2;
+const N_SHIFT: u32 = 3;
 
 impl Request {
     fn new(owner: *mut ()) -> Request {
@@ -52,7 +64,7 @@ impl Request {
             owner,
             size: 0,
             pending: 0,
-            slot_n: 0,
+            pos: 0,
             flags: ReqKind::Free as u8,
         }
     }
@@ -79,19 +91,20 @@ impl Request {
         self.flags |= FAILED;
     }
 
-    /// FIFO slot of a receive (or of the group a send belongs to).
-    pub fn slot(&self) -> usize {
-        usize::from(self.slot_n & 31)
+    /// Ring position of a receive's first CTS entry.
+    pub fn pos(&self) -> usize {
+        usize::from(self.pos)
     }
 
     /// Buffers of a grouped receive, or `nreqs` of the group a send belongs to (1..=8).
     pub fn n(&self) -> usize {
-        usize::from(self.slot_n >> 5) + 1
+        usize::from((self.flags >> N_SHIFT) & 7) + 1
     }
 
-    /// Record the FIFO slot (mod 32) and the group size (clamped to 1..=8).
-    pub fn set_slot_n(&mut self, slot: usize, n: usize) {
-        self.slot_n = (slot & 31) as u8 | ((n.clamp(1, MAX_RECVS) - 1) as u8) << 5;
+    /// Record the ring position (mod RING) and the group size (clamped to 1..=8).
+    pub fn set_pos_n(&mut self, pos: usize, n: usize) {
+        self.pos = (pos % super::fifo::RING) as u8;
+        self.flags = (self.flags & !(7 << N_SHIFT)) | (((n.clamp(1, MAX_RECVS) - 1) as u8) << N_SHIFT);
     }
 
     /// One expected completion arrived; true when none is left.
@@ -113,19 +126,16 @@ pub fn pending_count(n: usize) -> u16 {
 /// A fixed pool of requests with a LIFO free list.
 pub struct RequestPool {
     reqs: Box<[Request]>,
-    /// Free indices (< 256, as the `wr_id` lanes).
+    /// Free indices (< MAX_POOL, as the `wr_id` lanes).
     free: Vec<u8>,
 }
-
-/// Requests of a receive comm: 32 receives (NCCL_NET_MAX_REQUESTS) plus 32 flushes.
-pub const RECV_REQUESTS: usize = 64;
 
 impl RequestPool {
     /// `owner` is stored in every request (the comm's data-path state, which must not move
     /// afterwards — it is boxed by the caller).
-    /// `capacity` ≤ [`MAX_REQUESTS`] (indices must fit the 8-bit `wr_id` lanes).
+    /// `capacity` ≤ [`MAX_POOL`] (indices must fit the `wr_id` lanes).
     pub fn new(owner: *mut (), capacity: usize) -> RequestPool {
-        let cap = capacity.clamp(1, MAX_REQUESTS) as u16;
+        let cap = capacity.clamp(1, MAX_POOL) as u16;
         let reqs: Box<[Request]> = (0..cap).map(|_| Request::new(owner)).collect();
         // Lowest index on top, so tests and logs see 0, 1, 2, ...
         let free = (0..cap).rev().map(|i| i as u8).collect();
@@ -145,7 +155,7 @@ impl RequestPool {
         let r = &mut self.reqs[i as usize];
         r.flags = kind as u8;
         r.pending = 0;
-        r.slot_n = 0;
+        r.pos = 0;
         r.size = 0;
         Some(i)
     }
@@ -191,18 +201,46 @@ impl RequestPool {
     }
 }
 
-/// Pack up to 8 request indices (< 256) into a `wr_id`, one per 8-bit lane (spec §8.8).
-pub fn pack_wr_id(indices: &[u16]) -> u64 {
-    indices
-        .iter()
-        .take(8)
-        .enumerate()
-        .fold(0u64, |acc, (lane, &i)| acc | (u64::from(i as u8) << (8 * lane)))
-}
+/// Bits per request index in a send `wr_id`.
+const LANE_BITS: u32 = 6;
+const LANE_MASK: u64 = (1 << LANE_BITS) - 1;
+const CHAIN_SHIFT: u32 = 8 * LANE_BITS;
+const QP_SHIFT: u32 = CHAIN_SHIFT + 4;
+/// QP indices a send `wr_id` can name (NCCL_IB_QPS_PER_CONNECTION ≤ 128 × 8 devices).
+pub const WR_ID_QPS: usize = 1 << 10;
+const _: () = assert!(QP_SHIFT + 10 <= 64);
 
-/// Lane `lane` of a packed `wr_id`.
-pub fn wr_id_lane(wr_id: u64, lane: usize) -> u16 {
-    ((wr_id >> (8 * (lane % 8))) & 0xff) as u16
+/// The `wr_id` of every WR of a group's chain on one QP (spec §8.8 packs 8-bit lanes; ours are
+/// 6 bits, so the chain's length and QP fit too): the group's request indices (< [`MAX_POOL`])
+/// in lanes 0..8 (bits 0..48), the number of WRs of the chain (bits 48..52, ≤ 9) and the QP's
+/// index in the connection (bits 52..62). The chain's signaled completion gives back that many
+/// send-queue credits of that QP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SendWrId(pub u64);
+
+impl SendWrId {
+    /// `indices` beyond 8 and bits beyond each field are dropped.
+    pub fn new(indices: &[u16], chain: usize, qp: usize) -> SendWrId {
+        let lanes = indices.iter().take(8).enumerate().fold(0u64, |acc, (lane, &i)| {
+            acc | ((u64::from(i) & LANE_MASK) << (LANE_BITS * lane as u32))
+        });
+        SendWrId(lanes | ((chain as u64 & 0xf) << CHAIN_SHIFT) | ((qp as u64 & (WR_ID_QPS as u64 - 1)) << QP_SHIFT))
+    }
+
+    /// Request index in lane `lane` (0..8).
+    pub fn lane(self, lane: usize) -> u16 {
+        ((self.0 >> (LANE_BITS * (lane % 8) as u32)) & LANE_MASK) as u16
+    }
+
+    /// WRs in the chain.
+    pub fn chain(self) -> usize {
+        ((self.0 >> CHAIN_SHIFT) & 0xf) as usize
+    }
+
+    /// The QP's index in the connection.
+    pub fn qp(self) -> usize {
+        ((self.0 >> QP_SHIFT) & (WR_ID_QPS as u64 - 1)) as usize
+    }
 }
 
 #[cfg(test)]
@@ -211,17 +249,17 @@ mod tests {
 
     #[test]
     fn pool_alloc_free_exhaustion() {
-        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_REQUESTS);
+        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_POOL);
         let mut got = vec![];
-        for _ in 0..MAX_REQUESTS {
+        for _ in 0..MAX_POOL {
             got.push(p.alloc(ReqKind::Send).unwrap());
         }
         assert_eq!(got[..3], [0, 1, 2]);
-        assert_eq!(p.in_flight(), MAX_REQUESTS);
+        assert_eq!(p.in_flight(), MAX_POOL);
         assert_eq!(p.alloc(ReqKind::Recv), None, "exhausted pool says retry later");
         p.free(17);
         p.free(17); // double free ignored
-        assert_eq!(p.in_flight(), MAX_REQUESTS - 1);
+        assert_eq!(p.in_flight(), MAX_POOL - 1);
         assert_eq!(p.alloc(ReqKind::Recv), Some(17));
         assert_eq!(p.get(17).unwrap().kind(), ReqKind::Recv);
         p.free(9999); // unknown ignored
@@ -229,7 +267,7 @@ mod tests {
 
     #[test]
     fn at_least_32_in_flight_with_flushes() {
-        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_REQUESTS);
+        let mut p = RequestPool::new(std::ptr::null_mut(), RECV_REQUESTS);
         for _ in 0..32 {
             p.alloc(ReqKind::Recv).unwrap();
             p.alloc(ReqKind::Flush).unwrap();
@@ -239,7 +277,7 @@ mod tests {
 
     #[test]
     fn completion_counting() {
-        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_REQUESTS);
+        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_POOL);
         let i = p.alloc(ReqKind::Recv).unwrap();
         let r = p.get_mut(i).unwrap();
         r.pending = pending_count(3);
@@ -252,20 +290,22 @@ mod tests {
 
     #[test]
     fn packed_fields() {
-        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_REQUESTS);
+        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_POOL);
         for kind in [ReqKind::Send, ReqKind::Recv, ReqKind::Flush] {
             let i = p.alloc(kind).unwrap();
             let r = p.get_mut(i).unwrap();
-            assert_eq!((r.kind(), r.failed(), r.n(), r.slot()), (kind, false, 1, 0));
-            for slot in 0..super::super::fifo::SLOTS {
+            assert_eq!((r.kind(), r.failed(), r.n(), r.pos()), (kind, false, 1, 0));
+            for pos in 0..super::super::fifo::RING {
                 for n in 1..=MAX_RECVS {
-                    r.set_slot_n(slot, n);
-                    assert_eq!((r.slot(), r.n(), r.kind()), (slot, n, kind));
+                    r.set_pos_n(pos, n);
+                    assert_eq!((r.pos(), r.n(), r.kind(), r.failed()), (pos, n, kind, false));
                 }
             }
             r.set_failed();
             assert!(r.failed());
-            assert_eq!(r.kind(), kind);
+            assert_eq!((r.kind(), r.n()), (kind, MAX_RECVS));
+            r.set_pos_n(3, 2);
+            assert!(r.failed(), "set_pos_n keeps the failed bit");
             p.free(i);
             assert_eq!(p.get(i).unwrap().kind(), ReqKind::Free);
             let j = p.alloc(kind).unwrap();
@@ -278,7 +318,7 @@ mod tests {
 
     #[test]
     fn pointers_round_trip() {
-        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_REQUESTS);
+        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_POOL);
         let i = p.alloc(ReqKind::Send).unwrap();
         let ptr = p.ptr(i);
         assert_eq!(p.index_of(ptr), Some(i));
@@ -288,11 +328,24 @@ mod tests {
 
     #[test]
     fn wr_id_lanes() {
-        let w = pack_wr_id(&[1, 2, 255, 0, 7]);
-        assert_eq!(wr_id_lane(w, 0), 1);
-        assert_eq!(wr_id_lane(w, 1), 2);
-        assert_eq!(wr_id_lane(w, 2), 255);
-        assert_eq!(wr_id_lane(w, 4), 7);
-        assert_eq!(pack_wr_id(&[5; 8]), 0x0505050505050505);
+        let w = SendWrId::new(&[1, 2, 63, 0, 7], 9, 1023);
+        assert_eq!(w.lane(0), 1);
+        assert_eq!(w.lane(1), 2);
+        assert_eq!(w.lane(2), 63);
+        assert_eq!(w.lane(4), 7);
+        assert_eq!(w.lane(5), 0);
+        assert_eq!((w.chain(), w.qp()), (9, 1023));
+        let all = SendWrId::new(&[63; 8], 15, 0);
+        assert_eq!(all.0, (1 << 52) - 1, "lanes and chain use bits 0..52");
+        assert_eq!((all.lane(7), all.chain(), all.qp()), (63, 15, 0));
+        // Fields never bleed into each other.
+        let q = SendWrId::new(&[0; 8], 0, WR_ID_QPS - 1);
+        assert_eq!((q.lane(7), q.chain(), q.qp()), (0, 0, WR_ID_QPS - 1));
+        assert!(q.0 < 1 << 62);
+        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_POOL);
+        for _ in 0..MAX_POOL {
+            let i = p.alloc(ReqKind::Send).unwrap();
+            assert_eq!(SendWrId::new(&[i; 8], 1, 0).lane(7), i, "every index fits a lane");
+        }
     }
 }

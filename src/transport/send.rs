@@ -1,15 +1,20 @@
-//! The sender's data path (spec §8.8): read the receiver's CTS entries from our FIFO, match
-//! isends to the buffers of the oldest slot by tag, and when a slot's group is complete post
+//! The sender's data path (spec §8.8): read the receiver's CTS entries from our FIFO ring,
+//! match isends to the buffers of the oldest group by tag, and when the group is complete post
 //! RDMA WRITEs (split in 128-byte multiples over the chosen QPs) ending in one signaled
 //! RDMA WRITE WITH IMMEDIATE per QP.
+//!
+//! Every data QP has [`SQ_DEPTH`] send-queue credits: a chain of k WRs takes k, and the polled
+//! completion of its signaled last WR (which retires the whole chain, RC completes in order)
+//! gives them back. A complete group whose chain does not fit waits (its requests are in flight,
+//! not done) and is posted by a later `test` or `isend` once completions gave credits back.
 //!
 //! Nothing on this path allocates, locks or makes a syscall except `ibv_post_send` and the
 //! rate-limited liveness probe when idle.
 
 use super::conn::RegBuf;
 use super::core::Core;
-use super::fifo::{self, CtsEntry, SlotState, MAX_RECVS};
-use super::request::{self, pack_wr_id, wr_id_lane, ReqKind, Request, RequestPool};
+use super::fifo::{self, CtsEntry, GroupState, MAX_RECVS};
+use super::request::{self, ReqKind, Request, RequestPool, SendWrId};
 use super::split::{self, WrPlan, MAX_CHAIN};
 use super::MemHandle;
 use crate::error::{Error, Result};
@@ -18,18 +23,28 @@ use crate::ibv::sys;
 use std::sync::atomic::{fence, Ordering};
 use std::time::{Duration, Instant};
 
-/// A grouped send stages its n sizes (the source of the completion-record write) in the FIFO
-/// slot the group was matched in ([`fifo::SIZES_IN_SLOT`]). The slot is dead for us once
-/// [`SendDp::load_slot`] copied it: we read it again only for the posting counter SLOTS later
-/// (entry 0's stamp, untouched). The receiver writes it again only for that counter, i.e.
+/// A grouped send stages its n sizes (the source of the completion-record write) in the first
+/// FIFO entry of the group ([`fifo::SIZES_IN_ENTRY`]). The entry is dead for us once
+/// [`SendDp::load_group`] copied the group: we read its stamp again only for a later posting
+/// counter (the stamp is untouched, so it never matches). The receiver writes it again only
 /// after this group's receive completed, so after every write reading these sizes executed at
 /// the receiver (a retransmitted duplicate is not executed again, IBTA C9-105). So the FIFO
-/// needs no separate sizes array, and the registered block is 16 KiB, four pages, not five.
-/// Bytes of the sender's registered block: the CTS FIFO (grouped-send sizes inside, above).
-pub const SEND_BLOCK_BYTES: usize = fifo::FIFO_BYTES;
+/// needs no separate sizes array.
+/// Bytes of the sender's registered block: the CTS FIFO ring, 4 KiB (one page).
+pub const SEND_BLOCK_BYTES: usize = fifo::RING_BYTES;
 
-/// The oldest FIFO slot once all its entries have landed.
-struct CurSlot {
+/// Send-queue credits of a data QP, its `max_send_wr`, and its CQ entries. Bound: WRs posted on
+/// the QP and not yet retired by a polled completion ≤ SQ_DEPTH (the credits), so the send
+/// queue cannot overflow, and neither can the CQ: a QP puts at most one entry per chain there
+/// (its signaled WR), or one per WR when it fails and flushes them all. 64: 64 single messages
+/// or 7 groups of 8 (9 WRs each) in flight per QP; a chain is ≤ 9 WRs, so an idle QP always
+/// takes one.
+pub const SQ_DEPTH: usize = 64;
+const _: () = assert!(SQ_DEPTH >= MAX_CHAIN && SQ_DEPTH <= u16::MAX as usize);
+
+/// The oldest group once all its entries have landed. `matched` full and `active` = complete
+/// and waiting for send-queue credits.
+struct CurGroup {
     active: bool,
     n: usize,
     entries: [CtsEntry; MAX_RECVS],
@@ -43,16 +58,20 @@ struct CurSlot {
 pub struct SendDp {
     /// First: QPs are destroyed before the FIFO memory they write into is freed.
     pub core: Core,
-    /// One registered block: the CTS FIFO the receiver writes into (grouped sends stage their
-    /// sizes in their consumed slot, [`fifo::SIZES_IN_SLOT`]).
+    /// One registered block: the CTS FIFO ring the receiver writes into (grouped sends stage
+    /// their sizes in their group's consumed first entry, [`fifo::SIZES_IN_ENTRY`]).
     pub bufs: RegBuf,
-    /// FIFO slots consumed so far.
+    /// Groups consumed (posted) so far: the posting counter of the next group.
     counter: u64,
-    cur: CurSlot,
+    /// Absolute FIFO entry where the next group starts.
+    head: u64,
+    /// Send-queue credits per QP of the connection.
+    credits: Box<[u16]>,
+    cur: CurGroup,
     ar: bool,
     ar_threshold: usize,
     truncate_warned: bool,
-    /// When the current slot's stamp was first seen without a consistent entry.
+    /// When the current group's stamp was first seen without consistent entries.
     landing_since: Option<Instant>,
     plan: [WrPlan; MAX_CHAIN],
     wrs: [sys::ibv_send_wr; MAX_CHAIN],
@@ -65,11 +84,14 @@ unsafe impl Send for SendDp {}
 
 impl SendDp {
     pub fn new(core: Core, bufs: RegBuf, ar: bool, ar_threshold: usize) -> Box<SendDp> {
+        let credits = vec![SQ_DEPTH as u16; core.conn.qps.len()].into_boxed_slice();
         let mut dp = Box::new(SendDp {
             core,
             bufs,
             counter: 0,
-            cur: CurSlot {
+            head: 0,
+            credits,
+            cur: CurGroup {
                 active: false,
                 n: 0,
                 entries: [CtsEntry::default(); MAX_RECVS],
@@ -94,27 +116,28 @@ impl SendDp {
         dp
     }
 
-    /// Read the oldest slot; true when all its entries are there and sealed.
-    fn load_slot(&mut self) -> Result<bool> {
-        let slot = fifo::slot_of(self.counter);
-        let base = (self.bufs.addr() as *const CtsEntry).wrapping_add(slot * MAX_RECVS);
-        // SAFETY: `base` is inside the FIFO (slot < SLOTS), which lives as long as self. The
-        // NIC writes it concurrently: the stamp is loaded alone (one aligned 8-byte volatile
-        // load), and the rest only after it matched.
-        let stamp = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*base).stamp)) };
-        if !fifo::stamp_matches(stamp, self.counter) {
-            self.landing_since = None;
-            return Ok(false);
-        }
-        fence(Ordering::Acquire);
-        let n = ((u64::from_le(stamp) >> 56) as usize).clamp(1, MAX_RECVS);
+    /// Read the next group; true when all its entries are there and sealed.
+    fn load_group(&mut self) -> Result<bool> {
+        let base = self.bufs.addr() as *const CtsEntry;
         let mut es = [CtsEntry::default(); MAX_RECVS];
-        for (i, e) in es.iter_mut().enumerate().take(n) {
-            // SAFETY: i < n ≤ MAX_RECVS entries of this slot, inside the FIFO.
-            *e = CtsEntry::from_wire(&unsafe { std::ptr::read_volatile(base.add(i)) });
-        }
-        match fifo::check_slot(&es[..n], self.counter) {
-            SlotState::Ready(n) => {
+        let st = fifo::read_group(
+            self.head,
+            self.counter,
+            |pos| {
+                // SAFETY: pos < RING: inside the FIFO, which lives as long as self. The NIC
+                // writes it concurrently: the stamp is loaded alone (one aligned 8-byte
+                // volatile load), and the entries only after it matched (and this fence).
+                let stamp = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*base.add(pos)).stamp)) };
+                fence(Ordering::Acquire);
+                stamp
+            },
+            // SAFETY: pos < RING: an entry of the FIFO, read by value (sealed, so a torn
+            // read is only "landing").
+            |pos| unsafe { std::ptr::read_volatile(base.add(pos)) },
+            &mut es,
+        );
+        match st {
+            GroupState::Ready(n) => {
                 fence(Ordering::Acquire);
                 self.landing_since = None;
                 self.cur.active = true;
@@ -123,21 +146,45 @@ impl SendDp {
                 self.cur.matched = 0;
                 Ok(true)
             }
-            SlotState::NotPosted => Ok(false),
-            SlotState::Landing => {
+            GroupState::NotPosted => {
+                self.landing_since = None;
+                Ok(false)
+            }
+            GroupState::Landing => {
                 // Still being written; a seal that never verifies means a broken peer.
                 let now = Instant::now();
                 let since = *self.landing_since.get_or_insert(now);
                 if now.duration_since(since) > Duration::from_secs(crate::config::get().connect_timeout_sec.max(1)) {
                     return Err(self.core.fail(Error::remote(format!(
-                        "the CTS entries from the receiver {} for slot {slot} never became consistent (seal/count mismatch for {:?}): a corrupt or incompatible peer",
+                        "the CTS entries from the receiver {} for group {} (FIFO entry {}) never became consistent (seal/count mismatch for {:?}): a corrupt or incompatible peer",
                         self.core.conn.chan.peer,
+                        self.counter,
+                        fifo::ring_pos(self.head),
                         now.duration_since(since)
                     ))));
                 }
                 Ok(false)
             }
         }
+    }
+
+    /// Poll the CQs; completions give back send-queue credits.
+    fn poll(&mut self) -> Result<bool> {
+        let SendDp { core, credits, .. } = self;
+        core.poll(|pool, wr_id, c| on_completion(pool, credits, wr_id, c), describe)
+    }
+
+    /// Whether the current group is complete and waits for send-queue credits.
+    fn waiting(&self) -> bool {
+        self.cur.active && self.cur.matched == fifo::full_mask(self.cur.n)
+    }
+
+    /// Post the waiting group if its chains fit; a posting error fails the comm.
+    fn try_post(&mut self) -> Result<()> {
+        if let Err(e) = self.post_group() {
+            return Err(self.core.fail(e));
+        }
+        Ok(())
     }
 
     fn idle(&mut self) -> Result<Option<*mut Request>> {
@@ -150,7 +197,15 @@ impl SendDp {
 
     pub fn isend(&mut self, data: usize, size: usize, tag: i32, mh: &MemHandle) -> Result<Option<*mut Request>> {
         self.core.check()?;
-        if !self.cur.active && !self.load_slot()? {
+        if self.waiting() {
+            // The group before this send waits for send-queue credits: reap, post, else retry.
+            self.poll()?;
+            self.try_post()?;
+            if self.waiting() {
+                return Ok(None);
+            }
+        }
+        if !self.cur.active && !self.load_group()? {
             return self.idle();
         }
         let n = self.cur.n;
@@ -175,43 +230,54 @@ impl SendDp {
         self.cur.len[i] = len;
         self.cur.lkeys[i] = mh.lkeys;
         self.cur.matched |= 1 << i;
-        let slot = fifo::slot_of(self.counter);
+        let pos = fifo::ring_pos(self.head);
         let req = self.core.pool.get_mut(r).expect("index from alloc");
-        req.set_slot_n(slot, n);
+        req.set_pos_n(pos, n);
         req.size = len as u32;
         // Not posted yet: one placeholder completion, replaced when the group is posted.
         req.pending = 1;
         let ptr = self.core.pool.ptr(r);
-        if self.cur.matched == fifo::full_mask(n) {
-            if let Err(e) = self.post_group() {
-                return Err(self.core.fail(e));
-            }
+        if self.waiting() {
+            // Posted now, or by a later test/isend once credits came back.
+            self.try_post()?;
         }
         Ok(Some(ptr))
     }
 
+    /// Post the complete current group if every chain fits its QP's credits (else leave it
+    /// waiting).
     fn post_group(&mut self) -> Result<()> {
+        if !self.waiting() {
+            return Ok(());
+        }
         let id = self.counter;
-        let slot = fifo::slot_of(id);
+        let pos = fifo::ring_pos(self.head);
         let n = self.cur.n;
         let conn = &self.core.conn;
         let nq = conn.qps_per_req;
         let nqps = conn.qps.len();
         let ar_split = n == 1 && self.ar && self.cur.len[0] > self.ar_threshold;
-        let sizes_addr = self.bufs.addr() + slot * fifo::SLOT_BYTES + fifo::SIZES_IN_SLOT;
+        for j in 0..nq {
+            let q = split::qp_for_chunk(id, nq, j, nqps);
+            let k = split::plan_chain(&self.cur.len[..n], nq, j, ar_split, &mut self.plan);
+            if usize::from(self.credits[q]) < k {
+                return Ok(());
+            }
+        }
+        let sizes_addr = self.bufs.addr() + pos * fifo::ENTRY_BYTES + fifo::SIZES_IN_ENTRY;
         if n > 1 {
             for i in 0..n {
-                // SAFETY: bytes 16 + 4i of entry 0 of our (consumed) slot, inside the FIFO; no
-                // NIC writes this slot before this group's receive completed (see above).
+                // SAFETY: bytes 16 + 4i of the group's first (consumed) entry, inside the
+                // FIFO; no NIC writes it before this group's receive completed (see above).
                 unsafe { std::ptr::write_volatile((sizes_addr as *mut u32).add(i), (self.cur.len[i] as u32).to_le()) };
             }
         }
-        let wr_id = pack_wr_id(&self.cur.reqs[..n]);
         for j in 0..nq {
             let q = split::qp_for_chunk(id, nq, j, nqps);
             let cq = &conn.qps[q];
             let (ldev, rdev) = (cq.dev, cq.remote_dev);
             let k = split::plan_chain(&self.cur.len[..n], nq, j, ar_split, &mut self.plan);
+            let wr_id = SendWrId::new(&self.cur.reqs[..n], k, q).0;
             for x in 0..k {
                 let w = &mut self.wrs[x];
                 w.wr_id = wr_id;
@@ -257,8 +323,8 @@ impl SendDp {
                         };
                     }
                     WrPlan::SizesImm => {
-                        // Grouped: the n sizes go into the receiver's completion record [slot]
-                        // (inside its CTS staging slot, fifo::SIZES_IN_SLOT).
+                        // Grouped: the n sizes go into the receiver's completion record of the
+                        // group (inside its CTS staging entry, fifo::SIZES_IN_ENTRY).
                         self.sges[x] = sys::ibv_sge {
                             addr: sizes_addr as u64,
                             length: (n * 4) as u32,
@@ -267,10 +333,10 @@ impl SendDp {
                         w.sg_list = &mut self.sges[x];
                         w.num_sge = 1;
                         w.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM;
-                        w.imm_data_invalidated_rkey_union.imm_data = (slot as u32).to_be();
+                        w.imm_data_invalidated_rkey_union.imm_data = (pos as u32).to_be();
                         w.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
                         w.wr.rdma = sys::rdma_t {
-                            remote_addr: conn.peer.addr + (slot * fifo::SLOT_BYTES) as u64,
+                            remote_addr: conn.peer.addr + (pos * fifo::ENTRY_BYTES) as u64,
                             rkey: conn.peer.devs[rdev].rkey,
                         };
                     }
@@ -284,9 +350,11 @@ impl SendDp {
                 };
                 self.wrs[x].next = next;
             }
+            // Taken before posting: a partly posted chain still counts against the queue.
+            self.credits[q] -= k as u16;
             // SAFETY: the chain lives in self (stable, boxed) for the call; the local buffers
             // are registered user buffers (NCCL keeps them until the request completes) or our
-            // consumed FIFO slot (lives as long as the QP); remote keys come from the CTS.
+            // consumed FIFO entry (lives as long as the QP); remote keys come from the CTS.
             unsafe { cq.qp.post_send(&mut self.wrs[0]) }?;
         }
         for &r in &self.cur.reqs[..n] {
@@ -295,6 +363,7 @@ impl SendDp {
             }
         }
         self.counter += 1;
+        self.head += n as u64;
         self.cur.active = false;
         Ok(())
     }
@@ -304,7 +373,10 @@ impl SendDp {
     /// # Safety
     /// `sizes` is NULL or points to room for one `i32`.
     pub unsafe fn test(&mut self, req: *const Request, sizes: *mut i32) -> Result<bool> {
-        self.core.poll(on_completion, describe)?;
+        self.poll()?;
+        if self.waiting() {
+            self.try_post()?;
+        }
         let Some((idx, r)) = self
             .core
             .pool
@@ -334,11 +406,16 @@ impl SendDp {
     }
 }
 
-/// A successful send completion: the final signaled write of one QP's chain for a group.
-fn on_completion(pool: &mut RequestPool, wr_id: u64, _c: Completed) {
-    let n = pool.get(wr_id_lane(wr_id, 0)).map(|r| r.n()).unwrap_or(1);
+/// A successful send completion: the final signaled write of one QP's chain for a group. It
+/// retires the whole chain: its WRs' credits come back.
+fn on_completion(pool: &mut RequestPool, credits: &mut [u16], wr_id: u64, _c: Completed) {
+    let w = SendWrId(wr_id);
+    if let Some(c) = credits.get_mut(w.qp()) {
+        *c = (usize::from(*c) + w.chain()).min(SQ_DEPTH) as u16;
+    }
+    let n = pool.get(w.lane(0)).map(|r| r.n()).unwrap_or(1);
     for lane in 0..n {
-        if let Some(r) = pool.get_mut(wr_id_lane(wr_id, lane)) {
+        if let Some(r) = pool.get_mut(w.lane(lane)) {
             if r.kind() == ReqKind::Send {
                 r.complete_one();
             }
@@ -347,9 +424,10 @@ fn on_completion(pool: &mut RequestPool, wr_id: u64, _c: Completed) {
 }
 
 fn describe(pool: &RequestPool, wr_id: u64) -> (&'static str, usize) {
-    let n = pool.get(wr_id_lane(wr_id, 0)).map(|r| r.n()).unwrap_or(1);
+    let w = SendWrId(wr_id);
+    let n = pool.get(w.lane(0)).map(|r| r.n()).unwrap_or(1);
     let bytes = (0..n)
-        .filter_map(|l| pool.get(wr_id_lane(wr_id, l)))
+        .filter_map(|l| pool.get(w.lane(l)))
         .map(|r| r.size as usize)
         .sum();
     ("RDMA write (data)", bytes)

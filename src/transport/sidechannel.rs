@@ -366,6 +366,16 @@ impl Channel {
         Ok(true)
     }
 
+    /// Setup is over: give back the buffers' memory (a few hundred bytes a comm). What is
+    /// still queued or half read is kept.
+    pub fn release_buffers(&mut self) {
+        if self.out_pos >= self.out.len() {
+            self.out = Vec::new();
+            self.out_pos = 0;
+        }
+        self.reader.release_buffer();
+    }
+
     /// The next whole message if one has arrived.
     pub fn poll_recv(&mut self) -> std::result::Result<Option<Message>, ChannelError> {
         let mut buf = [0u8; 4096];
