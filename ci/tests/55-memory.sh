@@ -1,0 +1,63 @@
+#!/bin/bash
+# Heap per connection (issue 5 §5: ≤ 32 KiB for both ends of a connection, one QP): the
+# harness's scale_bench opens 256 connections between two processes over softroce (-O: rank 0
+# holds every recv comm, rank 1 every send comm, so each comm kind is measured apart), moves
+# one message through each, closes them, and reports mallinfo2 in-use heap per recv comm and
+# per send comm. Fails when recv comm + send comm exceeds 32 KiB, or when the run fails. Heap
+# is deterministic enough for a fixed threshold (no timing is checked). Addresses 127.0.54.x.
+# Builds nothing (make build does); the run is bounded by `timeout`.
+set -u
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+H=$ROOT/target/release/harness
+SR=$ROOT/target/release/softroce
+T=${MEMORY_TEST_TIMEOUT:-60}
+CONNS=${MEMORY_TEST_CONNS:-256}
+LIMIT_KIB=32
+for f in "$H/scale_bench" "$ROOT/target/release/libnccl-net-ferroce.so" "$SR/libibverbs.so.1"; do
+    if [ ! -e "$f" ]; then
+        echo "missing $f (run make build)"
+        echo "0 passed, 1 failed"
+        exit 1
+    fi
+done
+D=$(mktemp -d /tmp/memory-test.XXXXXX)
+PID=""
+cleanup() {
+    [ -n "$PID" ] && kill -- "$PID" 2>/dev/null
+    wait 2>/dev/null
+    rm -rf "$D"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+echo "== scale_bench -O --conns $CONNS (softroce, 127.0.54.x), heap per recv comm + per send comm <= $LIMIT_KIB KiB"
+env LD_LIBRARY_PATH="$SR:$ROOT/target/release" \
+    timeout -k 5 "$T" "$H/scale_bench" -O --conns "$CONNS" --softroce 1 --addr-base 127.0.54 --timeout $((T - 5)) >"$D/out" 2>&1 &
+PID=$!
+wait "$PID"
+RC=$?
+PID=""
+grep -E '^#   (heap|RSS|one 8-byte|after closing)' "$D/out" | sed 's/^/   /'
+line=$(grep -E '^scale_bench conns=' "$D/out" | tail -n 1)
+if [ "$RC" -ne 0 ] || [ -z "$line" ] || ! grep -q 'one 8-byte message through every connection: ok' "$D/out"; then
+    echo "   FAIL scale_bench (rc=$RC)"
+    tail -n 30 "$D/out" | sed 's/^/   | /'
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+# recv_comm_KiB=A send_comm_KiB=B: the two ends of one connection.
+if echo "$line" | awk -v lim="$LIMIT_KIB" '{
+        for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+        if (v["recv_comm_KiB"] == "" || v["send_comm_KiB"] == "") { print "   no per-comm figures in: " $0; exit 1 }
+        sum = v["recv_comm_KiB"] + v["send_comm_KiB"]
+        printf "   heap per connection: recv comm %.1f + send comm %.1f = %.1f KiB (limit %d KiB)\n", v["recv_comm_KiB"], v["send_comm_KiB"], sum, lim
+        exit !(sum <= lim)
+    }'; then
+    echo "   PASS heap per connection within $LIMIT_KIB KiB"
+    echo "1 passed, 0 failed"
+    exit 0
+fi
+echo "   FAIL heap per connection above $LIMIT_KIB KiB"
+echo "0 passed, 1 failed"
+exit 1
