@@ -187,7 +187,11 @@ impl SendDp {
         Ok(())
     }
 
+    /// No receive buffer to send into yet. Reaping completions meanwhile returns credits early,
+    /// and lets a NIC whose completion poll can wait for its next event (softroce) put this
+    /// thread to sleep until a CTS lands instead of spinning (the CQ is cheap to poll when empty).
     fn idle(&mut self) -> Result<Option<*mut Request>> {
+        self.poll()?;
         if self.core.idle_probe()? {
             // Nothing to re-poll for a send that has not started: the receiver is gone.
             return Err(self.core.fail_peer_gone("a send waiting for the receiver's buffer"));
