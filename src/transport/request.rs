@@ -15,9 +15,12 @@ pub const MAX_POOL: usize = 1 << LANE_BITS;
 pub const SEND_REQUESTS: usize = 64;
 /// Receives in flight per recv comm: NCCL_NET_MAX_REQUESTS (spec §7.6); more say "retry later".
 pub const RECVS_IN_FLIGHT: usize = 32;
-/// Requests of a receive comm: [`RECVS_IN_FLIGHT`] receives plus 32 flushes (a NULL flush
-/// request means "nothing to flush", so flushes cannot be refused).
-pub const RECV_REQUESTS: usize = RECVS_IN_FLIGHT + 32;
+/// Flushes in flight per recv comm: NCCL_NET_MAX_REQUESTS again (flushes count against the
+/// comm, spec §7.6). A NULL flush request means "nothing to flush", so iflush cannot say "retry
+/// later": one more is an error. The flush QPs and their CQs are sized by this.
+pub const FLUSHES_IN_FLIGHT: usize = 32;
+/// Requests of a receive comm: [`RECVS_IN_FLIGHT`] receives plus [`FLUSHES_IN_FLIGHT`] flushes.
+pub const RECV_REQUESTS: usize = RECVS_IN_FLIGHT + FLUSHES_IN_FLIGHT;
 /// Most buffers per grouped receive.
 pub const MAX_RECVS: usize = 8;
 const _: () = assert!(SEND_REQUESTS <= MAX_POOL && RECV_REQUESTS <= MAX_POOL);
