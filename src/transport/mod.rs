@@ -22,7 +22,8 @@
 //! the sender's QP count and split mode.
 //!
 //! Limits: 32 receives in flight per recv comm (NCCL_NET_MAX_REQUESTS) holding at most 64 CTS
-//! entries in all (the FIFO ring: NCCL_STEPS 8 × maxRecvs 8), 32 flushes besides; 64 isends in
+//! entries in all (the FIFO ring: NCCL_STEPS 8 × maxRecvs 8), 32 flushes besides (an error
+//! beyond: iflush cannot say "retry later"); 64 isends in
 //! flight per send comm; beyond these irecv/isend return "retry later" (spec §7.6). Grouped
 //! receives of up to 8 buffers of ≤ 4 GiB each.
 //!
@@ -46,7 +47,7 @@ use crate::config;
 use crate::device::{NetDevice, VirtualDevice};
 use crate::error::Error;
 use crate::ibv::mr::MemoryRegion;
-use crate::ibv::qp::{QpCaps, RtrAttrs};
+use crate::ibv::qp::QpCaps;
 use crate::ibv::{sys, QueuePair};
 use conn::{Conn, LocalDev, RegBuf};
 use handshake::{EndpointRepr, HandleRepr, Message, FLAG_SPLIT};
@@ -83,16 +84,21 @@ const RECEIVER_SEND_WR: u32 = recv::CTS_DEPTH as u32;
 /// Receive WRs per receiver QP: one per receive in flight that uses the QP (≤ RECVS_IN_FLIGHT;
 /// a receive's WRs complete before test() reports it).
 const RECEIVER_RECV_WR: u32 = request::RECVS_IN_FLIGHT as u32;
-/// CQ entries per receiver QP: its receive WRs.
+/// CQ entries per receiver QP: its receive WRs (nothing else of the QP is signaled but the
+/// CTS writes, counted per device below).
 const RECEIVER_CQE_PER_QP: usize = request::RECVS_IN_FLIGHT;
 /// CQ entries per receiver device besides the per-QP ones: the CTS writes of its one CTS QP
-/// (≤ recv::CTS_DEPTH unretired).
+/// (≤ recv::CTS_DEPTH unretired). Flush reads complete elsewhere (FLUSH_CQE), so the receive
+/// CQ of a device holds m·RECVS_IN_FLIGHT + CTS_DEPTH for its m QPs.
 const RECEIVER_CQE_CTS: usize = recv::CTS_DEPTH;
-/// CQ entries per receiver device for the flush QP's RDMA reads, when flushing: receives
-/// (r ≤ RECVS_IN_FLIGHT, each one WR on each of the device's m QPs it uses) and flushes (one
-/// read per device each) share the RECV_REQUESTS requests, so the two take at most
-/// max over r of (m·r + RECV_REQUESTS − r) = m·RECVS_IN_FLIGHT + (RECV_REQUESTS − RECVS_IN_FLIGHT).
-const FLUSH_CQE: usize = request::RECV_REQUESTS - request::RECVS_IN_FLIGHT;
+/// Send WRs of a flush loopback QP (made by a comm's first iflush, one per local device): one
+/// RDMA read per flush in flight (bound: ≤ request::FLUSHES_IN_FLIGHT, enforced by iflush,
+/// which fails beyond; a read's WR is outstanding until its completion is polled, which
+/// test() does before it reclaims the flush; a failed comm reclaims nothing and posts nothing).
+const FLUSH_SEND_WR: u32 = request::FLUSHES_IN_FLIGHT as u32;
+/// Entries of a flush QP's own CQ: one per outstanding read (≤ FLUSH_SEND_WR, also when the
+/// QP fails and flushes them all); nothing else completes there.
+const FLUSH_CQE: usize = request::FLUSHES_IN_FLIGHT;
 // Every QP of a connection has an index a send wr_id can carry.
 const _: () = assert!(handshake::MAX_QPS <= request::WR_ID_QPS);
 /// Inline bytes requested when NCCL_IB_USE_INLINE=1 (one CTS entry).
@@ -443,8 +449,8 @@ fn kind_name(m: &Message) -> &'static str {
 struct RecvParts {
     devs: Vec<LocalDev>,
     qps: Vec<conn::ConnQp>,
-    flush_qps: Vec<QueuePair>,
-    flush_scratch: Vec<(Arc<mr_cache::DeviceCache>, Arc<mr_cache::FlushScratch>)>,
+    /// iflush issues reads (its flush QPs are made by the first one).
+    flush: bool,
     bufs: RegBuf,
     peer: EndpointRepr,
     qps_per_req: usize,
@@ -465,7 +471,7 @@ impl RecvParts {
             conn,
             request::RequestPool::new(std::ptr::null_mut(), request::RECV_REQUESTS),
         );
-        recv::RecvDp::new(core, p.flush_qps, p.flush_scratch, p.bufs, config::get().use_inline)
+        recv::RecvDp::new(core, p.flush, p.bufs, config::get().use_inline)
     }
 }
 
@@ -488,12 +494,7 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
         )));
     }
     let flush = flush_wanted(members);
-    let devs = conn::local_devs(
-        members,
-        nqps,
-        RECEIVER_CQE_PER_QP,
-        RECEIVER_CQE_CTS + if flush { FLUSH_CQE } else { 0 },
-    )?;
+    let devs = conn::local_devs(members, nqps, RECEIVER_CQE_PER_QP, RECEIVER_CQE_CTS)?;
     let qps = conn::create_qps(
         &devs,
         nqps,
@@ -529,51 +530,11 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
         req.tc
     };
     let qps = conn::bring_up(&devs, qps, req, tc, req.sl, cfg)?;
-    let mut flush_qps = Vec::new();
-    let mut flush_scratch = Vec::new();
-    if flush {
-        for d in &devs {
-            let cache = mr_cache::cache_for(&d.dev.pd);
-            let scratch = cache.flush_scratch()?;
-            flush_scratch.push((cache, scratch));
-            let qp = QueuePair::new_rc(
-                d.dev.pd.clone(),
-                d.cq.clone(),
-                d.cq.clone(),
-                QpCaps {
-                    // One read per flush in flight, ≤ every request of the comm.
-                    max_send_wr: request::RECV_REQUESTS as u32,
-                    max_recv_wr: 0,
-                    max_inline_data: 0,
-                },
-                conn::modify_retry(cfg),
-            )?;
-            qp.to_init(
-                d.dev.port,
-                cfg.pkey_index,
-                sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0,
-            )?;
-            qp.to_rtr(&RtrAttrs {
-                path_mtu: d.dev.active_mtu.clamp(1, 5),
-                dest_qpn: qp.qpn(),
-                global: d.dev.link_layer == crate::device::LinkLayer::Ethernet,
-                dgid: d.dev.gid,
-                sgid_index: d.dev.gid_index.clamp(0, 255) as u8,
-                traffic_class: tc,
-                dlid: d.dev.lid,
-                sl: req.sl,
-                port_num: d.dev.port,
-            })?;
-            qp.to_rts(cfg.timeout, cfg.retry_cnt)?;
-            flush_qps.push(qp);
-        }
-    }
     let split = req.flags & FLAG_SPLIT != 0;
     let parts = RecvParts {
         devs,
         qps,
-        flush_qps,
-        flush_scratch,
+        flush,
         bufs,
         peer: req.clone(),
         qps_per_req: split::qps_per_request(split, nqps, ndata),
@@ -837,6 +798,17 @@ impl RecvComm {
     /// Whether iflush issues RDMA reads (peer memory / DMA-BUF and NCCL_GDR_FLUSH_DISABLE=0).
     pub fn flush_enabled(&self) -> bool {
         self.dp.flush_enabled()
+    }
+
+    /// Loopback flush QPs of this comm (for tests): 0 until its first iflush that reads, then
+    /// one per local device.
+    pub fn flush_qps(&self) -> usize {
+        self.dp.flush_qps()
+    }
+
+    /// Flush requests in flight (for tests).
+    pub fn flushes_in_flight(&self) -> usize {
+        self.dp.flushes_in_flight()
     }
 
     /// Requests in flight (for tests).

@@ -5,20 +5,31 @@
 //! through a loopback QP per device, into the device's shared scratch
 //! ([`mr_cache::FlushScratch`]).
 //!
+//! The flush path ([`Flush`]: per device a loopback QP on its own CQ of [`FLUSH_CQE`] entries)
+//! is made by the first `iflush` that has something to read, not at accept: NCCL flushes only
+//! GPU buffers, and on compute capability ≥ 9.0 almost never (spec §7.7), so most comms never
+//! need it. If making it fails, that `iflush` returns the error and the comm stays as it was
+//! (usable; a later `iflush` tries again). At most [`request::FLUSHES_IN_FLIGHT`] flushes are
+//! in flight; one more is an error (a NULL flush request would mean "nothing to flush").
+//!
 //! `irecv` says "retry later" (no side effects) when [`request::RECVS_IN_FLIGHT`] receives are
 //! in flight, when the ring has no room for the group, or when the CTS QP has no send-queue
 //! credit left ([`CTS_DEPTH`]).
 
-use super::conn::RegBuf;
+use super::conn::{self, LocalDev, RegBuf};
 use super::core::Core;
+use super::errors::{wc_error, WcErrorReport};
 use super::fifo::{self, CtsEntry, MAX_DEVS, MAX_RECVS};
-use super::mr_cache::{DeviceCache, FlushScratch};
+use super::mr_cache::{self, DeviceCache, FlushScratch};
 use super::request::{self, ReqKind, Request, RequestPool};
-use super::split;
 use super::MemHandle;
+use super::{split, FLUSH_CQE, FLUSH_SEND_WR};
+use crate::config;
 use crate::error::{Error, Result};
 use crate::ibv::cq::Completed;
-use crate::ibv::{sys, QueuePair};
+use crate::ibv::qp::{QpCaps, RtrAttrs};
+use crate::ibv::{sys, CompletionQueue, QueuePair, WorkCompletion};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// `wr_id` kinds (top byte); the low 16 bits are a request index, or for CTS writes the device
@@ -54,11 +65,14 @@ fn wr_id(kind: u64, idx: u16) -> u64 {
 pub struct RecvDp {
     /// First: QPs are destroyed before the memory they touch is freed.
     pub core: Core,
-    /// One loopback QP per local device (empty when flush is disabled).
-    pub flush_qps: Vec<QueuePair>,
-    /// Per local device with flush: the device's shared scratch, with its cache (so that every
-    /// comm of the device gets the same one). After the flush QPs: they write into it.
-    flush_scratch: Vec<(Arc<DeviceCache>, Arc<FlushScratch>)>,
+    /// The GPU-flush path, made by the first iflush that reads (None before, and always when
+    /// flushing is off). Its QPs read only the caller's buffers and write only the shared
+    /// scratch, which it holds itself.
+    flush: Option<Box<Flush>>,
+    /// iflush issues RDMA reads (peer memory or DMA-BUF, and NCCL_GDR_FLUSH_DISABLE unset).
+    flush_wanted: bool,
+    /// Flush requests taken by iflush and not yet reclaimed by test() (≤ FLUSHES_IN_FLIGHT).
+    flushes_in_flight: usize,
     /// One registered block: the CTS staging ring (the source of CTS writes), where the sender
     /// also writes a grouped receive's sizes (see [`RECV_BLOCK_BYTES`]).
     pub bufs: RegBuf,
@@ -77,26 +91,132 @@ pub struct RecvDp {
     cts_sge: sys::ibv_sge,
     cts_wr: sys::ibv_send_wr,
     recv_wr: sys::ibv_recv_wr,
-    flush_sge: sys::ibv_sge,
-    flush_wr: sys::ibv_send_wr,
 }
 
-// SAFETY: as SendDp: every raw pointer points into this boxed object; one thread at a time.
+/// Test hook: when set, the next making of a flush path fails after its first QP exists
+/// (the error path of iflush). Not for production use.
+#[doc(hidden)]
+pub static FAIL_NEXT_FLUSH_SETUP: AtomicBool = AtomicBool::new(false);
+
+/// The flush path of a receive comm: one loopback QP per local device, on a CQ of its own.
+struct Flush {
+    /// Per local device, in the comm's device order.
+    devs: Vec<FlushDev>,
+    sge: sys::ibv_sge,
+    wr: sys::ibv_send_wr,
+}
+
+/// One device's part of the flush path. Field order is drop order: the QP is destroyed before
+/// its CQ (which it also holds) and before the scratch it writes into.
+struct FlushDev {
+    qp: QueuePair,
+    cq: Arc<CompletionQueue>,
+    /// The device's shared scratch, with its cache (so that every comm of the device gets the
+    /// same one).
+    scratch: Arc<FlushScratch>,
+    _cache: Arc<DeviceCache>,
+}
+
+impl Flush {
+    /// Make and connect the loopback QP of every local device (spec §8.9), RTS with the CTS
+    /// writes' traffic class (NCCL_IB_FIFO_TC, else the sender's) and the sender's SL. On error
+    /// everything made so far is destroyed again (QPs before CQs).
+    fn new(devs: &[LocalDev], tc: u8, sl: u8) -> Result<Box<Flush>> {
+        let cfg = config::get();
+        let mut out = Vec::with_capacity(devs.len());
+        for d in devs {
+            let dev = &d.dev;
+            let cache = mr_cache::cache_for(&dev.pd);
+            let scratch = cache.flush_scratch()?;
+            let cq = CompletionQueue::new(dev.context.clone(), FLUSH_CQE as i32)?;
+            let qp = QueuePair::new_rc(
+                dev.pd.clone(),
+                cq.clone(),
+                cq.clone(),
+                QpCaps {
+                    max_send_wr: FLUSH_SEND_WR,
+                    max_recv_wr: 0,
+                    max_inline_data: 0,
+                },
+                conn::modify_retry(cfg),
+            )?;
+            if FAIL_NEXT_FLUSH_SETUP.swap(false, Ordering::Relaxed) {
+                return Err(Error::system("ibv_modify_qp(INIT) failed: injected by the test hook"));
+            }
+            qp.to_init(
+                dev.port,
+                cfg.pkey_index,
+                sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0,
+            )?;
+            qp.to_rtr(&RtrAttrs {
+                path_mtu: dev.active_mtu.clamp(1, 5),
+                dest_qpn: qp.qpn(),
+                global: dev.link_layer == crate::device::LinkLayer::Ethernet,
+                dgid: dev.gid,
+                sgid_index: dev.gid_index.clamp(0, 255) as u8,
+                traffic_class: tc,
+                dlid: dev.lid,
+                sl,
+                port_num: dev.port,
+            })?;
+            qp.to_rts(cfg.timeout, cfg.retry_cnt)?;
+            out.push(FlushDev {
+                qp,
+                cq,
+                scratch,
+                _cache: cache,
+            });
+        }
+        Ok(Box::new(Flush {
+            devs: out,
+            // SAFETY: plain data; zero is an empty value for both.
+            sge: unsafe { std::mem::zeroed() },
+            // SAFETY: as above.
+            wr: unsafe { std::mem::zeroed() },
+        }))
+    }
+
+    /// Poll every flush CQ until empty; a failed read fails the comm (one WARN).
+    fn poll(&self, core: &mut Core) -> Result<bool> {
+        let mut wcs: [WorkCompletion; 4] = std::array::from_fn(|_| WorkCompletion::default());
+        let mut progressed = false;
+        for (i, d) in self.devs.iter().enumerate() {
+            loop {
+                let got = d.cq.poll(&mut wcs).map_err(|e| core.fail(e))?;
+                progressed |= !got.is_empty();
+                for wc in got {
+                    match wc.result() {
+                        Ok(_) => complete_flush(&mut core.pool, wc.wr_id()),
+                        // The loopback QP fails only by itself (data QPs have their own
+                        // CQs), so its first failed completion is the cause.
+                        Err(f) => {
+                            let e = flush_error(&core.conn.devs[i].dev, &f);
+                            return Err(core.fail(e));
+                        }
+                    }
+                }
+                if got.len() < wcs.len() {
+                    break;
+                }
+            }
+        }
+        Ok(progressed)
+    }
+}
+
+// SAFETY: as SendDp: every raw pointer points into this boxed object (the flush WR's into its
+// boxed `Flush`); one thread at a time.
 unsafe impl Send for RecvDp {}
 
 impl RecvDp {
-    pub fn new(
-        core: Core,
-        flush_qps: Vec<QueuePair>,
-        flush_scratch: Vec<(Arc<DeviceCache>, Arc<FlushScratch>)>,
-        bufs: RegBuf,
-        use_inline: bool,
-    ) -> Box<RecvDp> {
+    /// `flush_wanted`: iflush issues RDMA reads (its QPs are made by the first one).
+    pub fn new(core: Core, flush_wanted: bool, bufs: RegBuf, use_inline: bool) -> Box<RecvDp> {
         let peer_fifo = core.conn.peer.addr;
         let mut dp = Box::new(RecvDp {
             core,
-            flush_qps,
-            flush_scratch,
+            flush: None,
+            flush_wanted,
+            flushes_in_flight: 0,
             bufs,
             peer_fifo,
             counter: 0,
@@ -111,18 +231,26 @@ impl RecvDp {
             cts_wr: unsafe { std::mem::zeroed() },
             // SAFETY: as above.
             recv_wr: unsafe { std::mem::zeroed() },
-            // SAFETY: as above.
-            flush_sge: unsafe { std::mem::zeroed() },
-            // SAFETY: as above.
-            flush_wr: unsafe { std::mem::zeroed() },
         });
         let owner = &mut *dp as *mut RecvDp as *mut ();
         dp.core.pool.set_owner(owner);
         dp
     }
 
+    /// Whether iflush issues RDMA reads.
     pub fn flush_enabled(&self) -> bool {
-        !self.flush_qps.is_empty()
+        self.flush_wanted
+    }
+
+    /// Loopback flush QPs this comm holds: 0 until the first iflush that reads, then one per
+    /// local device.
+    pub fn flush_qps(&self) -> usize {
+        self.flush.as_ref().map_or(0, |f| f.devs.len())
+    }
+
+    /// Flush requests in flight.
+    pub fn flushes_in_flight(&self) -> usize {
+        self.flushes_in_flight
     }
 
     pub fn irecv(
@@ -192,10 +320,24 @@ impl RecvDp {
         self.cts_posted[d] + writes - self.cts_retired[d] <= CTS_DEPTH as u64
     }
 
-    /// Poll the CQs; signaled CTS completions retire CTS writes.
+    /// Poll the CQs; signaled CTS completions retire CTS writes. The flush CQs are polled
+    /// while a flush is in flight (with none, they are empty: every read posted completed, and
+    /// its completion was polled before its request was reclaimed).
     fn poll(&mut self) -> Result<bool> {
-        let RecvDp { core, cts_retired, .. } = self;
-        core.poll(|pool, id, c| on_completion(pool, cts_retired, id, c), describe)
+        let RecvDp {
+            core,
+            cts_retired,
+            flush,
+            flushes_in_flight,
+            ..
+        } = self;
+        let mut progressed = core.poll(|pool, id, c| on_completion(pool, cts_retired, id, c), describe)?;
+        if *flushes_in_flight > 0 {
+            if let Some(f) = flush {
+                progressed |= f.poll(core)?;
+            }
+        }
+        Ok(progressed)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -284,7 +426,7 @@ impl RecvDp {
 
     pub fn iflush(&mut self, data: &[usize], sizes: &[i32], mhs: &[&MemHandle]) -> Result<Option<*mut Request>> {
         self.core.check()?;
-        if !self.flush_enabled() {
+        if !self.flush_wanted {
             return Ok(None);
         }
         let Some(last) = (0..data.len().min(sizes.len()).min(mhs.len()))
@@ -293,37 +435,65 @@ impl RecvDp {
         else {
             return Ok(None);
         };
-        // A NULL flush request means "nothing to flush" to NCCL, so running out of slots must
-        // be an error here, not a retry (NCCL keeps ≤ 32 receives + their flushes in flight).
+        // A NULL flush request means "nothing to flush" to NCCL, so a flush beyond the bound
+        // must be an error here, not a retry (NCCL keeps ≤ 32 requests per comm, flushes
+        // included: spec §7.6). The bound sizes the flush QPs and CQs.
+        if self.flushes_in_flight >= request::FLUSHES_IN_FLIGHT {
+            return Err(Error::internal(format!(
+                "iflush: {} flushes of this receive comm are already in flight (NCCL keeps at most {} requests per comm)",
+                self.flushes_in_flight,
+                request::RECVS_IN_FLIGHT
+            )));
+        }
+        if self.flush.is_none() {
+            // Before anything else changes: a failure leaves the comm as it was.
+            let peer = &self.core.conn.peer;
+            let cfg = config::get();
+            // Our QPs carry the CTS writes with NCCL_IB_FIFO_TC if set, else the sender's tc.
+            let tc = if cfg.fifo_tc >= 0 {
+                (cfg.fifo_tc & 0xff) as u8
+            } else {
+                peer.tc
+            };
+            let flush = Flush::new(&self.core.conn.devs, tc, peer.sl).map_err(|e| {
+                e.context(format!(
+                    "iflush: cannot make the GPU-flush loopback QP (one per device, made at the first flush) on {}; check the device's QP/CQ limits (ibv_devinfo -v: max_qp, max_cq), the locked-memory limit (ulimit -l) and the port state, or set NCCL_GDR_FLUSH_DISABLE=1 if no flush is needed",
+                    self.core.conn.devs.iter().map(|d| d.dev.label()).collect::<Vec<_>>().join(", ")
+                ))
+            })?;
+            self.flush = Some(flush);
+        }
         let Some(r) = self.core.pool.alloc(ReqKind::Flush) else {
             return Err(Error::internal(format!(
                 "iflush: all {} request slots of the receive comm are in flight",
                 request::RECV_REQUESTS
             )));
         };
-        let ndevs = self.flush_qps.len();
+        let flush = self.flush.as_mut().expect("made above");
+        let ndevs = flush.devs.len();
         self.core.pool.get_mut(r).expect("index from alloc").pending = request::pending_count(ndevs);
+        self.flushes_in_flight += 1;
         for d in 0..ndevs {
-            let scratch = &self.flush_scratch[d].1;
-            self.flush_sge = sys::ibv_sge {
-                addr: scratch.buf.addr() as u64,
+            let fd = &flush.devs[d];
+            flush.sge = sys::ibv_sge {
+                addr: fd.scratch.buf.addr() as u64,
                 length: 1,
-                lkey: scratch.mr.lkey(),
+                lkey: fd.scratch.mr.lkey(),
             };
             // SAFETY: plain data, zero is valid.
-            self.flush_wr = unsafe { std::mem::zeroed() };
-            self.flush_wr.wr_id = wr_id(KIND_FLUSH, r);
-            self.flush_wr.sg_list = &mut self.flush_sge;
-            self.flush_wr.num_sge = 1;
-            self.flush_wr.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_READ;
-            self.flush_wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
-            self.flush_wr.wr.rdma = sys::rdma_t {
+            flush.wr = unsafe { std::mem::zeroed() };
+            flush.wr.wr_id = wr_id(KIND_FLUSH, r);
+            flush.wr.sg_list = &mut flush.sge;
+            flush.wr.num_sge = 1;
+            flush.wr.opcode = sys::ibv_wr_opcode::IBV_WR_RDMA_READ;
+            flush.wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+            flush.wr.wr.rdma = sys::rdma_t {
                 remote_addr: data[last] as u64,
                 rkey: mhs[last].rkeys[d],
             };
-            // SAFETY: the scratch word lives as long as the flush QP; the read source is a
-            // registered buffer NCCL keeps until the flush completes.
-            if let Err(e) = unsafe { self.flush_qps[d].post_send(&mut self.flush_wr) } {
+            // SAFETY: the scratch word lives as long as the flush QP (FlushDev holds it); the
+            // read source is a registered buffer NCCL keeps until the flush completes.
+            if let Err(e) = unsafe { flush.devs[d].qp.post_send(&mut flush.wr) } {
                 return Err(self.core.fail(e));
             }
         }
@@ -393,6 +563,8 @@ impl RecvDp {
             // entries are free once every group posted before it is too. The ring position is
             // mod RING; the absolute start is the one at or below the ring's next start.
             self.ring.release(self.ring.abs_start(pos), n);
+        } else {
+            self.flushes_in_flight -= 1;
         }
         self.core.pool.free(idx);
         Ok(true)
@@ -416,13 +588,7 @@ fn on_completion(pool: &mut RequestPool, cts_retired: &mut [u64; MAX_DEVS], id: 
                 }
             }
         }
-        KIND_FLUSH => {
-            if let Some(r) = pool.get_mut(idx) {
-                if r.kind() == ReqKind::Flush {
-                    r.complete_one();
-                }
-            }
-        }
+        // (Flush reads complete on the flush CQs: `complete_flush`.)
         // A signaled CTS write: it and every CTS write before it on that QP are retired.
         KIND_CTS => {
             let d = ((id >> 48) & 0xff) as usize;
@@ -435,6 +601,18 @@ fn on_completion(pool: &mut RequestPool, cts_retired: &mut [u64; MAX_DEVS], id: 
     }
 }
 
+/// A successful read on a flush CQ: one device of flush request `id` is done.
+fn complete_flush(pool: &mut RequestPool, id: u64) {
+    if id >> KIND_SHIFT != KIND_FLUSH {
+        return;
+    }
+    if let Some(r) = pool.get_mut((id & 0xffff) as u16) {
+        if r.kind() == ReqKind::Flush {
+            r.complete_one();
+        }
+    }
+}
+
 fn describe(pool: &RequestPool, id: u64) -> (&'static str, usize) {
     // (The byte count of a failed receive is the announced size, when one arrived.)
     let r = pool.get((id & 0xffff) as u16);
@@ -444,7 +622,33 @@ fn describe(pool: &RequestPool, id: u64) -> (&'static str, usize) {
             r.map(|r| r.size as usize).unwrap_or(0),
         ),
         KIND_CTS => ("RDMA write (CTS to the sender)", fifo::ENTRY_BYTES),
-        KIND_FLUSH => ("RDMA read (GPU flush)", 1),
         _ => ("unknown operation", 0),
     }
+}
+
+/// The error of a failed GPU-flush read on device `dev` (the "peer" is this process: the QP is
+/// its own loopback).
+fn flush_error(dev: &crate::device::NetDevice, f: &crate::ibv::cq::Failed) -> Error {
+    let status_str = dev.verbs().wc_status_str(f.status);
+    let mut e = wc_error(&WcErrorReport {
+        device: &dev.name,
+        port: dev.port,
+        local_gid: &dev.gid,
+        peer_gid: &dev.gid,
+        peer_addr: "this process (loopback GPU-flush QP)",
+        qp_num: f.qp_num,
+        operation: "RDMA read (GPU flush)",
+        bytes: 1,
+        status: f.status,
+        status_str: &status_str,
+        vendor_err: f.vendor_err,
+    });
+    if f.status == super::errors::status::WR_FLUSH_ERR {
+        // A loopback QP's responder side failing moves the QP to ERR with an async event and
+        // no completion of its own.
+        e.message.push_str(
+            "; the loopback QP failed by itself: see the asynchronous-event WARN for it (often the flushed buffer is not covered by the memory handle NCCL passed, or was deregistered)",
+        );
+    }
+    e
 }
