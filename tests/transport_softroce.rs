@@ -629,3 +629,391 @@ fn close_with_requests_in_flight() {
     api::dereg_mr(rmh).unwrap();
     api::finalize(ctx).unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// GPU flush: the loopback QP is made by the first iflush that reads (spec §7.7, §8.9).
+
+/// The receive comm behind a handle, to read its counters (this thread drives its data path).
+fn rcomm(r: &RecvHandle) -> &nccl_net_ferroce::transport::RecvComm {
+    // SAFETY: only this test thread uses the comm's data path, and not during its close; the
+    // reference is used for reads before the next data-path call.
+    unsafe { r.data_path() }
+}
+
+/// A flush of `len` bytes at `p` (registered in `mh`); the request (softroce advertises
+/// DMA-BUF, so flushing is on unless NCCL_GDR_FLUSH_DISABLE=1).
+fn flush(r: &RecvHandle, p: usize, len: i32, mh: &MemHandle) -> *mut Request {
+    // SAFETY: live handle; the caller keeps the buffer registered until the flush completes.
+    unsafe { api::iflush(r, &[p], &[len], &[mh]) }
+        .expect("iflush")
+        .expect("flushing is on over softroce (DMA-BUF)")
+}
+
+/// A comm that never flushes has no flush QP (nor its CQ): receiving does not make one. The
+/// first iflush makes one per device (one QP and one CQ more) and its read completes; later
+/// flushes reuse it; closing frees it.
+#[test]
+fn flush_qp_only_after_the_first_flush() {
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap();
+    let before = live_objects();
+    let (s, r) = pair(&ctx);
+    for i in 0..4 {
+        transfer(&s, &r, 1000 * i + 1, 8192, i as u64);
+    }
+    assert!(rcomm(&r).flush_enabled(), "softroce advertises DMA-BUF: flushing is on");
+    assert_eq!(rcomm(&r).flush_qps(), 0, "no flush QP before the first flush");
+    let open = live_objects();
+    // Connection setup made two QPs (one each end) and two CQs, and nothing for flushing.
+    assert_eq!(
+        (open.0 - before.0, open.1 - before.1),
+        (2, 2),
+        "(QPs, CQs) of a connection"
+    );
+    let buf = vec![3u8; 4096];
+    let mh = reg(&*r, &buf);
+    let with_mr = live_objects();
+    let q = flush(&r, buf.as_ptr() as usize, 4096, &mh);
+    let ndevs = device_of(&*r).members.len();
+    assert_eq!(
+        rcomm(&r).flush_qps(),
+        ndevs,
+        "one flush QP per device after the first flush"
+    );
+    let after = live_objects();
+    assert_eq!(
+        (after.0 - with_mr.0, after.1 - with_mr.1),
+        (ndevs, ndevs),
+        "the first flush makes one QP and one CQ per device"
+    );
+    assert_eq!(rcomm(&r).flushes_in_flight(), 1);
+    wait(q, &mut []);
+    assert_eq!(rcomm(&r).flushes_in_flight(), 0);
+    for k in 0..10 {
+        let q = flush(&r, buf.as_ptr() as usize + k, 1, &mh);
+        wait(q, &mut []);
+    }
+    assert_eq!(live_objects().0, after.0, "later flushes reuse the QP");
+    assert_eq!(rcomm(&r).flush_qps(), ndevs);
+    transfer(&s, &r, 5000, 8192, 11);
+    api::dereg_mr(mh).unwrap();
+    drop(s);
+    drop(r);
+    assert_eq!(
+        live_objects(),
+        before,
+        "(QPs, CQs, MRs) left after closing a comm that flushed"
+    );
+    api::finalize(ctx).unwrap();
+}
+
+/// Receives and flushes interleaved: each round posts 16 receives into one half of the arena,
+/// sends them, and flushes every received buffer as it completes (in shuffled order), testing
+/// older flushes now and then; the flushes of the previous round stay in flight meanwhile (up
+/// to 32 flushes, the bound, with 16 receives). Every byte checked.
+#[test]
+fn flushes_interleaved_with_receives() {
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap();
+    let (s, r) = pair(&ctx);
+    const N: usize = 16;
+    let size = 8192;
+    let mut next = xorshift(0xf1a5_0001);
+    let mut src = vec![0u8; N * size];
+    let dst = vec![0xeeu8; 2 * N * size];
+    let (smh, rmh) = (reg(&*s, &src), reg(&*r, &dst));
+    // Flushes in flight: (request, arena half it reads).
+    let mut flushes: Vec<(*mut Request, usize)> = vec![];
+    let (mut peak, mut total) = (0, 0);
+    for round in 0..24 {
+        let half = round % 2;
+        // The flushes of two rounds ago read this half: finish them before it is received into.
+        flushes.retain(|&(q, h)| {
+            if h == half {
+                wait(q, &mut []);
+                false
+            } else {
+                true
+            }
+        });
+        fill(&mut src, 1000 + round as u64);
+        let base = dst.as_ptr() as usize + half * N * size;
+        let lens: Vec<usize> = (0..N).map(|_| 1 + (next() % size as u64) as usize).collect();
+        let rreqs: Vec<_> = (0..N)
+            .map(|k| {
+                let end = deadline();
+                loop {
+                    // SAFETY: live handles; the arena outlives the requests.
+                    let q = unsafe { api::irecv(&r, &[base + k * size], &[size], &[k as i32], &[&rmh], false) };
+                    if let Some(q) = q.unwrap() {
+                        break q;
+                    }
+                    assert!(Instant::now() < end, "receive {k} refused (round {round})");
+                }
+            })
+            .collect();
+        let sreqs: Vec<_> = (0..N)
+            .map(|k| isend_retry(&s, src.as_ptr() as usize + k * size, lens[k], k as i32, &smh))
+            .collect();
+        let mut order: Vec<usize> = (0..N).collect();
+        for i in (1..N).rev() {
+            order.swap(i, (next() % (i as u64 + 1)) as usize);
+        }
+        for &k in &order {
+            let mut rs = [-1i32];
+            wait(rreqs[k], &mut rs);
+            assert_eq!(rs[0] as usize, lens[k], "round {round} receive {k} size");
+            let got = &dst[half * N * size + k * size..][..lens[k]];
+            assert!(got == &src[k * size..][..lens[k]], "round {round} receive {k} payload");
+            flushes.push((flush(&r, base + k * size, lens[k] as i32, &rmh), half));
+            total += 1;
+            peak = peak.max(rcomm(&r).flushes_in_flight());
+            assert_eq!(rcomm(&r).flushes_in_flight(), flushes.len());
+            // Now and then test an older flush once (not waiting).
+            if next().is_multiple_of(3) {
+                let i = (next() % flushes.len() as u64) as usize;
+                // SAFETY: a flush request not reported done yet.
+                if unsafe { api::test(flushes[i].0, std::ptr::null_mut()) }.expect("test flush") {
+                    flushes.swap_remove(i);
+                }
+            }
+        }
+        for q in sreqs {
+            wait(q, &mut [-1]);
+        }
+    }
+    for (q, _) in flushes.drain(..) {
+        wait(q, &mut []);
+    }
+    assert_eq!(rcomm(&r).flushes_in_flight(), 0);
+    assert!(peak > N, "flushes of two rounds were in flight together (peak {peak})");
+    assert_eq!(total, 24 * N);
+    assert_eq!(rcomm(&r).flush_qps(), device_of(&*r).members.len());
+    api::dereg_mr(smh).unwrap();
+    api::dereg_mr(rmh).unwrap();
+    drop(s);
+    drop(r);
+    api::finalize(ctx).unwrap();
+}
+
+/// 32 flushes in flight (FLUSHES_IN_FLIGHT, NCCL's 32 requests per comm) with 32 receives
+/// posted besides; a 33rd flush is an error that leaves the comm working: the 32 complete,
+/// the receives complete, later flushes work.
+#[test]
+fn thirty_two_flushes_in_flight_then_an_error() {
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap();
+    let (s, r) = pair(&ctx);
+    let size = 4096;
+    let mut src = vec![0u8; 32 * size];
+    fill(&mut src, 321);
+    let dst = vec![0xeeu8; 32 * size];
+    let (smh, rmh) = (reg(&*s, &src), reg(&*r, &dst));
+    let p = dst.as_ptr() as usize;
+    let rreqs: Vec<_> = (0..32)
+        .map(|k| {
+            // SAFETY: live handles; the arena outlives the requests.
+            unsafe { api::irecv(&r, &[p + k * size], &[size], &[k as i32], &[&rmh], false) }
+                .unwrap()
+                .expect("a fresh comm takes 32 receives")
+        })
+        .collect();
+    let fl: Vec<_> = (0..32).map(|k| flush(&r, p + k * size, 1, &rmh)).collect();
+    assert_eq!(rcomm(&r).flushes_in_flight(), 32);
+    // SAFETY: as above.
+    let err = unsafe { api::iflush(&r, &[p], &[1], &[&rmh]) }.expect_err("a 33rd flush in flight");
+    assert!(err.message.contains("already in flight"), "{}", err.message);
+    assert_eq!(rcomm(&r).flushes_in_flight(), 32, "the refused flush took nothing");
+    for q in fl {
+        wait(q, &mut []);
+    }
+    let sreqs: Vec<_> = (0..32)
+        .map(|k| isend_retry(&s, src.as_ptr() as usize + k * size, size - k, k as i32, &smh))
+        .collect();
+    for (k, (sq, rq)) in sreqs.into_iter().zip(rreqs).enumerate() {
+        let mut rs = [-1i32];
+        wait(sq, &mut [-1]);
+        wait(rq, &mut rs);
+        assert_eq!(rs[0] as usize, size - k);
+        assert!(
+            dst[k * size..][..size - k] == src[k * size..][..size - k],
+            "receive {k} payload"
+        );
+    }
+    let q = flush(&r, p, 1, &rmh);
+    wait(q, &mut []);
+    api::dereg_mr(smh).unwrap();
+    api::dereg_mr(rmh).unwrap();
+    drop(s);
+    drop(r);
+    api::finalize(ctx).unwrap();
+}
+
+/// Closing comms with flushes (and receives) in flight: no hang, and every QP, CQ and MR is
+/// freed (the flush QPs before their CQs, both before the device's PD and scratch). Also a comm
+/// that never flushed, next to them.
+#[test]
+fn close_with_flushes_in_flight() {
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap();
+    let before = live_objects();
+    let buf = vec![9u8; 1 << 16];
+    for round in 0..3 {
+        let (s, r) = pair(&ctx);
+        let (s2, r2) = pair(&ctx);
+        transfer(&s2, &r2, 100, 100, 2);
+        let mh = reg(&*r, &buf);
+        transfer(&s, &r, 1000, 1000, 1);
+        for k in 0..(1 + 10 * round) {
+            flush(&r, buf.as_ptr() as usize + k, 1 + k as i32, &mh);
+        }
+        // SAFETY: live handles; `buf` outlives the comm.
+        let q = unsafe { api::irecv(&r, &[buf.as_ptr() as usize], &[1 << 16], &[1], &[&mh], false) }.unwrap();
+        assert!(q.is_some());
+        assert!(rcomm(&r).flushes_in_flight() > 0);
+        assert_eq!(rcomm(&r2).flush_qps(), 0);
+        let t0 = Instant::now();
+        drop(r);
+        drop(s);
+        drop(r2);
+        drop(s2);
+        assert!(t0.elapsed() < Duration::from_secs(2), "close took {:?}", t0.elapsed());
+        api::dereg_mr(mh).unwrap();
+    }
+    assert_eq!(
+        live_objects(),
+        before,
+        "(QPs, CQs, MRs) left after closing with flushes in flight"
+    );
+    api::finalize(ctx).unwrap();
+}
+
+/// When making the flush path fails (injected after its QP exists), iflush returns an error
+/// that says what to check, the half-made QP and CQ are gone again, and the comm is intact: data
+/// still moves, and the next iflush makes the path and completes.
+#[test]
+fn flush_setup_failure_leaves_the_comm_usable() {
+    use nccl_net_ferroce::transport::recv::FAIL_NEXT_FLUSH_SETUP;
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap();
+    let (s, r) = pair(&ctx);
+    let buf = vec![5u8; 4096];
+    let mh = reg(&*r, &buf);
+    let objects = live_objects();
+    FAIL_NEXT_FLUSH_SETUP.store(true, std::sync::atomic::Ordering::Relaxed);
+    // SAFETY: live handles.
+    let err = unsafe { api::iflush(&r, &[buf.as_ptr() as usize], &[10], &[&mh]) }.expect_err("injected failure");
+    for want in ["GPU-flush loopback QP", "max_qp", "NCCL_GDR_FLUSH_DISABLE", "injected"] {
+        assert!(err.message.contains(want), "missing {want:?} in {}", err.message);
+    }
+    let now = live_objects();
+    assert_eq!(
+        (now.0, now.1),
+        (objects.0, objects.1),
+        "the half-made QP and CQ are destroyed"
+    );
+    // (The device's flush scratch, one registration shared by every comm, may exist now.)
+    assert!(now.2 <= objects.2 + 1, "MRs {} -> {}", objects.2, now.2);
+    assert_eq!(rcomm(&r).flush_qps(), 0);
+    assert_eq!(rcomm(&r).flushes_in_flight(), 0);
+    assert_eq!(rcomm(&r).in_flight(), 0, "no request taken");
+    transfer(&s, &r, 3000, 4096, 8);
+    let q = flush(&r, buf.as_ptr() as usize, 10, &mh);
+    wait(q, &mut []);
+    assert_eq!(rcomm(&r).flush_qps(), device_of(&*r).members.len());
+    api::dereg_mr(mh).unwrap();
+    drop(s);
+    drop(r);
+    api::finalize(ctx).unwrap();
+}
+
+/// A flush read that fails (its address lies outside the registration it names) fails the
+/// comm through test() with a WARN that names the flush; closing the failed comm frees all.
+#[test]
+fn failed_flush_read_is_reported_by_test() {
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap();
+    let before = live_objects();
+    let (s, r) = pair(&ctx);
+    let buf = vec![5u8; 4096];
+    let other = vec![6u8; 1 << 20];
+    let mh = reg(&*r, &buf);
+    // The rkey of `buf`'s registration, the address of a buffer it does not cover.
+    let q = flush(&r, other.as_ptr() as usize + (1 << 19), 1, &mh);
+    let end = deadline();
+    let err = loop {
+        // SAFETY: a flush request not reported done.
+        match unsafe { api::test(q, std::ptr::null_mut()) } {
+            Ok(false) => assert!(Instant::now() < end, "the bad flush neither completed nor failed"),
+            Ok(true) => panic!("a read outside the registration completed"),
+            Err(e) => break e,
+        }
+    };
+    assert!(err.message.contains("RDMA read (GPU flush)"), "{}", err.message);
+    assert!(err.message.contains("loopback"), "{}", err.message);
+    api::dereg_mr(mh).unwrap();
+    drop(s);
+    drop(r);
+    assert_eq!(live_objects(), before);
+    api::finalize(ctx).unwrap();
+}
+
+/// NCCL_GDR_FLUSH_DISABLE=1 (read once per process, so checked in a child process of this
+/// test binary): iflush returns NULL (nothing to flush) and makes no QP.
+#[test]
+fn gdr_flush_disable_gives_null_flushes() {
+    if setup().is_none() {
+        return;
+    }
+    let _g = LOCK.lock().unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "gdr_flush_disable_child",
+            "--exact",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env("NCCL_GDR_FLUSH_DISABLE", "1")
+        .env("FERROCE_TEST_FLUSH_DISABLE_CHILD", "1")
+        .env("SOFTROCE_ADDR", "127.0.41.201")
+        .output()
+        .expect("run the child");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child failed:\n{text}");
+    assert!(
+        text.contains("flush-disable child: ok"),
+        "the child did not run its checks:\n{text}"
+    );
+}
+
+/// The child of [`gdr_flush_disable_gives_null_flushes`]; does nothing on its own.
+#[test]
+fn gdr_flush_disable_child() {
+    if std::env::var("FERROCE_TEST_FLUSH_DISABLE_CHILD").ok().as_deref() != Some("1") {
+        return;
+    }
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap();
+    assert_eq!(std::env::var("NCCL_GDR_FLUSH_DISABLE").as_deref(), Ok("1"));
+    let before = live_objects();
+    let (s, r) = pair(&ctx);
+    transfer(&s, &r, 1000, 4096, 5);
+    assert!(!rcomm(&r).flush_enabled());
+    let buf = vec![1u8; 4096];
+    let mh = reg(&*r, &buf);
+    let with_mr = live_objects();
+    for _ in 0..3 {
+        // SAFETY: live handles.
+        let q = unsafe { api::iflush(&r, &[buf.as_ptr() as usize], &[4096], &[&mh]) }.unwrap();
+        assert!(q.is_none(), "flush disabled: NULL request");
+    }
+    assert_eq!(rcomm(&r).flush_qps(), 0);
+    assert_eq!(live_objects(), with_mr, "no flush QP made");
+    api::dereg_mr(mh).unwrap();
+    drop(s);
+    drop(r);
+    assert_eq!(live_objects(), before);
+    api::finalize(ctx).unwrap();
+    println!("flush-disable child: ok");
+}
