@@ -9,12 +9,18 @@
  *   step n-1          recvReduceCopySend   recv partial, + own input = final chunk r, send on
  *   steps n..2n-3     recvCopySend         recv final chunk, keep it, send on
  *   step 2n-2         recv                 recv final chunk r+1
- * Reduce-scatter receives land in --steps registered slots per channel (NCCL's per-connection
- * FIFO); the CPU reduces slot + input into the output buffer, which is then sent from directly.
- * All-gather receives (final data) go straight into the registered output buffer and are
- * forwarded from there (NCCL's direct path for registered buffers), so they cost no copy. Up to --steps
- * receives are pre-posted and up to --steps sends are in flight per comm; sends and receives
- * each keep their order, and a send-only step does not wait for an earlier receive-only one.
+ * As in NCCL's SIMPLE protocol, a ring chunk is --chunksteps steps of --chunk bytes
+ * (ALLREDUCE_CHUNKSTEPS 4 × 512 KiB = 2 MiB) and moves in slices of --slicesteps steps
+ * (ALLREDUCE_SLICESTEPS 2: 1 MiB), one network message per slice, --steps / --slicesteps slices in
+ * flight per comm (8 / 2 = 4, NCCL's 4 MiB buffer): a step of the chunk (send, recvReduceSend, ...)
+ * handles its slices in order, so a reduced slice goes on while the next one is still arriving.
+ * --chunksteps 1 --slicesteps 1 gives one message per chunk and step.
+ * Reduce-scatter receives land in registered slots per channel (NCCL's per-connection FIFO) or,
+ * with --direct 1 (default, out of place), in the output buffer; the CPU reduces them with the
+ * input, and the result is sent from the output buffer directly. All-gather receives (final
+ * data) go straight into the registered output buffer and are forwarded from there (NCCL's
+ * direct path for registered buffers), so they cost no copy. Sends and receives each keep their
+ * order, and a send-only step does not wait for an earlier receive-only one.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,7 +65,8 @@ static void push(achan_t* a, size_t off, size_t nelem, int kind) {
 /* The op list of channel c for `count` floats (see the file comment). */
 static void build_ops(hctx_t* h, achan_t* a, int c, size_t count) {
   int n = h->nranks, r = h->rank, C = h->nch;
-  size_t CE = h->o->chunk_bytes / sizeof(float);
+  size_t CE = h->o->chunk_bytes * (size_t)h->o->chunk_steps / sizeof(float);
+  size_t slices = (size_t)(h->o->chunk_steps / h->o->slice_steps);
   size_t loop = (size_t)C * n * CE;
   a->nops = 0;
   for (size_t base = 0; base < count; base += loop) {
@@ -78,7 +85,10 @@ static void build_ops(hctx_t* h, achan_t* a, int c, size_t count) {
       else kind = OP_RECV, chunk = (r + 1) % n;
       size_t off = chbase + (size_t)chunk * real;
       size_t nelem = off < end ? (end - off < real ? end - off : real) : 0;
-      if (nelem) push(a, off, nelem, kind);
+      /* the step's slices, in order (16-byte aligned, as NCCL's) */
+      size_t se = (real + slices - 1) / slices;
+      se = (se + 3) & ~(size_t)3;
+      for (size_t done = 0; done < nelem; done += se) push(a, off + done, nelem - done < se ? nelem - done : se, kind);
     }
   }
 }
@@ -102,7 +112,7 @@ static int next_with(const aop_t* ops, int i, int n, int want_recv) {
 }
 
 static void run_allreduce(hctx_t* h, achan_t* A, float* in, float* out) {
-  int steps = h->o->steps;
+  int steps = h->o->steps / h->o->slice_steps; /* messages (slices) in flight per comm */
   /* out of place with --direct 1: reduce steps also receive into the output buffer and add the
    * input there (the received lines are still in cache); in place they need the slots */
   int direct_all = h->o->direct && in != out;
@@ -222,7 +232,12 @@ static int body(hctx_t* h) {
     o->check = 0;
   }
   h_net_open(h);
-  h_ring_connect(h, o->chunk_bytes);
+  /* receive slots of one slice each (only the first steps/slicesteps are used) */
+  h_ring_connect(h, o->chunk_bytes * (size_t)o->slice_steps);
+  if (h->rank == 0)
+    printf("# ring chunk %zu bytes (%d steps), messages (slices) of up to %zu bytes, %d in flight per comm\n",
+           o->chunk_bytes * (size_t)o->chunk_steps, o->chunk_steps, o->chunk_bytes * (size_t)o->slice_steps,
+           o->steps / o->slice_steps);
   size_t maxcount = o->max_bytes / sizeof(float);
   float* in = h_alloc(maxcount * sizeof(float));
   float* out = h_alloc(maxcount * sizeof(float));
@@ -293,5 +308,9 @@ int main(int argc, char** argv) {
                 "                           buffer (default 1); 0 = through the slots, as NCCL without\n"
                 "                           registered user buffers\n"
                 "      --compute 0|1        0: skip the CPU reduction (diagnosis: the network part alone;\n"
-                "                           results are then not checked; default 1)\n");
+                "                           results are then not checked; default 1)\n"
+                "      --chunksteps K       steps (--chunk bytes each) per ring chunk (default 4 =\n"
+                "                           NCCL's ALLREDUCE_CHUNKSTEPS)\n"
+                "      --slicesteps S       steps per network message (default 2 = ALLREDUCE_SLICESTEPS);\n"
+                "                           --steps / S messages in flight per comm\n");
 }

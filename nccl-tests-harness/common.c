@@ -154,10 +154,12 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
   o->group = 1;
   o->direct = 1;
   o->compute = 1;
+  o->chunk_steps = 4;
+  o->slice_steps = 2;
   const char* dbg = getenv("NCCL_DEBUG");
   if (dbg && (strcasecmp(dbg, "INFO") == 0 || strcasecmp(dbg, "TRACE") == 0)) o->quiet_log = 0;
 
-  enum { O_INPLACE = 1000, O_CHUNK, O_STEPS, O_PLUGIN, O_NETV, O_DEV, O_SOFTROCE, O_ADDR, O_TIMEOUT, O_CSV, O_JSON, O_CONNS, O_STATS, O_GROUP, O_DIRECT, O_COMPUTE };
+  enum { O_INPLACE = 1000, O_CHUNK, O_STEPS, O_PLUGIN, O_NETV, O_DEV, O_SOFTROCE, O_ADDR, O_TIMEOUT, O_CSV, O_JSON, O_CONNS, O_STATS, O_GROUP, O_DIRECT, O_COMPUTE, O_CHUNKSTEPS, O_SLICESTEPS };
   static const struct option longs[] = {
       {"minbytes", required_argument, 0, 'b'}, {"maxbytes", required_argument, 0, 'e'},
       {"stepfactor", required_argument, 0, 'f'}, {"stepbytes", required_argument, 0, 'i'},
@@ -170,7 +172,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
       {"net-version", required_argument, 0, O_NETV}, {"dev", required_argument, 0, O_DEV},
       {"softroce", required_argument, 0, O_SOFTROCE}, {"addr-base", required_argument, 0, O_ADDR},
       {"timeout", required_argument, 0, O_TIMEOUT}, {"csv", required_argument, 0, O_CSV},
-      {"json", required_argument, 0, O_JSON}, {"conns", required_argument, 0, O_CONNS}, {"stats", no_argument, 0, O_STATS}, {"group", required_argument, 0, O_GROUP}, {"direct", required_argument, 0, O_DIRECT}, {"compute", required_argument, 0, O_COMPUTE}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+      {"json", required_argument, 0, O_JSON}, {"conns", required_argument, 0, O_CONNS}, {"stats", no_argument, 0, O_STATS}, {"group", required_argument, 0, O_GROUP}, {"direct", required_argument, 0, O_DIRECT}, {"compute", required_argument, 0, O_COMPUTE}, {"chunksteps", required_argument, 0, O_CHUNKSTEPS}, {"slicesteps", required_argument, 0, O_SLICESTEPS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "b:e:f:i:n:w:c:N:g:C:a:POh", longs, NULL)) != -1) {
     switch (c) {
@@ -202,6 +204,8 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
       case O_GROUP: o->group = atoi(optarg); break;
       case O_DIRECT: o->direct = atoi(optarg); break;
       case O_COMPUTE: o->compute = atoi(optarg); break;
+      case O_CHUNKSTEPS: o->chunk_steps = atoi(optarg); break;
+      case O_SLICESTEPS: o->slice_steps = atoi(optarg); break;
       case 'h': usage(test_name, extra_usage, 0); break;
       default: usage(test_name, extra_usage, 2);
     }
@@ -215,6 +219,8 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
   if (o->nchannels < 1 || o->nchannels > H_MAX_CHANNELS) h_die(NULL, "-C: 1..%d channels", H_MAX_CHANNELS);
   if (o->steps < 1 || o->steps > H_MAX_STEPS) h_die(NULL, "--steps: 1..%d", H_MAX_STEPS);
   if (o->group < 1 || o->group > H_MAX_GROUP) h_die(NULL, "--group: 1..%d", H_MAX_GROUP);
+  if (o->slice_steps < 1 || o->chunk_steps < o->slice_steps || o->chunk_steps % o->slice_steps || o->slice_steps > o->steps)
+    h_die(NULL, "--chunksteps must be a multiple of --slicesteps, and --slicesteps 1..--steps");
   if (o->chunk_bytes < 16 || o->chunk_bytes > (1u << 30)) h_die(NULL, "--chunk: 16 bytes..1 GiB");
   o->chunk_bytes &= ~(size_t)15;
   if (o->iters < 1 || o->warmup < 0 || o->check < 0) h_die(NULL, "-n >= 1, -w >= 0, -c >= 0");

@@ -73,6 +73,8 @@ typedef struct {
   int group;                   /* sendrecv_perf --group G: irecv of G buffers at once */
   int direct;                  /* all_reduce_perf --direct: reduce steps receive into the output */
   int compute;                 /* all_reduce_perf --compute 0: skip the CPU reduction (diagnosis) */
+  int chunk_steps;             /* all_reduce_perf --chunksteps: steps per ring chunk (ALLREDUCE_CHUNKSTEPS 4) */
+  int slice_steps;             /* all_reduce_perf --slicesteps: steps per message (ALLREDUCE_SLICESTEPS 2) */
   int net_version;             /* --net-version N: use ncclNetPlugin_vN (default newest) */
   int dev;                     /* --dev: plugin device index */
   int softroce;                /* -1 auto (LD_LIBRARY_PATH), 0 no, 1 yes */

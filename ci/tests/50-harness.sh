@@ -91,6 +91,15 @@ if [ $RC -eq 0 ] && check_table "$D/sr2" $ROWS 1; then ok "sendrecv 2 ranks"; el
 run "allreduce 3 ranks, 2 channels, in place, 64K chunks (softroce)" "$D/ar3" $SOFT "$H/all_reduce_perf" -N 3 -C 2 --inplace 1 --chunk 64K $SIZES -n 3 -w 1 --addr-base 127.0.57
 if [ $RC -eq 0 ] && check_table "$D/ar3" $ROWS 2; then ok "allreduce 3 ranks"; else ko "allreduce 3 ranks (rc=$RC)" "$D/ar3"; fi
 
+# one message per chunk and step (no slicing), and odd slicing: 3 slices of a 3-step chunk, 2 in flight
+run "allreduce 2 ranks, --chunksteps 1 --slicesteps 1, in place (mock)" "$D/arsl" "$H/all_reduce_perf" --plugin "$H/libnccl-net-mock.so" -N 2 --inplace 1 --chunk 16K --chunksteps 1 --slicesteps 1 $SIZES -n 2 -w 1
+RC1=$RC
+run "allreduce 3 ranks, 3 slices per chunk, 2 in flight (mock)" "$D/arsl3" "$H/all_reduce_perf" --plugin "$H/libnccl-net-mock.so" -N 3 --chunk 16K --chunksteps 3 --slicesteps 1 --steps 2 $SIZES -n 2 -w 1
+if [ $RC1 -eq 0 ] && [ $RC -eq 0 ] && check_table "$D/arsl" $ROWS 2 && check_table "$D/arsl3" $ROWS 1 &&
+    grep -q "messages (slices) of up to 16384 bytes, 8 in flight" "$D/arsl" && grep -q "ring chunk 49152 bytes (3 steps)" "$D/arsl3"; then
+    ok "allreduce chunk/slice structure"
+else ko "allreduce chunk/slice structure (rc=$RC1/$RC)" "$D/arsl3"; fi
+
 run "sendrecv 3 ranks, 2 channels (softroce)" "$D/sr3" $SOFT "$H/sendrecv_perf" -N 3 -C 2 --chunk 64K $SIZES -n 3 -w 1 --addr-base 127.0.58
 if [ $RC -eq 0 ] && check_table "$D/sr3" $ROWS 1; then ok "sendrecv 3 ranks"; else ko "sendrecv 3 ranks (rc=$RC)" "$D/sr3"; fi
 
