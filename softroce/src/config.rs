@@ -119,6 +119,24 @@ pub fn defer() -> bool {
     *V.get_or_init(|| env("SOFTROCE_DEFER").map(|s| s.trim() != "0").unwrap_or(true))
 }
 
+/// `SOFTROCE_INLINE_RX` (default 1): an application thread whose CQ poll
+/// finds nothing receives and handles the next batch of datagrams itself
+/// when no other thread is doing so, instead of leaving all of it to the
+/// engine thread; 0 leaves receiving to the engine.
+pub fn inline_rx() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| env("SOFTROCE_INLINE_RX").map(|s| s.trim() != "0").unwrap_or(true))
+}
+
+/// `SOFTROCE_ENGINE_RX` (default 1): 0 leaves receiving entirely to polling
+/// application threads (`SOFTROCE_INLINE_RX`); the engine thread then only
+/// runs timers and deferred sends. A diagnostic, and how the tests prove the
+/// inline path alone moves traffic.
+pub fn engine_rx() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| env("SOFTROCE_ENGINE_RX").map(|s| s.trim() != "0").unwrap_or(true))
+}
+
 /// `SOFTROCE_POLL_SLEEP_AFTER_US` (default 200): an application thread whose
 /// CQ polls have all been empty for this long sleeps briefly between polls
 /// instead of only yielding (see `verbs::cq::idle_poll`); 0 never sleeps.

@@ -9,7 +9,10 @@
 //! QP with packets outstanding, which are left to this thread's next batch
 //! (`SOFTROCE_DEFER`) — and wake this thread only when they armed a timer
 //! earlier than the one it sleeps on. While packets arrive, the thread polls
-//! its socket for `SOFTROCE_SPIN_US` before blocking.
+//! its socket for `SOFTROCE_SPIN_US` before blocking. An application thread
+//! whose CQ poll finds nothing receives the next batch itself when this
+//! thread is not receiving ([`receive_inline`], `SOFTROCE_INLINE_RX`): on a
+//! host with few cores the thread that would spin does the NIC's work.
 //!
 //! All signals are blocked in the engine thread (perftest uses SIGALRM).
 
@@ -206,7 +209,26 @@ pub struct Engine {
     rescan: AtomicBool,
     /// QPs with work left for the engine (deferred small messages).
     dirty: Mutex<Vec<Arc<QpShared>>>,
+    /// The receive side of the socket: whoever holds it (the engine, or an
+    /// application thread whose CQ poll found nothing, see [`receive_inline`])
+    /// receives and handles the next datagrams.
+    rx: Mutex<Rx>,
+    /// When a datagram last arrived (ns of [`now`]), for the engine's spin.
+    last_rx: AtomicU64,
 }
+
+/// Receive-side state: datagram buffers and what a batch needs.
+struct Rx {
+    bufs: Vec<Vec<u8>>,
+    meta: [RecvMeta; RX_BATCH],
+    tx: Tx,
+    rng: Rng,
+    touched: Vec<Arc<QpShared>>,
+    bad_icrc: u64,
+}
+
+/// Datagrams per `recvmmsg`.
+const RX_BATCH: usize = 32;
 
 impl Engine {
     pub fn new(dev: Weak<Device>) -> Engine {
@@ -220,6 +242,15 @@ impl Engine {
             noted: AtomicU64::new(u64::MAX),
             rescan: AtomicBool::new(true),
             dirty: Mutex::new(Vec::new()),
+            rx: Mutex::new(Rx {
+                bufs: (0..RX_BATCH).map(|_| vec![0u8; MAX_DGRAM]).collect(),
+                meta: [RecvMeta::default(); RX_BATCH],
+                tx: Tx::new(),
+                rng: Rng(config::seed() | 1),
+                touched: Vec::new(),
+                bad_icrc: 0,
+            }),
+            last_rx: AtomicU64::new(0),
         }
     }
 
@@ -511,23 +542,13 @@ pub fn lock_core(qp: &QpShared) -> std::sync::MutexGuard<'_, QpCore> {
 
 fn run(dev: Arc<Device>) {
     let eng = &dev.engine;
-    const BATCH: usize = 32;
-    let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; MAX_DGRAM]).collect();
-    let mut meta = [RecvMeta::default(); BATCH];
     let mut tx = Tx::new();
-    let loss = config::loss();
-    let mut rng = Rng(config::seed() | 1);
-    let check = config::icrc_check();
-    let debug = config::debug();
-    let mut touched: Vec<Arc<QpShared>> = Vec::new();
-    let mut bad_icrc: u64 = 0;
-    let spin = std::time::Duration::from_micros(config::spin_us());
-    let mut last_rx = std::time::Instant::now();
+    let spin = config::spin_us() * 1000;
+    let engine_rx = config::engine_rx();
     // Earliest known timer (ns). It may be stale-early (a timer was disarmed
     // since), which only costs a scan; it is never late: every QP event that
     // can arm a timer is seen here (own draining) or noted (other threads).
     let mut next = u64::MAX;
-    let mut landed_write = false;
     loop {
         // 1. Deferred work, then timers: scan every QP only when the earliest
         // known deadline passed or the QP set changed.
@@ -587,7 +608,9 @@ fn run(dev: Arc<Device>) {
         };
         let mut fds = [
             libc::pollfd {
-                fd: dev.sock.fd(),
+                // poll(2) skips a negative fd: without engine receiving, the
+                // socket is left to the polling application threads.
+                fd: if engine_rx { dev.sock.fd() } else { -1 },
                 events: libc::POLLIN,
                 revents: 0,
             },
@@ -601,9 +624,9 @@ fn run(dev: Arc<Device>) {
         // (yielding between polls) before blocking: a blocked thread's wake-up
         // costs tens of microseconds on a busy host.
         let mut ready = 0;
-        if !spin.is_zero() && last_rx.elapsed() < spin * 4 {
-            let until = std::time::Instant::now() + spin;
-            while std::time::Instant::now() < until {
+        if spin != 0 && now().as_nanos().saturating_sub(eng.last_rx.load(Ordering::Relaxed)) < spin * 4 {
+            let until = now().as_nanos() + spin;
+            while now().as_nanos() < until {
                 // SAFETY: fds is a live array of two pollfds.
                 ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, 0) };
                 if ready != 0 {
@@ -624,81 +647,125 @@ fn run(dev: Arc<Device>) {
             unsafe { libc::read(eng.wake_fd, &mut v as *mut u64 as *mut libc::c_void, 8) };
         }
         // 3. Receive everything queued, in batches.
-        loop {
-            let n = dev.sock.recv_batch(&mut bufs, &mut meta).unwrap_or_default();
-            if n == 0 {
-                break;
-            }
-            last_rx = std::time::Instant::now();
-            let t = now();
-            for i in 0..n {
-                let m = meta[i];
-                if m.src.ip().is_unspecified() || m.seg == 0 {
-                    continue;
-                }
-                let coalesced = m.len > m.seg;
-                for (j, pkt) in bufs[i][..m.len].chunks(m.seg).enumerate() {
-                    if loss > 0.0 && rng.next_f64() < loss {
-                        continue;
-                    }
-                    if pkt.len() < 12 + icrc::ICRC_LEN {
-                        continue;
-                    }
-                    let body = if check {
-                        // Segment j of a GSO send carries IP ID j; packets GRO
-                        // merged from separate sends carry 0.
-                        let v = |id: u16| {
-                            let ip = icrc::Ipv4Fields::new(m.src.ip().octets(), dev.addr.octets(), id);
-                            icrc::verify_ipv4(&ip, m.src.port(), ROCE_PORT, pkt)
-                        };
-                        match v(j as u16).or_else(|| if coalesced && j > 0 { v(0) } else { None }) {
-                            Some(b) => b,
-                            None => {
-                                bad_icrc += 1;
-                                if debug {
-                                    eprintln!("softroce: bad ICRC from {} ({bad_icrc} so far)", m.src);
-                                }
-                                continue;
-                            }
-                        }
-                    } else {
-                        &pkt[..pkt.len() - icrc::ICRC_LEN]
-                    };
-                    // The end of an inbound RDMA WRITE: memory an application may be
-                    // watching changed (completions ring on their own).
-                    landed_write |= matches!(body[0], 0x08 | 0x0A);
-                    let qpn = u32::from_be_bytes([0, body[5], body[6], body[7]]);
-                    let Some(qp) = eng.qp(qpn) else { continue };
-                    {
-                        let mut core = lock_core(&qp);
-                        let mut mem = PdMemory {
-                            dev: &dev,
-                            pd: qp.pd,
-                            srq: qp.srq.as_deref(),
-                        };
-                        core.handle_packet(t, body, &mut mem);
-                    }
-                    if !touched.iter().any(|q| q.qpn == qpn) {
-                        touched.push(qp);
-                    }
-                }
-            }
-            // Drain after each batch: ACKs coalesce across the batch.
-            let t = now();
-            for qp in touched.drain(..) {
-                let mut core = lock_core(&qp);
-                drain_locked(&dev, &qp, &mut core, t, &mut tx);
-                if let Some(d) = core.poll_timeout() {
-                    next = next.min(d.as_nanos());
-                }
-            }
-            tx.flush(&dev);
-            if std::mem::take(&mut landed_write) {
-                crate::activity::ring();
-            }
-            if n < BATCH {
-                break;
+        if engine_rx {
+            let mut rx = eng.rx.lock().unwrap_or_else(|e| e.into_inner());
+            if let (_, Some(d)) = receive(&dev, &mut rx, usize::MAX) {
+                next = next.min(d.as_nanos());
             }
         }
     }
+}
+
+/// Receives and handles queued datagrams, at most `max_batches` batches
+/// (stops early when the socket has no more); returns how many datagrams it
+/// handled and the earliest timer the handled QPs armed.
+fn receive(dev: &Device, rx: &mut Rx, max_batches: usize) -> (usize, Option<Instant>) {
+    let eng = &dev.engine;
+    let loss = config::loss();
+    let check = config::icrc_check();
+    let debug = config::debug();
+    let mut next: Option<Instant> = None;
+    let mut landed_write = false;
+    let mut handled = 0;
+    for _ in 0..max_batches {
+        let Rx {
+            bufs,
+            meta,
+            tx,
+            rng,
+            touched,
+            bad_icrc,
+        } = &mut *rx;
+        let n = dev.sock.recv_batch(bufs, meta).unwrap_or_default();
+        if n == 0 {
+            break;
+        }
+        handled += n;
+        let t = now();
+        eng.last_rx.store(t.as_nanos(), Ordering::Relaxed);
+        for i in 0..n {
+            let m = meta[i];
+            if m.src.ip().is_unspecified() || m.seg == 0 {
+                continue;
+            }
+            let coalesced = m.len > m.seg;
+            for (j, pkt) in bufs[i][..m.len].chunks(m.seg).enumerate() {
+                if loss > 0.0 && rng.next_f64() < loss {
+                    continue;
+                }
+                if pkt.len() < 12 + icrc::ICRC_LEN {
+                    continue;
+                }
+                let body = if check {
+                    // Segment j of a GSO send carries IP ID j; packets GRO
+                    // merged from separate sends carry 0.
+                    let v = |id: u16| {
+                        let ip = icrc::Ipv4Fields::new(m.src.ip().octets(), dev.addr.octets(), id);
+                        icrc::verify_ipv4(&ip, m.src.port(), ROCE_PORT, pkt)
+                    };
+                    match v(j as u16).or_else(|| if coalesced && j > 0 { v(0) } else { None }) {
+                        Some(b) => b,
+                        None => {
+                            *bad_icrc += 1;
+                            if debug {
+                                eprintln!("softroce: bad ICRC from {} ({} so far)", m.src, bad_icrc);
+                            }
+                            continue;
+                        }
+                    }
+                } else {
+                    &pkt[..pkt.len() - icrc::ICRC_LEN]
+                };
+                // The end of an inbound RDMA WRITE: memory an application may be
+                // watching changed (completions ring on their own).
+                landed_write |= matches!(body[0], 0x08 | 0x0A);
+                let qpn = u32::from_be_bytes([0, body[5], body[6], body[7]]);
+                let Some(qp) = eng.qp(qpn) else { continue };
+                {
+                    let mut core = lock_core(&qp);
+                    let mut mem = PdMemory {
+                        dev,
+                        pd: qp.pd,
+                        srq: qp.srq.as_deref(),
+                    };
+                    core.handle_packet(t, body, &mut mem);
+                }
+                if !touched.iter().any(|q| q.qpn == qpn) {
+                    touched.push(qp);
+                }
+            }
+        }
+        // Drain after each batch: ACKs coalesce across the batch.
+        let t = now();
+        for qp in touched.drain(..) {
+            let mut core = lock_core(&qp);
+            drain_locked(dev, &qp, &mut core, t, tx);
+            if let Some(d) = core.poll_timeout() {
+                next = Some(next.map_or(d, |x| if d.as_nanos() < x.as_nanos() { d } else { x }));
+            }
+        }
+        tx.flush(dev);
+        if std::mem::take(&mut landed_write) {
+            crate::activity::ring();
+        }
+        if n < RX_BATCH {
+            break;
+        }
+    }
+    (handled, next)
+}
+
+/// For an application thread whose CQ poll found nothing: if no other thread
+/// is receiving, receive and handle one batch of queued datagrams here (the
+/// NIC's work done by a thread that would otherwise spin, instead of by the
+/// engine thread competing with it for a CPU). Returns whether it did.
+pub fn receive_inline(dev: &Device) -> bool {
+    let Ok(mut rx) = dev.engine.rx.try_lock() else {
+        return false;
+    };
+    let (handled, next) = receive(dev, &mut rx, 1);
+    drop(rx);
+    // Timers armed here must reach the engine, which sleeps on its own list.
+    dev.engine.note_deadline(next);
+    handled > 0
 }

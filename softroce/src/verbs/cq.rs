@@ -369,7 +369,7 @@ unsafe fn ex_load(cq: *mut rdma_sys::ibv_cq_ex) -> c_int {
     let (inner, cur) = unsafe { (&(*p).inner, &(*p).cur) };
     let mut one = [Wc::default()];
     let seen = crate::activity::snapshot();
-    if inner.poll(&mut one) == 0 {
+    if inner.poll(&mut one) == 0 && !(receive_inline(cq as *mut ibv_cq) && inner.poll(&mut one) == 1) {
         idle_poll(seen);
         return libc::ENOENT;
     }
@@ -499,8 +499,16 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -
         }
         let seen = crate::activity::snapshot();
         if c.inner.is_empty() {
-            idle_poll(seen);
-            return 0;
+            let worked = receive_inline(cq);
+            if c.inner.is_empty() {
+                // A thread that did the NIC's work was not idle.
+                if worked {
+                    poll_found_work();
+                } else {
+                    idle_poll(seen);
+                }
+                return 0;
+            }
         }
         poll_found_work();
         let mut buf = [Wc::default(); 32];
@@ -559,6 +567,21 @@ thread_local! {
     /// poll of it (on any CQ) has been empty.
     static POLL_STREAK: std::cell::Cell<(u32, Option<std::time::Instant>)> =
         const { std::cell::Cell::new((0, None)) };
+}
+
+/// An empty poll: let this thread do the NIC's receive work, if no other
+/// thread is doing it (`SOFTROCE_INLINE_RX`, default on). Returns whether it
+/// handled anything (the CQ may now hold completions).
+fn receive_inline(cq: *mut ibv_cq) -> bool {
+    if !crate::config::inline_rx() {
+        return false;
+    }
+    // SAFETY: `cq` is a live CQ of ours (the caller checked), so its context
+    // pointer is the live context it was created on.
+    let Some(ctx) = (unsafe { super::context::Context::from_ibv((*cq).context) }) else {
+        return false;
+    };
+    crate::engine::receive_inline(&ctx.dev)
 }
 
 /// A poll that found a completion ends the thread's empty streak.
