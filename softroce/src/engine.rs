@@ -209,6 +209,8 @@ pub struct Engine {
     rescan: AtomicBool,
     /// QPs with work left for the engine (deferred small messages).
     dirty: Mutex<Vec<Arc<QpShared>>>,
+    /// `dirty` is not empty (checked without the lock by a spinning engine).
+    has_dirty: AtomicBool,
     /// The receive side of the socket: whoever holds it (the engine, or an
     /// application thread whose CQ poll found nothing, see [`receive_inline`])
     /// receives and handles the next datagrams.
@@ -242,6 +244,7 @@ impl Engine {
             noted: AtomicU64::new(u64::MAX),
             rescan: AtomicBool::new(true),
             dirty: Mutex::new(Vec::new()),
+            has_dirty: AtomicBool::new(false),
             rx: Mutex::new(Rx {
                 bufs: (0..RX_BATCH).map(|_| vec![0u8; MAX_DGRAM]).collect(),
                 meta: [RecvMeta::default(); RX_BATCH],
@@ -298,6 +301,7 @@ impl Engine {
     pub fn defer(&self, qp: &Arc<QpShared>) {
         if !qp.dirty.swap(true, Ordering::AcqRel) {
             self.dirty.lock().unwrap_or_else(|e| e.into_inner()).push(qp.clone());
+            self.has_dirty.store(true, Ordering::Release);
         }
     }
 
@@ -553,16 +557,9 @@ fn run(dev: Arc<Device>) {
         // 1. Deferred work, then timers: scan every QP only when the earliest
         // known deadline passed or the QP set changed.
         let t = now();
-        let dirty = std::mem::take(&mut *eng.dirty.lock().unwrap_or_else(|e| e.into_inner()));
-        for qp in &dirty {
-            let mut core = lock_core(qp);
-            qp.dirty.store(false, Ordering::Release);
-            drain_locked(&dev, qp, &mut core, t, &mut tx);
-            if let Some(d) = core.poll_timeout() {
-                next = next.min(d.as_nanos());
-            }
+        if let Some(d) = drain_deferred(&dev, t, &mut tx) {
+            next = next.min(d.as_nanos());
         }
-        drop(dirty);
         next = next.min(eng.noted.swap(u64::MAX, Ordering::AcqRel));
         if eng.rescan.swap(false, Ordering::AcqRel) || t.as_nanos() >= next {
             next = u64::MAX;
@@ -626,7 +623,7 @@ fn run(dev: Arc<Device>) {
         let mut ready = 0;
         if spin != 0 && now().as_nanos().saturating_sub(eng.last_rx.load(Ordering::Relaxed)) < spin * 4 {
             let until = now().as_nanos() + spin;
-            while now().as_nanos() < until {
+            while now().as_nanos() < until && !eng.has_dirty.load(Ordering::Acquire) {
                 // SAFETY: fds is a live array of two pollfds.
                 ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, 0) };
                 if ready != 0 {
@@ -648,9 +645,24 @@ fn run(dev: Arc<Device>) {
         }
         // 3. Receive everything queued, in batches.
         if engine_rx {
-            let mut rx = eng.rx.lock().unwrap_or_else(|e| e.into_inner());
-            if let (_, Some(d)) = receive(&dev, &mut rx, usize::MAX) {
-                next = next.min(d.as_nanos());
+            // An application thread receiving right now (receive_inline) holds
+            // it for one batch at most: do not sleep on the lock (a futex
+            // wake-up costs more than the batch), look at the socket again.
+            let rx = match eng.rx.try_lock() {
+                Ok(rx) => Some(rx),
+                Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => None,
+            };
+            match rx {
+                Some(mut rx) => {
+                    if let (_, Some(d)) = receive(&dev, &mut rx, usize::MAX, true) {
+                        next = next.min(d.as_nanos());
+                    }
+                }
+                // SAFETY: sched_yield has no preconditions.
+                None => unsafe {
+                    libc::sched_yield();
+                },
             }
         }
     }
@@ -659,7 +671,7 @@ fn run(dev: Arc<Device>) {
 /// Receives and handles queued datagrams, at most `max_batches` batches
 /// (stops early when the socket has no more); returns how many datagrams it
 /// handled and the earliest timer the handled QPs armed.
-fn receive(dev: &Device, rx: &mut Rx, max_batches: usize) -> (usize, Option<Instant>) {
+fn receive(dev: &Device, rx: &mut Rx, max_batches: usize, by_engine: bool) -> (usize, Option<Instant>) {
     let eng = &dev.engine;
     let loss = config::loss();
     let check = config::icrc_check();
@@ -682,7 +694,9 @@ fn receive(dev: &Device, rx: &mut Rx, max_batches: usize) -> (usize, Option<Inst
         }
         handled += n;
         let t = now();
-        eng.last_rx.store(t.as_nanos(), Ordering::Relaxed);
+        if by_engine {
+            eng.last_rx.store(t.as_nanos(), Ordering::Relaxed);
+        }
         for i in 0..n {
             let m = meta[i];
             if m.src.ip().is_unspecified() || m.seg == 0 {
@@ -755,6 +769,26 @@ fn receive(dev: &Device, rx: &mut Rx, max_batches: usize) -> (usize, Option<Inst
     (handled, next)
 }
 
+/// Sends what posting threads left for the engine (deferred small messages);
+/// returns the earliest timer those QPs armed.
+fn drain_deferred(dev: &Device, t: Instant, tx: &mut Tx) -> Option<Instant> {
+    let eng = &dev.engine;
+    if !eng.has_dirty.load(Ordering::Acquire) || !eng.has_dirty.swap(false, Ordering::AcqRel) {
+        return None;
+    }
+    let dirty = std::mem::take(&mut *eng.dirty.lock().unwrap_or_else(|e| e.into_inner()));
+    let mut next: Option<Instant> = None;
+    for qp in &dirty {
+        let mut core = lock_core(qp);
+        qp.dirty.store(false, Ordering::Release);
+        drain_locked(dev, qp, &mut core, t, tx);
+        if let Some(d) = core.poll_timeout() {
+            next = Some(next.map_or(d, |x| if d.as_nanos() < x.as_nanos() { d } else { x }));
+        }
+    }
+    next
+}
+
 /// For an application thread whose CQ poll found nothing: if no other thread
 /// is receiving, receive and handle one batch of queued datagrams here (the
 /// NIC's work done by a thread that would otherwise spin, instead of by the
@@ -763,7 +797,13 @@ pub fn receive_inline(dev: &Device) -> bool {
     let Ok(mut rx) = dev.engine.rx.try_lock() else {
         return false;
     };
-    let (handled, next) = receive(dev, &mut rx, 1);
+    let (handled, mut next) = receive(dev, &mut rx, 1, false);
+    // Deferred sends wait for "the next answer"; when this thread took that
+    // answer off the socket, the engine may not look soon: send them here.
+    let Rx { tx, .. } = &mut *rx;
+    if let Some(d) = drain_deferred(dev, now(), tx) {
+        next = Some(next.map_or(d, |x| if d.as_nanos() < x.as_nanos() { d } else { x }));
+    }
     drop(rx);
     // Timers armed here must reach the engine, which sleeps on its own list.
     dev.engine.note_deadline(next);

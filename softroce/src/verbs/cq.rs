@@ -369,8 +369,7 @@ unsafe fn ex_load(cq: *mut rdma_sys::ibv_cq_ex) -> c_int {
     let (inner, cur) = unsafe { (&(*p).inner, &(*p).cur) };
     let mut one = [Wc::default()];
     let seen = crate::activity::snapshot();
-    if inner.poll(&mut one) == 0 && !(receive_inline(cq as *mut ibv_cq) && inner.poll(&mut one) == 1) {
-        idle_poll(seen);
+    if inner.poll(&mut one) == 0 && !(idle_poll(cq as *mut ibv_cq, seen) && inner.poll(&mut one) == 1) {
         return libc::ENOENT;
     }
     poll_found_work();
@@ -498,17 +497,8 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -
             return 0;
         }
         let seen = crate::activity::snapshot();
-        if c.inner.is_empty() {
-            let worked = receive_inline(cq);
-            if c.inner.is_empty() {
-                // A thread that did the NIC's work was not idle.
-                if worked {
-                    poll_found_work();
-                } else {
-                    idle_poll(seen);
-                }
-                return 0;
-            }
+        if c.inner.is_empty() && (!idle_poll(cq, seen) || c.inner.is_empty()) {
+            return 0;
         }
         poll_found_work();
         let mut buf = [Wc::default(); 32];
@@ -530,43 +520,72 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -
     })
 }
 
-/// Applications spin on `ibv_poll_cq` while our engine thread does the NIC's
-/// work; on a host with fewer free cores than spinning threads that spin would
-/// starve the engine. Every `YIELD_EVERY` consecutive empty polls of a thread
-/// give the CPU away once (`sched_yield` returns at once on an idle CPU). Once
-/// every poll of the thread has been empty for `SOFTROCE_POLL_SLEEP_AFTER_US`,
-/// it waits for the NIC's next event instead (see [`crate::activity`]).
-/// `seen` is the activity count read before the CQ was found empty.
-fn idle_poll(seen: u32) {
+/// An empty poll of `cq` by this thread. Applications spin on `ibv_poll_cq`
+/// while the NIC's work runs on our engine threads; on a host with fewer free
+/// cores than spinning threads that spin would starve the engines. So every
+/// `SOFTROCE_POLL_YIELD` consecutive empty polls of a thread it first does the
+/// NIC's work itself if there is some and no other thread is doing it
+/// (`SOFTROCE_INLINE_RX`), and keeps doing so on its next empty polls while
+/// datagrams keep coming; else it gives the CPU away (`sched_yield`, which
+/// returns at once on an idle CPU), or, once every poll of the thread has been
+/// empty for `SOFTROCE_POLL_SLEEP_AFTER_US`, waits for the NIC's next event
+/// (see [`crate::activity`]). Not at every empty poll: a thread that only
+/// waits a few microseconds (a latency test's ACK) is better off leaving the
+/// receiving to the engine. `seen` is the activity count read before the CQ
+/// was found empty. Returns whether it did NIC work (the CQ may have
+/// completions now).
+fn idle_poll(cq: *mut ibv_cq, seen: u32) -> bool {
     let yield_every = crate::config::poll_yield();
-    if yield_every == 0 {
-        return;
+    let mut streak = POLL_STREAK.with(|e| e.get());
+    if streak.inline {
+        if receive_inline(cq) {
+            return true;
+        }
+        streak.inline = false;
     }
-    POLL_STREAK.with(|e| {
-        let (n, since) = e.get();
-        let n = n + 1;
-        if n < yield_every {
-            e.set((n, since));
-            return;
-        }
-        let now = std::time::Instant::now();
-        let since = since.unwrap_or(now);
-        e.set((0, Some(since)));
-        let sleep_after = crate::config::poll_sleep_after();
-        if !sleep_after.is_zero() && now.duration_since(since) >= sleep_after {
-            crate::activity::wait(seen, crate::activity::MAX_WAIT);
-        } else {
-            // SAFETY: sched_yield has no preconditions.
-            unsafe { libc::sched_yield() };
-        }
-    });
+    streak.empty += 1;
+    if streak.empty < yield_every {
+        POLL_STREAK.with(|e| e.set(streak));
+        return false;
+    }
+    streak.empty = 0;
+    if receive_inline(cq) {
+        streak.inline = true;
+        streak.since = None;
+        POLL_STREAK.with(|e| e.set(streak));
+        return true;
+    }
+    if yield_every == 0 {
+        POLL_STREAK.with(|e| e.set(streak));
+        return false;
+    }
+    let now = std::time::Instant::now();
+    let since = *streak.since.get_or_insert(now);
+    POLL_STREAK.with(|e| e.set(streak));
+    let sleep_after = crate::config::poll_sleep_after();
+    if !sleep_after.is_zero() && now.duration_since(since) >= sleep_after {
+        crate::activity::wait(seen, crate::activity::MAX_WAIT);
+    } else {
+        // SAFETY: sched_yield has no preconditions.
+        unsafe { libc::sched_yield() };
+    }
+    false
+}
+
+/// A thread's run of empty polls (on any CQ).
+#[derive(Clone, Copy)]
+struct Streak {
+    /// Empty polls since the last yield point.
+    empty: u32,
+    /// Since when every poll has been empty (set at the first yield point).
+    since: Option<std::time::Instant>,
+    /// The last inline receive found datagrams: try again at the next empty poll.
+    inline: bool,
 }
 
 thread_local! {
-    /// This thread's empty polls since the last yield, and since when every
-    /// poll of it (on any CQ) has been empty.
-    static POLL_STREAK: std::cell::Cell<(u32, Option<std::time::Instant>)> =
-        const { std::cell::Cell::new((0, None)) };
+    static POLL_STREAK: std::cell::Cell<Streak> =
+        const { std::cell::Cell::new(Streak { empty: 0, since: None, inline: false }) };
 }
 
 /// An empty poll: let this thread do the NIC's receive work, if no other
@@ -586,7 +605,14 @@ fn receive_inline(cq: *mut ibv_cq) -> bool {
 
 /// A poll that found a completion ends the thread's empty streak.
 fn poll_found_work() {
-    POLL_STREAK.with(|e| e.set((0, None)));
+    POLL_STREAK.with(|e| {
+        let inline = e.get().inline;
+        e.set(Streak {
+            empty: 0,
+            since: None,
+            inline,
+        })
+    });
 }
 
 /// # Safety
