@@ -128,6 +128,22 @@ pub fn inline_rx() -> bool {
     *V.get_or_init(|| env("SOFTROCE_INLINE_RX").map(|s| s.trim() != "0").unwrap_or(true))
 }
 
+/// `SOFTROCE_INLINE_RX_AFTER_US` (default 0: from the first yield point): how
+/// long a thread's CQ polls must all have been empty before it receives
+/// inline. Raising it to ~30 leaves short waits (a latency test's ACK) to the
+/// engine, which suits tools that then spin on memory without yielding
+/// (`ib_write_lat`: 19-28 us with inline receiving off or at 30, 30-35 us at
+/// 0, on 2 busy CPUs) but gives up part of the throughput gain (a 64 MiB
+/// all_reduce through the plugin: 2.3-2.8 GB/s at 0, 2.0-2.8 at 30).
+pub fn inline_rx_after() -> std::time::Duration {
+    static V: OnceLock<u64> = OnceLock::new();
+    std::time::Duration::from_micros(*V.get_or_init(|| {
+        env("SOFTROCE_INLINE_RX_AFTER_US")
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }))
+}
+
 /// `SOFTROCE_ENGINE_RX` (default 1): 0 leaves receiving entirely to polling
 /// application threads (`SOFTROCE_INLINE_RX`); the engine thread then only
 /// runs timers and deferred sends. A diagnostic, and how the tests prove the

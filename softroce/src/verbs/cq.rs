@@ -549,19 +549,18 @@ fn idle_poll(cq: *mut ibv_cq, seen: u32) -> bool {
         return false;
     }
     streak.empty = 0;
-    if receive_inline(cq) {
+    let now = std::time::Instant::now();
+    let since = *streak.since.get_or_insert(now);
+    if (yield_every == 0 || now.duration_since(since) >= crate::config::inline_rx_after()) && receive_inline(cq) {
         streak.inline = true;
         streak.since = None;
         POLL_STREAK.with(|e| e.set(streak));
         return true;
     }
+    POLL_STREAK.with(|e| e.set(streak));
     if yield_every == 0 {
-        POLL_STREAK.with(|e| e.set(streak));
         return false;
     }
-    let now = std::time::Instant::now();
-    let since = *streak.since.get_or_insert(now);
-    POLL_STREAK.with(|e| e.set(streak));
     let sleep_after = crate::config::poll_sleep_after();
     if !sleep_after.is_zero() && now.duration_since(since) >= sleep_after {
         crate::activity::wait(seen, crate::activity::MAX_WAIT);
