@@ -670,7 +670,9 @@ fn run(dev: Arc<Device>) {
 
 /// Receives and handles queued datagrams, at most `max_batches` batches
 /// (stops early when the socket has no more); returns how many datagrams it
-/// handled and the earliest timer the handled QPs armed.
+/// handled and the earliest timer the handled QPs armed. Only the engine's own
+/// receiving (`by_engine`) counts as traffic for its spin before blocking: when
+/// pollers take the datagrams, the engine has nothing to spin for.
 fn receive(dev: &Device, rx: &mut Rx, max_batches: usize, by_engine: bool) -> (usize, Option<Instant>) {
     let eng = &dev.engine;
     let loss = config::loss();
