@@ -11,6 +11,8 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 static SETUP: Once = Once::new();
+/// One softroce test at a time. A test that panics poisons it; the others still run (a
+/// poisoned guard protects nothing here).
 static LOCK: Mutex<()> = Mutex::new(());
 
 fn softroce_lib() -> String {
@@ -136,7 +138,7 @@ fn transfer(s: &SendHandle, r: &RecvHandle, size: usize, cap: usize, seed: u64) 
 #[test]
 fn connect_and_transfer_sizes() {
     let Some(ctx) = setup() else { return };
-    let _g = LOCK.lock().unwrap();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     for (i, &size) in [0usize, 1, 127, 128, 129, 4095, 4096, 65_537, 1 << 20, (4 << 20) + 3]
         .iter()
@@ -181,7 +183,7 @@ fn isend_retry(s: &SendHandle, p: usize, size: usize, tag: i32, mh: &MemHandle) 
 #[test]
 fn grouped_shuffled_and_32_in_flight() {
     let Some(ctx) = setup() else { return };
-    let _g = LOCK.lock().unwrap();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     const GROUPS: usize = 32;
     let mut next = xorshift(0x1234_5678);
@@ -314,7 +316,7 @@ struct Posted {
 #[test]
 fn thirty_two_single_receives_in_flight() {
     let Some(ctx) = setup() else { return };
-    let _g = LOCK.lock().unwrap();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     let size = 40_000;
     let mut src = vec![0u8; 32 * size];
@@ -381,7 +383,7 @@ fn thirty_two_single_receives_in_flight() {
 #[test]
 fn groups_of_8_until_the_ring_is_full() {
     let Some(ctx) = setup() else { return };
-    let _g = LOCK.lock().unwrap();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     let mut next = xorshift(0xfeed_beef);
     let size = 8192;
@@ -471,7 +473,7 @@ fn groups_of_8_until_the_ring_is_full() {
 #[test]
 fn flush_reads_back() {
     let Some(ctx) = setup() else { return };
-    let _g = LOCK.lock().unwrap();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     transfer(&s, &r, 1000, 4096, 5);
     let buf = vec![1u8; 4096];
@@ -498,7 +500,7 @@ fn flush_reads_back() {
 fn garbage_on_listen_port_then_real_peer() {
     use std::io::Write;
     let Some(ctx) = setup() else { return };
-    let _g = LOCK.lock().unwrap();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let mut handle = [0u8; 128];
     let mut l = api::listen(&ctx, 0, &mut handle).expect("listen");
     let port = u16::from_be_bytes([handle[12], handle[13]]);
@@ -537,7 +539,7 @@ fn garbage_on_listen_port_then_real_peer() {
 #[test]
 fn connect_to_nobody_times_out() {
     let Some(ctx) = setup() else { return };
-    let _g = LOCK.lock().unwrap();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let mut handle = [0u8; 128];
     let l = api::listen(&ctx, 0, &mut handle).expect("listen");
     drop(l); // the port is closed now
@@ -573,7 +575,7 @@ fn live_objects() -> (usize, usize, usize) {
 #[test]
 fn many_comms_and_no_fd_leak() {
     let Some(ctx) = setup() else { return };
-    let _g = LOCK.lock().unwrap();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
     // Warm up (first comm may open long-lived fds such as the async-event fd).
     {
@@ -613,7 +615,7 @@ fn many_comms_and_no_fd_leak() {
 #[test]
 fn close_with_requests_in_flight() {
     let Some(ctx) = setup() else { return };
-    let _g = LOCK.lock().unwrap();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     let mut dst = vec![0u8; 1 << 16];
     let rmh = reg(&*r, &dst);
@@ -655,7 +657,7 @@ fn flush(r: &RecvHandle, p: usize, len: i32, mh: &MemHandle) -> *mut Request {
 #[test]
 fn flush_qp_only_after_the_first_flush() {
     let Some(ctx) = setup() else { return };
-    let _g = LOCK.lock().unwrap();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let before = live_objects();
     let (s, r) = pair(&ctx);
     for i in 0..4 {
@@ -714,7 +716,7 @@ fn flush_qp_only_after_the_first_flush() {
 #[test]
 fn flushes_interleaved_with_receives() {
     let Some(ctx) = setup() else { return };
-    let _g = LOCK.lock().unwrap();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     const N: usize = 16;
     let size = 8192;
@@ -802,7 +804,7 @@ fn flushes_interleaved_with_receives() {
 #[test]
 fn thirty_two_flushes_in_flight_then_an_error() {
     let Some(ctx) = setup() else { return };
-    let _g = LOCK.lock().unwrap();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     let size = 4096;
     let mut src = vec![0u8; 32 * size];
@@ -855,7 +857,7 @@ fn thirty_two_flushes_in_flight_then_an_error() {
 #[test]
 fn close_with_flushes_in_flight() {
     let Some(ctx) = setup() else { return };
-    let _g = LOCK.lock().unwrap();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let before = live_objects();
     let buf = vec![9u8; 1 << 16];
     for round in 0..3 {
@@ -895,7 +897,7 @@ fn close_with_flushes_in_flight() {
 fn flush_setup_failure_leaves_the_comm_usable() {
     use nccl_net_ferroce::transport::recv::FAIL_NEXT_FLUSH_SETUP;
     let Some(ctx) = setup() else { return };
-    let _g = LOCK.lock().unwrap();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     let buf = vec![5u8; 4096];
     let mh = reg(&*r, &buf);
@@ -932,7 +934,7 @@ fn flush_setup_failure_leaves_the_comm_usable() {
 #[test]
 fn failed_flush_read_is_reported_by_test() {
     let Some(ctx) = setup() else { return };
-    let _g = LOCK.lock().unwrap();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let before = live_objects();
     let (s, r) = pair(&ctx);
     let buf = vec![5u8; 4096];
@@ -965,7 +967,7 @@ fn gdr_flush_disable_gives_null_flushes() {
     if setup().is_none() {
         return;
     }
-    let _g = LOCK.lock().unwrap();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let out = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "gdr_flush_disable_child",
@@ -994,7 +996,7 @@ fn gdr_flush_disable_child() {
         return;
     }
     let Some(ctx) = setup() else { return };
-    let _g = LOCK.lock().unwrap();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     assert_eq!(std::env::var("NCCL_GDR_FLUSH_DISABLE").as_deref(), Ok("1"));
     let before = live_objects();
     let (s, r) = pair(&ctx);
