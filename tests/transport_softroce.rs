@@ -100,6 +100,28 @@ fn fill(buf: &mut [u8], seed: u64) {
     }
 }
 
+/// `slot`, a receive buffer filled with 0xee before the receive, holds `want` at its start and
+/// nothing past it.
+fn assert_received(slot: &[u8], want: &[u8], what: std::fmt::Arguments) {
+    assert!(slot[..want.len()] == *want, "{what} payload");
+    assert!(slot[want.len()..].iter().all(|&b| b == 0xee), "{what} overrun");
+}
+
+/// Deregister `mhs`, close both comms and finalize the context.
+fn close_all(
+    ctx: Box<CommContext>,
+    s: Box<SendHandle>,
+    r: Box<RecvHandle>,
+    mhs: impl IntoIterator<Item = Box<MemHandle>>,
+) {
+    for mh in mhs {
+        api::dereg_mr(mh).unwrap();
+    }
+    drop(s);
+    drop(r);
+    api::finalize(ctx).unwrap();
+}
+
 /// Send `size` bytes from s to r (receive buffer `cap` ≥ size) and verify every byte.
 fn transfer(s: &SendHandle, r: &RecvHandle, size: usize, cap: usize, seed: u64) {
     let mut src = vec![0u8; size.max(1)];
@@ -126,11 +148,7 @@ fn transfer(s: &SendHandle, r: &RecvHandle, size: usize, cap: usize, seed: u64) 
     wait(rreq, &mut rs);
     assert_eq!(ss[0] as usize, size);
     assert_eq!(rs[0] as usize, size, "receiver reports the real size");
-    assert!(dst[..size] == src[..size], "payload of {size} bytes differs");
-    assert!(
-        dst[size..cap].iter().all(|&b| b == 0xee),
-        "bytes past the message were written"
-    );
+    assert_received(&dst[..cap], &src[..size], format_args!("message of {size} bytes"));
     api::dereg_mr(smh).unwrap();
     api::dereg_mr(rmh).unwrap();
 }
@@ -281,13 +299,10 @@ fn grouped_shuffled_and_32_in_flight() {
         for i in 0..gr.n {
             assert_eq!(rs[i] as usize, gr.sizes[i], "group {done} buffer {i} size");
             let off = (done * 8 + i) * slot;
-            assert!(
-                dst[off..off + gr.sizes[i]] == src[off..off + gr.sizes[i]],
-                "group {done} buffer {i} payload"
-            );
-            assert!(
-                dst[off + gr.sizes[i]..off + slot].iter().all(|&b| b == 0xee),
-                "group {done} buffer {i} overrun"
+            assert_received(
+                &dst[off..off + slot],
+                &src[off..off + gr.sizes[i]],
+                format_args!("group {done} buffer {i}"),
             );
         }
         done += 1;
@@ -297,11 +312,7 @@ fn grouped_shuffled_and_32_in_flight() {
         peak > RING - 8,
         "the ring was used up to its last group ({peak} entries)"
     );
-    api::dereg_mr(smh).unwrap();
-    api::dereg_mr(rmh).unwrap();
-    drop(s);
-    drop(r);
-    api::finalize(ctx).unwrap();
+    close_all(ctx, s, r, [smh, rmh]);
 }
 
 /// A posted grouped receive.
@@ -362,18 +373,10 @@ fn thirty_two_single_receives_in_flight() {
             wait(rq, &mut rs);
             assert_eq!((ss[0] as usize, rs[0] as usize), (len, len));
             let off = k * size;
-            assert!(dst[off..off + len] == src[off..off + len], "receive {k} payload");
-            assert!(
-                dst[off + len..off + size].iter().all(|&b| b == 0xee),
-                "receive {k} overrun"
-            );
+            assert_received(&dst[off..off + size], &src[off..off + len], format_args!("receive {k}"));
         }
     }
-    api::dereg_mr(smh).unwrap();
-    api::dereg_mr(rmh).unwrap();
-    drop(s);
-    drop(r);
-    api::finalize(ctx).unwrap();
+    close_all(ctx, s, r, [smh, rmh]);
 }
 
 /// Groups of 8 posted back to back until irecv says "retry later": exactly the ring's 64
@@ -450,22 +453,15 @@ fn groups_of_8_until_the_ring_is_full() {
                 let (off, len) = expect[g * 8 + d];
                 assert_eq!(rs[d] as usize, len, "round {round} group {g} buffer {d} size");
                 let at = (g * 8 + d) * size;
-                assert!(
-                    dst[at..at + len] == src[off..off + len],
-                    "round {round} group {g} buffer {d} payload"
-                );
-                assert!(
-                    dst[at + len..at + size].iter().all(|&b| b == 0xee),
-                    "round {round} group {g} buffer {d} overrun"
+                assert_received(
+                    &dst[at..at + size],
+                    &src[off..off + len],
+                    format_args!("round {round} group {g} buffer {d}"),
                 );
             }
         }
     }
-    api::dereg_mr(smh).unwrap();
-    api::dereg_mr(rmh).unwrap();
-    drop(s);
-    drop(r);
-    api::finalize(ctx).unwrap();
+    close_all(ctx, s, r, [smh, rmh]);
 }
 
 /// iflush: NULL for all-empty receives, a completing request otherwise (softroce supports
@@ -489,10 +485,7 @@ fn flush_reads_back() {
     } else {
         eprintln!("flush disabled on this device (no DMA-BUF / peer memory)");
     }
-    api::dereg_mr(mh).unwrap();
-    drop(s);
-    drop(r);
-    api::finalize(ctx).unwrap();
+    close_all(ctx, s, r, [mh]);
 }
 
 /// Garbage and a foreign peer on the listen port are rejected; the real peer still connects.
@@ -791,11 +784,7 @@ fn flushes_interleaved_with_receives() {
     assert!(peak > N, "flushes of two rounds were in flight together (peak {peak})");
     assert_eq!(total, 24 * N);
     assert_eq!(rcomm(&r).flush_qps(), device_of(&*r).members.len());
-    api::dereg_mr(smh).unwrap();
-    api::dereg_mr(rmh).unwrap();
-    drop(s);
-    drop(r);
-    api::finalize(ctx).unwrap();
+    close_all(ctx, s, r, [smh, rmh]);
 }
 
 /// 32 flushes in flight (FLUSHES_IN_FLIGHT, NCCL's 32 requests per comm) with 32 receives
@@ -844,11 +833,7 @@ fn thirty_two_flushes_in_flight_then_an_error() {
     }
     let q = flush(&r, p, 1, &rmh);
     wait(q, &mut []);
-    api::dereg_mr(smh).unwrap();
-    api::dereg_mr(rmh).unwrap();
-    drop(s);
-    drop(r);
-    api::finalize(ctx).unwrap();
+    close_all(ctx, s, r, [smh, rmh]);
 }
 
 /// Closing comms with flushes (and receives) in flight: no hang, and every QP, CQ and MR is
@@ -923,10 +908,7 @@ fn flush_setup_failure_leaves_the_comm_usable() {
     let q = flush(&r, buf.as_ptr() as usize, 10, &mh);
     wait(q, &mut []);
     assert_eq!(rcomm(&r).flush_qps(), device_of(&*r).members.len());
-    api::dereg_mr(mh).unwrap();
-    drop(s);
-    drop(r);
-    api::finalize(ctx).unwrap();
+    close_all(ctx, s, r, [mh]);
 }
 
 /// A flush read that fails (its address lies outside the registration it names) fails the
