@@ -757,7 +757,7 @@ fn receive(dev: &Device, rx: &mut Rx, max_batches: usize, by_engine: bool) -> (u
             let mut core = lock_core(&qp);
             drain_locked(dev, &qp, &mut core, t, tx);
             if let Some(d) = core.poll_timeout() {
-                next = Some(next.map_or(d, |x| if d.as_nanos() < x.as_nanos() { d } else { x }));
+                next = earliest(next, Some(d));
             }
         }
         tx.flush(dev);
@@ -769,6 +769,14 @@ fn receive(dev: &Device, rx: &mut Rx, max_batches: usize, by_engine: bool) -> (u
         }
     }
     (handled, next)
+}
+
+/// The earlier of two optional deadlines.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, y) => x.or(y),
+    }
 }
 
 /// Sends what posting threads left for the engine (deferred small messages);
@@ -785,7 +793,7 @@ fn drain_deferred(dev: &Device, t: Instant, tx: &mut Tx) -> Option<Instant> {
         qp.dirty.store(false, Ordering::Release);
         drain_locked(dev, qp, &mut core, t, tx);
         if let Some(d) = core.poll_timeout() {
-            next = Some(next.map_or(d, |x| if d.as_nanos() < x.as_nanos() { d } else { x }));
+            next = earliest(next, Some(d));
         }
     }
     next
@@ -799,13 +807,10 @@ pub fn receive_inline(dev: &Device) -> bool {
     let Ok(mut rx) = dev.engine.rx.try_lock() else {
         return false;
     };
-    let (handled, mut next) = receive(dev, &mut rx, 1, false);
+    let (handled, next) = receive(dev, &mut rx, 1, false);
     // Deferred sends wait for "the next answer"; when this thread took that
     // answer off the socket, the engine may not look soon: send them here.
-    let Rx { tx, .. } = &mut *rx;
-    if let Some(d) = drain_deferred(dev, now(), tx) {
-        next = Some(next.map_or(d, |x| if d.as_nanos() < x.as_nanos() { d } else { x }));
-    }
+    let next = earliest(next, drain_deferred(dev, now(), &mut rx.tx));
     drop(rx);
     // Timers armed here must reach the engine, which sleeps on its own list.
     dev.engine.note_deadline(next);

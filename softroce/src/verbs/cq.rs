@@ -535,40 +535,63 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -
 /// was found empty. Returns whether it did NIC work (the CQ may have
 /// completions now).
 fn idle_poll(cq: *mut ibv_cq, seen: u32) -> bool {
-    let yield_every = crate::config::poll_yield();
     let mut streak = POLL_STREAK.with(|e| e.get());
-    if streak.inline {
-        if receive_inline(cq) {
-            return true;
-        }
-        streak.inline = false;
-    }
-    streak.empty += 1;
-    if streak.empty < yield_every {
-        POLL_STREAK.with(|e| e.set(streak));
-        return false;
-    }
-    streak.empty = 0;
-    let now = std::time::Instant::now();
-    let since = *streak.since.get_or_insert(now);
-    if (yield_every == 0 || now.duration_since(since) >= crate::config::inline_rx_after()) && receive_inline(cq) {
-        streak.inline = true;
-        streak.since = None;
-        POLL_STREAK.with(|e| e.set(streak));
-        return true;
-    }
+    let action = streak.next_action(cq);
     POLL_STREAK.with(|e| e.set(streak));
-    if yield_every == 0 {
-        return false;
-    }
-    let sleep_after = crate::config::poll_sleep_after();
-    if !sleep_after.is_zero() && now.duration_since(since) >= sleep_after {
-        crate::activity::wait(seen, crate::activity::MAX_WAIT);
-    } else {
-        // SAFETY: sched_yield has no preconditions.
-        unsafe { libc::sched_yield() };
+    match action {
+        IdleAction::Received => return true,
+        IdleAction::Spin => {}
+        IdleAction::Yield => {
+            // SAFETY: sched_yield has no preconditions.
+            unsafe { libc::sched_yield() };
+        }
+        IdleAction::Wait => crate::activity::wait(seen, crate::activity::MAX_WAIT),
     }
     false
+}
+
+/// What an empty poll does (see [`idle_poll`]).
+enum IdleAction {
+    /// Received datagrams inline: the CQ may have completions now.
+    Received,
+    /// Nothing: poll again.
+    Spin,
+    Yield,
+    /// Wait for the NIC's next event.
+    Wait,
+}
+
+impl Streak {
+    /// Counts one empty poll of `cq` and decides what it does.
+    fn next_action(&mut self, cq: *mut ibv_cq) -> IdleAction {
+        if self.inline {
+            if receive_inline(cq) {
+                return IdleAction::Received;
+            }
+            self.inline = false;
+        }
+        let yield_every = crate::config::poll_yield();
+        self.empty += 1;
+        if self.empty < yield_every {
+            return IdleAction::Spin;
+        }
+        self.empty = 0;
+        let now = std::time::Instant::now();
+        let idle_for = now.duration_since(*self.since.get_or_insert(now));
+        if (yield_every == 0 || idle_for >= crate::config::inline_rx_after()) && receive_inline(cq) {
+            self.inline = true;
+            self.since = None;
+            return IdleAction::Received;
+        }
+        let sleep_after = crate::config::poll_sleep_after();
+        if yield_every == 0 {
+            IdleAction::Spin
+        } else if !sleep_after.is_zero() && idle_for >= sleep_after {
+            IdleAction::Wait
+        } else {
+            IdleAction::Yield
+        }
+    }
 }
 
 /// A thread's run of empty polls (on any CQ).
