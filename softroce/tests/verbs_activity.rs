@@ -5,7 +5,6 @@
 
 mod verbs_util;
 
-use rdma_sys::ibv_sge;
 use std::time::{Duration, Instant};
 use verbs_util::*;
 
@@ -22,14 +21,8 @@ fn inbound_write_and_completions_ring_and_an_idle_poller_still_gets_its_completi
     // plugin's sender watches its CTS FIFO).
     src.fill(|i| (i as u8).wrapping_mul(7).wrapping_add(1));
     let before = softroce::activity::snapshot();
-    let mut sge = ibv_sge {
-        addr: src.addr(),
-        length: len as u32,
-        lkey: src.lkey(),
-    };
-    let mut wr = send_wr(1, 0, &mut sge, 0);
-    wr.wr.rdma.remote_addr = dst.addr();
-    wr.wr.rdma.rkey = dst.rkey();
+    let mut sge = src.sge(len);
+    let mut wr = rdma_wr(1, 0, &mut sge, 0, &dst);
     assert_eq!(post_send(&a, &mut wr), 0);
     let deadline = Instant::now() + Duration::from_secs(10);
     while dst.read() != src.read() {
@@ -49,11 +42,7 @@ fn inbound_write_and_completions_ring_and_an_idle_poller_still_gets_its_completi
     let poller = std::thread::spawn(move || poll_one(b_cq as *mut rdma_sys::ibv_cq));
     std::thread::sleep(Duration::from_millis(20));
     let before = softroce::activity::snapshot();
-    let mut sge = ibv_sge {
-        addr: src.addr(),
-        length: 64,
-        lkey: src.lkey(),
-    };
+    let mut sge = src.sge(64);
     let mut wr = send_wr(2, 2, &mut sge, SIGNALED);
     assert_eq!(post_send(&a, &mut wr), 0);
     let wc = poller.join().unwrap();

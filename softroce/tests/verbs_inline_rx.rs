@@ -6,7 +6,6 @@
 
 mod verbs_util;
 
-use rdma_sys::ibv_sge;
 use verbs_util::*;
 
 #[test]
@@ -22,11 +21,7 @@ fn polling_threads_alone_move_the_traffic() {
     // SEND -> RECV
     src.fill(|i| (i as u8).wrapping_mul(13).wrapping_add(5));
     post_recv(&b, dst.addr(), len as u32, dst.lkey(), 10);
-    let mut sge = ibv_sge {
-        addr: src.addr(),
-        length: len as u32,
-        lkey: src.lkey(),
-    };
+    let mut sge = src.sge(len);
     let mut wr = send_wr(1, 2, &mut sge, SIGNALED);
     assert_eq!(post_send(&a, &mut wr), 0);
     assert_eq!(poll_one(b.cq).byte_len, len as u32);
@@ -35,14 +30,8 @@ fn polling_threads_alone_move_the_traffic() {
 
     // RDMA WRITE, signaled: its completion needs the ACKs received by a poller
     src.fill(|i| (i as u8).wrapping_mul(3));
-    let mut sge = ibv_sge {
-        addr: src.addr(),
-        length: len as u32,
-        lkey: src.lkey(),
-    };
-    let mut wr = send_wr(2, 0, &mut sge, SIGNALED);
-    wr.wr.rdma.remote_addr = dst.addr();
-    wr.wr.rdma.rkey = dst.rkey();
+    let mut sge = src.sge(len);
+    let mut wr = rdma_wr(2, 0, &mut sge, SIGNALED, &dst);
     assert_eq!(post_send(&a, &mut wr), 0);
     let w = poll_one(a.cq);
     assert_eq!((w.wr_id, w.status), (2, 0), "{w:?}");
@@ -50,14 +39,8 @@ fn polling_threads_alone_move_the_traffic() {
 
     // RDMA READ back into the source buffer
     src.fill(|_| 0);
-    let mut sge = ibv_sge {
-        addr: src.addr(),
-        length: len as u32,
-        lkey: src.lkey(),
-    };
-    let mut wr = send_wr(3, 4, &mut sge, SIGNALED);
-    wr.wr.rdma.remote_addr = dst.addr();
-    wr.wr.rdma.rkey = dst.rkey();
+    let mut sge = src.sge(len);
+    let mut wr = rdma_wr(3, 4, &mut sge, SIGNALED, &dst);
     assert_eq!(post_send(&a, &mut wr), 0);
     let r = poll_one(a.cq);
     assert_eq!((r.wr_id, r.status), (3, 0), "{r:?}");

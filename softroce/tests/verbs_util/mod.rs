@@ -71,6 +71,14 @@ impl Buf {
         // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
         unsafe { (*self.mr).rkey }
     }
+    /// One SGE over the first `len` bytes.
+    pub fn sge(&self, len: usize) -> ibv_sge {
+        ibv_sge {
+            addr: self.addr(),
+            length: len as u32,
+            lkey: self.lkey(),
+        }
+    }
     /// Volatile read (the engine thread writes it).
     pub fn read(&self) -> Vec<u8> {
         (0..self.mem.len())
@@ -275,6 +283,14 @@ pub fn send_wr(wr_id: u64, opcode: u32, sge: &mut ibv_sge, flags: u32) -> ibv_se
         wr.send_flags = flags;
         wr
     }
+}
+
+/// An RDMA WRITE or READ (`opcode`) with one SGE, at the start of `remote`.
+pub fn rdma_wr(wr_id: u64, opcode: u32, sge: &mut ibv_sge, flags: u32, remote: &Buf) -> ibv_send_wr {
+    let mut wr = send_wr(wr_id, opcode, sge, flags);
+    wr.wr.rdma.remote_addr = remote.addr();
+    wr.wr.rdma.rkey = remote.rkey();
+    wr
 }
 
 pub const SIGNALED: u32 = 2;
