@@ -30,12 +30,14 @@
 //! Per-message path: no allocation, no lock; syscalls only inside the provider's post/poll and
 //! one rate-limited `recv(MSG_PEEK)` on the side channel while a request waits for the peer.
 
+pub mod clock;
 pub mod conn;
 pub mod core;
 pub mod errors;
 pub mod fifo;
 pub mod handshake;
 pub mod mr_cache;
+pub mod proto;
 pub mod recv;
 pub mod request;
 pub mod send;

@@ -1,0 +1,14 @@
+//! The one place the transport reads the clock: [`now`] maps `std::time::Instant` onto the
+//! core's [`Time`] (nanoseconds since the process's first call).
+
+use super::proto::time::Time;
+use once_cell::sync::Lazy;
+use std::time::Instant;
+
+static EPOCH: Lazy<Instant> = Lazy::new(Instant::now);
+
+/// The current time for the sans-IO core.
+pub fn now() -> Time {
+    let ns = EPOCH.elapsed().as_nanos();
+    Time::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
+}

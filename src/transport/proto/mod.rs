@@ -1,0 +1,14 @@
+//! The transport's sans-IO core: the protocol of a connection as pure state machines.
+//!
+//! Nothing here touches a NIC, a socket, a thread or a clock: inputs are `handle_*` calls
+//! (a CTS entry landed, a completion, a handshake message, the time), outputs are `poll_*`
+//! results (work-request plans to post, requests done, errors). Time is an argument
+//! ([`time::Time`]). The I/O layer around it (the files of `transport/` outside this folder)
+//! turns plans into verbs calls and completions into inputs; `tests/sim_transport.rs` runs two
+//! endpoints of this core against an in-memory NIC on a virtual clock.
+//!
+//! Dependencies point one way: this folder uses only `std` (no `std::net`, no
+//! `std::time::Instant`), `crate::error` and itself; `ci/tests/05-layers.sh` checks it.
+#![forbid(unsafe_code)]
+
+pub mod time;
