@@ -170,7 +170,7 @@ fn connect_and_transfer_sizes() {
 }
 
 /// CTS entries the FIFO ring holds (`fifo::RING`): grouped receives beyond it wait.
-const RING: usize = nccl_net_ferroce::transport::fifo::RING;
+const RING: usize = nccl_net_ferroce::transport::proto::fifo::RING;
 
 fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
     move || {

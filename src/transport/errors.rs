@@ -1,42 +1,24 @@
 //! Completion errors: one WARN that says where, what and what to check (spec §8.8, issue 4).
 
 use crate::error::{Error, ErrorKind};
-
-/// `ibv_wc_status` values we give hints for.
-pub mod status {
-    pub const LOC_LEN_ERR: u32 = 1;
-    pub const LOC_QP_OP_ERR: u32 = 2;
-    pub const LOC_PROT_ERR: u32 = 4;
-    pub const WR_FLUSH_ERR: u32 = 5;
-    pub const BAD_RESP_ERR: u32 = 7;
-    pub const LOC_ACCESS_ERR: u32 = 8;
-    pub const REM_INV_REQ_ERR: u32 = 9;
-    pub const REM_ACCESS_ERR: u32 = 10;
-    pub const REM_OP_ERR: u32 = 11;
-    pub const RETRY_EXC_ERR: u32 = 12;
-    pub const RNR_RETRY_EXC_ERR: u32 = 13;
-    pub const REM_ABORT_ERR: u32 = 16;
-    pub const FATAL_ERR: u32 = 19;
-    pub const RESP_TIMEOUT_ERR: u32 = 20;
-    pub const GENERAL_ERR: u32 = 21;
-}
+// `ibv_wc_status` values, as rdma-sys declares them.
+use crate::ibv::sys::ibv_wc_status as S;
 
 /// What to check for a failed completion, chosen by status.
 pub fn hint(st: u32) -> &'static str {
-    use status::*;
     match st {
-        RETRY_EXC_ERR => "the peer did not acknowledge (transport retries exhausted): the peer process may have died, or the path is broken — check the GID index (NCCL_IB_GID_INDEX), IP routing/VLAN between the GIDs, MTU, and raise NCCL_IB_TIMEOUT/NCCL_IB_RETRY_CNT on lossy fabrics",
-        RNR_RETRY_EXC_ERR => "receiver not ready: the peer did not post receives in time (peer stuck or dead)",
-        REM_ACCESS_ERR => "the peer refused the RDMA access: a remote buffer was not registered (or was deregistered) or the rkey is stale — check memory registration on the peer",
-        LOC_PROT_ERR | LOC_ACCESS_ERR => "a local buffer is not covered by its registration (wrong mhandle or buffer freed/deregistered while in use)",
-        LOC_LEN_ERR => "a local length error: the message does not fit the posted receive (sender and receiver disagree on sizes)",
-        REM_INV_REQ_ERR => "the peer rejected the request as invalid: sizes, opcode or QP configuration mismatch between the two ends",
-        REM_OP_ERR => "the peer failed to carry out the operation (remote QP in error, or a memory problem on the peer)",
-        LOC_QP_OP_ERR => "a local QP error: the work request was malformed or the QP is misconfigured",
-        WR_FLUSH_ERR => "the work request was flushed because the QP had already failed (an earlier error is the cause)",
-        BAD_RESP_ERR | RESP_TIMEOUT_ERR => "the peer sent an unexpected or no response — check the fabric and NCCL_IB_TIMEOUT",
-        REM_ABORT_ERR => "the peer aborted the operation",
-        FATAL_ERR | GENERAL_ERR => "the NIC reported a fatal/general error — check `dmesg` and the link state",
+        S::IBV_WC_RETRY_EXC_ERR => "the peer did not acknowledge (transport retries exhausted): the peer process may have died, or the path is broken — check the GID index (NCCL_IB_GID_INDEX), IP routing/VLAN between the GIDs, MTU, and raise NCCL_IB_TIMEOUT/NCCL_IB_RETRY_CNT on lossy fabrics",
+        S::IBV_WC_RNR_RETRY_EXC_ERR => "receiver not ready: the peer did not post receives in time (peer stuck or dead)",
+        S::IBV_WC_REM_ACCESS_ERR => "the peer refused the RDMA access: a remote buffer was not registered (or was deregistered) or the rkey is stale — check memory registration on the peer",
+        S::IBV_WC_LOC_PROT_ERR | S::IBV_WC_LOC_ACCESS_ERR => "a local buffer is not covered by its registration (wrong mhandle or buffer freed/deregistered while in use)",
+        S::IBV_WC_LOC_LEN_ERR => "a local length error: the message does not fit the posted receive (sender and receiver disagree on sizes)",
+        S::IBV_WC_REM_INV_REQ_ERR => "the peer rejected the request as invalid: sizes, opcode or QP configuration mismatch between the two ends",
+        S::IBV_WC_REM_OP_ERR => "the peer failed to carry out the operation (remote QP in error, or a memory problem on the peer)",
+        S::IBV_WC_LOC_QP_OP_ERR => "a local QP error: the work request was malformed or the QP is misconfigured",
+        S::IBV_WC_WR_FLUSH_ERR => "the work request was flushed because the QP had already failed (an earlier error is the cause)",
+        S::IBV_WC_BAD_RESP_ERR | S::IBV_WC_RESP_TIMEOUT_ERR => "the peer sent an unexpected or no response — check the fabric and NCCL_IB_TIMEOUT",
+        S::IBV_WC_REM_ABORT_ERR => "the peer aborted the operation",
+        S::IBV_WC_FATAL_ERR | S::IBV_WC_GENERAL_ERR => "the NIC reported a fatal/general error — check `dmesg` and the link state",
         _ => "check the link, the GID index and both peers' logs",
     }
 }
@@ -44,9 +26,12 @@ pub fn hint(st: u32) -> &'static str {
 /// NCCL return class for a failed completion: local resource / protection faults are system
 /// errors; everything that involves the peer or the path is a remote error.
 pub fn kind_for(st: u32) -> ErrorKind {
-    use status::*;
     match st {
-        LOC_LEN_ERR | LOC_QP_OP_ERR | LOC_PROT_ERR | LOC_ACCESS_ERR | FATAL_ERR => ErrorKind::System,
+        S::IBV_WC_LOC_LEN_ERR
+        | S::IBV_WC_LOC_QP_OP_ERR
+        | S::IBV_WC_LOC_PROT_ERR
+        | S::IBV_WC_LOC_ACCESS_ERR
+        | S::IBV_WC_FATAL_ERR => ErrorKind::System,
         _ => ErrorKind::Remote,
     }
 }
@@ -104,7 +89,7 @@ mod tests {
             qp_num: 0x11,
             operation: "RDMA write",
             bytes: 4096,
-            status: status::RETRY_EXC_ERR,
+            status: S::IBV_WC_RETRY_EXC_ERR,
             status_str: "transport retry counter exceeded",
             vendor_err: 0,
         });
@@ -123,8 +108,8 @@ mod tests {
         ] {
             assert!(e.message.contains(want), "missing {want:?} in {}", e.message);
         }
-        assert_eq!(kind_for(status::LOC_PROT_ERR), ErrorKind::System);
-        assert!(hint(status::REM_ACCESS_ERR).contains("registration"));
-        assert!(hint(status::RNR_RETRY_EXC_ERR).contains("not post"));
+        assert_eq!(kind_for(S::IBV_WC_LOC_PROT_ERR), ErrorKind::System);
+        assert!(hint(S::IBV_WC_REM_ACCESS_ERR).contains("registration"));
+        assert!(hint(S::IBV_WC_RNR_RETRY_EXC_ERR).contains("not post"));
     }
 }

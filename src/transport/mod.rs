@@ -32,17 +32,15 @@
 
 pub mod clock;
 pub mod conn;
-pub mod core;
+pub mod driver;
 pub mod errors;
-pub mod fifo;
 pub mod handshake;
 pub mod mr_cache;
 pub mod proto;
 pub mod recv;
-pub mod request;
+pub mod ring_memory;
 pub mod send;
 pub mod sidechannel;
-pub mod split;
 
 use crate::api::CommContext;
 use crate::config;
@@ -54,13 +52,15 @@ use crate::ibv::{sys, QueuePair};
 use conn::{Conn, LocalDev, RegBuf};
 use handshake::{EndpointRepr, HandleRepr, Message, FLAG_SPLIT};
 use parking_lot::Mutex;
+use proto::limits::MAX_DEVS;
+use proto::{fifo, request, split};
 use sidechannel::{Channel, ChannelError, Connector};
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use request::Request;
+pub use proto::request::Request;
 
 type Result<T> = std::result::Result<T, Error>;
 
@@ -76,13 +76,13 @@ pub enum MemKind {
 // completion whether it was signaled or not, and an overrun CQ is a device-fatal event).
 
 /// Send WRs per sender data QP: its credits (bound: WRs not yet retired ≤ send::SQ_DEPTH).
-const SENDER_SEND_WR: u32 = send::SQ_DEPTH as u32;
+const SENDER_SEND_WR: u32 = proto::send::SQ_DEPTH as u32;
 /// CQ entries per sender data QP: ≤ one per unretired WR (send::SQ_DEPTH); nothing else
 /// completes on the sender's CQ.
-const SENDER_CQE_PER_QP: usize = send::SQ_DEPTH;
+const SENDER_CQE_PER_QP: usize = proto::send::SQ_DEPTH;
 /// Send WRs per receiver QP: CTS writes (bound: unretired ≤ recv::CTS_DEPTH, only on the first
 /// QP of each device).
-const RECEIVER_SEND_WR: u32 = recv::CTS_DEPTH as u32;
+const RECEIVER_SEND_WR: u32 = proto::recv::CTS_DEPTH as u32;
 /// Receive WRs per receiver QP: one per receive in flight that uses the QP (≤ RECVS_IN_FLIGHT;
 /// a receive's WRs complete before test() reports it).
 const RECEIVER_RECV_WR: u32 = request::RECVS_IN_FLIGHT as u32;
@@ -92,7 +92,7 @@ const RECEIVER_CQE_PER_QP: usize = request::RECVS_IN_FLIGHT;
 /// CQ entries per receiver device besides the per-QP ones: the CTS writes of its one CTS QP
 /// (≤ recv::CTS_DEPTH unretired). Flush reads complete elsewhere (FLUSH_CQE), so the receive
 /// CQ of a device holds m·RECVS_IN_FLIGHT + CTS_DEPTH for its m QPs.
-const RECEIVER_CQE_CTS: usize = recv::CTS_DEPTH;
+const RECEIVER_CQE_CTS: usize = proto::recv::CTS_DEPTH;
 /// Send WRs of a flush loopback QP (made by a comm's first iflush, one per local device): one
 /// RDMA read per flush in flight (bound: ≤ request::FLUSHES_IN_FLIGHT, enforced by iflush,
 /// which fails beyond; a read's WR is outstanding until its completion is polled, which
@@ -102,7 +102,7 @@ const FLUSH_SEND_WR: u32 = request::FLUSHES_IN_FLIGHT as u32;
 /// QP fails and flushes them all); nothing else completes there.
 const FLUSH_CQE: usize = request::FLUSHES_IN_FLIGHT;
 // Every QP of a connection has an index a send wr_id can carry.
-const _: () = assert!(handshake::MAX_QPS <= request::WR_ID_QPS);
+const _: () = assert!(handshake::MAX_QPS <= request::WR_ID_QPS && proto::limits::MAX_QPS <= request::WR_ID_QPS);
 /// Inline bytes requested when NCCL_IB_USE_INLINE=1 (one CTS entry).
 const INLINE_BYTES: u32 = fifo::ENTRY_BYTES as u32;
 fn remote_access() -> u32 {
@@ -147,8 +147,8 @@ pub struct MemHandle {
     len: usize,
     ndevs: usize,
     /// Per member device; read by the data path without locks.
-    pub(crate) lkeys: [u32; fifo::MAX_DEVS],
-    pub(crate) rkeys: [u32; fifo::MAX_DEVS],
+    pub(crate) lkeys: [u32; MAX_DEVS],
+    pub(crate) rkeys: [u32; MAX_DEVS],
     regs: Vec<(Arc<mr_cache::DeviceCache>, Arc<MemoryRegion>)>,
 }
 
@@ -186,7 +186,7 @@ pub fn reg_mr(
     _kind: MemKind,
     dmabuf: Option<(i32, u64)>,
 ) -> Result<Box<MemHandle>> {
-    if dev.members.is_empty() || dev.members.len() > fifo::MAX_DEVS {
+    if dev.members.is_empty() || dev.members.len() > MAX_DEVS {
         return Err(Error::internal(format!(
             "device {} has {} members",
             dev.name,
@@ -197,8 +197,8 @@ pub fn reg_mr(
         addr,
         len,
         ndevs: dev.members.len(),
-        lkeys: [0; fifo::MAX_DEVS],
-        rkeys: [0; fifo::MAX_DEVS],
+        lkeys: [0; MAX_DEVS],
+        rkeys: [0; MAX_DEVS],
         regs: Vec::with_capacity(dev.members.len()),
     });
     if len == 0 {
@@ -268,7 +268,7 @@ const MAX_PENDING: usize = 64;
 /// Open a listener on the side-channel interface and write the handle (≤ 128 bytes).
 /// Never blocks; always returns a comm on success.
 pub fn listen(_ctx: &CommContext, dev: &Arc<VirtualDevice>, handle: &mut [u8; 128]) -> Result<Box<ListenComm>> {
-    if dev.members.is_empty() || dev.members.len() > fifo::MAX_DEVS {
+    if dev.members.is_empty() || dev.members.len() > MAX_DEVS {
         return Err(Error::internal(format!(
             "device {} has {} members",
             dev.name,
@@ -469,11 +469,7 @@ impl RecvParts {
             chan,
             qps_per_req: p.qps_per_req,
         };
-        let core = core::Core::new(
-            conn,
-            request::RequestPool::new(std::ptr::null_mut(), request::RECV_REQUESTS),
-        );
-        recv::RecvDp::new(core, p.flush, p.bufs, config::get().use_inline)
+        recv::RecvDp::new(conn, p.flush, p.bufs, config::get().use_inline)
     }
 }
 
@@ -591,7 +587,7 @@ pub fn connect(ctx: &CommContext, dev: &Arc<VirtualDevice>, handle: &mut [u8; 12
             "connect: the handle is not a ferroce listen handle ({e}); do both ranks load the same plugin?"
         ))
     })?;
-    if dev.members.is_empty() || dev.members.len() > fifo::MAX_DEVS {
+    if dev.members.is_empty() || dev.members.len() > MAX_DEVS {
         return Err(Error::internal(format!(
             "device {} has {} members",
             dev.name,
@@ -730,16 +726,12 @@ fn progress_connect(c: &mut Connecting, timeout: Duration) -> Result<Option<Box<
             chan: s.chan,
             qps_per_req: s.qps_per_req,
         };
-        let core = core::Core::new(
-            conn,
-            request::RequestPool::new(std::ptr::null_mut(), request::SEND_REQUESTS),
-        );
         let ar = match cfg.adaptive_routing {
             0 => false,
             v if v > 0 => true,
             _ => c.members.iter().all(|m| m.adaptive_routing),
         };
-        let dp = send::SendDp::new(core, s.bufs, ar, cfg.ar_threshold);
+        let dp = send::SendDp::new(conn, s.bufs, ar, cfg.ar_threshold);
         return Ok(Some(Box::new(SendComm { dp })));
     }
     let _ = sent;
@@ -774,7 +766,7 @@ impl SendComm {
 
     /// Requests in flight (for tests).
     pub fn in_flight(&self) -> usize {
-        self.dp.core.pool.in_flight()
+        self.dp.in_flight()
     }
 }
 
@@ -815,7 +807,7 @@ impl RecvComm {
 
     /// Requests in flight (for tests).
     pub fn in_flight(&self) -> usize {
-        self.dp.core.pool.in_flight()
+        self.dp.in_flight()
     }
 }
 

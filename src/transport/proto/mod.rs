@@ -7,8 +7,23 @@
 //! turns plans into verbs calls and completions into inputs; `tests/sim_transport.rs` runs two
 //! endpoints of this core against an in-memory NIC on a virtual clock.
 //!
+//! * [`send::SendCore`] — the sender: reads the receiver's CTS entries from its FIFO ring
+//!   ([`fifo`]), matches isends to them by tag, plans the RDMA writes ([`split`]) within
+//!   send-queue credits.
+//! * [`recv::RecvCore`] — the receiver: plans receives and CTS writes into the sender's ring,
+//!   counts completions, reports sizes; plans GPU-flush reads.
+//! * [`request`] — the request slots NCCL holds pointers to, and `wr_id` layouts.
+//!
 //! Dependencies point one way: this folder uses only `std` (no `std::net`, no
 //! `std::time::Instant`), `crate::error` and itself; `ci/tests/05-layers.sh` checks it.
 #![forbid(unsafe_code)]
 
+pub mod fifo;
+pub mod limits;
+pub mod plan;
+pub mod recv;
+pub mod request;
+pub mod send;
+pub mod split;
+pub mod state;
 pub mod time;

@@ -49,6 +49,9 @@ mod tests {
         assert_eq!(t + Duration::from_nanos(7), Time::from_nanos(12));
         assert_eq!(Time::from_nanos(3) - t, Duration::ZERO);
         assert_eq!(t - Time::ZERO, Duration::from_nanos(5));
-        assert_eq!(Time::from_nanos(u64::MAX - 1) + Duration::MAX, Time::from_nanos(u64::MAX));
+        assert_eq!(
+            Time::from_nanos(u64::MAX - 1) + Duration::MAX,
+            Time::from_nanos(u64::MAX)
+        );
     }
 }

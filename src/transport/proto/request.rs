@@ -21,8 +21,8 @@ pub const RECVS_IN_FLIGHT: usize = 32;
 pub const FLUSHES_IN_FLIGHT: usize = 32;
 /// Requests of a receive comm: [`RECVS_IN_FLIGHT`] receives plus [`FLUSHES_IN_FLIGHT`] flushes.
 pub const RECV_REQUESTS: usize = RECVS_IN_FLIGHT + FLUSHES_IN_FLIGHT;
-/// Most buffers per grouped receive.
-pub const MAX_RECVS: usize = 8;
+use super::limits::MAX_RECVS;
+
 const _: () = assert!(SEND_REQUESTS <= MAX_POOL && RECV_REQUESTS <= MAX_POOL);
 const _: () = assert!(SEND_REQUESTS >= MAX_RECVS, "a whole group can always be matched");
 

@@ -39,13 +39,11 @@
 //!
 //! Nothing here panics on any input.
 
+use super::limits::{MAX_DEVS, MAX_RECVS};
+
 /// Entries in the ring: NCCL_STEPS (8) grouped receives of maxRecvs (8) buffers, NCCL's peak
 /// per comm; 64 ≥ the 32 single receives NCCL_NET_MAX_REQUESTS allows. A power of two.
 pub const RING: usize = 64;
-/// Most buffers in one grouped receive (the `maxRecvs` we report).
-pub const MAX_RECVS: usize = 8;
-/// Most member devices of a fused device (v12 `NCCL_NET_MAX_DEVS_PER_NIC`).
-pub const MAX_DEVS: usize = 8;
 /// Bytes per entry.
 pub const ENTRY_BYTES: usize = 64;
 /// Bytes of the whole ring (4 KiB, one page).

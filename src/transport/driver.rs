@@ -1,0 +1,319 @@
+//! The I/O layer under one comm's core: posts the work requests the core plans, polls every CQ
+//! of the comm and feeds successful completions back, turns the first failed one into the
+//! comm's error (one WARN that names device, QP, peer and what to check), and notices a dead
+//! peer or a failed NIC when nothing completes.
+
+use super::conn::Conn;
+use super::errors::{wc_error, WcErrorReport};
+use super::proto::plan::{Op, Post, WorkRequest};
+use super::proto::recv::RecvCore;
+use super::proto::send::SendCore;
+use super::proto::split::MAX_CHAIN;
+use super::proto::state::CommState;
+use crate::error::{Error, Result};
+use crate::ibv::cq::Failed;
+use crate::ibv::{sys, QueuePair, WorkCompletion};
+use std::time::{Duration, Instant};
+
+/// Completions taken per `ibv_poll_cq` call (NCCL takes 4; the loop goes on while a batch
+/// comes back full). Each comm keeps this many `ibv_wc` (48 bytes each).
+const POLL_BATCH: usize = 8;
+/// Idle calls between two liveness probes (each probe reads the clock first).
+const PROBE_EVERY: u32 = 64;
+/// Minimum time between two probe syscalls.
+const PROBE_INTERVAL: Duration = Duration::from_millis(50);
+
+/// How the driver hands completions to a core.
+pub trait CompletionSink {
+    fn state(&mut self) -> &mut CommState;
+    /// A successful completion of `wr_id` (with its immediate, host order).
+    fn handle_ok(&mut self, wr_id: u64, imm: Option<u32>);
+    /// The operation and byte count of `wr_id`, for the WARN of a failed completion.
+    fn describe(&self, wr_id: u64) -> (&'static str, usize);
+}
+
+impl CompletionSink for SendCore {
+    fn state(&mut self) -> &mut CommState {
+        &mut self.state
+    }
+    fn handle_ok(&mut self, wr_id: u64, _imm: Option<u32>) {
+        self.handle_completion(wr_id);
+    }
+    fn describe(&self, wr_id: u64) -> (&'static str, usize) {
+        SendCore::describe(self, wr_id)
+    }
+}
+
+impl CompletionSink for RecvCore {
+    fn state(&mut self) -> &mut CommState {
+        &mut self.state
+    }
+    fn handle_ok(&mut self, wr_id: u64, imm: Option<u32>) {
+        self.handle_completion(wr_id, imm);
+    }
+    fn describe(&self, wr_id: u64) -> (&'static str, usize) {
+        RecvCore::describe(self, wr_id)
+    }
+}
+
+/// The cores' [`super::proto::state::FailureReport`]: the comm's first fatal error, WARNed.
+pub fn warn_failure(e: &Error) {
+    crate::log_warn!("{e}");
+}
+
+/// Fill `wr` (and its `sge`) from the core's plan. `next` is left NULL.
+pub fn to_ibv(plan: &WorkRequest, wr: &mut sys::ibv_send_wr, sge: &mut sys::ibv_sge) {
+    // SAFETY: ibv_send_wr is plain data (integers, pointers, unions of them); zero is valid.
+    *wr = unsafe { std::mem::zeroed() };
+    wr.wr_id = plan.wr_id;
+    if let Some(s) = plan.local {
+        *sge = sys::ibv_sge {
+            addr: s.addr,
+            length: s.len,
+            lkey: s.lkey,
+        };
+        wr.sg_list = sge;
+        wr.num_sge = 1;
+    }
+    wr.opcode = match plan.op {
+        Op::Write => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+        Op::WriteImm(imm) => {
+            wr.imm_data_invalidated_rkey_union.imm_data = imm.to_be();
+            sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM
+        }
+        Op::Read => sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
+    };
+    let mut flags = 0;
+    if plan.signaled {
+        flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+    }
+    if plan.inline {
+        flags |= sys::ibv_send_flags::IBV_SEND_INLINE.0;
+    }
+    wr.send_flags = flags;
+    wr.wr.rdma = sys::rdma_t {
+        remote_addr: plan.remote.addr,
+        rkey: plan.remote.rkey,
+    };
+}
+
+/// Post one planned chain on `qp` with the driver's scratch WRs.
+///
+/// # Safety
+/// Every local buffer the plan names is registered and stays valid until the chain's
+/// completion is polled (NCCL keeps its buffers until the request completes; our own blocks
+/// live as long as the QP); the remote keys are the peer's.
+pub unsafe fn post_chain(
+    qp: &QueuePair,
+    chain: &[WorkRequest],
+    wrs: &mut [sys::ibv_send_wr; MAX_CHAIN],
+    sges: &mut [sys::ibv_sge; MAX_CHAIN],
+) -> Result<()> {
+    let k = chain.len().min(MAX_CHAIN);
+    if k == 0 {
+        return Ok(());
+    }
+    for x in 0..k {
+        to_ibv(&chain[x], &mut wrs[x], &mut sges[x]);
+    }
+    for x in 0..k - 1 {
+        let next: *mut sys::ibv_send_wr = &mut wrs[x + 1];
+        wrs[x].next = next;
+    }
+    // SAFETY: the chain lives in `wrs`/`sges` for the call; buffers as the caller guarantees.
+    unsafe { qp.post_send(&mut wrs[0]) }
+}
+
+/// One comm's verbs side: its connection and the scratch its posts and polls use.
+pub struct Driver {
+    /// First field: dropped (QPs destroyed) before anything the QPs point into.
+    pub conn: Conn,
+    idle: u32,
+    last_probe: Instant,
+    wcs: [WorkCompletion; POLL_BATCH],
+    wrs: [sys::ibv_send_wr; MAX_CHAIN],
+    sges: [sys::ibv_sge; MAX_CHAIN],
+}
+
+impl Driver {
+    pub fn new(conn: Conn) -> Driver {
+        Driver {
+            conn,
+            idle: 0,
+            last_probe: Instant::now(),
+            wcs: std::array::from_fn(|_| WorkCompletion::default()),
+            // SAFETY: plain data; zero is an empty value.
+            wrs: unsafe { std::mem::zeroed() },
+            // SAFETY: as above.
+            sges: unsafe { std::mem::zeroed() },
+        }
+    }
+
+    /// Post what the core planned on the connection's QPs (`Post::Flush` is not theirs).
+    ///
+    /// # Safety
+    /// As [`post_chain`]: every buffer the plan names stays registered and valid until its
+    /// completion is polled.
+    pub unsafe fn post(&mut self, p: Post<'_>) -> Result<()> {
+        match p {
+            Post::Send { qp, chain } => {
+                let q = Self::qp(&self.conn, qp)?;
+                // SAFETY: as the caller guarantees.
+                unsafe { post_chain(q, chain, &mut self.wrs, &mut self.sges) }
+            }
+            Post::Recv { qp, wr_id } => {
+                let mut wr = sys::ibv_recv_wr {
+                    wr_id,
+                    next: std::ptr::null_mut(),
+                    sg_list: std::ptr::null_mut(),
+                    num_sge: 0,
+                };
+                // SAFETY: a zero-SGE receive names no memory; the WR is copied by the provider.
+                unsafe { Self::qp(&self.conn, qp)?.post_recv(&mut wr) }
+            }
+            Post::Flush { .. } => Err(Error::internal("a flush read planned for a data QP")),
+        }
+    }
+
+    fn qp(conn: &Conn, i: usize) -> Result<&QueuePair> {
+        conn.qps
+            .get(i)
+            .map(|q| &q.qp)
+            .ok_or_else(|| Error::internal(format!("QP index {i} outside the connection")))
+    }
+
+    /// Poll every CQ until empty, handing each successful completion to `core`. Returns
+    /// whether anything completed; a failed completion fails the comm.
+    pub fn poll(&mut self, core: &mut impl CompletionSink) -> Result<bool> {
+        core.state().check()?;
+        let mut progressed = false;
+        let mut error: Option<Error> = None;
+        {
+            let Driver { conn, wcs, .. } = self;
+            'devs: for d in conn.devs.iter() {
+                loop {
+                    let got = match d.cq.poll(wcs) {
+                        Ok(g) => g,
+                        Err(e) => {
+                            error = Some(e);
+                            break 'devs;
+                        }
+                    };
+                    if got.is_empty() {
+                        break;
+                    }
+                    progressed = true;
+                    let full = got.len() == POLL_BATCH;
+                    for wc in got {
+                        match wc.result() {
+                            Ok(c) => core.handle_ok(wc.wr_id(), c.imm),
+                            Err(f) => {
+                                let (op, bytes) = core.describe(wc.wr_id());
+                                let mut e = report(conn, &f, op, bytes);
+                                if f.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+                                    // A flushed WR is a consequence; look for the cause.
+                                    e = root_cause(conn, wcs, core).unwrap_or(e);
+                                }
+                                error = Some(e);
+                                break 'devs;
+                            }
+                        }
+                    }
+                    if !full {
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(e) = error {
+            return Err(core.state().fail(e));
+        }
+        if progressed {
+            self.idle = 0;
+        }
+        Ok(progressed)
+    }
+
+    /// Called when a request is not done yet: every so often, check that no fatal NIC event
+    /// happened and whether the peer's side channel is still open. Returns `Ok(true)` when
+    /// the peer is gone; the caller polls once more (completions that raced with the peer's
+    /// exit still count) and then calls [`Driver::fail_peer_gone`].
+    pub fn idle_probe(&mut self, state: &mut CommState) -> Result<bool> {
+        state.check()?;
+        self.idle = self.idle.wrapping_add(1);
+        if !self.idle.is_multiple_of(PROBE_EVERY) {
+            return Ok(false);
+        }
+        let now = Instant::now();
+        if now.duration_since(self.last_probe) < PROBE_INTERVAL {
+            return Ok(false);
+        }
+        self.last_probe = now;
+        if crate::config::get().return_async_events {
+            if let Some(d) = self.conn.fatal_event() {
+                let e = Error::system(format!(
+                    "device {} reported a fatal asynchronous event for this connection or the whole NIC (see the WARN above); the connection to {} cannot continue",
+                    d.dev.label(),
+                    self.conn.chan.peer
+                ));
+                return Err(state.fail(e));
+            }
+        }
+        Ok(self.conn.chan.peer_gone())
+    }
+
+    /// Fail the comm because the peer closed its side channel.
+    pub fn fail_peer_gone(&self, state: &mut CommState, what: &str) -> Error {
+        state.fail(Error::remote(format!(
+            "the peer {} closed the connection while {what} was in flight (the peer process exited, crashed or closed its comm) — check the peer's log",
+            self.conn.chan.peer
+        )))
+    }
+}
+
+/// After a flushed WR: drain the CQs (bounded) for the error that moved the QP to ERR.
+fn root_cause(conn: &Conn, wcs: &mut [WorkCompletion; POLL_BATCH], core: &impl CompletionSink) -> Option<Error> {
+    for _ in 0..64 {
+        let mut any = false;
+        for d in conn.devs.iter() {
+            let Ok(got) = d.cq.poll(wcs) else { continue };
+            any |= !got.is_empty();
+            for wc in got {
+                if let Err(f) = wc.result() {
+                    if f.status != sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+                        let (op, bytes) = core.describe(wc.wr_id());
+                        return Some(report(conn, &f, op, bytes));
+                    }
+                }
+            }
+        }
+        if !any {
+            break;
+        }
+    }
+    None
+}
+
+fn report(conn: &Conn, f: &Failed, op: &str, bytes: usize) -> Error {
+    let qp = conn.qp_by_num(f.qp_num);
+    let ldev = qp.map_or(0, |q| q.dev);
+    let dev = &conn.devs[ldev.min(conn.devs.len() - 1)].dev;
+    let peer_gid = qp
+        .and_then(|q| conn.peer.devs.get(q.remote_dev))
+        .or_else(|| conn.peer.devs.first())
+        .map_or([0; 16], |d| d.gid);
+    let status_str = dev.verbs().wc_status_str(f.status);
+    wc_error(&WcErrorReport {
+        device: &dev.name,
+        port: dev.port,
+        local_gid: &dev.gid,
+        peer_gid: &peer_gid,
+        peer_addr: &conn.chan.peer.to_string(),
+        qp_num: f.qp_num,
+        operation: op,
+        bytes,
+        status: f.status,
+        status_str: &status_str,
+        vendor_err: f.vendor_err,
+    })
+}

@@ -1,0 +1,93 @@
+//! What the core asks the I/O layer to post: plain descriptions of work requests, turned into
+//! `ibv_send_wr` / `ibv_recv_wr` by the driver (or executed by the simulated NIC in tests).
+
+/// A local buffer piece (`ibv_sge`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Sge {
+    pub addr: u64,
+    pub len: u32,
+    pub lkey: u32,
+}
+
+/// The remote side of an RDMA operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Remote {
+    pub addr: u64,
+    pub rkey: u32,
+}
+
+/// The RDMA operation of a work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Write,
+    /// RDMA WRITE WITH IMMEDIATE; the value in host order (the driver converts).
+    WriteImm(u32),
+    Read,
+}
+
+/// One send-queue work request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkRequest {
+    pub wr_id: u64,
+    pub op: Op,
+    /// `None`: no SGE (a zero-length write).
+    pub local: Option<Sge>,
+    pub remote: Remote,
+    pub signaled: bool,
+    /// Post the payload inline (the driver checks it against the QP's `max_inline_data`).
+    pub inline: bool,
+}
+
+impl WorkRequest {
+    pub const EMPTY: WorkRequest = WorkRequest {
+        wr_id: 0,
+        op: Op::Write,
+        local: None,
+        remote: Remote { addr: 0, rkey: 0 },
+        signaled: false,
+        inline: false,
+    };
+
+    /// Bytes the request moves.
+    pub fn len(&self) -> usize {
+        self.local.map_or(0, |s| s.len as usize)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One thing to post, in order. A `Send` chain is posted with one `ibv_post_send`.
+#[derive(Clone, Copy, Debug)]
+pub enum Post<'a> {
+    /// A chain of send WRs on QP `qp` (index in the connection).
+    Send { qp: usize, chain: &'a [WorkRequest] },
+    /// A zero-SGE receive on QP `qp`.
+    Recv { qp: usize, wr_id: u64 },
+    /// A GPU-flush read on the loopback QP of local member device `dev`.
+    Flush { dev: usize, wr: WorkRequest },
+}
+
+/// Where a QP of the connection lives: its local member device and the peer's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct QpRoute {
+    pub dev: usize,
+    pub remote_dev: usize,
+}
+
+/// A registered block of this side (the sender's FIFO, the receiver's CTS staging): its
+/// address and its lkey on every member device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct LocalBlock {
+    pub addr: u64,
+    pub lkeys: [u32; super::limits::MAX_DEVS],
+}
+
+/// The peer's remote-writable block (its FIFO, or its completion records): address and rkey
+/// per peer member device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct RemoteBlock {
+    pub addr: u64,
+    pub rkeys: [u32; super::limits::MAX_DEVS],
+}

@@ -1,0 +1,417 @@
+//! The receiver's protocol (spec §8.8, §8.9): plan one zero-SGE receive per QP the message will
+//! use, stage the CTS entries of the grouped receive and plan their RDMA writes into the next
+//! entries of the sender's FIFO ring (two writes when they straddle its end), and complete when
+//! every used QP delivered its WRITE WITH IMMEDIATE. `iflush` plans a one-byte read of the last
+//! non-empty buffer per local device (the driver's loopback QPs).
+//!
+//! `irecv` says "retry later" (no side effects) when [`request::RECVS_IN_FLIGHT`] receives are
+//! in flight, when the ring has no room for the group, or when the CTS QP has no send-queue
+//! credit left ([`CTS_DEPTH`]). At most [`request::FLUSHES_IN_FLIGHT`] flushes are in flight;
+//! one more is an error (a NULL flush request would mean "nothing to flush").
+
+use super::fifo::{self, CtsEntry};
+use super::limits::{MAX_DEVS, MAX_RECVS};
+use super::plan::{LocalBlock, Op, Post, QpRoute, Remote, RemoteBlock, Sge, WorkRequest};
+use super::request::{self, ReqKind, RequestPool};
+use super::split;
+use super::state::{CommState, FailureReport};
+use crate::error::{Error, Result};
+
+/// Send-queue depth of a receiver QP, and the CQ entries its CTS writes may take. Bound: CTS
+/// WRs posted on a device's CTS QP and not yet retired ≤ CTS_DEPTH, enforced by `irecv` (which
+/// says "retry later" beyond); a WR is retired when the completion of a signaled one at or
+/// after it shows the queue got that far. Every [`CTS_SIGNAL_EVERY`]-th is signaled, so
+/// whenever `irecv` is refused for credits (≥ CTS_DEPTH − 1 unretired, one irecv posts ≤ 2)
+/// a signaled one is among them and its completion will come.
+pub const CTS_DEPTH: usize = 32;
+/// One CTS write in this many is signaled.
+pub const CTS_SIGNAL_EVERY: u64 = 8;
+const _: () = assert!(CTS_DEPTH as u64 > CTS_SIGNAL_EVERY && CTS_DEPTH >= 2);
+
+/// `wr_id` kinds (top byte); the low 16 bits are a request index, or for CTS writes the device
+/// (bits 48..56) and the write's sequence number on that device's CTS QP (bits 0..48).
+const KIND_SHIFT: u32 = 56;
+const KIND_RECV: u64 = 1;
+const KIND_CTS: u64 = 2;
+const KIND_FLUSH: u64 = 3;
+const SEQ_MASK: u64 = (1 << 48) - 1;
+
+fn wr_id(kind: u64, idx: u16) -> u64 {
+    (kind << KIND_SHIFT) | u64::from(idx)
+}
+
+fn cts_wr_id(d: usize, seq: u64) -> u64 {
+    (KIND_CTS << KIND_SHIFT) | ((d as u64 & 0xff) << 48) | (seq & SEQ_MASK)
+}
+
+/// The receiver's CTS staging ring (the source of CTS writes), where the sender's NIC also
+/// writes a grouped receive's sizes (its completion record, [`fifo::SIZES_IN_ENTRY`] of the
+/// group's first entry). The driver implements it with volatile accesses.
+pub trait StagingRing {
+    /// Store the wire-order entry at ring position `pos` (< RING).
+    fn store_entry(&mut self, pos: usize, wire: &CtsEntry);
+    /// Size `i` (< 8) of the completion record of the group at `pos`, host order.
+    fn load_record(&self, pos: usize, i: usize) -> u32;
+    /// The posted size of the staged entry at `pos` (bytes 8..16, which the record never
+    /// touches), host order.
+    fn load_posted_size(&self, pos: usize) -> u64;
+}
+
+/// What the receiver needs to know of its connection.
+#[derive(Clone, Debug)]
+pub struct RecvConfig {
+    /// Per QP of the connection: its local and the peer's member device. QP `d` (< local
+    /// devices) carries the CTS writes of device `d`.
+    pub routes: Vec<QpRoute>,
+    /// Local member devices.
+    pub ndevs: usize,
+    /// QPs each message is spread over.
+    pub qps_per_req: usize,
+    /// Our CTS staging block.
+    pub staging: LocalBlock,
+    /// The sender's FIFO ring.
+    pub peer_fifo: RemoteBlock,
+    /// Per local device: CTS writes of up to this many bytes are posted inline (0: never).
+    pub cts_inline_max: [u32; MAX_DEVS],
+}
+
+/// One buffer of a grouped receive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvBuf {
+    pub data: usize,
+    pub size: usize,
+    pub tag: i32,
+    /// The registration's rkey on every member device.
+    pub rkeys: [u32; MAX_DEVS],
+}
+
+/// The answer to an irecv.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Irecv {
+    /// Request `idx` of the pool took the receive.
+    Started(u16),
+    /// Every receive slot is in flight or the ring has no room for the group: retry later.
+    Busy,
+    /// The CTS QP has no send-queue credit: reap completions, then try again (or retry later).
+    NoCtsCredit,
+}
+
+/// A request `test` found done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecvDone {
+    /// Sizes reported (buffers of a receive; 0 for a flush).
+    pub n: usize,
+    pub sizes: [u32; MAX_RECVS],
+}
+
+/// The receiver's state machine.
+pub struct RecvCore {
+    pub state: CommState,
+    cfg: RecvConfig,
+    /// Posting counter: receives posted so far.
+    counter: u64,
+    /// Entries of the ring held by posted groups.
+    ring: fifo::RingAlloc,
+    /// Receives posted and not yet reclaimed by test().
+    recvs_in_flight: usize,
+    /// Flush requests taken by iflush and not yet reclaimed by test() (≤ FLUSHES_IN_FLIGHT).
+    flushes_in_flight: usize,
+    /// Per device: CTS writes posted on its CTS QP, and how many of them are retired.
+    cts_posted: [u64; MAX_DEVS],
+    cts_retired: [u64; MAX_DEVS],
+}
+
+impl RecvCore {
+    pub fn new(cfg: RecvConfig, report: FailureReport) -> RecvCore {
+        RecvCore {
+            state: CommState::new(RequestPool::new(std::ptr::null_mut(), request::RECV_REQUESTS), report),
+            cfg,
+            counter: 0,
+            ring: fifo::RingAlloc::default(),
+            recvs_in_flight: 0,
+            flushes_in_flight: 0,
+            cts_posted: [0; MAX_DEVS],
+            cts_retired: [0; MAX_DEVS],
+        }
+    }
+
+    /// Flush requests in flight.
+    pub fn flushes_in_flight(&self) -> usize {
+        self.flushes_in_flight
+    }
+
+    /// Whether device `d`'s CTS QP takes `writes` more WRs within [`CTS_DEPTH`].
+    fn cts_room(&self, d: usize, writes: u64) -> bool {
+        self.cts_posted[d] + writes - self.cts_retired[d] <= CTS_DEPTH as u64
+    }
+
+    /// Post a grouped receive of `bufs` (1..=8 buffers of ≤ 4 GiB each).
+    pub fn irecv(
+        &mut self,
+        ring: &mut impl StagingRing,
+        bufs: &[RecvBuf],
+        post: &mut impl FnMut(Post<'_>) -> Result<()>,
+    ) -> Result<Irecv> {
+        self.state.check()?;
+        let n = bufs.len();
+        if n == 0 || n > MAX_RECVS {
+            return Err(Error::internal(format!(
+                "irecv: a group of {n} buffers (1..={MAX_RECVS})"
+            )));
+        }
+        if let Some(b) = bufs.iter().find(|b| b.size > u32::MAX as usize) {
+            return Err(Error::internal(format!(
+                "irecv: buffer of {} bytes (at most 4 GiB per buffer)",
+                b.size
+            )));
+        }
+        // Everything that can say "retry later" is checked before anything changes. NCCL
+        // never has more than 32 receives in flight; ring entries come back in posting order
+        // as receives complete; CTS credits as signaled CTS writes complete.
+        if self.recvs_in_flight >= request::RECVS_IN_FLIGHT || !self.ring.fits(n) {
+            return Ok(Irecv::Busy);
+        }
+        let id = self.counter;
+        let d = (id % self.cfg.ndevs.max(1) as u64) as usize;
+        let start = self.ring.next_start();
+        let writes = fifo::pieces(start, n).iter().filter(|p| p.1 > 0).count() as u64;
+        if !self.cts_room(d, writes) {
+            return Ok(Irecv::NoCtsCredit);
+        }
+        let Some(r) = self.state.pool.alloc(ReqKind::Recv) else {
+            return Ok(Irecv::Busy);
+        };
+        let Some(start) = self.ring.alloc(n) else {
+            self.state.pool.free(r);
+            return Ok(Irecv::Busy);
+        };
+        self.recvs_in_flight += 1;
+        let nq = self.cfg.qps_per_req;
+        if let Some(req) = self.state.pool.get_mut(r) {
+            req.set_pos_n(fifo::ring_pos(start), n);
+            req.pending = request::pending_count(nq);
+        }
+        if let Err(e) = self.post_group(ring, r, id, start, d, bufs, post) {
+            return Err(self.state.fail(e));
+        }
+        self.counter += 1;
+        Ok(Irecv::Started(r))
+    }
+
+    /// The receives, the staged entries and the CTS writes of group `id` (request `r`, ring
+    /// entries from `start`, CTS QP of device `d`).
+    #[allow(clippy::too_many_arguments)]
+    fn post_group(
+        &mut self,
+        ring: &mut impl StagingRing,
+        r: u16,
+        id: u64,
+        start: u64,
+        d: usize,
+        bufs: &[RecvBuf],
+        post: &mut impl FnMut(Post<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let nq = self.cfg.qps_per_req;
+        let nqps = self.cfg.routes.len();
+        // One receive per QP the sender will complete on.
+        for j in 0..nq {
+            let qp = split::qp_for_chunk(id, nq, j, nqps);
+            post(Post::Recv {
+                qp,
+                wr_id: wr_id(KIND_RECV, r),
+            })?;
+        }
+        let n = bufs.len();
+        for (i, b) in bufs.iter().enumerate() {
+            let e = CtsEntry::new(b.data as u64, b.size as u64, b.rkeys, n, b.tag, id);
+            // The ring gave these entries to this group: the group that had them before
+            // completed and was reported (its CTS write was read by the NIC, its completion
+            // record by us).
+            ring.store_entry(fifo::ring_pos(start + i as u64), &e.to_wire());
+        }
+        let rdev = self.cfg.routes.get(d).map_or(0, |r| r.remote_dev).min(MAX_DEVS - 1);
+        for (pos, len) in fifo::pieces(start, n) {
+            if len == 0 {
+                continue;
+            }
+            let bytes = (len * fifo::ENTRY_BYTES) as u32;
+            let seq = self.cts_posted[d];
+            let wr = WorkRequest {
+                wr_id: cts_wr_id(d, seq),
+                op: Op::Write,
+                local: Some(Sge {
+                    addr: self.cfg.staging.addr + (pos * fifo::ENTRY_BYTES) as u64,
+                    len: bytes,
+                    lkey: self.cfg.staging.lkeys[d],
+                }),
+                remote: Remote {
+                    addr: self.cfg.peer_fifo.addr + (pos * fifo::ENTRY_BYTES) as u64,
+                    rkey: self.cfg.peer_fifo.rkeys[rdev],
+                },
+                // Regularly reap the send queue (unsignaled WRs stay outstanding until then).
+                signaled: seq % CTS_SIGNAL_EVERY == CTS_SIGNAL_EVERY - 1,
+                inline: bytes <= self.cfg.cts_inline_max[d],
+            };
+            // Counted before posting: a WR the provider may hold counts against the queue.
+            self.cts_posted[d] += 1;
+            post(Post::Send {
+                qp: d,
+                chain: std::slice::from_ref(&wr),
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The buffer a flush of this group reads back: the last non-empty one (`None`: nothing
+    /// to flush).
+    pub fn flush_target(sizes: &[i32]) -> Option<usize> {
+        (0..sizes.len()).rev().find(|&i| sizes[i] > 0)
+    }
+
+    /// Start a flush: one one-byte read of `data` (rkey per device) into each device's
+    /// `scratch`.
+    pub fn iflush(
+        &mut self,
+        data: usize,
+        rkeys: &[u32; MAX_DEVS],
+        scratch: &[Sge],
+        post: &mut impl FnMut(Post<'_>) -> Result<()>,
+    ) -> Result<u16> {
+        self.state.check()?;
+        // A NULL flush request means "nothing to flush" to NCCL, so a flush beyond the bound
+        // must be an error here, not a retry (NCCL keeps ≤ 32 requests per comm, flushes
+        // included: spec §7.6). The bound sizes the flush QPs and CQs.
+        if self.flushes_in_flight >= request::FLUSHES_IN_FLIGHT {
+            return Err(Error::internal(format!(
+                "iflush: {} flushes of this receive comm are already in flight (NCCL keeps at most {} requests per comm)",
+                self.flushes_in_flight,
+                request::RECVS_IN_FLIGHT
+            )));
+        }
+        let Some(r) = self.state.pool.alloc(ReqKind::Flush) else {
+            return Err(Error::internal(format!(
+                "iflush: all {} request slots of the receive comm are in flight",
+                request::RECV_REQUESTS
+            )));
+        };
+        if let Some(req) = self.state.pool.get_mut(r) {
+            req.pending = request::pending_count(scratch.len());
+        }
+        self.flushes_in_flight += 1;
+        for (dev, s) in scratch.iter().enumerate() {
+            let wr = WorkRequest {
+                wr_id: wr_id(KIND_FLUSH, r),
+                op: Op::Read,
+                local: Some(Sge { len: 1, ..*s }),
+                remote: Remote {
+                    addr: data as u64,
+                    rkey: rkeys[dev.min(MAX_DEVS - 1)],
+                },
+                signaled: true,
+                inline: false,
+            };
+            if let Err(e) = post(Post::Flush { dev, wr }) {
+                return Err(self.state.fail(e));
+            }
+        }
+        Ok(r)
+    }
+
+    /// A successful completion on a data CQ: a receive (with the sender's immediate) or a
+    /// signaled CTS write (it and every CTS write before it on that QP are retired).
+    pub fn handle_completion(&mut self, wr_id: u64, imm: Option<u32>) {
+        let idx = (wr_id & 0xffff) as u16;
+        match wr_id >> KIND_SHIFT {
+            KIND_RECV => {
+                if let Some(r) = self.state.pool.get_mut(idx) {
+                    if r.kind() == ReqKind::Recv {
+                        if let Some(imm) = imm {
+                            r.size = imm;
+                        }
+                        r.complete_one();
+                    }
+                }
+            }
+            KIND_CTS => {
+                let d = ((wr_id >> 48) & 0xff) as usize;
+                let seq = wr_id & SEQ_MASK;
+                if let Some(r) = self.cts_retired.get_mut(d) {
+                    *r = (*r).max(seq + 1);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A successful read on a flush CQ: one device of the flush request is done.
+    pub fn handle_flush_completion(&mut self, wr_id: u64) {
+        if wr_id >> KIND_SHIFT != KIND_FLUSH {
+            return;
+        }
+        if let Some(r) = self.state.pool.get_mut((wr_id & 0xffff) as u16) {
+            if r.kind() == ReqKind::Flush {
+                r.complete_one();
+            }
+        }
+    }
+
+    /// The kind of request `idx` (`None`: not one of ours).
+    pub fn kind_of(&self, idx: u16) -> Option<ReqKind> {
+        self.state.pool.get(idx).map(|r| r.kind())
+    }
+
+    /// Whether request `idx` is done: a receive reports its sizes (never more than was
+    /// posted, whatever the peer claims) and gives its ring entries back; the slot is
+    /// reclaimed. `None`: still in flight.
+    pub fn test(&mut self, ring: &impl StagingRing, idx: u16) -> Result<Option<RecvDone>> {
+        let Some(r) = self.state.pool.get(idx) else {
+            return Err(Error::internal("test: unknown receive request"));
+        };
+        let kind = r.kind();
+        if kind != ReqKind::Recv && kind != ReqKind::Flush {
+            return Err(Error::internal(
+                "test: the request is not in flight (already completed?)",
+            ));
+        }
+        if r.pending != 0 {
+            return Ok(None);
+        }
+        let mut done = RecvDone {
+            n: 0,
+            sizes: [0; MAX_RECVS],
+        };
+        if kind == ReqKind::Recv {
+            let (n, pos) = (r.n(), r.pos());
+            for i in 0..n {
+                let got = if n == 1 { r.size } else { ring.load_record(pos, i) };
+                let posted = ring.load_posted_size(fifo::ring_pos((pos + i) as u64));
+                done.sizes[i] = u64::from(got).min(posted) as u32;
+            }
+            done.n = n;
+            self.recvs_in_flight -= 1;
+            // The sender consumed this group (it sent), and we have read its record: its ring
+            // entries are free once every group posted before it is too. The ring position is
+            // mod RING; the absolute start is the one at or below the ring's next start.
+            self.ring.release(self.ring.abs_start(pos), n);
+        } else {
+            self.flushes_in_flight -= 1;
+        }
+        self.state.pool.free(idx);
+        Ok(Some(done))
+    }
+
+    /// The operation and byte count of a `wr_id` (for a completion error's WARN).
+    pub fn describe(&self, wr_id: u64) -> (&'static str, usize) {
+        let r = self.state.pool.get((wr_id & 0xffff) as u16);
+        match wr_id >> KIND_SHIFT {
+            // (The byte count of a failed receive is the announced size, when one arrived.)
+            KIND_RECV => (
+                "receive (RDMA write with immediate from the sender)",
+                r.map_or(0, |r| r.size as usize),
+            ),
+            KIND_CTS => ("RDMA write (CTS to the sender)", fifo::ENTRY_BYTES),
+            KIND_FLUSH => ("RDMA read (GPU flush)", 1),
+            _ => ("unknown operation", 0),
+        }
+    }
+}

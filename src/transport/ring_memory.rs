@@ -1,0 +1,77 @@
+//! The registered 4 KiB ring blocks as the cores see them: the sender's CTS FIFO
+//! ([`FifoRing`]) and the receiver's CTS staging ([`StagingRing`]). The peer's NIC writes into
+//! both while we read them, so every access is volatile, and a stamp is loaded alone before
+//! (after an acquire fence) the entries it announces.
+
+use super::conn::RegBuf;
+use super::proto::fifo::{self, CtsEntry, RING};
+use super::proto::limits::MAX_RECVS;
+use super::proto::recv::StagingRing;
+use super::proto::send::FifoRing;
+use std::sync::atomic::{fence, Ordering};
+
+/// A view of a comm's registered ring block (which the comm owns and keeps registered for as
+/// long as its QPs exist). Positions are taken mod [`RING`], so no access leaves the block.
+pub struct RingMemory {
+    base: *mut CtsEntry,
+}
+
+impl RingMemory {
+    /// # Safety
+    /// `bufs` holds at least [`fifo::RING_BYTES`] bytes, 64-byte aligned (a page), and
+    /// outlives the view.
+    pub unsafe fn new(bufs: &RegBuf) -> RingMemory {
+        RingMemory {
+            base: bufs.addr() as *mut CtsEntry,
+        }
+    }
+
+    fn entry(&self, pos: usize) -> *mut CtsEntry {
+        self.base.wrapping_add(pos % RING)
+    }
+}
+
+impl FifoRing for RingMemory {
+    fn load_stamp(&self, pos: usize) -> u64 {
+        // SAFETY: an entry inside the block (pos mod RING), live as long as the view. The NIC
+        // writes it concurrently: the stamp is one aligned 8-byte volatile load, and the
+        // entries are loaded only after it matched (and this fence).
+        let stamp = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.entry(pos)).stamp)) };
+        fence(Ordering::Acquire);
+        stamp
+    }
+
+    fn load_entry(&self, pos: usize) -> CtsEntry {
+        // SAFETY: as above; read by value (sealed, so a torn read is only "landing").
+        unsafe { std::ptr::read_volatile(self.entry(pos)) }
+    }
+
+    fn store_sizes(&mut self, pos: usize, sizes: &[u32]) {
+        let at = (self.entry(pos) as usize + fifo::SIZES_IN_ENTRY) as *mut u32;
+        for (i, s) in sizes.iter().take(MAX_RECVS).enumerate() {
+            // SAFETY: bytes SIZES_IN_ENTRY + 4i (i < 8) of a consumed entry of the block; no
+            // NIC writes it before this group's receive completed (proto::send's module doc).
+            unsafe { std::ptr::write_volatile(at.add(i), s.to_le()) };
+        }
+    }
+}
+
+impl StagingRing for RingMemory {
+    fn store_entry(&mut self, pos: usize, wire: &CtsEntry) {
+        // SAFETY: an entry of the block; the ring gave it to this group (proto::recv).
+        unsafe { std::ptr::write_volatile(self.entry(pos), *wire) };
+    }
+
+    fn load_record(&self, pos: usize, i: usize) -> u32 {
+        let at = (self.entry(pos) as usize + fifo::SIZES_IN_ENTRY) as *const u32;
+        // SAFETY: inside the group's first staging entry (i mod 8); written by the NIC before
+        // the receive completions the core has seen; reused only after the request is
+        // reclaimed.
+        u32::from_le(unsafe { std::ptr::read_volatile(at.add(i % MAX_RECVS)) })
+    }
+
+    fn load_posted_size(&self, pos: usize) -> u64 {
+        // SAFETY: an entry of the block; we wrote it at irecv, nobody else writes bytes 8..16.
+        u64::from_le(unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.entry(pos)).size)) })
+    }
+}
