@@ -362,8 +362,9 @@ impl RecvCore {
 
     /// Whether request `idx` is done: a receive reports its sizes (never more than was
     /// posted, whatever the peer claims) and gives its ring entries back; the slot is
-    /// reclaimed. `None`: still in flight.
+    /// reclaimed. `None`: still in flight. A failed comm reports its error for every request.
     pub fn test(&mut self, ring: &impl StagingRing, idx: u16) -> Result<Option<RecvDone>> {
+        self.state.check()?;
         let Some(r) = self.state.pool.get(idx) else {
             return Err(Error::internal("test: unknown receive request"));
         };

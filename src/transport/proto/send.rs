@@ -369,8 +369,9 @@ impl SendCore {
     }
 
     /// Whether send request `idx` is done: its size, and the slot is reclaimed. `None`: still
-    /// in flight.
+    /// in flight. A failed comm reports its error for every request.
     pub fn test(&mut self, idx: u16) -> Result<Option<u32>> {
+        self.state.check()?;
         let Some(r) = self.state.pool.get(idx) else {
             return Err(Error::internal("test: unknown send request"));
         };
