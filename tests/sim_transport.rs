@@ -159,6 +159,7 @@ impl Run {
                 landing_timeout: Duration::from_millis(100),
                 fifo: fab.local_block(fifo),
                 peer_records: fab.remote_block(staging, fifo::SIZES_IN_ENTRY as u64),
+                peer: "the simulated receiver".into(),
             },
             fail_quietly,
         );

@@ -79,6 +79,7 @@ impl SendDp {
             landing_timeout: Duration::from_secs(crate::config::get().connect_timeout_sec.max(1)),
             fifo: local_block(&bufs),
             peer_records: remote_block(&conn),
+            peer: conn.chan.peer.to_string(),
         };
         // SAFETY: the FIFO block is RING_BYTES, page-aligned, and lives in the same SendDp.
         let ring = unsafe { RingMemory::new(&bufs) };

@@ -64,6 +64,8 @@ pub struct SendConfig {
     pub landing_timeout: Duration,
     /// Our FIFO block (the source of the grouped sizes write).
     pub fifo: LocalBlock,
+    /// The peer as messages name it (its side-channel address).
+    pub peer: String,
     /// The receiver's completion records: the record of ring position `p` is `p × ENTRY_BYTES`
     /// past `addr`.
     pub peer_records: RemoteBlock,
@@ -179,7 +181,8 @@ impl SendCore {
                 let waited = now.saturating_since(since);
                 if waited > self.cfg.landing_timeout {
                     return Err(self.state.fail(Error::remote(format!(
-                        "the CTS entries for group {} (FIFO entry {}) never became consistent (seal/count mismatch for {waited:?}): a corrupt or incompatible peer",
+                        "the CTS entries from the receiver {} for group {} (FIFO entry {}) never became consistent (seal/count mismatch for {waited:?}): a corrupt or incompatible peer",
+                        self.cfg.peer,
                         self.counter,
                         fifo::ring_pos(self.head),
                     ))));
