@@ -138,7 +138,11 @@ pub fn finalize(ctx: Box<CommContext>) -> Result<()> {
         }
     };
     // Dropped outside the lock: closing devices joins threads.
+    let last = old.is_some();
     drop(old);
+    if last {
+        transport::stats::finish();
+    }
     Ok(())
 }
 
@@ -146,6 +150,7 @@ pub fn finalize(ctx: Box<CommContext>) -> Result<()> {
 /// the library's code must not run after `dlclose`. Devices stay open (other threads may still
 /// use them during process exit).
 pub fn stop_threads_for_unload() {
+    transport::stats::finish();
     let reg = GLOBAL.lock().registry.clone();
     if let Some(reg) = reg {
         for d in &reg.physical {

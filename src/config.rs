@@ -225,6 +225,17 @@ pub struct Config {
     /// FERROCE_CONNECT_TIMEOUT_SEC: give up connection setup after this long (default 60,
     /// like NCCL's socket retry budget).
     pub connect_timeout_sec: u64,
+    /// FERROCE_HANG_WARN_SEC: WARN when a comm with work in flight made no progress for this
+    /// long, and again at most once per interval (default 30; 0 = never).
+    pub hang_warn_sec: u64,
+    /// FERROCE_STATS: directory for the per-process statistics file
+    /// (`ferroce-<host>-<pid>.json`); unset = no statistics kept unless NCCL_DEBUG asks for INFO.
+    pub stats_dir: Option<String>,
+    /// FERROCE_STATS_INTERVAL_SEC: also rewrite the statistics file this often (default 10;
+    /// 0 = only at finalize and exit).
+    pub stats_interval_sec: u64,
+    /// NCCL_DEBUG is INFO or TRACE: comms keep statistics and log a summary when they close.
+    pub debug_info: bool,
 }
 
 impl Default for Config {
@@ -265,6 +276,10 @@ impl Default for Config {
             socket_family: None,
             socket_magic: 0x564a_b9f2_fc4b_9d6c,
             connect_timeout_sec: 60,
+            hang_warn_sec: 30,
+            stats_dir: None,
+            stats_interval_sec: 10,
+            debug_info: false,
         }
     }
 }
@@ -438,6 +453,12 @@ impl Config {
             socket_family: r.family("NCCL_SOCKET_FAMILY"),
             socket_magic: r.int("NCCL_SOCKET_MAGIC", d.socket_magic as i64, i64::MIN, i64::MAX) as u64,
             connect_timeout_sec: r.int("FERROCE_CONNECT_TIMEOUT_SEC", 60, 1, 86_400) as u64,
+            hang_warn_sec: r.int("FERROCE_HANG_WARN_SEC", 30, 0, 86_400) as u64,
+            stats_dir: r.raw("FERROCE_STATS").filter(|d| !d.is_empty()),
+            stats_interval_sec: r.int("FERROCE_STATS_INTERVAL_SEC", 10, 0, 86_400) as u64,
+            debug_info: r
+                .raw("NCCL_DEBUG")
+                .is_some_and(|v| v.eq_ignore_ascii_case("INFO") || v.eq_ignore_ascii_case("TRACE")),
         };
         (cfg, r.warnings)
     }

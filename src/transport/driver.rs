@@ -10,9 +10,11 @@ use super::proto::recv::RecvCore;
 use super::proto::send::SendCore;
 use super::proto::split::MAX_CHAIN;
 use super::proto::state::CommState;
+use super::stats::{self, CommStats};
 use crate::error::{Error, Result};
 use crate::ibv::cq::Failed;
 use crate::ibv::{sys, QueuePair, WorkCompletion};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Completions taken per `ibv_poll_cq` call (NCCL takes 4; the loop goes on while a batch
@@ -128,19 +130,42 @@ pub unsafe fn post_chain(
 pub struct Driver {
     /// First field: dropped (QPs destroyed) before anything the QPs point into.
     pub conn: Conn,
+    /// "send" or "recv", for logs.
+    kind: &'static str,
+    /// Counters and histograms when statistics are on (FERROCE_STATS, NCCL_DEBUG=INFO).
+    pub stats: Option<Arc<CommStats>>,
+    /// Work requests posted and completions polled (for hang reports; always counted).
+    wrs_posted: u64,
+    completions: u64,
     idle: u32,
     last_probe: Instant,
+    /// Since when nothing completed while the comm was asked for progress (read at probes).
+    idle_since: Option<Instant>,
+    /// The last hang WARN of this comm.
+    hang_warned: Option<Instant>,
     wcs: [WorkCompletion; POLL_BATCH],
     wrs: [sys::ibv_send_wr; MAX_CHAIN],
     sges: [sys::ibv_sge; MAX_CHAIN],
 }
 
 impl Driver {
-    pub fn new(conn: Conn) -> Driver {
+    /// The driver of a connection just set up (`kind`: "send" or "recv"): logs the
+    /// connection's INFO line, as NCCL's IB transport does.
+    pub fn new(conn: Conn, kind: &'static str) -> Driver {
+        crate::log_info!(crate::log::subsys::NET, "{}", describe_connection(&conn, kind));
+        let devices = conn.devs.iter().map(|d| d.dev.label()).collect::<Vec<_>>().join("+");
+        let qpns: Vec<u32> = conn.qps.iter().map(|q| q.qp.qpn()).collect();
+        let stats = stats::for_comm(kind, conn.chan.peer.to_string(), devices, &qpns);
         Driver {
             conn,
+            kind,
+            stats,
+            wrs_posted: 0,
+            completions: 0,
             idle: 0,
             last_probe: Instant::now(),
+            idle_since: None,
+            hang_warned: None,
             wcs: std::array::from_fn(|_| WorkCompletion::default()),
             // SAFETY: plain data; zero is an empty value.
             wrs: unsafe { std::mem::zeroed() },
@@ -158,10 +183,17 @@ impl Driver {
         match p {
             Post::Send { qp, chain } => {
                 let q = Self::qp(&self.conn, qp)?;
+                self.wrs_posted += chain.len() as u64;
+                if let Some(s) = &self.stats {
+                    s.posted(qp, chain.len(), chain.iter().map(|w| w.len() as u64).sum());
+                }
                 // SAFETY: as the caller guarantees.
                 unsafe { post_chain(q, chain, &mut self.wrs, &mut self.sges) }
             }
             Post::Recv { qp, wr_id } => {
+                if let Some(s) = &self.stats {
+                    s.posted(qp, 1, 0);
+                }
                 let mut wr = sys::ibv_recv_wr {
                     wr_id,
                     next: std::ptr::null_mut(),
@@ -189,7 +221,13 @@ impl Driver {
         let mut progressed = false;
         let mut error: Option<Error> = None;
         {
-            let Driver { conn, wcs, .. } = self;
+            let Driver {
+                conn,
+                wcs,
+                stats,
+                completions,
+                ..
+            } = self;
             'devs: for d in conn.devs.iter() {
                 loop {
                     let got = match d.cq.poll(wcs) {
@@ -204,7 +242,11 @@ impl Driver {
                     }
                     progressed = true;
                     let full = got.len() == POLL_BATCH;
+                    *completions += got.len() as u64;
                     for wc in got {
+                        if let Some(s) = stats {
+                            s.completed(wc.qp_num(), wc.result().is_ok());
+                        }
                         match wc.result() {
                             Ok(c) => core.handle_ok(wc.wr_id(), c.imm),
                             Err(f) => {
@@ -230,6 +272,7 @@ impl Driver {
         }
         if progressed {
             self.idle = 0;
+            self.idle_since = None;
         }
         Ok(progressed)
     }
@@ -237,8 +280,10 @@ impl Driver {
     /// Called when a request is not done yet: every so often, check that no fatal NIC event
     /// happened and whether the peer's side channel is still open. Returns `Ok(true)` when
     /// the peer is gone; the caller polls once more (completions that raced with the peer's
-    /// exit still count) and then calls [`Driver::fail_peer_gone`].
-    pub fn idle_probe(&mut self, state: &mut CommState) -> Result<bool> {
+    /// exit still count) and then calls [`Driver::fail_peer_gone`]. When nothing completed
+    /// for FERROCE_HANG_WARN_SEC, WARNs (once per interval) what the comm waits for, in the
+    /// words `waiting_for` gives.
+    pub fn idle_probe(&mut self, state: &mut CommState, waiting_for: impl FnOnce() -> String) -> Result<bool> {
         state.check()?;
         self.idle = self.idle.wrapping_add(1);
         if !self.idle.is_multiple_of(PROBE_EVERY) {
@@ -249,6 +294,7 @@ impl Driver {
             return Ok(false);
         }
         self.last_probe = now;
+        self.check_hang(now, waiting_for);
         if crate::config::get().return_async_events {
             if let Some(d) = self.conn.fatal_event() {
                 let e = Error::system(format!(
@@ -262,6 +308,39 @@ impl Driver {
         Ok(self.conn.chan.peer_gone())
     }
 
+    /// The hang report: one WARN per FERROCE_HANG_WARN_SEC while nothing completes.
+    fn check_hang(&mut self, now: Instant, waiting_for: impl FnOnce() -> String) {
+        let every = crate::config::get().hang_warn_sec;
+        if every == 0 {
+            return;
+        }
+        let since = *self.idle_since.get_or_insert(now);
+        let interval = Duration::from_secs(every);
+        let stuck = now.duration_since(since);
+        if stuck < interval || self.hang_warned.is_some_and(|t| now.duration_since(t) < interval) {
+            return;
+        }
+        self.hang_warned = Some(now);
+        let c = &self.conn;
+        let qps = c
+            .qps
+            .iter()
+            .map(|q| format!("{:#x}", q.qp.qpn()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let devices = c.devs.iter().map(|d| d.dev.label()).collect::<Vec<_>>().join("+");
+        crate::log_warn!(
+            "{} comm with {} on {} (QPs {qps}) made no progress for {} s: waiting for {}; {} work requests posted, {} completions polled (FERROCE_HANG_WARN_SEC={every} sets this report)",
+            self.kind,
+            c.chan.peer,
+            devices,
+            stuck.as_secs(),
+            waiting_for(),
+            self.wrs_posted,
+            self.completions,
+        );
+    }
+
     /// Fail the comm because the peer closed its side channel.
     pub fn fail_peer_gone(&self, state: &mut CommState, what: &str) -> Error {
         state.fail(Error::remote(format!(
@@ -269,6 +348,54 @@ impl Driver {
             self.conn.chan.peer
         )))
     }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if let Some(s) = &self.stats {
+            stats::close(s);
+        }
+    }
+}
+
+/// The INFO line of a new connection: peer, QPs both ends, MTU, GID, tc/sl, QP use.
+fn describe_connection(c: &Conn, kind: &str) -> String {
+    let local = c
+        .qps
+        .iter()
+        .map(|q| format!("{:#x}", q.qp.qpn()))
+        .collect::<Vec<_>>()
+        .join(",");
+    let remote = c
+        .peer
+        .qps
+        .iter()
+        .map(|q| format!("{:#x}", q.qpn))
+        .collect::<Vec<_>>()
+        .join(",");
+    let d0 = &c.devs[0].dev;
+    let mtu_code = c
+        .peer
+        .devs
+        .first()
+        .map_or(d0.active_mtu, |p| d0.active_mtu.min(u32::from(p.mtu)))
+        .clamp(1, 5);
+    let mode = if c.qps_per_req > 1 && c.qps_per_req == c.qps.len() {
+        "each message split over all QPs"
+    } else {
+        "messages round-robin over the QPs"
+    };
+    format!(
+        "{kind} connection with {}: {} QP(s) on {} (local QPNs {local}; peer QPNs {remote}), MTU {}, GID index {} {}, tc {} sl {}, {mode}",
+        c.chan.peer,
+        c.qps.len(),
+        c.devs.iter().map(|d| d.dev.label()).collect::<Vec<_>>().join("+"),
+        128u32 << mtu_code,
+        d0.gid_index,
+        crate::device::format_gid(&d0.gid),
+        c.peer.tc,
+        c.peer.sl,
+    )
 }
 
 /// After a flushed WR: drain the CQs (bounded) for the error that moved the QP to ERR.

@@ -41,6 +41,7 @@ pub mod recv;
 pub mod ring_memory;
 pub mod send;
 pub mod sidechannel;
+pub mod stats;
 
 use crate::api::CommContext;
 use crate::config;

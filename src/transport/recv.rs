@@ -16,11 +16,13 @@ use super::proto::fifo;
 use super::proto::limits::{MAX_DEVS, MAX_RECVS};
 use super::proto::plan::{LocalBlock, Post, RemoteBlock, Sge, WorkRequest};
 use super::proto::recv::{Irecv, RecvBuf, RecvConfig, RecvCore};
-use super::proto::request::{ReqKind, Request};
+use super::proto::request::{ReqKind, Request, RECV_REQUESTS};
 use super::proto::split::MAX_CHAIN;
+use super::proto::time::Time;
 use super::ring_memory::RingMemory;
 use super::send::routes;
-use super::MemHandle;
+use super::stats;
+use super::{clock, MemHandle};
 use super::{FLUSH_CQE, FLUSH_SEND_WR};
 use crate::config;
 use crate::error::{Error, Result};
@@ -52,6 +54,8 @@ pub struct RecvDp {
     pub bufs: RegBuf,
     ring: RingMemory,
     pub core: RecvCore,
+    /// With statistics on: when each request started.
+    started: Option<Box<[Time; RECV_REQUESTS]>>,
 }
 
 /// Test hook: when set, the next making of a flush path fails after its first QP exists
@@ -236,13 +240,16 @@ impl RecvDp {
         };
         // SAFETY: the staging block is RING_BYTES, page-aligned, and lives in the same RecvDp.
         let ring = unsafe { RingMemory::new(&bufs) };
+        let io = Driver::new(conn, "recv");
+        let started = io.stats.is_some().then(|| Box::new([Time::ZERO; RECV_REQUESTS]));
         let mut dp = Box::new(RecvDp {
-            io: Driver::new(conn),
+            io,
             flush: None,
             flush_wanted,
             bufs,
             ring,
             core: RecvCore::new(cfg, driver::warn_failure),
+            started,
         });
         let owner = &mut *dp as *mut RecvDp as *mut ();
         dp.core.state.pool.set_owner(owner);
@@ -324,16 +331,26 @@ impl RecvDp {
             answer = self.post_irecv(&bufs[..n])?;
         }
         match answer {
-            Irecv::Started(idx) => Ok(Some(self.core.state.pool.ptr(idx))),
+            Irecv::Started(idx) => {
+                if let Some(started) = &mut self.started {
+                    started[usize::from(idx) % RECV_REQUESTS] = clock::now();
+                }
+                Ok(Some(self.core.state.pool.ptr(idx)))
+            }
             Irecv::Busy | Irecv::NoCtsCredit => Ok(None),
         }
     }
 
     fn post_irecv(&mut self, bufs: &[RecvBuf]) -> Result<Irecv> {
         let RecvDp { io, ring, core, .. } = self;
-        // SAFETY: receives name no memory; CTS writes read our staging entries, which live in
-        // self.bufs (as long as the QP) and are not rewritten before the write was read.
-        core.irecv(ring, bufs, &mut |p| unsafe { io.post(p) })
+        core.irecv(ring, bufs, &mut |p| {
+            if let (Post::Send { .. }, Some(s)) = (&p, &io.stats) {
+                s.cts_written();
+            }
+            // SAFETY: receives name no memory; CTS writes read our staging entries, which live
+            // in self.bufs (as long as the QP) and are not rewritten before the write was read.
+            unsafe { io.post(p) }
+        })
     }
 
     /// `None` = nothing to flush (flush disabled or every size is 0).
@@ -395,7 +412,16 @@ impl RecvDp {
         };
         let mut done = self.core.test(&self.ring, idx)?;
         if done.is_none() {
-            if !self.io.idle_probe(&mut self.core.state)? || self.core.kind_of(idx) != Some(ReqKind::Recv) {
+            let kind = self.core.kind_of(idx);
+            let in_flight = self.in_flight();
+            let waiting = || {
+                if kind == Some(ReqKind::Flush) {
+                    "a GPU-flush read on the loopback QP (the local NIC does not answer)".to_string()
+                } else {
+                    format!("the sender's data for {in_flight} posted receive(s): the peer has not sent (is it stuck, or sending to another peer?) or its writes do not arrive")
+                }
+            };
+            if !self.io.idle_probe(&mut self.core.state, waiting)? || kind != Some(ReqKind::Recv) {
                 return Ok(false);
             }
             // The peer is gone. Completions that raced with its exit still count.
@@ -403,6 +429,13 @@ impl RecvDp {
             done = self.core.test(&self.ring, idx)?;
             if done.is_none() {
                 return Err(self.io.fail_peer_gone(&mut self.core.state, "a receive"));
+            }
+        }
+        if let (Some(d), Some(s), Some(started)) = (done, &self.io.stats, &self.started) {
+            if d.n > 0 {
+                let t0 = started[usize::from(idx) % RECV_REQUESTS];
+                let bytes = d.sizes[..d.n].iter().map(|&b| u64::from(b)).sum();
+                s.message_done(bytes, stats::since(t0, clock::now()));
             }
         }
         if let (Some(d), false) = (done, sizes.is_null()) {

@@ -9,9 +9,11 @@ use super::driver::{self, Driver};
 use super::proto::fifo;
 use super::proto::limits::MAX_DEVS;
 use super::proto::plan::{LocalBlock, QpRoute, RemoteBlock};
-use super::proto::request::Request;
+use super::proto::request::{Request, SEND_REQUESTS};
 use super::proto::send::{Isend, SendBuf, SendConfig, SendCore};
+use super::proto::time::Time;
 use super::ring_memory::RingMemory;
+use super::stats;
 use super::{clock, MemHandle};
 use crate::error::{Error, Result};
 use std::time::Duration;
@@ -28,6 +30,9 @@ pub struct SendDp {
     pub bufs: RegBuf,
     ring: RingMemory,
     pub core: SendCore,
+    /// With statistics on: when each request started, and since when isend found no CTS.
+    started: Option<Box<[Time; SEND_REQUESTS]>>,
+    cts_wait_since: Option<Time>,
 }
 
 // SAFETY: the raw pointers (requests' owner, the ring view, WR scratch) all point into this
@@ -83,11 +88,15 @@ impl SendDp {
         };
         // SAFETY: the FIFO block is RING_BYTES, page-aligned, and lives in the same SendDp.
         let ring = unsafe { RingMemory::new(&bufs) };
+        let io = Driver::new(conn, "send");
+        let started = io.stats.is_some().then(|| Box::new([Time::ZERO; SEND_REQUESTS]));
         let mut dp = Box::new(SendDp {
-            io: Driver::new(conn),
+            io,
             bufs,
             ring,
             core: SendCore::new(cfg, driver::warn_failure),
+            started,
+            cts_wait_since: None,
         });
         let owner = &mut *dp as *mut SendDp as *mut ();
         dp.core.state.pool.set_owner(owner);
@@ -112,7 +121,13 @@ impl SendDp {
     /// thread to sleep until a CTS lands instead of spinning (the CQ is cheap to poll when empty).
     fn idle(&mut self) -> Result<Option<*mut Request>> {
         self.poll()?;
-        if self.io.idle_probe(&mut self.core.state)? {
+        if self.io.stats.is_some() && self.cts_wait_since.is_none() {
+            self.cts_wait_since = Some(clock::now());
+        }
+        let waiting = || {
+            "the receiver's CTS for the next message: the peer has posted no matching receive (is its proxy thread stuck, or is it waiting for another peer?)".to_string()
+        };
+        if self.io.idle_probe(&mut self.core.state, waiting)? {
             // Nothing to re-poll for a send that has not started: the receiver is gone.
             return Err(self
                 .io
@@ -145,6 +160,13 @@ impl SendDp {
         let started = core.isend(ring, clock::now, send, &mut |p| unsafe { io.post(p) })?;
         match started {
             Isend::Started { idx, truncated_to } => {
+                if let (Some(s), Some(started)) = (&self.io.stats, &mut self.started) {
+                    let now = clock::now();
+                    started[usize::from(idx) % SEND_REQUESTS] = now;
+                    if let Some(since) = self.cts_wait_since.take() {
+                        s.cts_waited(stats::since(since, now));
+                    }
+                }
                 if let Some(posted) = truncated_to {
                     crate::log_warn!(
                         "isend of {size} bytes (tag {tag}) into a {posted}-byte receive buffer of {}: truncated to {posted} bytes (NCCL never does this; the receiver and sender disagree on sizes)",
@@ -169,6 +191,10 @@ impl SendDp {
             return Err(Error::internal("test: unknown send request"));
         };
         if let Some(size) = self.core.test(idx)? {
+            if let (Some(s), Some(started)) = (&self.io.stats, &self.started) {
+                let t0 = started[usize::from(idx) % SEND_REQUESTS];
+                s.message_done(u64::from(size), stats::since(t0, clock::now()));
+            }
             if !sizes.is_null() {
                 // SAFETY: NCCL passes NULL or room for one int for a send.
                 unsafe { *sizes = size.min(i32::MAX as u32) as i32 };
@@ -178,7 +204,16 @@ impl SendDp {
         // A posted send to a dead peer fails by itself (transport retries exhausted within
         // NCCL_IB_TIMEOUT × NCCL_IB_RETRY_CNT); a closed side channel alone is not an error here
         // because the receiver may close as soon as the data has landed, before our ACK.
-        self.io.idle_probe(&mut self.core.state)?;
+        let (waiting, open, in_flight) = (self.core.waiting(), self.core.group_open(), self.in_flight());
+        self.io.idle_probe(&mut self.core.state, || {
+            if waiting {
+                "send-queue credits: completions of earlier writes (the network or the peer's NIC does not answer)".to_string()
+            } else if open {
+                "the other sends of a grouped receive (NCCL has not issued them yet)".to_string()
+            } else {
+                format!("completions of {in_flight} posted send(s): the network or the peer's NIC does not answer (check the link and the GID; NCCL_IB_TIMEOUT x NCCL_IB_RETRY_CNT bounds the wait)")
+            }
+        })?;
         Ok(false)
     }
 

@@ -150,6 +150,12 @@ impl SendCore {
         self.cur.active && self.cur.matched == fifo::full_mask(self.cur.n)
     }
 
+    /// Whether the oldest group is matched in part: some of its buffers still wait for their
+    /// isend.
+    pub fn group_open(&self) -> bool {
+        self.cur.active && !self.waiting()
+    }
+
     /// Look for the next group in the ring; true when all its entries are there and sealed.
     /// `now` is asked only while a group is landing.
     fn load_group(&mut self, ring: &impl FifoRing, now: impl FnOnce() -> Time) -> Result<bool> {
