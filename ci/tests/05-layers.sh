@@ -3,7 +3,7 @@
 # constants defined twice, functions over 100 lines, `unsafe fn` without `# Safety`). It first
 # checks itself on fixture trees, one per rule, then prints every finding as path:line.
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 if ! command -v python3 >/dev/null 2>&1; then
     echo "python3 is missing (ci/install-deps.sh installs it)"
     exit 1
