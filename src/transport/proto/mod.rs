@@ -11,4 +11,6 @@
 //! `std::time::Instant`), `crate::error` and itself; `ci/tests/05-layers.sh` checks it.
 #![forbid(unsafe_code)]
 
+pub mod handshake;
+pub mod setup;
 pub mod time;
