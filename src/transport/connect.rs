@@ -99,7 +99,7 @@ pub fn forget_pending_connects() -> usize {
 }
 
 /// Non-blocking connect. Re-entered with the same handle until it returns `Some`; the
-/// in-progress state lives in [`CONNECTING`], keyed by an id recorded in the handle.
+/// in-progress state lives in `CONNECTING`, keyed by an id recorded in the handle.
 /// `traffic_class`: the communicator's (`ncclNetCommConfig.trafficClass`, -1 when unset).
 pub fn connect(traffic_class: i32, dev: &Arc<VirtualDevice>, handle: &mut [u8; 128]) -> Result<Option<Box<SendComm>>> {
     let listener = HandleRepr::parse(handle).map_err(|e| {

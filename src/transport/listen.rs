@@ -6,7 +6,7 @@
 
 use super::conn::{self, Conn, LocalDev, RegBuf};
 use super::proto::handshake::{EndpointRepr, HandleRepr, Message, FLAG_SPLIT};
-use super::proto::setup::{AwaitReady, AwaitRequest, Incoming, Refusal};
+use super::proto::setup::{AwaitReady, AwaitRequest, Incoming, Refusal, SetupError};
 use super::proto::time::Time;
 use super::sidechannel::{self, Channel, ChannelError};
 use super::{clock, core, recv, request, split, RecvComm};
@@ -125,9 +125,34 @@ fn read(chan: &mut Channel) -> std::result::Result<Option<Incoming>, ChannelErro
     }
 }
 
-/// Drop a connection the protocol refused: tell the peer why if the refusal says so.
+/// Drop a connection the protocol refused: WARN, and tell the peer why if the refusal says so.
 fn refuse(mut chan: Channel, r: Refusal) {
-    crate::log_warn!("listener: connection from {}: {}; dropped", chan.peer, r.error);
+    let peer = chan.peer;
+    match &r.error {
+        SetupError::Malformed(e) => crate::log_warn!("listener: rejected a connection from {peer}: {e}"),
+        SetupError::WrongNonce { .. } if r.reject.is_some() => crate::log_warn!(
+            "listener: connection from {peer} carries another listener's handle (nonce mismatch: a stale or foreign handle); rejected"
+        ),
+        SetupError::WrongNonce { .. } => {
+            crate::log_warn!("listener: {peer} sent Ready with another listener's nonce; dropped")
+        }
+        SetupError::Rejected { .. } => crate::log_warn!(
+            "listener: second connection attempt from {peer} while one is being accepted; rejected"
+        ),
+        SetupError::Unexpected { state: "AwaitRequest", got } => {
+            crate::log_warn!("listener: unexpected first message from {peer}: {got:?}; dropped")
+        }
+        SetupError::Unexpected { got, .. } => {
+            crate::log_warn!("listener: {peer} sent {got:?} instead of Ready; dropped")
+        }
+        SetupError::TimedOut {
+            state: "AwaitRequest",
+            after,
+        } => crate::log_warn!("listener: {peer} connected but sent nothing for {after:?}; dropped"),
+        SetupError::TimedOut { after, .. } => {
+            crate::log_warn!("listener: {peer} did not finish the handshake within {after:?}; dropped")
+        }
+    }
     if let Some(m) = r.reject {
         chan.queue(&m);
         let _ = chan.flush();

@@ -2,14 +2,14 @@
 //!
 //! `api.rs` calls exactly these entry points; every ABI version drives the same code.
 //!
-//! * [`listen`] / [`ListenComm::accept`] ([`listen`](mod@listen)) and [`connect`]
+//! * [`listen()`] / [`ListenComm::accept`] ([`listen`](mod@listen)) and [`connect()`]
 //!   ([`connect`](mod@connect)): non-blocking setup over a TCP side channel ([`sidechannel`])
 //!   with a versioned handshake ([`proto::handshake`]), driven by the pure setup states of
 //!   [`proto::setup`].
 //! * [`reg_mr`] / [`dereg_mr`] ([`registration`]): a process-wide, refcounted MR cache per
 //!   device ([`mr_cache`]); they need no comm, so the service thread never touches a comm the
 //!   progress thread uses.
-//! * [`SendComm::isend`], [`RecvComm::irecv`], [`RecvComm::iflush`], [`test`]: the receiver-driven
+//! * [`SendComm::isend`], [`RecvComm::irecv`], [`RecvComm::iflush`], [`test()`]: the receiver-driven
 //!   CTS FIFO design ([`fifo`], [`split`], [`request`]).
 //! * Close = drop of the boxed comm; safe with requests in flight.
 //!
