@@ -101,7 +101,7 @@ def strip(text):
         elif c == "'":
             # A char literal ('x', '\n', '\u{..}') or a lifetime ('a).
             if i + 1 < n and text[i + 1] == "\\":
-                j = text.find("'", i + 2)
+                j = text.find("'", i + 3)  # past the escaped character (it may be a quote)
                 j = n if j < 0 else j
                 blank(i + 1, j)
                 i = j + 1
@@ -679,7 +679,11 @@ CLEAN = {
     "softroce/src/wire/mod.rs": "pub mod bth;\npub mod reth;\npub fn parse() -> usize { bth::HEADER_LEN + reth::HEADER_LEN }\n",
     "softroce/src/wire/bth.rs": "pub const HEADER_LEN: usize = 12;\nmod field { pub const PSN: usize = 9; }\npub fn psn() -> usize { field::PSN }\n",
     "softroce/src/wire/reth.rs": "pub const HEADER_LEN: usize = 16;\nmod field { pub const PSN: usize = 0; }\n",
-    "softroce/src/proto/mod.rs": "use crate::wire;\npub fn run() -> usize { wire::parse() }\n",
+    # Comments, strings and char literals name nothing.
+    "softroce/src/proto/mod.rs": (
+        "use crate::wire;\n// crate::verbs is the layer above\n/* super::verbs::x */\n"
+        "pub fn run() -> usize { let _q = '\\''; let _s = \"crate::verbs::call()\"; wire::parse() }\n"
+    ),
     "softroce/src/verbs/mod.rs": "pub mod qp;\npub fn call() -> usize { 1 }\nconst PAGE: usize = 1;\n",
     "softroce/src/verbs/qp.rs": "use crate::proto;\npub fn post() -> usize { proto::run() + super::call() }\n",
 }
