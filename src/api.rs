@@ -14,8 +14,10 @@ use crate::device::{self, NetDevice, VirtualDevice};
 use crate::error::{Error, Result};
 use crate::ibv::Verbs;
 use crate::log::{subsys, NcclLogger};
-pub use crate::transport::MemKind;
-use crate::transport::{self, ListenComm, MemHandle, RecvComm, Request, SendComm};
+use crate::transport::{self, ListenComm, RecvComm, SendComm};
+/// The transport's types the shims hand to NCCL as opaque pointers, and the memory kinds
+/// `reg_mr` takes: the ABI layer reaches the transport only through this file.
+pub use crate::transport::{MemHandle, MemKind, Request};
 use parking_lot::Mutex;
 use std::cell::UnsafeCell;
 use std::ffi::{c_char, CString};

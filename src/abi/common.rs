@@ -5,9 +5,8 @@
 
 use super::ffi::{self, non_null};
 use super::types::*;
-use crate::api::{self, CommContext, ListenHandle, RecvHandle, SendHandle};
+use crate::api::{self, CommContext, ListenHandle, MemHandle, RecvHandle, Request, SendHandle};
 use crate::error::Error;
-use crate::transport::{MemHandle, Request};
 use std::ffi::{c_int, c_void};
 
 /// Converts NCCL's handle buffer (NCCL_NET_HANDLE_MAXSIZE bytes) into an array reference.
