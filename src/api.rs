@@ -14,7 +14,10 @@ use crate::device::{self, NetDevice, VirtualDevice};
 use crate::error::{Error, Result};
 use crate::ibv::Verbs;
 use crate::log::{subsys, NcclLogger};
-use crate::transport::{self, ListenComm, MemHandle, MemKind, RecvComm, Request, SendComm};
+use crate::transport::{self, ListenComm, RecvComm, SendComm};
+/// The transport's types the shims hand to NCCL as opaque pointers, and the memory kinds
+/// `reg_mr` takes: the ABI layer reaches the transport only through this file.
+pub use crate::transport::{MemHandle, MemKind, Request};
 use parking_lot::Mutex;
 use std::cell::UnsafeCell;
 use std::ffi::{c_char, CString};
@@ -33,7 +36,7 @@ pub const LEGACY_CONTEXT: CommContext = CommContext { traffic_class: -1 };
 /// Most virtual devices (spec §8.2).
 pub const MAX_VIRTUAL_DEVICES: usize = 256;
 /// `maxRecvs` we report: grouped receives up to 8, as NCCL's IB transport.
-pub const MAX_RECVS: i32 = 8;
+pub use crate::transport::MAX_RECVS;
 /// `maxP2pBytes`: NCCL's upper bound (spec §1.4).
 pub const MAX_P2P_BYTES: usize = 1 << 40;
 /// `maxCollBytes`, as NCCL's IB transport.
@@ -178,13 +181,24 @@ fn virtual_device(dev: i32) -> Result<Arc<VirtualDevice>> {
         })
 }
 
-/// Properties in the newest layout; the shims copy what their version has.
+/// What memory a device registers besides host memory (the shims turn it into `ptrSupport`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemorySupport {
+    /// CUDA memory through GPUDirect peer memory.
+    pub cuda: bool,
+    /// DMA-BUF file descriptors (every member device supports them).
+    pub dmabuf: bool,
+}
+
+/// Properties in the newest layout; the shims copy what their version has. The device is
+/// always a host-side network device (`NCCL_NET_DEVICE_HOST`, set by the shims).
 #[derive(Debug, Clone)]
 pub struct Properties {
     pub name: *const c_char,
     pub pci_path: *const c_char,
     pub guid: u64,
-    pub ptr_support: i32,
+    /// Memory registrations accept besides host memory.
+    pub memory: MemorySupport,
     pub reg_is_global: i32,
     pub force_flush: i32,
     pub speed: i32,
@@ -192,7 +206,6 @@ pub struct Properties {
     pub latency: f32,
     pub max_comms: i32,
     pub max_recvs: i32,
-    pub net_device_type: i32,
     pub net_device_version: i32,
     pub vdevs: Vec<i32>,
     pub max_p2p_bytes: usize,
@@ -222,13 +235,10 @@ pub fn properties(dev: i32) -> Result<Properties> {
     let reg = registry()?;
     let vdev = virtual_device(dev)?;
     let first = &vdev.members[0];
-    let mut ptr_support = crate::abi::types::NCCL_PTR_HOST;
-    if reg.peer_memory {
-        ptr_support |= crate::abi::types::NCCL_PTR_CUDA;
-    }
-    if vdev.members.iter().all(|d| d.dmabuf) {
-        ptr_support |= crate::abi::types::NCCL_PTR_DMABUF;
-    }
+    let memory = MemorySupport {
+        cuda: reg.peer_memory,
+        dmabuf: vdev.members.iter().all(|d| d.dmabuf),
+    };
     let is_physical = vdev.members.len() == 1;
     Ok(Properties {
         name: interned(&vdev.name),
@@ -236,15 +246,14 @@ pub fn properties(dev: i32) -> Result<Properties> {
         // attaches it to the CPU, as documented for virtual NICs.
         pci_path: first.pci_path.as_deref().map(interned).unwrap_or(std::ptr::null()),
         guid: first.guid,
-        ptr_support,
+        memory,
         reg_is_global: 1,
         force_flush: 0,
         speed: vdev.speed_mbps(),
         port: i32::from(first.port) + if is_physical { first.real_port } else { 0 },
         latency: 0.0,
         max_comms: vdev.members.iter().map(|d| d.max_qp).min().unwrap_or(0).max(1),
-        max_recvs: MAX_RECVS,
-        net_device_type: crate::abi::types::NCCL_NET_DEVICE_HOST,
+        max_recvs: MAX_RECVS as i32,
         net_device_version: 0,
         vdevs: vdev.members.iter().map(|d| d.index as i32).collect(),
         max_p2p_bytes: MAX_P2P_BYTES,
@@ -360,15 +369,15 @@ pub struct ListenHandle {
     inner: Box<ListenComm>,
 }
 
-pub fn listen(ctx: &CommContext, dev: i32, handle: &mut [u8; 128]) -> Result<Box<ListenHandle>> {
+pub fn listen(_ctx: &CommContext, dev: i32, handle: &mut [u8; 128]) -> Result<Box<ListenHandle>> {
     let device = virtual_device(dev)?;
-    let inner = transport::listen(ctx, &device, handle)?;
+    let inner = transport::listen(&device, handle)?;
     Ok(Box::new(ListenHandle { device, inner }))
 }
 
 pub fn connect(ctx: &CommContext, dev: i32, handle: &mut [u8; 128]) -> Result<Option<Box<SendHandle>>> {
     let device = virtual_device(dev)?;
-    Ok(transport::connect(ctx, &device, handle)?.map(|c| CommHandle::new(device, c)))
+    Ok(transport::connect(ctx.traffic_class, &device, handle)?.map(|c| CommHandle::new(device, c)))
 }
 
 pub fn accept(listen: &mut ListenHandle) -> Result<Option<Box<RecvHandle>>> {
@@ -381,15 +390,9 @@ pub fn reg_mr(
     device: &Arc<VirtualDevice>,
     addr: usize,
     len: usize,
-    ptr_type: i32,
+    kind: MemKind,
     dmabuf: Option<(i32, u64)>,
 ) -> Result<Box<MemHandle>> {
-    use crate::abi::types::{NCCL_PTR_CUDA, NCCL_PTR_HOST};
-    let kind = match ptr_type {
-        NCCL_PTR_HOST => MemKind::Host,
-        NCCL_PTR_CUDA => MemKind::Cuda,
-        other => return Err(Error::internal(format!("regMr: unknown memory type {other}"))),
-    };
     if addr == 0 && len > 0 {
         return Err(Error::internal("regMr: NULL buffer"));
     }
@@ -423,7 +426,7 @@ pub unsafe fn irecv(
     mhs: &[&MemHandle],
     optional_completion: bool,
 ) -> Result<Option<*mut Request>> {
-    if data.is_empty() || data.len() > MAX_RECVS as usize {
+    if data.is_empty() || data.len() > MAX_RECVS {
         return Err(Error::internal(format!(
             "irecv with n={} (1..={MAX_RECVS} allowed)",
             data.len()

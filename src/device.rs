@@ -205,25 +205,6 @@ pub fn merged_pci_path(realpath: &str, merge_vfs: bool) -> String {
     String::from_utf8(path).unwrap_or_else(|_| realpath.to_string())
 }
 
-/// Parses a sysfs `gid_attrs/types/<i>` read (spec §8.6 step 4): `RoCE v2` → 2, `IB/RoCE v1` or
-/// `RoCE v1` → 1; EINVAL (an index not mapped into this container) → unknown; other errors fail.
-pub fn read_roce_type(read: std::io::Result<String>) -> std::io::Result<Option<u8>> {
-    match read {
-        Ok(text) => {
-            let t = text.trim();
-            Ok(if t.starts_with("RoCE v2") {
-                Some(2)
-            } else if t.starts_with("IB/RoCE v1") || t.starts_with("RoCE v1") {
-                Some(1)
-            } else {
-                None
-            })
-        }
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
-        Err(e) => Err(e),
-    }
-}
-
 fn gid_family(gid: &[u8; 16]) -> AddrFamily {
     let v4_mapped = gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff;
     let v4_mapped_mcast =
@@ -642,19 +623,6 @@ mod tests {
         let gid = |i: i32| rows.get(i as usize).and_then(|r| r.0);
         let ty = |_: i32| Err(std::io::Error::from_raw_os_error(libc::ENOENT));
         assert!(select_roce_gid(4, &gid, &ty, &Config::default()).is_err());
-    }
-
-    #[test]
-    fn roce_type_strings() {
-        assert_eq!(read_roce_type(Ok("RoCE v2\n".into())).unwrap(), Some(2));
-        assert_eq!(read_roce_type(Ok("IB/RoCE v1\n".into())).unwrap(), Some(1));
-        assert_eq!(read_roce_type(Ok("RoCE v1".into())).unwrap(), Some(1));
-        assert_eq!(read_roce_type(Ok("garbage".into())).unwrap(), None);
-        assert_eq!(
-            read_roce_type(Err(std::io::Error::from_raw_os_error(libc::EINVAL))).unwrap(),
-            None
-        );
-        assert!(read_roce_type(Err(std::io::Error::from_raw_os_error(libc::EACCES))).is_err());
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! ferroce: an NCCL network plugin over RDMA (RoCEv2 and InfiniBand) queue pairs.
 //!
-//! Layers, dependencies pointing one way: `config`, `log`, `error` → `ibv` (libibverbs loaded at
-//! run time) → `device` (discovery, GID selection, properties) → `transport` (connections and
-//! the data path) → `api` (the one internal API) → `abi` (the exported `ncclNetPlugin_vN`
-//! tables, thin per-version shims).
+//! Layers, dependencies pointing one way: `config`, `log`, `error`, `memory` → `ibv` (libibverbs
+//! loaded at run time) → `device` (discovery, GID selection, properties) → `transport`
+//! (connections and the data path; its protocol core `transport::proto` is pure) → `api` (the
+//! one internal API) → `abi` (the exported `ncclNetPlugin_vN` tables, thin per-version shims).
+//! `ci/tests/05-layers.sh` fails on an import cycle between files.
 
 #[macro_use]
 pub mod log;
@@ -13,4 +14,5 @@ pub mod config;
 pub mod device;
 pub mod error;
 pub mod ibv;
+pub mod memory;
 pub mod transport;

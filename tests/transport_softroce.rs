@@ -76,7 +76,14 @@ fn device_of<T>(h: &T) -> Arc<nccl_net_ferroce::device::VirtualDevice> {
 }
 
 fn reg<T>(h: &T, buf: &[u8]) -> Box<MemHandle> {
-    api::reg_mr(&device_of(h), buf.as_ptr() as usize, buf.len(), 1, None).expect("regMr")
+    api::reg_mr(
+        &device_of(h),
+        buf.as_ptr() as usize,
+        buf.len(),
+        api::MemKind::Host,
+        None,
+    )
+    .expect("regMr")
 }
 
 fn wait(req: *mut Request, sizes: &mut [i32]) {

@@ -5,9 +5,8 @@
 
 use super::ffi::{self, non_null};
 use super::types::*;
-use crate::api::{self, CommContext, ListenHandle, RecvHandle, SendHandle};
+use crate::api::{self, CommContext, ListenHandle, MemHandle, RecvHandle, Request, SendHandle};
 use crate::error::Error;
-use crate::transport::{MemHandle, Request};
 use std::ffi::{c_int, c_void};
 
 /// Converts NCCL's handle buffer (NCCL_NET_HANDLE_MAXSIZE bytes) into an array reference.
@@ -25,10 +24,14 @@ pub fn init_legacy(logger: NcclLogger) -> NcclResult {
     ffi::call("init", || api::init(logger, -1, true).map(drop))
 }
 
+/// # Safety
+/// `logger` is NULL or NCCL's logger, callable from any thread while the library is loaded.
 pub unsafe extern "C" fn init_v6(logger: NcclLogger) -> NcclResult {
     init_legacy(logger)
 }
 
+/// # Safety
+/// `ndev` is NULL (an error) or writable.
 pub unsafe extern "C" fn devices(ndev: *mut c_int) -> NcclResult {
     ffi::call("devices", || {
         let out = non_null(ndev, "ndev")?;
@@ -56,6 +59,18 @@ pub fn get_properties<P>(
     })
 }
 
+/// `ptrSupport` of a device.
+pub fn ptr_support(p: &api::Properties) -> c_int {
+    let mut bits = NCCL_PTR_HOST;
+    if p.memory.cuda {
+        bits |= NCCL_PTR_CUDA;
+    }
+    if p.memory.dmabuf {
+        bits |= NCCL_PTR_DMABUF;
+    }
+    bits
+}
+
 /// The member list of a device in a fixed-size vProps array.
 pub fn vprops<const N: usize>(p: &api::Properties) -> (c_int, [c_int; N]) {
     let mut devs = [0; N];
@@ -79,6 +94,9 @@ pub unsafe fn listen(ctx: &CommContext, dev: c_int, handle: *mut c_void, listen_
     })
 }
 
+/// # Safety
+/// `handle` points at NCCL_NET_HANDLE_MAXSIZE writable bytes; `listen_comm` is NULL (an error) or
+/// writable.
 pub unsafe extern "C" fn listen_v6(dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> NcclResult {
     // SAFETY: NCCL's contract for listen.
     unsafe { listen(&api::LEGACY_CONTEXT, dev, handle, listen_comm) }
@@ -98,11 +116,16 @@ pub unsafe fn connect(ctx: &CommContext, dev: c_int, handle: *mut c_void, send_c
     })
 }
 
+/// # Safety
+/// `handle` is the NCCL_NET_HANDLE_MAXSIZE-byte buffer `listen` wrote, the same one on every retry
+/// of this connect; `send_comm` is NULL (an error) or writable.
 pub unsafe extern "C" fn connect_v6(dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void) -> NcclResult {
     // SAFETY: NCCL's contract for connect.
     unsafe { connect(&api::LEGACY_CONTEXT, dev, handle, send_comm) }
 }
 
+/// # Safety
+/// As [`connect_v6`]; `dev_comm` is not touched.
 pub unsafe extern "C" fn connect_v7(
     dev: c_int,
     handle: *mut c_void,
@@ -113,6 +136,9 @@ pub unsafe extern "C" fn connect_v7(
     unsafe { connect(&api::LEGACY_CONTEXT, dev, handle, send_comm) }
 }
 
+/// # Safety
+/// `listen_comm` is NULL (an error) or a live listen comm of ours that no other thread uses during
+/// the call; `recv_comm` is NULL (an error) or writable.
 pub unsafe extern "C" fn accept_v6(listen_comm: *mut c_void, recv_comm: *mut *mut c_void) -> NcclResult {
     ffi::call("accept", || {
         let out = non_null(recv_comm, "recvComm")?;
@@ -125,6 +151,8 @@ pub unsafe extern "C" fn accept_v6(listen_comm: *mut c_void, recv_comm: *mut *mu
     })
 }
 
+/// # Safety
+/// As [`accept_v6`]; `dev_comm` is not touched.
 pub unsafe extern "C" fn accept(
     listen_comm: *mut c_void,
     recv_comm: *mut *mut c_void,
@@ -147,13 +175,21 @@ fn reg(
         let comm = non_null(comm, "comm")?;
         // SAFETY: NCCL passes a live send or receive comm of ours.
         let device = unsafe { api::comm_device(comm) };
-        let mh = api::reg_mr(device, data as usize, size, ptr_type, dmabuf)?;
+        let kind = match ptr_type {
+            NCCL_PTR_HOST => api::MemKind::Host,
+            NCCL_PTR_CUDA => api::MemKind::Cuda,
+            other => return Err(Error::internal(format!("regMr: unknown memory type {other}"))),
+        };
+        let mh = api::reg_mr(device, data as usize, size, kind, dmabuf)?;
         // SAFETY: non-NULL out-pointer.
         unsafe { *out = Box::into_raw(mh).cast() };
         Ok(())
     })
 }
 
+/// # Safety
+/// `comm` is NULL (an error) or a live send or receive comm of ours; `[data, data + size)` stays
+/// allocated until [`dereg_mr`] of the handle; `mhandle` is NULL (an error) or writable.
 pub unsafe extern "C" fn reg_mr(
     comm: *mut c_void,
     data: *mut c_void,
@@ -164,6 +200,8 @@ pub unsafe extern "C" fn reg_mr(
     reg(comm, data, size, ptr_type, None, mhandle)
 }
 
+/// # Safety
+/// As [`reg_mr`].
 pub unsafe extern "C" fn reg_mr_int(
     comm: *mut c_void,
     data: *mut c_void,
@@ -177,6 +215,9 @@ pub unsafe extern "C" fn reg_mr_int(
     }
 }
 
+/// # Safety
+/// As [`reg_mr`]; `fd` is a DMA-BUF file descriptor whose byte `offset` is mapped at `data`, for
+/// `size` bytes.
 pub unsafe extern "C" fn reg_mr_dma_buf(
     comm: *mut c_void,
     data: *mut c_void,
@@ -189,6 +230,9 @@ pub unsafe extern "C" fn reg_mr_dma_buf(
     reg(comm, data, size, ptr_type, Some((fd, offset)), mhandle)
 }
 
+/// # Safety
+/// `mhandle` is NULL (an error) or a handle from regMr, deregistered once, that no request in
+/// flight uses.
 pub unsafe extern "C" fn dereg_mr(_comm: *mut c_void, mhandle: *mut c_void) -> NcclResult {
     ffi::call("deregMr", || {
         if mhandle.is_null() {
@@ -228,6 +272,10 @@ pub unsafe fn isend(
     })
 }
 
+/// # Safety
+/// `comm` is a live send comm of ours, driven by this thread only (NCCL's progress thread); `[data,
+/// data + size)` lies in the registration `mh` and stays valid until the request is reported done;
+/// `request` is NULL (an error) or writable.
 pub unsafe extern "C" fn isend_int(
     comm: *mut c_void,
     data: *mut c_void,
@@ -243,6 +291,8 @@ pub unsafe extern "C" fn isend_int(
     }
 }
 
+/// # Safety
+/// As [`isend_int`].
 pub unsafe extern "C" fn isend_v9(
     comm: *mut c_void,
     data: *mut c_void,
@@ -255,6 +305,8 @@ pub unsafe extern "C" fn isend_v9(
     unsafe { isend(comm, data, size, tag, mh, request) }
 }
 
+/// # Safety
+/// As [`isend_int`]; `_phandle` (the profiler's) is not touched.
 pub unsafe extern "C" fn isend_v10(
     comm: *mut c_void,
     data: *mut c_void,
@@ -319,9 +371,9 @@ pub unsafe fn irecv(
 ///
 /// # Safety
 /// Every pointer is a live handle of ours.
-unsafe fn handle_array<'a>(mhs: &[*mut c_void]) -> Result<([&'a MemHandle; api::MAX_RECVS as usize], usize), Error> {
+unsafe fn handle_array<'a>(mhs: &[*mut c_void]) -> Result<([&'a MemHandle; api::MAX_RECVS], usize), Error> {
     let n = mhs.len();
-    if n == 0 || n > api::MAX_RECVS as usize {
+    if n == 0 || n > api::MAX_RECVS {
         return Err(Error::internal(format!(
             "grouped call with n={n} (1..={} allowed)",
             api::MAX_RECVS
@@ -329,7 +381,7 @@ unsafe fn handle_array<'a>(mhs: &[*mut c_void]) -> Result<([&'a MemHandle; api::
     }
     // SAFETY: per the contract.
     let first = unsafe { mem_handle(mhs[0])? };
-    let mut handles = [first; api::MAX_RECVS as usize];
+    let mut handles = [first; api::MAX_RECVS];
     for (slot, &p) in handles.iter_mut().zip(mhs).skip(1) {
         // SAFETY: per the contract.
         *slot = unsafe { mem_handle(p)? };
@@ -337,6 +389,11 @@ unsafe fn handle_array<'a>(mhs: &[*mut c_void]) -> Result<([&'a MemHandle; api::
     Ok((handles, n))
 }
 
+/// # Safety
+/// `recv_comm` is a live receive comm of ours, driven by this thread only (NCCL's progress thread);
+/// `data`, `sizes`, `tags` and `mhandles` have `n` entries each; every buffer lies in its
+/// registration and stays valid until the request is reported done; `request` is NULL (an error) or
+/// writable.
 pub unsafe extern "C" fn irecv_int(
     comm: *mut c_void,
     n: c_int,
@@ -346,7 +403,7 @@ pub unsafe extern "C" fn irecv_int(
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> NcclResult {
-    let mut wide = [0usize; api::MAX_RECVS as usize];
+    let mut wide = [0usize; api::MAX_RECVS];
     let widened = (|| {
         let n = ffi::int_size(n, "irecv n")?;
         if n > wide.len() {
@@ -377,6 +434,8 @@ unsafe fn size_t_sizes<'a>(n: c_int, sizes: *mut usize) -> Result<&'a [usize], E
     Ok(unsafe { std::slice::from_raw_parts(non_null(sizes, "sizes")?, n) })
 }
 
+/// # Safety
+/// As [`irecv_int`]; `*request` may carry NCCL_NET_OPTIONAL_RECV_COMPLETION.
 pub unsafe extern "C" fn irecv_v9(
     comm: *mut c_void,
     n: c_int,
@@ -394,6 +453,8 @@ pub unsafe extern "C" fn irecv_v9(
     }
 }
 
+/// # Safety
+/// As [`irecv_v9`]; `_phandles` (the profiler's) are not touched.
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn irecv_v10(
     comm: *mut c_void,
@@ -409,6 +470,8 @@ pub unsafe extern "C" fn irecv_v10(
     unsafe { irecv_v9(comm, n, data, sizes, tags, mhandles, request) }
 }
 
+/// # Safety
+/// As [`irecv_int`] for the receive comm, its buffers and `request`.
 pub unsafe extern "C" fn iflush(
     recv_comm: *mut c_void,
     n: c_int,
@@ -421,7 +484,7 @@ pub unsafe extern "C" fn iflush(
         let out = non_null(request, "request")?;
         let comm = non_null(recv_comm.cast::<RecvHandle>(), "recvComm")?;
         let n = ffi::int_size(n, "iflush n")?;
-        if n == 0 || n > api::MAX_RECVS as usize {
+        if n == 0 || n > api::MAX_RECVS {
             return Err(Error::internal(format!("iflush with n={n}")));
         }
         // SAFETY: NCCL passes arrays of n entries.
@@ -442,6 +505,10 @@ pub unsafe extern "C" fn iflush(
     })
 }
 
+/// # Safety
+/// `request` came from isend, irecv or iflush of a comm that is still open and has not been
+/// reported done; `done` is NULL (an error) or writable; `sizes` is NULL or has room for the
+/// request's count.
 pub unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> NcclResult {
     ffi::call("test", || {
         let out = non_null(done, "done")?;
@@ -454,6 +521,8 @@ pub unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mu
     })
 }
 
+/// # Safety
+/// `comm` is NULL or a live send comm of ours, closed once and not used after or during the call.
 pub unsafe extern "C" fn close_send(comm: *mut c_void) -> NcclResult {
     ffi::call("closeSend", || {
         if !comm.is_null() {
@@ -464,6 +533,9 @@ pub unsafe extern "C" fn close_send(comm: *mut c_void) -> NcclResult {
     })
 }
 
+/// # Safety
+/// `comm` is NULL or a live receive comm of ours, closed once and not used after or during the
+/// call.
 pub unsafe extern "C" fn close_recv(comm: *mut c_void) -> NcclResult {
     ffi::call("closeRecv", || {
         if !comm.is_null() {
@@ -474,6 +546,8 @@ pub unsafe extern "C" fn close_recv(comm: *mut c_void) -> NcclResult {
     })
 }
 
+/// # Safety
+/// `comm` is NULL or a live listen comm of ours, closed once and not used after or during the call.
 pub unsafe extern "C" fn close_listen(comm: *mut c_void) -> NcclResult {
     ffi::call("closeListen", || {
         if !comm.is_null() {
@@ -499,6 +573,8 @@ pub fn make_vdevice(d: *mut c_int, ndevs: c_int, devs: &[c_int], max: usize) -> 
     })
 }
 
+/// # Safety
+/// `d` is NULL (an error) or writable; `props` is NULL (an error) or a valid v9 vProps.
 pub unsafe extern "C" fn make_vdevice_v9(d: *mut c_int, props: *mut NcclNetVDevicePropsV9) -> NcclResult {
     match non_null(props, "vProps") {
         // SAFETY: NCCL passes a valid vProps struct.
@@ -508,6 +584,10 @@ pub unsafe extern "C" fn make_vdevice_v9(d: *mut c_int, props: *mut NcclNetVDevi
 }
 
 /// v11+ `init`: one context per communicator.
+///
+/// # Safety
+/// `ctx` is NULL (an error) or writable; `config` is NULL or valid for the call; `logger` is NULL
+/// or NCCL's logger, callable from any thread until the last `finalize`.
 pub unsafe extern "C" fn init_v11(
     ctx: *mut *mut c_void,
     _comm_id: u64,
@@ -518,10 +598,10 @@ pub unsafe extern "C" fn init_v11(
     ffi::call("init", || {
         let out = non_null(ctx, "ctx")?;
         // The config lives on NCCL's stack: copy the value, keep no pointer.
-        // SAFETY: NULL-checked; NCCL passes a valid config for the call's duration.
         let traffic_class = if config.is_null() {
             -1
         } else {
+            // SAFETY: NULL-checked; NCCL passes a valid config for the call's duration.
             unsafe { (*config).traffic_class }
         };
         let context = api::init(logger, traffic_class, false)?;
@@ -542,6 +622,8 @@ pub unsafe fn context<'a>(ctx: *mut c_void) -> &'a CommContext {
     }
 }
 
+/// # Safety
+/// As [`listen_v6`]; `ctx` is NULL or a context from [`init_v11`] not finalized yet.
 pub unsafe extern "C" fn listen_v11(
     ctx: *mut c_void,
     dev: c_int,
@@ -552,6 +634,9 @@ pub unsafe extern "C" fn listen_v11(
     unsafe { listen(context(ctx), dev, handle, listen_comm) }
 }
 
+/// # Safety
+/// As [`connect_v6`]; `ctx` is NULL or a context from [`init_v11`] not finalized yet; `dev_comm` is
+/// not touched.
 pub unsafe extern "C" fn connect_v11(
     ctx: *mut c_void,
     dev: c_int,
@@ -563,6 +648,8 @@ pub unsafe extern "C" fn connect_v11(
     unsafe { connect(context(ctx), dev, handle, send_comm) }
 }
 
+/// # Safety
+/// `ctx` is NULL (an error) or a context from [`init_v11`], finalized once and not used after.
 pub unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
     ffi::call("finalize", || {
         let ctx = non_null(ctx.cast::<CommContext>(), "ctx")?;
@@ -572,6 +659,9 @@ pub unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
 }
 
 /// `setNetAttr` hints are advisory (spec §7.12); ferroce's QP layout does not depend on them.
+///
+/// # Safety
+/// None beyond the C ABI: neither pointer is read.
 pub unsafe extern "C" fn set_net_attr(_ctx: *mut c_void, _attr: *mut NcclNetAttr) -> NcclResult {
     ffi::call("setNetAttr", || Ok(()))
 }

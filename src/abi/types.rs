@@ -9,17 +9,8 @@ use std::ffi::{c_char, c_int, c_void};
 /// `ncclResult_t`.
 pub type NcclResult = c_int;
 
-/// `ncclDebugLogger_t` (nullable): level, subsystem flags, file, line, printf format, arguments.
-pub type NcclLogger = Option<
-    unsafe extern "C" fn(
-        level: c_int,
-        flags: std::ffi::c_ulong,
-        file: *const c_char,
-        line: c_int,
-        fmt: *const c_char,
-        ...
-    ),
->;
+/// `ncclDebugLogger_t`, declared by the logger that calls it.
+pub use crate::log::NcclLogger;
 
 /// `ncclProfilerCallback_t` (nullable; NULL on Windows builds). ferroce does not call it.
 pub type NcclProfilerCallback =

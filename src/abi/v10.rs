@@ -5,11 +5,17 @@
 use super::common::*;
 use super::types::*;
 
+/// # Safety
+/// `logger` is NULL or NCCL's logger, callable from any thread while the library is loaded; the
+/// profiler callback is not called.
 unsafe extern "C" fn init_v10(logger: NcclLogger, _profiler: NcclProfilerCallback) -> NcclResult {
     init_legacy(logger)
 }
 
 /// v10 passes the communicator's traffic class with every connect instead of a context.
+///
+/// # Safety
+/// As `connect_v6`; `config` is NULL or valid for the call; `dev_comm` is not touched.
 unsafe extern "C" fn connect_v10(
     dev: std::ffi::c_int,
     config: *mut NcclNetCommConfig,
@@ -17,10 +23,10 @@ unsafe extern "C" fn connect_v10(
     send_comm: *mut *mut std::ffi::c_void,
     _dev_comm: *mut *mut NcclNetDeviceHandle,
 ) -> NcclResult {
-    // SAFETY: NULL-checked; NCCL's config is valid for the call.
     let traffic_class = if config.is_null() {
         -1
     } else {
+        // SAFETY: NULL-checked; NCCL's config is valid for the call.
         unsafe { (*config).traffic_class }
     };
     let ctx = crate::api::CommContext { traffic_class };

@@ -5,6 +5,8 @@
 use super::common::*;
 use super::types::*;
 
+/// # Safety
+/// `props` is NULL (an error) or writable for the v11 properties layout.
 unsafe extern "C" fn get_properties_v11(dev: std::ffi::c_int, props: *mut NcclNetPropertiesV11) -> NcclResult {
     get_properties("getProperties", dev, props, |p| {
         let (ndevs, devs) = vprops::<NCCL_NET_MAX_DEVS_PER_NIC_V9>(p);
@@ -12,7 +14,7 @@ unsafe extern "C" fn get_properties_v11(dev: std::ffi::c_int, props: *mut NcclNe
             name: p.name,
             pci_path: p.pci_path,
             guid: p.guid,
-            ptr_support: p.ptr_support,
+            ptr_support: ptr_support(p),
             speed: p.speed,
             port: p.port,
             latency: p.latency,
@@ -20,7 +22,7 @@ unsafe extern "C" fn get_properties_v11(dev: std::ffi::c_int, props: *mut NcclNe
             max_recvs: p.max_recvs,
             reg_is_global: p.reg_is_global,
             force_flush: p.force_flush,
-            net_device_type: p.net_device_type,
+            net_device_type: NCCL_NET_DEVICE_HOST,
             net_device_version: p.net_device_version,
             v_props: NcclNetVDevicePropsV9 { ndevs, devs },
             max_p2p_bytes: p.max_p2p_bytes,

@@ -5,6 +5,8 @@
 use super::common::*;
 use super::types::*;
 
+/// # Safety
+/// `d` is NULL (an error) or writable; `props` is NULL (an error) or a valid v12 vProps.
 unsafe extern "C" fn make_vdevice_v12(d: *mut std::ffi::c_int, props: *mut NcclNetVDevicePropsV12) -> NcclResult {
     match super::ffi::non_null(props, "vProps") {
         // SAFETY: NCCL passes a valid vProps struct.
@@ -13,6 +15,8 @@ unsafe extern "C" fn make_vdevice_v12(d: *mut std::ffi::c_int, props: *mut NcclN
     }
 }
 
+/// # Safety
+/// `props` is NULL (an error) or writable for the v12 properties layout.
 unsafe extern "C" fn get_properties_v12(dev: std::ffi::c_int, props: *mut NcclNetPropertiesV12) -> NcclResult {
     get_properties("getProperties", dev, props, |p| {
         let (ndevs, devs) = vprops::<NCCL_NET_MAX_DEVS_PER_NIC_V12>(p);
@@ -20,7 +24,7 @@ unsafe extern "C" fn get_properties_v12(dev: std::ffi::c_int, props: *mut NcclNe
             name: p.name,
             pci_path: p.pci_path,
             guid: p.guid,
-            ptr_support: p.ptr_support,
+            ptr_support: ptr_support(p),
             speed: p.speed,
             port: p.port,
             latency: p.latency,
@@ -28,7 +32,7 @@ unsafe extern "C" fn get_properties_v12(dev: std::ffi::c_int, props: *mut NcclNe
             max_recvs: p.max_recvs,
             reg_is_global: p.reg_is_global,
             force_flush: p.force_flush,
-            net_device_type: p.net_device_type,
+            net_device_type: NCCL_NET_DEVICE_HOST,
             net_device_version: p.net_device_version,
             v_props: NcclNetVDevicePropsV12 { ndevs, devs },
             max_p2p_bytes: p.max_p2p_bytes,

@@ -5,12 +5,14 @@
 use super::common::*;
 use super::types::*;
 
+/// # Safety
+/// `props` is NULL (an error) or writable for the v6 properties layout.
 unsafe extern "C" fn get_properties_v6(dev: std::ffi::c_int, props: *mut NcclNetPropertiesV6) -> NcclResult {
     get_properties("getProperties", dev, props, |p| NcclNetPropertiesV6 {
         name: p.name,
         pci_path: p.pci_path,
         guid: p.guid,
-        ptr_support: p.ptr_support,
+        ptr_support: ptr_support(p),
         speed: p.speed,
         port: p.port,
         latency: p.latency,

@@ -5,18 +5,20 @@
 use super::common::*;
 use super::types::*;
 
+/// # Safety
+/// `props` is NULL (an error) or writable for the v7 properties layout.
 unsafe extern "C" fn get_properties_v7(dev: std::ffi::c_int, props: *mut NcclNetPropertiesV7) -> NcclResult {
     get_properties("getProperties", dev, props, |p| NcclNetPropertiesV7 {
         name: p.name,
         pci_path: p.pci_path,
         guid: p.guid,
-        ptr_support: p.ptr_support,
+        ptr_support: ptr_support(p),
         speed: p.speed,
         port: p.port,
         latency: p.latency,
         max_comms: p.max_comms,
         max_recvs: p.max_recvs,
-        net_device_type: p.net_device_type,
+        net_device_type: NCCL_NET_DEVICE_HOST,
         net_device_version: p.net_device_version,
     })
 }

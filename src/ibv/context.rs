@@ -247,7 +247,7 @@ impl Context {
             }
         }
         let path = format!("{}/ports/{port}/gid_attrs/types/{index}", self.info.ibdev_path);
-        crate::device::read_roce_type(std::fs::read_to_string(&path)).map_err(|e| {
+        read_roce_type(std::fs::read_to_string(&path)).map_err(|e| {
             Error::system(format!(
                 "cannot read the RoCE type of GID {index} of {} port {port}: {path}: {e}",
                 self.info.name
@@ -405,5 +405,42 @@ pub fn check_rc(rc: c_int, what: impl FnOnce() -> String) -> Result<()> {
             what(),
             std::io::Error::from_raw_os_error(rc.abs())
         )))
+    }
+}
+
+/// Parses a sysfs `gid_attrs/types/<i>` read (spec §8.6 step 4): `RoCE v2` → 2, `IB/RoCE v1` or
+/// `RoCE v1` → 1; EINVAL (an index not mapped into this container) → unknown; other errors fail.
+pub fn read_roce_type(read: std::io::Result<String>) -> std::io::Result<Option<u8>> {
+    match read {
+        Ok(text) => {
+            let t = text.trim();
+            Ok(if t.starts_with("RoCE v2") {
+                Some(2)
+            } else if t.starts_with("IB/RoCE v1") || t.starts_with("RoCE v1") {
+                Some(1)
+            } else {
+                None
+            })
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn roce_type_strings() {
+        assert_eq!(read_roce_type(Ok("RoCE v2\n".into())).unwrap(), Some(2));
+        assert_eq!(read_roce_type(Ok("IB/RoCE v1\n".into())).unwrap(), Some(1));
+        assert_eq!(read_roce_type(Ok("RoCE v1".into())).unwrap(), Some(1));
+        assert_eq!(read_roce_type(Ok("garbage".into())).unwrap(), None);
+        assert_eq!(
+            read_roce_type(Err(std::io::Error::from_raw_os_error(libc::EINVAL))).unwrap(),
+            None
+        );
+        assert!(read_roce_type(Err(std::io::Error::from_raw_os_error(libc::EACCES))).is_err());
     }
 }

@@ -2,61 +2,63 @@
 //! they pair with the peer's, internally registered buffers, QP bring-up (spec §8.7) and the
 //! handshake records describing this side (spec §8.5).
 
-use super::handshake::{DevRepr, EndpointRepr, LinkLayer as WireLinkLayer, QpRepr};
+use super::proto::handshake::{self, DevRepr, EndpointRepr, LinkLayer as WireLinkLayer, QpRepr};
+use super::proto::{fifo, limits, request};
 use super::sidechannel::Channel;
-use crate::config::Config;
-use crate::device::{LinkLayer, NetDevice};
+use crate::config::{self, Config};
+use crate::device::{LinkLayer, NetDevice, VirtualDevice};
 use crate::error::{Error, Result};
 use crate::ibv::mr::MemoryRegion;
 use crate::ibv::qp::{ModifyRetry, QpCaps, RtrAttrs};
 use crate::ibv::{CompletionQueue, QueuePair};
-use std::alloc::Layout;
+use crate::memory::AlignedBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
-/// Zeroed, page-aligned heap memory (FIFOs, staging areas), freed on drop.
-pub struct AlignedBuf {
-    ptr: *mut u8,
-    layout: Layout,
-}
+/// Inline bytes requested when NCCL_IB_USE_INLINE=1 (one CTS entry).
+const INLINE_BYTES: u32 = fifo::ENTRY_BYTES as u32;
 
-// SAFETY: plain owned memory.
-unsafe impl Send for AlignedBuf {}
-// SAFETY: `&AlignedBuf` only hands out the address and length; whoever writes through the
-// address (unsafe code, or a NIC) answers for the accesses.
-unsafe impl Sync for AlignedBuf {}
+// The flush loopback QPs of a receive comm (spec §8.9; recv.rs makes them).
+/// Send WRs of a flush loopback QP (made by a comm's first iflush, one per local device): one
+/// RDMA read per flush in flight (bound: ≤ request::FLUSHES_IN_FLIGHT, enforced by iflush,
+/// which fails beyond; a read's WR is outstanding until its completion is polled, which
+/// test() does before it reclaims the flush; a failed comm reclaims nothing and posts nothing).
+pub const FLUSH_SEND_WR: u32 = request::FLUSHES_IN_FLIGHT as u32;
+/// Entries of a flush QP's own CQ: one per outstanding read (≤ FLUSH_SEND_WR, also when the
+/// QP fails and flushes them all); nothing else completes there.
+pub const FLUSH_CQE: usize = request::FLUSHES_IN_FLIGHT;
 
-impl AlignedBuf {
-    pub fn new(len: usize) -> Result<AlignedBuf> {
-        let page = super::mr_cache::page_size();
-        let layout = Layout::from_size_align(len.max(1).next_multiple_of(page), page)
-            .map_err(|e| Error::internal(format!("bad buffer layout: {e}")))?;
-        // SAFETY: non-zero size layout.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(Error::system(format!("cannot allocate {} bytes", layout.size())));
-        }
-        Ok(AlignedBuf { ptr, layout })
-    }
-
-    pub fn addr(&self) -> usize {
-        self.ptr as usize
-    }
-
-    pub fn len(&self) -> usize {
-        self.layout.size()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        false
+/// Inline bytes of every QP of a comm (NCCL_IB_USE_INLINE).
+pub fn inline_bytes() -> u32 {
+    if config::get().use_inline {
+        INLINE_BYTES
+    } else {
+        0
     }
 }
 
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated in `new` with this layout, freed once.
-        unsafe { std::alloc::dealloc(self.ptr, self.layout) };
+/// How long either end waits for the other during setup (FERROCE_CONNECT_TIMEOUT_SEC).
+pub fn setup_timeout() -> Duration {
+    Duration::from_secs(config::get().connect_timeout_sec.max(1))
+}
+
+/// Access of the buffers the peer writes or reads (CTS FIFO, completion records).
+pub fn remote_access() -> u32 {
+    use crate::ibv::sys::ibv_access_flags as A;
+    A::IBV_ACCESS_LOCAL_WRITE.0 | A::IBV_ACCESS_REMOTE_WRITE.0 | A::IBV_ACCESS_REMOTE_READ.0
+}
+
+/// A comm spans 1..=MAX_DEVS member devices (the CTS entry has one rkey per member).
+pub fn check_members(dev: &VirtualDevice) -> Result<()> {
+    if dev.members.is_empty() || dev.members.len() > limits::MAX_DEVS {
+        return Err(Error::internal(format!(
+            "device {} has {} members",
+            dev.name,
+            dev.members.len()
+        )));
     }
+    Ok(())
 }
 
 /// A buffer registered on every member device. Field order matters: MRs go before memory.
@@ -190,7 +192,7 @@ pub fn endpoint(
                     mtu: d.dev.active_mtu.clamp(1, 5) as u8,
                     gid_index: d.dev.gid_index.clamp(0, 255) as u8,
                     rkey: rkeys.get(i).copied().unwrap_or(0),
-                    name: [0; super::handshake::NAME_BYTES],
+                    name: [0; handshake::NAME_BYTES],
                 };
                 r.set_name(&d.dev.name);
                 r

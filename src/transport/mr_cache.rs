@@ -9,26 +9,9 @@
 use crate::error::Result;
 use crate::ibv::mr::{MemoryRegion, ACCESS_DATA};
 use crate::ibv::ProtectionDomain;
+use crate::memory::{page_range, page_size, AlignedBuf};
 use parking_lot::Mutex;
 use std::sync::{Arc, Weak};
-
-/// Page size used for rounding.
-pub fn page_size() -> usize {
-    // SAFETY: sysconf is always safe to call.
-    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
-    }
-}
-
-/// `[addr, addr + len)` rounded out to whole pages (`len` 0 counts as 1 byte).
-pub fn page_range(addr: usize, len: usize, page: usize) -> (usize, usize) {
-    let start = addr & !(page - 1);
-    let end = addr.saturating_add(len.max(1)).saturating_add(page - 1) & !(page - 1);
-    (start, end)
-}
 
 /// One cached registration.
 struct Entry<T> {
@@ -110,7 +93,7 @@ pub struct DeviceCache {
 /// the MR goes before the memory.
 pub struct FlushScratch {
     pub mr: MemoryRegion,
-    pub buf: super::conn::AlignedBuf,
+    pub buf: AlignedBuf,
 }
 
 static CACHES: Mutex<Vec<(usize, Weak<DeviceCache>)>> = Mutex::new(Vec::new());
@@ -184,7 +167,7 @@ impl DeviceCache {
         if let Some(s) = &*s {
             return Ok(s.clone());
         }
-        let buf = super::conn::AlignedBuf::new(64)?;
+        let buf = AlignedBuf::new(64)?;
         // SAFETY: `buf` lives in the same FlushScratch, dropped after the MR.
         let mr = unsafe {
             MemoryRegion::register(
@@ -212,14 +195,6 @@ impl DeviceCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn page_rounding() {
-        assert_eq!(page_range(0x1000, 0x1000, 0x1000), (0x1000, 0x2000));
-        assert_eq!(page_range(0x1001, 1, 0x1000), (0x1000, 0x2000));
-        assert_eq!(page_range(0x1fff, 2, 0x1000), (0x1000, 0x3000));
-        assert_eq!(page_range(0x1000, 0, 0x1000), (0x1000, 0x2000));
-    }
 
     #[test]
     fn refcounted_reuse() {

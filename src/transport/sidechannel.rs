@@ -5,7 +5,7 @@
 //! The peer-liveness probe ([`Channel::peer_gone`]) is how a comm notices a killed peer whose
 //! RDMA traffic has stopped (RDMA alone would wait forever on a posted receive).
 
-use super::handshake::{FrameReader, Message, WireError};
+use super::proto::handshake::{FrameReader, ListenAddr, Message, WireError};
 use crate::config::{AddrFamily, DeviceFilter};
 use crate::error::{Error, Result};
 use once_cell::sync::OnceCell;
@@ -146,6 +146,31 @@ pub fn side_channel_interface() -> Result<&'static IfAddr> {
 // Sockets
 // ---------------------------------------------------------------------------------------------
 
+/// The handle's form of a listener's socket address.
+pub fn listen_addr(a: SocketAddr) -> ListenAddr {
+    match a {
+        SocketAddr::V4(a) => ListenAddr::V4 {
+            ip: a.ip().octets(),
+            port: a.port(),
+        },
+        SocketAddr::V6(a) => ListenAddr::V6 {
+            ip: a.ip().octets(),
+            port: a.port(),
+            scope_id: a.scope_id(),
+        },
+    }
+}
+
+/// The socket address a handle names.
+pub fn socket_addr(a: ListenAddr) -> SocketAddr {
+    match a {
+        ListenAddr::V4 { ip, port } => SocketAddr::new(IpAddr::V4(ip.into()), port),
+        ListenAddr::V6 { ip, port, scope_id } => {
+            SocketAddr::V6(std::net::SocketAddrV6::new(ip.into(), port, 0, scope_id))
+        }
+    }
+}
+
 /// A non-blocking listener on the side-channel interface, ephemeral port.
 pub fn bind_listener(ifa: &IfAddr) -> Result<TcpListener> {
     let addr = match ifa.ip {
@@ -234,11 +259,18 @@ fn poll_fd(fd: i32, events: i16) -> i16 {
     }
 }
 
+/// Where a [`Connector`]'s current attempt is.
+enum Attempt {
+    /// No socket; the next attempt starts at `retry_at`.
+    Waiting { retry_at: Instant },
+    /// A non-blocking connect(2) in progress.
+    Connecting(TcpStream),
+}
+
 /// A TCP connect that retries refused/unreachable attempts until a deadline, without blocking.
 pub struct Connector {
     addr: SocketAddr,
-    stream: Option<TcpStream>,
-    retry_at: Instant,
+    attempt: Attempt,
     attempts: u32,
     deadline: Instant,
     timeout: Duration,
@@ -250,8 +282,7 @@ impl Connector {
         let now = Instant::now();
         Connector {
             addr,
-            stream: None,
-            retry_at: now,
+            attempt: Attempt::Waiting { retry_at: now },
             attempts: 0,
             deadline: now + timeout,
             timeout,
@@ -262,25 +293,14 @@ impl Connector {
     /// `Some(channel)` once connected; `None` while in progress; an error after the deadline.
     pub fn poll(&mut self) -> Result<Option<Channel>> {
         let now = Instant::now();
-        if let Some(s) = &self.stream {
-            let rev = poll_fd(s.as_raw_fd(), libc::POLLOUT);
-            if rev != 0 {
-                match s.take_error() {
-                    Ok(None) if rev & (libc::POLLERR | libc::POLLHUP) == 0 => {
-                        let s = self.stream.take().expect("checked above");
-                        return Ok(Some(Channel::new(s, self.addr)));
-                    }
-                    Ok(_) => self.last_error = Some(io::Error::from_raw_os_error(libc::ECONNREFUSED)),
-                    Err(e) => self.last_error = Some(e),
-                }
-                if let Ok(Some(e)) = s.take_error() {
-                    self.last_error = Some(e);
-                }
-                self.stream = None;
-                self.attempts += 1;
-                self.retry_at = now + Duration::from_millis(100 * u64::from(self.attempts.min(10)));
-            }
-        }
+        let attempt = std::mem::replace(&mut self.attempt, Attempt::Waiting { retry_at: now });
+        self.attempt = match attempt {
+            Attempt::Connecting(s) => match self.check_connected(s, now) {
+                Ok(s) => return Ok(Some(Channel::new(s, self.addr))),
+                Err(next) => next,
+            },
+            waiting => waiting,
+        };
         if now >= self.deadline {
             let why = self
                 .last_error
@@ -294,17 +314,42 @@ impl Connector {
                 self.attempts + 1
             )));
         }
-        if self.stream.is_none() && now >= self.retry_at {
-            match start_connect(&self.addr) {
-                Ok(s) => self.stream = Some(s),
-                Err(e) => {
-                    self.attempts += 1;
-                    self.last_error = Some(e);
-                    self.retry_at = now + Duration::from_millis(100 * u64::from(self.attempts.min(10)));
-                }
+        if let Attempt::Waiting { retry_at } = self.attempt {
+            if now >= retry_at {
+                self.attempt = match start_connect(&self.addr) {
+                    Ok(s) => Attempt::Connecting(s),
+                    Err(e) => self.failed(e, now),
+                };
             }
         }
         Ok(None)
+    }
+
+    /// `Ok`: the connect in progress on `s` succeeded; `Err`: the attempt to go on with.
+    fn check_connected(&mut self, s: TcpStream, now: Instant) -> std::result::Result<TcpStream, Attempt> {
+        let rev = poll_fd(s.as_raw_fd(), libc::POLLOUT);
+        if rev == 0 {
+            return Err(Attempt::Connecting(s));
+        }
+        let error = match s.take_error() {
+            Ok(None) if rev & (libc::POLLERR | libc::POLLHUP) == 0 => return Ok(s),
+            Ok(_) => io::Error::from_raw_os_error(libc::ECONNREFUSED),
+            Err(e) => e,
+        };
+        let error = match s.take_error() {
+            Ok(Some(e)) => e,
+            _ => error,
+        };
+        Err(self.failed(error, now))
+    }
+
+    /// An attempt failed: wait a little longer after each failure before the next.
+    fn failed(&mut self, e: io::Error, now: Instant) -> Attempt {
+        self.attempts += 1;
+        self.last_error = Some(e);
+        Attempt::Waiting {
+            retry_at: now + Duration::from_millis(100 * u64::from(self.attempts.min(10))),
+        }
     }
 }
 
@@ -483,6 +528,14 @@ mod tests {
             "eth1"
         );
         assert_eq!(select_interface(&all, Some(&f("nope")), None), None);
+    }
+
+    #[test]
+    fn handle_addresses_round_trip() {
+        for a in ["127.0.40.1:45678", "[fe80::1%3]:1000", "[fd00::5]:7"] {
+            let a: SocketAddr = a.parse().unwrap();
+            assert_eq!(socket_addr(listen_addr(a)), a);
+        }
     }
 
     #[test]

@@ -19,11 +19,13 @@
 #![forbid(unsafe_code)]
 
 pub mod fifo;
+pub mod handshake;
 pub mod limits;
 pub mod plan;
 pub mod recv;
 pub mod request;
 pub mod send;
+pub mod setup;
 pub mod split;
 pub mod state;
 pub mod time;

@@ -1,4 +1,5 @@
-//! Connection handle and side-channel handshake wire formats (pure: no I/O, no unsafe).
+//! Connection handle and side-channel handshake wire formats (pure: no I/O, no unsafe; the
+//! listener's address is a [`ListenAddr`], which the I/O layer converts to a socket address).
 //!
 //! Two levels, in the smoltcp style: fixed byte ranges in `mod field`, and `Repr` types with
 //! `parse` (checked: after it no accessor can panic) and `emit`. Every integer is little-endian
@@ -33,7 +34,7 @@
 //! Anything else — wrong magic, version, kind, oversize length, inconsistent counts — is a
 //! [`WireError`]; the listener WARNs and drops that TCP connection only.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use super::limits::{MAX_DEVS, MAX_QPS};
 
 /// "ferroceH" handle magic.
 pub const HANDLE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceH");
@@ -53,10 +54,6 @@ pub const HANDLE_BYTES: usize = 128;
 pub const MAX_BODY: usize = 64 * 1024;
 /// Frame header bytes.
 pub const HEADER_BYTES: usize = 16;
-/// Most member devices per side.
-pub const MAX_DEVS: usize = 8;
-/// Most QPs per connection (NCCL_IB_QPS_PER_CONNECTION ≤ 128, × 8 devices).
-pub const MAX_QPS: usize = 1024;
 /// Bytes of one per-device record.
 pub const DEV_BYTES: usize = 48;
 /// Bytes of one per-QP record.
@@ -149,10 +146,25 @@ fn u64_at(b: &[u8], r: std::ops::Range<usize>) -> u64 {
 // Handle
 // ---------------------------------------------------------------------------------------------
 
+/// A listener's IP address and TCP port as the handle carries them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    V4 { ip: [u8; 4], port: u16 },
+    V6 { ip: [u8; 16], port: u16, scope_id: u32 },
+}
+
+impl ListenAddr {
+    pub fn port(&self) -> u16 {
+        match *self {
+            ListenAddr::V4 { port, .. } | ListenAddr::V6 { port, .. } => port,
+        }
+    }
+}
+
 /// What `listen` publishes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HandleRepr {
-    pub addr: SocketAddr,
+    pub addr: ListenAddr,
     pub ndevs: u8,
     pub nonce: u64,
 }
@@ -179,8 +191,15 @@ impl HandleRepr {
         let mut a = [0u8; 16];
         a.copy_from_slice(&h[field::H_ADDR]);
         let addr = match h[field::H_FAMILY] {
-            4 => SocketAddr::new(IpAddr::V4(Ipv4Addr::new(a[0], a[1], a[2], a[3])), port),
-            6 => SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(a), port, 0, u32_at(h, field::H_SCOPE))),
+            4 => ListenAddr::V4 {
+                ip: [a[0], a[1], a[2], a[3]],
+                port,
+            },
+            6 => ListenAddr::V6 {
+                ip: a,
+                port,
+                scope_id: u32_at(h, field::H_SCOPE),
+            },
             _ => return Err(WireError::BadField("handle address family")),
         };
         Ok(HandleRepr {
@@ -198,14 +217,14 @@ impl HandleRepr {
         h[field::H_NDEVS] = self.ndevs;
         h[field::H_PORT].copy_from_slice(&self.addr.port().to_be_bytes());
         match self.addr {
-            SocketAddr::V4(a) => {
+            ListenAddr::V4 { ip, .. } => {
                 h[field::H_FAMILY] = 4;
-                h[field::H_ADDR.start..field::H_ADDR.start + 4].copy_from_slice(&a.ip().octets());
+                h[field::H_ADDR.start..field::H_ADDR.start + 4].copy_from_slice(&ip);
             }
-            SocketAddr::V6(a) => {
+            ListenAddr::V6 { ip, scope_id, .. } => {
                 h[field::H_FAMILY] = 6;
-                h[field::H_ADDR].copy_from_slice(&a.ip().octets());
-                h[field::H_SCOPE].copy_from_slice(&a.scope_id().to_le_bytes());
+                h[field::H_ADDR].copy_from_slice(&ip);
+                h[field::H_SCOPE].copy_from_slice(&scope_id.to_le_bytes());
             }
         }
         h[field::H_NONCE].copy_from_slice(&self.nonce.to_le_bytes());
@@ -658,9 +677,20 @@ mod tests {
 
     #[test]
     fn handle_round_trip_v4_v6() {
+        let mut fe80_1 = [0u8; 16];
+        fe80_1[0] = 0xfe;
+        fe80_1[1] = 0x80;
+        fe80_1[15] = 1;
         for addr in [
-            "127.0.40.1:45678".parse().unwrap(),
-            "[fe80::1%3]:1000".parse::<SocketAddr>().unwrap(),
+            ListenAddr::V4 {
+                ip: [127, 0, 40, 1],
+                port: 45678,
+            },
+            ListenAddr::V6 {
+                ip: fe80_1,
+                port: 1000,
+                scope_id: 3,
+            },
         ] {
             let r = HandleRepr {
                 addr,
@@ -686,7 +716,10 @@ mod tests {
     #[test]
     fn handle_literal_bytes() {
         let r = HandleRepr {
-            addr: "10.1.2.3:4660".parse().unwrap(),
+            addr: ListenAddr::V4 {
+                ip: [10, 1, 2, 3],
+                port: 4660,
+            },
             ndevs: 1,
             nonce: 0x0102030405060708,
         };
@@ -705,7 +738,10 @@ mod tests {
         assert!(matches!(HandleRepr::parse(&h), Err(WireError::BadMagic(0))));
         let mut h = [0u8; HANDLE_BYTES];
         HandleRepr {
-            addr: "1.2.3.4:5".parse().unwrap(),
+            addr: ListenAddr::V4 {
+                ip: [1, 2, 3, 4],
+                port: 5,
+            },
             ndevs: 1,
             nonce: 0,
         }

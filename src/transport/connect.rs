@@ -1,0 +1,320 @@
+//! Connect (spec §7.3, §8.5, the sender's side): dial the listener's side channel, build the
+//! sender's resources, exchange `ConnectReq` / `ConnectResp` / `Ready`, and hand the result to
+//! the data path. Non-blocking: NCCL re-enters [`connect`] with the same handle until it
+//! returns a comm. The protocol decisions are [`proto::setup`](super::proto::setup)'s.
+
+use super::conn::{self, Conn, ConnQp, LocalDev, RegBuf};
+use super::proto::handshake::{self, EndpointRepr, HandleRepr, Message, FLAG_SPLIT};
+use super::proto::setup::{AwaitResponse, Dialing, Finishing, SetupError};
+use super::proto::time::Time;
+use super::proto::{request, split};
+use super::sidechannel::{self, Channel, ChannelError, Connector};
+use super::{clock, send, SendComm};
+use crate::config;
+use crate::device::{NetDevice, VirtualDevice};
+use crate::error::{Error, Result};
+use crate::ibv::qp::QpCaps;
+use crate::ibv::{sys, QueuePair};
+use parking_lot::Mutex;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+// Queue and CQ sizes of the sender, from what can be outstanding at once (no CQ can overflow,
+// even when a failed QP flushes every WR it holds: softroce and the verbs spec give a flushed
+// WR a completion whether it was signaled or not, and an overrun CQ is a device-fatal event).
+
+/// Send WRs per sender data QP: its credits (bound: WRs not yet retired ≤ send::SQ_DEPTH).
+const SENDER_SEND_WR: u32 = super::proto::send::SQ_DEPTH as u32;
+/// CQ entries per sender data QP: ≤ one per unretired WR (send::SQ_DEPTH); nothing else
+/// completes on the sender's CQ.
+const SENDER_CQE_PER_QP: usize = super::proto::send::SQ_DEPTH;
+// Every QP of a connection has an index a send wr_id can carry.
+const _: () = assert!(super::proto::limits::MAX_QPS <= request::WR_ID_QPS);
+
+/// The sender's resources, made once the TCP connection is up; QPs in INIT.
+struct Requested {
+    chan: Channel,
+    state: AwaitResponse,
+    devs: Vec<LocalDev>,
+    qps: Vec<QueuePair>,
+    bufs: RegBuf,
+    qps_per_req: usize,
+}
+
+/// The listener answered and our QPs are in RTS; `Ready` is queued.
+struct Answered {
+    chan: Channel,
+    state: Finishing,
+    devs: Vec<LocalDev>,
+    qps: Vec<ConnQp>,
+    peer: EndpointRepr,
+    bufs: RegBuf,
+    qps_per_req: usize,
+}
+
+/// Where a connect is; each state holds what exists by then.
+enum Stage {
+    Dialing { connector: Connector, state: Dialing },
+    AwaitResponse(Box<Requested>),
+    Finishing(Box<Answered>),
+}
+
+/// Whom a connect is for, fixed by its first call.
+struct Target {
+    /// Recorded in the handle's stage bytes; finds the connect again.
+    id: u64,
+    listener: HandleRepr,
+    members: Vec<Arc<NetDevice>>,
+    traffic_class: i32,
+}
+
+/// A connect in progress.
+struct Connecting {
+    target: Target,
+    stage: Stage,
+    touched: Time,
+}
+
+/// What one call achieved.
+enum Progress {
+    Pending(Box<Connecting>),
+    Done(Box<SendComm>),
+}
+
+/// The connects in progress, process-wide. NCCL re-enters `connect` with the same handle (a
+/// copy of the 128 bytes, not a pointer we could hang state on), and may call it from any
+/// thread, so the in-progress state lives here, keyed by an id the first call writes into
+/// the handle's stage bytes.
+static CONNECTING: Mutex<Vec<Connecting>> = Mutex::new(Vec::new());
+static NEXT_CONNECT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Drop every connect NCCL started and abandoned (never re-entered). They hold device
+/// references, so the last `finalize` calls this before closing the devices.
+pub fn forget_pending_connects() -> usize {
+    let mut all = CONNECTING.lock();
+    let n = all.len();
+    all.clear();
+    n
+}
+
+/// Non-blocking connect. Re-entered with the same handle until it returns `Some`; the
+/// in-progress state lives in `CONNECTING`, keyed by an id recorded in the handle.
+/// `traffic_class`: the communicator's (`ncclNetCommConfig.trafficClass`, -1 when unset).
+pub fn connect(traffic_class: i32, dev: &Arc<VirtualDevice>, handle: &mut [u8; 128]) -> Result<Option<Box<SendComm>>> {
+    let listener = HandleRepr::parse(handle).map_err(|e| {
+        Error::internal(format!(
+            "connect: the handle is not a ferroce listen handle ({e}); do both ranks load the same plugin?"
+        ))
+    })?;
+    conn::check_members(dev)?;
+    let timeout = conn::setup_timeout();
+    let now = clock::now();
+    let mut c = {
+        let mut all = CONNECTING.lock();
+        // Connects NCCL abandoned (it never called again) are reclaimed after twice the timeout.
+        all.retain(|c| now.saturating_since(c.touched) < 2 * timeout);
+        let found = handshake::read_stage(handle).and_then(|id| {
+            all.iter()
+                .position(|c| c.target.id == id && c.target.listener == listener)
+        });
+        match found {
+            Some(i) => all.swap_remove(i),
+            None => Connecting {
+                target: Target {
+                    id: NEXT_CONNECT_ID.fetch_add(1, Ordering::Relaxed),
+                    listener,
+                    members: dev.members.clone(),
+                    traffic_class,
+                },
+                stage: Stage::Dialing {
+                    connector: Connector::new(sidechannel::socket_addr(listener.addr), timeout),
+                    state: Dialing::new(listener.nonce, now, timeout),
+                },
+                touched: now,
+            },
+        }
+    };
+    c.touched = now;
+    let id = c.target.id;
+    match progress_connect(c, now) {
+        Ok(Progress::Done(comm)) => {
+            handshake::write_stage(handle, None);
+            Ok(Some(comm))
+        }
+        Ok(Progress::Pending(c)) => {
+            handshake::write_stage(handle, Some(id));
+            CONNECTING.lock().push(*c);
+            Ok(None)
+        }
+        Err(e) => {
+            handshake::write_stage(handle, None);
+            Err(e)
+        }
+    }
+}
+
+/// One step of every state that can advance now.
+fn progress_connect(c: Connecting, now: Time) -> Result<Progress> {
+    let Connecting {
+        target,
+        mut stage,
+        touched,
+    } = c;
+    if let Stage::Dialing { mut connector, state } = stage {
+        stage = match connector.poll()? {
+            Some(chan) => Stage::AwaitResponse(request(&target, chan, state)?),
+            // The connector gives up at its own deadline (the setup timeout).
+            None => Stage::Dialing { connector, state },
+        };
+    }
+    if let Stage::AwaitResponse(r) = stage {
+        stage = match await_response(r, now)? {
+            Ok(answered) => Stage::Finishing(answered),
+            Err(waiting) => Stage::AwaitResponse(waiting),
+        };
+    }
+    if let Stage::Finishing(f) = stage {
+        stage = match finish(f, &target.members, now)? {
+            Ok(comm) => return Ok(Progress::Done(comm)),
+            Err(f) => Stage::Finishing(f),
+        };
+    }
+    Ok(Progress::Pending(Box::new(Connecting { target, stage, touched })))
+}
+
+/// The TCP connection is up: build the sender's end and queue `ConnectReq`.
+fn request(c: &Target, mut chan: Channel, state: Dialing) -> Result<Box<Requested>> {
+    let cfg = config::get();
+    let ndata = c.members.len().max(c.listener.ndevs as usize);
+    let nqps = (cfg.qps_per_connection.clamp(1, 128) as usize) * ndata;
+    let devs = conn::local_devs(&c.members, nqps, SENDER_CQE_PER_QP, 0)?;
+    let qps = conn::create_qps(
+        &devs,
+        nqps,
+        QpCaps {
+            max_send_wr: SENDER_SEND_WR,
+            max_recv_wr: 0,
+            max_inline_data: conn::inline_bytes(),
+        },
+        sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0,
+        cfg,
+    )?;
+    // The FIFO (remote-writable) and the grouped-send sizes in one registration.
+    let bufs = RegBuf::new(&devs, send::SEND_BLOCK_BYTES, conn::remote_access())?;
+    let (tc, sl) = conn::tc_sl(cfg, c.traffic_class);
+    let rkeys: Vec<u32> = bufs.mrs.iter().map(|m| m.rkey()).collect();
+    let flags = if cfg.split_data_on_qps { FLAG_SPLIT } else { 0 };
+    let req = conn::endpoint(&devs, &qps, state.nonce(), tc, sl, flags, bufs.addr() as u64, &rkeys);
+    chan.queue(&Message::ConnectReq(req));
+    Ok(Box::new(Requested {
+        chan,
+        state: state.handle_dialed(),
+        devs,
+        qps,
+        bufs,
+        qps_per_req: split::qps_per_request(cfg.split_data_on_qps, nqps, ndata),
+    }))
+}
+
+/// Send the request, read the answer; on a valid one bring our QPs up and queue `Ready`.
+/// `Ok(Err(r))`: still waiting.
+fn await_response(mut r: Box<Requested>, now: Time) -> Result<std::result::Result<Box<Answered>, Box<Requested>>> {
+    let peer = r.chan.peer;
+    r.chan.flush().map_err(|e| channel_error(peer, e))?;
+    let incoming = match r.chan.poll_recv() {
+        Ok(None) => {
+            r.state.handle_timeout(now).map_err(|e| setup_error(peer, e))?;
+            return Ok(Err(r));
+        }
+        Ok(Some(m)) => Ok(m),
+        Err(ChannelError::Wire(e)) => Err(e),
+        Err(e) => return Err(channel_error(peer, e)),
+    };
+    let resp = r.state.handle_message(incoming).map_err(|e| setup_error(peer, e))?;
+    let Requested {
+        mut chan,
+        state,
+        devs,
+        qps,
+        bufs,
+        qps_per_req,
+    } = *r;
+    conn::check_peer(&devs, qps.len(), &resp)?;
+    let qps = conn::bring_up(&devs, qps, &resp, resp.tc, resp.sl, config::get())?;
+    let (state, ready) = state.handle_brought_up();
+    chan.queue(&ready);
+    Ok(Ok(Box::new(Answered {
+        chan,
+        state,
+        devs,
+        qps,
+        peer: resp,
+        bufs,
+        qps_per_req,
+    })))
+}
+
+/// Send `Ready`; once it is out, the connection goes to the data path. `Ok(Err(f))`: still
+/// sending.
+fn finish(
+    mut f: Box<Answered>,
+    members: &[Arc<NetDevice>],
+    now: Time,
+) -> Result<std::result::Result<Box<SendComm>, Box<Answered>>> {
+    let peer = f.chan.peer;
+    if !f.chan.flush().map_err(|e| channel_error(peer, e))? {
+        f.state.handle_timeout(now).map_err(|e| setup_error(peer, e))?;
+        return Ok(Err(f));
+    }
+    let cfg = config::get();
+    let Answered {
+        mut chan,
+        devs,
+        qps,
+        peer,
+        bufs,
+        qps_per_req,
+        ..
+    } = *f;
+    chan.release_buffers();
+    let conn = Conn {
+        qps,
+        devs,
+        peer,
+        chan,
+        qps_per_req,
+    };
+    let ar = match cfg.adaptive_routing {
+        0 => false,
+        v if v > 0 => true,
+        _ => members.iter().all(|m| m.adaptive_routing),
+    };
+    let dp = send::SendDp::new(conn, bufs, ar, cfg.ar_threshold);
+    Ok(Ok(Box::new(SendComm { dp })))
+}
+
+fn channel_error(peer: SocketAddr, e: ChannelError) -> Error {
+    Error::remote(format!(
+        "connection setup with {peer} failed: {e} — did the peer process exit or reject us? (see its log)"
+    ))
+}
+
+fn setup_error(peer: SocketAddr, e: SetupError) -> Error {
+    Error::remote(match e {
+        SetupError::Malformed(w) => return channel_error(peer, ChannelError::Wire(w)),
+        SetupError::WrongNonce { .. } => {
+            format!("{peer} answered with another nonce: not the listener of this handle")
+        }
+        SetupError::Rejected { code, text } => format!("{peer} rejected the connection (code {code}): {text}"),
+        SetupError::Unexpected { got, .. } => format!("{peer} sent {got} during connection setup"),
+        SetupError::TimedOut { after, .. } => timed_out(peer, after),
+    })
+}
+
+fn timed_out(peer: SocketAddr, after: Duration) -> String {
+    format!(
+        "connection setup with {peer} did not finish within {after:?} — the peer accepted the TCP connection but never answered (is its proxy thread stuck?) (FERROCE_CONNECT_TIMEOUT_SEC sets the limit)"
+    )
+}

@@ -1,0 +1,393 @@
+//! Listen and accept (spec §7.2, §8.5, the receiver's side): a TCP listener on the side-channel
+//! interface, the connections on it in their setup states, and the receiver's resources built
+//! for the one being accepted. The protocol decisions are [`proto::setup`](super::proto::setup)'s.
+//!
+//! Malformed or foreign connections are WARNed and dropped; the listener keeps working.
+
+use super::conn::{self, Conn, LocalDev, RegBuf};
+use super::proto::handshake::{EndpointRepr, HandleRepr, Message, FLAG_SPLIT};
+use super::proto::setup::{AwaitReady, AwaitRequest, Incoming, Refusal, SetupError};
+use super::proto::time::Time;
+use super::proto::{request, split};
+use super::sidechannel::{self, Channel, ChannelError};
+use super::{clock, recv, RecvComm};
+use crate::config;
+use crate::device::{NetDevice, VirtualDevice};
+use crate::error::{Error, Result};
+use crate::ibv::qp::QpCaps;
+use crate::ibv::sys;
+use std::net::TcpListener;
+use std::sync::Arc;
+
+// Queue and CQ sizes of the receiver, from what can be outstanding at once (see
+// connect.rs: no CQ can overflow, even when a failed QP flushes every WR it holds).
+
+/// Send WRs per receiver QP: CTS writes (bound: unretired ≤ recv::CTS_DEPTH, only on the first
+/// QP of each device).
+const RECEIVER_SEND_WR: u32 = super::proto::recv::CTS_DEPTH as u32;
+/// Receive WRs per receiver QP: one per receive in flight that uses the QP (≤ RECVS_IN_FLIGHT;
+/// a receive's WRs complete before test() reports it).
+const RECEIVER_RECV_WR: u32 = request::RECVS_IN_FLIGHT as u32;
+/// CQ entries per receiver QP: its receive WRs (nothing else of the QP is signaled but the
+/// CTS writes, counted per device below).
+const RECEIVER_CQE_PER_QP: usize = request::RECVS_IN_FLIGHT;
+/// CQ entries per receiver device besides the per-QP ones: the CTS writes of its one CTS QP
+/// (≤ recv::CTS_DEPTH unretired). Flush reads complete elsewhere (FLUSH_CQE), so the receive
+/// CQ of a device holds m·RECVS_IN_FLIGHT + CTS_DEPTH for its m QPs.
+const RECEIVER_CQE_CTS: usize = super::proto::recv::CTS_DEPTH;
+/// Most simultaneous unidentified connections kept per listener.
+const MAX_PENDING: usize = 64;
+
+/// A connection whose first message has not arrived yet.
+struct Pending {
+    chan: Channel,
+    state: AwaitRequest,
+}
+
+/// The connection that sent a valid request: our end is up, `ConnectResp` queued.
+struct Accepting {
+    chan: Channel,
+    state: AwaitReady,
+    parts: RecvParts,
+}
+
+/// The one connection a listener accepts at a time.
+enum Slot {
+    Free,
+    Accepting(Box<Accepting>),
+}
+
+/// When `accept` was first called: the listener gives up a timeout after it.
+enum Polled {
+    Never,
+    Since(Time),
+}
+
+/// A listening endpoint: one TCP listener plus the handshakes in progress on it.
+pub struct ListenComm {
+    listener: TcpListener,
+    nonce: u64,
+    members: Vec<Arc<NetDevice>>,
+    pending: Vec<Pending>,
+    slot: Slot,
+    polled: Polled,
+}
+
+/// Open a listener on the side-channel interface and write the handle (≤ 128 bytes).
+/// Never blocks; always returns a comm on success.
+pub fn listen(dev: &Arc<VirtualDevice>, handle: &mut [u8; 128]) -> Result<Box<ListenComm>> {
+    conn::check_members(dev)?;
+    let ifa = sidechannel::side_channel_interface()?;
+    let listener = sidechannel::bind_listener(ifa)?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| Error::system(format!("getsockname on the listener: {e}")))?;
+    let nonce = random_nonce();
+    HandleRepr {
+        addr: sidechannel::listen_addr(addr),
+        ndevs: dev.members.len() as u8,
+        nonce,
+    }
+    .emit(handle);
+    Ok(Box::new(ListenComm {
+        listener,
+        nonce,
+        members: dev.members.clone(),
+        pending: Vec::new(),
+        slot: Slot::Free,
+        polled: Polled::Never,
+    }))
+}
+
+/// A listener's nonce: unique per listener (not secret), so a stale or foreign handle is told
+/// apart from ours. Never 0.
+fn random_nonce() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: writes at most 8 bytes into v.
+    let n = unsafe { libc::getrandom(&mut v as *mut u64 as *mut libc::c_void, 8, 0) };
+    if n != 8 {
+        // Fall back to time and address entropy; uniqueness, not secrecy, is what matters.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        v = t ^ (&v as *const u64 as u64).rotate_left(32) ^ u64::from(std::process::id());
+    }
+    v | 1
+}
+
+/// A message read off a channel (a framing error is a message the protocol refuses), or why
+/// the channel ended.
+fn read(chan: &mut Channel) -> std::result::Result<Option<Incoming>, ChannelError> {
+    match chan.poll_recv() {
+        Ok(m) => Ok(m.map(Ok)),
+        Err(ChannelError::Wire(e)) => Ok(Some(Err(e))),
+        Err(e) => Err(e),
+    }
+}
+
+/// Drop a connection the protocol refused: WARN, and tell the peer why if the refusal says so.
+fn refuse(mut chan: Channel, r: Refusal) {
+    let peer = chan.peer;
+    match &r.error {
+        SetupError::Malformed(e) => crate::log_warn!("listener: rejected a connection from {peer}: {e}"),
+        SetupError::WrongNonce { .. } if r.reject.is_some() => crate::log_warn!(
+            "listener: connection from {peer} carries another listener's handle (nonce mismatch: a stale or foreign handle); rejected"
+        ),
+        SetupError::WrongNonce { .. } => {
+            crate::log_warn!("listener: {peer} sent Ready with another listener's nonce; dropped")
+        }
+        SetupError::Rejected { .. } => crate::log_warn!(
+            "listener: second connection attempt from {peer} while one is being accepted; rejected"
+        ),
+        SetupError::Unexpected { state: "AwaitRequest", got } => {
+            crate::log_warn!("listener: unexpected first message from {peer}: {got:?}; dropped")
+        }
+        SetupError::Unexpected { got, .. } => {
+            crate::log_warn!("listener: {peer} sent {got:?} instead of Ready; dropped")
+        }
+        SetupError::TimedOut {
+            state: "AwaitRequest",
+            after,
+        } => crate::log_warn!("listener: {peer} connected but sent nothing for {after:?}; dropped"),
+        SetupError::TimedOut { after, .. } => {
+            crate::log_warn!("listener: {peer} did not finish the handshake within {after:?}; dropped")
+        }
+    }
+    if let Some(m) = r.reject {
+        chan.queue(&m);
+        let _ = chan.flush();
+    }
+}
+
+impl ListenComm {
+    /// Non-blocking accept; `None` while no peer has completed the handshake.
+    pub fn accept(&mut self) -> Result<Option<Box<RecvComm>>> {
+        let timeout = conn::setup_timeout();
+        let now = clock::now();
+        let first = match self.polled {
+            Polled::Never => {
+                self.polled = Polled::Since(now);
+                now
+            }
+            Polled::Since(t) => t,
+        };
+        self.take_connections(now, timeout)?;
+        self.progress_pending(now)?;
+        if let Some(comm) = self.progress_accepting(now) {
+            return Ok(Some(comm));
+        }
+        if matches!(self.slot, Slot::Free) && now.saturating_since(first) > timeout {
+            return Err(Error::remote(format!(
+                "no peer completed a connection to this listener ({}) within {timeout:?} — is the sending rank alive and can it reach this address? (FERROCE_CONNECT_TIMEOUT_SEC sets the limit)",
+                self.listener.local_addr().map(|a| a.to_string()).unwrap_or_default()
+            )));
+        }
+        Ok(None)
+    }
+
+    /// New TCP connections join the pending list (the oldest is dropped when it is full).
+    fn take_connections(&mut self, now: Time, timeout: std::time::Duration) -> Result<()> {
+        while let Some(chan) = sidechannel::try_accept(&self.listener)? {
+            if self.pending.len() >= MAX_PENDING {
+                let old = self.pending.remove(0);
+                crate::log_warn!(
+                    "listener: too many unidentified connections, dropping the one from {}",
+                    old.chan.peer
+                );
+            }
+            self.pending.push(Pending {
+                chan,
+                state: AwaitRequest::new(self.nonce, now, timeout),
+            });
+        }
+        Ok(())
+    }
+
+    /// Unidentified connections: wait for their first message; a valid request is accepted.
+    fn progress_pending(&mut self, now: Time) -> Result<()> {
+        let mut i = 0;
+        while i < self.pending.len() {
+            let p = &mut self.pending[i];
+            let incoming = match read(&mut p.chan) {
+                Ok(Some(m)) => m,
+                Ok(None) => match p.state.handle_timeout(now) {
+                    Ok(()) => {
+                        i += 1;
+                        continue;
+                    }
+                    Err(e) => {
+                        let p = self.pending.remove(i);
+                        refuse(p.chan, Refusal { error: e, reject: None });
+                        continue;
+                    }
+                },
+                Err(e) => {
+                    let p = self.pending.remove(i);
+                    crate::log_info!(
+                        crate::log::subsys::NET,
+                        "listener: connection from {} went away before identifying itself: {e}",
+                        p.chan.peer
+                    );
+                    continue;
+                }
+            };
+            let p = self.pending.remove(i);
+            let busy = matches!(self.slot, Slot::Accepting(_));
+            match p.state.handle_message(incoming, busy) {
+                Ok(req) => self.start_accepting(p, &req, now)?,
+                Err(r) => refuse(p.chan, r),
+            }
+        }
+        Ok(())
+    }
+
+    /// Build our end for a valid request and answer it. A failure is told to the peer and
+    /// fails this accept (the listener itself stays usable).
+    fn start_accepting(&mut self, p: Pending, req: &EndpointRepr, now: Time) -> Result<()> {
+        let Pending { mut chan, state } = p;
+        match build_recv(&self.members, req, self.nonce) {
+            Ok((parts, resp)) => {
+                chan.queue(&Message::ConnectResp(resp));
+                self.slot = Slot::Accepting(Box::new(Accepting {
+                    chan,
+                    state: state.handle_built(now),
+                    parts,
+                }));
+                Ok(())
+            }
+            Err(e) => {
+                chan.queue(&state.handle_build_failed(&e.to_string()));
+                let _ = chan.flush();
+                Err(e.context(format!("accepting the connection from {}", chan.peer)))
+            }
+        }
+    }
+
+    /// The identified connection: send our answer, wait for `Ready`; the comm once it came.
+    fn progress_accepting(&mut self, now: Time) -> Option<Box<RecvComm>> {
+        let Slot::Accepting(mut a) = std::mem::replace(&mut self.slot, Slot::Free) else {
+            return None;
+        };
+        let incoming = match a.chan.flush().and_then(|_| read(&mut a.chan)) {
+            Ok(m) => m,
+            Err(e) => {
+                crate::log_warn!("listener: {} failed during the handshake: {e}; dropped", a.chan.peer);
+                return None;
+            }
+        };
+        let verdict = match incoming {
+            Some(m) => a.state.handle_message(m),
+            None => match a.state.handle_timeout(now) {
+                Ok(()) => {
+                    self.slot = Slot::Accepting(a);
+                    return None;
+                }
+                Err(e) => Err(Refusal { error: e, reject: None }),
+            },
+        };
+        match verdict {
+            Ok(()) => {
+                let Accepting { chan, parts, .. } = *a;
+                Some(Box::new(RecvComm { dp: parts.finish(chan) }))
+            }
+            Err(r) => {
+                refuse(a.chan, r);
+                None
+            }
+        }
+    }
+}
+
+/// Receiver resources built on a valid request, before the connector's Ready.
+struct RecvParts {
+    devs: Vec<LocalDev>,
+    qps: Vec<conn::ConnQp>,
+    /// iflush issues reads (its flush QPs are made by the first one).
+    flush: bool,
+    bufs: RegBuf,
+    peer: EndpointRepr,
+    qps_per_req: usize,
+}
+
+impl RecvParts {
+    fn finish(self, mut chan: Channel) -> Box<recv::RecvDp> {
+        let p = self;
+        chan.release_buffers();
+        let conn = Conn {
+            qps: p.qps,
+            devs: p.devs,
+            peer: p.peer,
+            chan,
+            qps_per_req: p.qps_per_req,
+        };
+        recv::RecvDp::new(conn, p.flush, p.bufs, config::get().use_inline)
+    }
+}
+
+/// Whether receives need the GPU flush (spec §8.3): peer memory or DMA-BUF, and not disabled.
+fn flush_wanted(members: &[Arc<NetDevice>]) -> bool {
+    static PEER_MEMORY: once_cell::sync::OnceCell<bool> = once_cell::sync::OnceCell::new();
+    let peer = *PEER_MEMORY.get_or_init(crate::device::peer_memory_present);
+    !config::get().gdr_flush_disable && (peer || members.iter().all(|m| m.dmabuf))
+}
+
+fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Result<(RecvParts, EndpointRepr)> {
+    let cfg = config::get();
+    let nl = members.len();
+    let nr = req.devs.len();
+    let nqps = req.qps.len();
+    let ndata = nl.max(nr);
+    if nqps < ndata {
+        return Err(Error::remote(format!(
+            "the sender offers {nqps} QPs for {ndata} device pairs"
+        )));
+    }
+    let flush = flush_wanted(members);
+    let devs = conn::local_devs(members, nqps, RECEIVER_CQE_PER_QP, RECEIVER_CQE_CTS)?;
+    let qps = conn::create_qps(
+        &devs,
+        nqps,
+        QpCaps {
+            max_send_wr: RECEIVER_SEND_WR,
+            max_recv_wr: RECEIVER_RECV_WR,
+            max_inline_data: conn::inline_bytes(),
+        },
+        sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
+            | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
+            | sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0,
+        cfg,
+    )?;
+    conn::check_peer(&devs, nqps, req)?;
+    // The CTS staging, which also holds the completion records, in one registration; the peer
+    // is told the completion records' address.
+    let bufs = RegBuf::new(&devs, recv::RECV_BLOCK_BYTES, conn::remote_access())?;
+    let rkeys: Vec<u32> = bufs.mrs.iter().map(|m| m.rkey()).collect();
+    let resp = conn::endpoint(
+        &devs,
+        &qps,
+        nonce,
+        req.tc,
+        req.sl,
+        req.flags,
+        (bufs.addr() + recv::CMPL_OFF) as u64,
+        &rkeys,
+    );
+    // Our QPs carry the CTS writes: NCCL_IB_FIFO_TC if set, else the sender's data tc.
+    let tc = if cfg.fifo_tc >= 0 {
+        (cfg.fifo_tc & 0xff) as u8
+    } else {
+        req.tc
+    };
+    let qps = conn::bring_up(&devs, qps, req, tc, req.sl, cfg)?;
+    let split = req.flags & FLAG_SPLIT != 0;
+    let parts = RecvParts {
+        devs,
+        qps,
+        flush,
+        bufs,
+        peer: req.clone(),
+        qps_per_req: split::qps_per_request(split, nqps, ndata),
+    };
+    Ok((parts, resp))
+}

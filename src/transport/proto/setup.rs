@@ -1,0 +1,545 @@
+//! The connection-setup protocol of both ends as pure state machines (spec §8.5): which side
+//! channel message each state expects, the nonce checks and the setup timeout. The I/O layer
+//! (transport/listen.rs, transport/connect.rs) owns the sockets and the verbs resources, feeds
+//! every message (or framing error) it reads to `handle_*`, and acts on what comes back;
+//! time is an argument.
+//!
+//! ```text
+//! connector                                listener (one connection)
+//! Dialing --TCP up--> AwaitResponse        AwaitRequest --ConnectReq, nonce ok--> (build)
+//!   ConnectReq ------------------------------->                                      |
+//!   <------------------------------------------ ConnectResp      AwaitReady <--------+
+//! AwaitResponse --ConnectResp--> (bring up) --> Finishing
+//!   Ready ------------------------------------> AwaitReady --Ready, nonce ok--> done
+//! Finishing --Ready sent--> done
+//! ```
+//!
+//! Every other message, a nonce that is not the listener's, a framing error or the timeout is
+//! an error ([`SetupError`]); nothing here panics on peer input. The listener drops only the
+//! offending connection and keeps listening (its caller decides); the connector fails.
+
+use super::handshake::{EndpointRepr, Message, WireError};
+use super::time::Time;
+use std::fmt;
+use std::time::Duration;
+
+/// Reason codes of the `Reject` message the listener sends (never renumbered).
+pub mod reject {
+    /// The request carries another listener's nonce (a stale or foreign handle).
+    pub const NONCE_MISMATCH: u32 = 1;
+    /// The listener is already accepting another connection.
+    pub const BUSY: u32 = 2;
+    /// The listener could not build its end (verbs resources).
+    pub const SETUP_FAILED: u32 = 3;
+}
+
+/// Why setup failed (or, on the listener, why one connection is dropped).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SetupError {
+    /// The bytes were not a valid frame.
+    Malformed(WireError),
+    /// A valid message the current state does not expect.
+    Unexpected { state: &'static str, got: &'static str },
+    /// A message naming a nonce that is not the listener's.
+    WrongNonce { got: u64 },
+    /// The listener refuses the connection.
+    Rejected { code: u32, text: String },
+    /// The state did not advance within the setup timeout.
+    TimedOut { state: &'static str, after: Duration },
+}
+
+impl fmt::Display for SetupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SetupError::Malformed(e) => write!(f, "malformed message: {e}"),
+            SetupError::Unexpected { state, got } => write!(f, "sent {got} while this side was in {state}"),
+            SetupError::WrongNonce { got } => {
+                write!(
+                    f,
+                    "nonce {got:#018x} is not this listener's (a stale or foreign handle)"
+                )
+            }
+            SetupError::Rejected { code, text } => write!(f, "rejected the connection (code {code}): {text}"),
+            SetupError::TimedOut { state, after } => write!(f, "no progress in {state} within {after:?}"),
+        }
+    }
+}
+
+/// The name of a message kind, for errors and logs.
+pub fn kind_name(m: &Message) -> &'static str {
+    match m {
+        Message::ConnectReq(_) => "ConnectReq",
+        Message::ConnectResp(_) => "ConnectResp",
+        Message::Ready { .. } => "Ready",
+        Message::Reject { .. } => "Reject",
+    }
+}
+
+/// A message as read off the side channel: whole, or a framing error.
+pub type Incoming = Result<Message, WireError>;
+
+/// The timeout of one state: entered at `since`, given up `timeout` later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateTimer {
+    since: Time,
+    timeout: Duration,
+}
+
+impl StateTimer {
+    pub fn new(now: Time, timeout: Duration) -> StateTimer {
+        StateTimer { since: now, timeout }
+    }
+
+    /// When the state gives up.
+    pub fn poll_timeout(&self) -> Time {
+        self.since + self.timeout
+    }
+
+    /// `Err` once `now` is past the deadline.
+    fn check(&self, now: Time, state: &'static str) -> Result<(), SetupError> {
+        if now > self.poll_timeout() {
+            return Err(SetupError::TimedOut {
+                state,
+                after: self.timeout,
+            });
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connector: Dialing -> AwaitResponse -> Finishing, each state a type; one timer for all.
+// ---------------------------------------------------------------------------------------------
+
+/// The TCP connection to the listener is not up yet; nothing is sent.
+#[derive(Clone, Debug)]
+pub struct Dialing {
+    nonce: u64,
+    timer: StateTimer,
+}
+
+impl Dialing {
+    /// A connect to the listener whose handle carries `nonce`, started at `now`.
+    pub fn new(nonce: u64, now: Time, timeout: Duration) -> Dialing {
+        Dialing {
+            nonce,
+            timer: StateTimer::new(now, timeout),
+        }
+    }
+
+    /// The listener's nonce, which `ConnectReq` carries.
+    pub fn nonce(&self) -> u64 {
+        self.nonce
+    }
+
+    /// The TCP connection is up and the caller queued its `ConnectReq`. (Dialing itself gives
+    /// up at the TCP connector's deadline, the same timeout: it has no timer check here.)
+    pub fn handle_dialed(self) -> AwaitResponse {
+        AwaitResponse {
+            nonce: self.nonce,
+            timer: self.timer,
+        }
+    }
+}
+
+/// `ConnectReq` is queued; the listener's `ConnectResp` is awaited.
+#[derive(Clone, Debug)]
+pub struct AwaitResponse {
+    nonce: u64,
+    timer: StateTimer,
+}
+
+impl AwaitResponse {
+    /// A message from the listener: `Ok` is its end; bring the QPs up against it, then call
+    /// [`handle_brought_up`](Self::handle_brought_up).
+    pub fn handle_message(&self, m: Incoming) -> Result<EndpointRepr, SetupError> {
+        match m.map_err(SetupError::Malformed)? {
+            Message::ConnectResp(resp) if resp.nonce == self.nonce => Ok(resp),
+            Message::ConnectResp(resp) => Err(SetupError::WrongNonce { got: resp.nonce }),
+            Message::Reject { code, text } => Err(SetupError::Rejected { code, text }),
+            other => Err(SetupError::Unexpected {
+                state: "AwaitResponse",
+                got: kind_name(&other),
+            }),
+        }
+    }
+
+    /// Our QPs are in RTS: the next state and the message to queue (`Ready`).
+    pub fn handle_brought_up(self) -> (Finishing, Message) {
+        let ready = Message::Ready { nonce: self.nonce };
+        (Finishing { timer: self.timer }, ready)
+    }
+
+    pub fn handle_timeout(&self, now: Time) -> Result<(), SetupError> {
+        self.timer.check(now, "AwaitResponse")
+    }
+}
+
+/// Our QPs are up and `Ready` is queued; setup is done once it is sent. Nothing more is read
+/// (the channel is the liveness probe from here on).
+#[derive(Clone, Debug)]
+pub struct Finishing {
+    timer: StateTimer,
+}
+
+impl Finishing {
+    pub fn handle_timeout(&self, now: Time) -> Result<(), SetupError> {
+        self.timer.check(now, "Finishing")
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Listener, per connection: AwaitRequest -> AwaitReady, each state a type with its own timer.
+// ---------------------------------------------------------------------------------------------
+
+/// How the listener refuses a connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub error: SetupError,
+    /// `Some`: tell the peer why (a `Reject` to send before closing); `None`: just close.
+    pub reject: Option<Message>,
+}
+
+impl Refusal {
+    fn silent(error: SetupError) -> Refusal {
+        Refusal { error, reject: None }
+    }
+}
+
+/// Accepted; the connection's first message (`ConnectReq`) is awaited.
+#[derive(Clone, Debug)]
+pub struct AwaitRequest {
+    nonce: u64,
+    timer: StateTimer,
+}
+
+impl AwaitRequest {
+    /// A connection accepted at `now` on the listener whose handle carries `nonce`.
+    pub fn new(nonce: u64, now: Time, timeout: Duration) -> AwaitRequest {
+        AwaitRequest {
+            nonce,
+            timer: StateTimer::new(now, timeout),
+        }
+    }
+
+    /// The connection's first message. `busy`: another connection of this listener is in
+    /// [`AwaitReady`] (one is accepted at a time). `Ok`: a valid request, build our end for it
+    /// and queue `ConnectResp`. `Err`: drop the connection, after sending the `Reject`, if any.
+    pub fn handle_message(&self, m: Incoming, busy: bool) -> Result<EndpointRepr, Refusal> {
+        match m.map_err(|e| Refusal::silent(SetupError::Malformed(e)))? {
+            Message::ConnectReq(req) if req.nonce != self.nonce => Err(Refusal {
+                error: SetupError::WrongNonce { got: req.nonce },
+                reject: Some(Message::Reject {
+                    code: reject::NONCE_MISMATCH,
+                    text: "nonce mismatch: this listener did not issue that handle".into(),
+                }),
+            }),
+            Message::ConnectReq(_) if busy => Err(Refusal {
+                error: SetupError::Rejected {
+                    code: reject::BUSY,
+                    text: "a second connection attempt while one is being accepted".into(),
+                },
+                reject: Some(Message::Reject {
+                    code: reject::BUSY,
+                    text: "this listener is already accepting a connection".into(),
+                }),
+            }),
+            Message::ConnectReq(req) => Ok(req),
+            other => Err(Refusal::silent(SetupError::Unexpected {
+                state: "AwaitRequest",
+                got: kind_name(&other),
+            })),
+        }
+    }
+
+    /// Our end is built and `ConnectResp` queued at `now`: await `Ready`, with a fresh timer.
+    pub fn handle_built(self, now: Time) -> AwaitReady {
+        AwaitReady {
+            nonce: self.nonce,
+            timer: StateTimer::new(now, self.timer.timeout),
+        }
+    }
+
+    /// Building our end failed: the `Reject` to send before closing.
+    pub fn handle_build_failed(&self, why: &str) -> Message {
+        Message::Reject {
+            code: reject::SETUP_FAILED,
+            text: format!("receiver setup failed: {why}"),
+        }
+    }
+
+    pub fn handle_timeout(&self, now: Time) -> Result<(), SetupError> {
+        self.timer.check(now, "AwaitRequest")
+    }
+}
+
+/// Our end is built and `ConnectResp` queued; the connector's `Ready` is awaited.
+#[derive(Clone, Debug)]
+pub struct AwaitReady {
+    nonce: u64,
+    timer: StateTimer,
+}
+
+impl AwaitReady {
+    /// A message from the connector: `Ok` = `Ready` with our nonce, the connection is up.
+    pub fn handle_message(&self, m: Incoming) -> Result<(), Refusal> {
+        match m.map_err(|e| Refusal::silent(SetupError::Malformed(e)))? {
+            Message::Ready { nonce } if nonce == self.nonce => Ok(()),
+            Message::Ready { nonce } => Err(Refusal::silent(SetupError::WrongNonce { got: nonce })),
+            other => Err(Refusal::silent(SetupError::Unexpected {
+                state: "AwaitReady",
+                got: kind_name(&other),
+            })),
+        }
+    }
+
+    pub fn handle_timeout(&self, now: Time) -> Result<(), SetupError> {
+        self.timer.check(now, "AwaitReady")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::handshake::{DevRepr, FrameReader, LinkLayer, QpRepr, NAME_BYTES};
+    use super::*;
+
+    const NONCE: u64 = 0x00c0_ffee_0000_0001;
+    const FOREIGN: u64 = 0x0bad_0000_0000_0003;
+    const TIMEOUT: Duration = Duration::from_secs(5);
+
+    fn endpoint(nonce: u64) -> EndpointRepr {
+        EndpointRepr {
+            nonce,
+            tc: 0,
+            sl: 0,
+            flags: 0,
+            addr: 0x1000,
+            devs: vec![DevRepr {
+                gid: [1; 16],
+                lid: 0,
+                port: 1,
+                link_layer: LinkLayer::Ethernet,
+                mtu: 3,
+                gid_index: 1,
+                rkey: 7,
+                name: [0; NAME_BYTES],
+            }],
+            qps: vec![QpRepr { qpn: 0x11, dev: 0 }],
+        }
+    }
+
+    fn req(nonce: u64) -> Incoming {
+        Ok(Message::ConnectReq(endpoint(nonce)))
+    }
+    fn resp(nonce: u64) -> Incoming {
+        Ok(Message::ConnectResp(endpoint(nonce)))
+    }
+    fn ready(nonce: u64) -> Incoming {
+        Ok(Message::Ready { nonce })
+    }
+    fn reject() -> Incoming {
+        Ok(Message::Reject {
+            code: reject::BUSY,
+            text: "busy".into(),
+        })
+    }
+    /// A frame the reader rejects (a valid header with an unknown kind).
+    fn malformed() -> Incoming {
+        let mut bytes = Vec::new();
+        Message::Ready { nonce: NONCE }.emit(&mut bytes);
+        bytes[10] = 99;
+        let mut r = FrameReader::default();
+        r.handle_bytes(&bytes);
+        let m = r.poll_message();
+        assert!(m.is_err(), "the fixture must be malformed");
+        m.map(|m| m.expect("an error, not a message"))
+    }
+    fn t(secs: u64) -> Time {
+        Time::ZERO + Duration::from_secs(secs)
+    }
+
+    fn await_response() -> AwaitResponse {
+        Dialing::new(NONCE, t(0), TIMEOUT).handle_dialed()
+    }
+
+    #[test]
+    fn connector_happy_path() {
+        let dialing = Dialing::new(NONCE, t(0), TIMEOUT);
+        assert_eq!(dialing.nonce(), NONCE);
+        let waiting = dialing.handle_dialed();
+        assert_eq!(waiting.handle_message(resp(NONCE)), Ok(endpoint(NONCE)));
+        let (finishing, ready_msg) = waiting.handle_brought_up();
+        assert_eq!(ready_msg, Message::Ready { nonce: NONCE });
+        assert_eq!(finishing.handle_timeout(t(1)), Ok(()));
+    }
+
+    #[test]
+    fn connector_refuses_malformed_reordered_duplicate_and_foreign_messages() {
+        let w = await_response();
+        assert!(matches!(w.handle_message(malformed()), Err(SetupError::Malformed(_))));
+        // The listener's own kinds reflected back, or our Ready before the response.
+        assert_eq!(
+            w.handle_message(req(NONCE)),
+            Err(SetupError::Unexpected {
+                state: "AwaitResponse",
+                got: "ConnectReq"
+            })
+        );
+        assert_eq!(
+            w.handle_message(ready(NONCE)),
+            Err(SetupError::Unexpected {
+                state: "AwaitResponse",
+                got: "Ready"
+            })
+        );
+        assert_eq!(
+            w.handle_message(resp(FOREIGN)),
+            Err(SetupError::WrongNonce { got: FOREIGN })
+        );
+        assert_eq!(
+            w.handle_message(reject()),
+            Err(SetupError::Rejected {
+                code: reject::BUSY,
+                text: "busy".into()
+            })
+        );
+        // Errors leave the state as it was: the right answer still completes it.
+        assert_eq!(w.handle_message(resp(NONCE)), Ok(endpoint(NONCE)));
+        assert_eq!(
+            w.handle_message(resp(NONCE)),
+            Ok(endpoint(NONCE)),
+            "the state decides, not history"
+        );
+    }
+
+    #[test]
+    fn connector_times_out_after_the_request_and_after_bring_up() {
+        // The timer runs from the start of the connect, through every state.
+        let waiting = Dialing::new(NONCE, t(0), TIMEOUT).handle_dialed();
+        let limit = t(5);
+        let past = limit + Duration::from_nanos(1);
+        assert_eq!(waiting.handle_timeout(limit), Ok(()), "at the deadline: still waiting");
+        assert_eq!(
+            waiting.handle_timeout(past),
+            Err(SetupError::TimedOut {
+                state: "AwaitResponse",
+                after: TIMEOUT
+            })
+        );
+        let (finishing, _) = waiting.handle_brought_up();
+        assert_eq!(finishing.handle_timeout(limit), Ok(()));
+        assert!(matches!(
+            finishing.handle_timeout(past),
+            Err(SetupError::TimedOut { state: "Finishing", .. })
+        ));
+    }
+
+    #[test]
+    fn acceptor_happy_path() {
+        let a = AwaitRequest::new(NONCE, t(0), TIMEOUT);
+        assert_eq!(a.handle_message(req(NONCE), false), Ok(endpoint(NONCE)));
+        let r = a.handle_built(t(2));
+        assert_eq!(r.handle_message(ready(NONCE)), Ok(()));
+    }
+
+    #[test]
+    fn acceptor_await_request_refuses_the_wrong_messages() {
+        let a = AwaitRequest::new(NONCE, t(0), TIMEOUT);
+        let r = a.handle_message(malformed(), false).unwrap_err();
+        assert!(matches!(r.error, SetupError::Malformed(_)) && r.reject.is_none());
+        // Reordered: Ready (or a response) before the request; a Reject from the peer.
+        for (m, kind) in [
+            (ready(NONCE), "Ready"),
+            (resp(NONCE), "ConnectResp"),
+            (reject(), "Reject"),
+        ] {
+            let r = a.handle_message(m, false).unwrap_err();
+            assert_eq!(
+                r,
+                Refusal::silent(SetupError::Unexpected {
+                    state: "AwaitRequest",
+                    got: kind
+                })
+            );
+        }
+        // Foreign: another listener's handle is told why.
+        let r = a.handle_message(req(FOREIGN), false).unwrap_err();
+        assert_eq!(r.error, SetupError::WrongNonce { got: FOREIGN });
+        assert!(matches!(
+            r.reject,
+            Some(Message::Reject {
+                code: reject::NONCE_MISMATCH,
+                ..
+            })
+        ));
+        // A second valid request while another connection is being accepted.
+        let r = a.handle_message(req(NONCE), true).unwrap_err();
+        assert!(matches!(r.reject, Some(Message::Reject { code: reject::BUSY, .. })));
+        // A failed build is reported to the peer.
+        assert!(matches!(
+            a.handle_build_failed("no CQ"),
+            Message::Reject { code: reject::SETUP_FAILED, text } if text.contains("no CQ")
+        ));
+    }
+
+    #[test]
+    fn acceptor_await_ready_refuses_the_wrong_messages() {
+        let r = AwaitRequest::new(NONCE, t(0), TIMEOUT).handle_built(t(1));
+        let e = r.handle_message(malformed()).unwrap_err();
+        assert!(matches!(e.error, SetupError::Malformed(_)) && e.reject.is_none());
+        // Duplicate request, reflected response, a Reject.
+        for (m, kind) in [
+            (req(NONCE), "ConnectReq"),
+            (resp(NONCE), "ConnectResp"),
+            (reject(), "Reject"),
+        ] {
+            assert_eq!(
+                r.handle_message(m),
+                Err(Refusal::silent(SetupError::Unexpected {
+                    state: "AwaitReady",
+                    got: kind
+                }))
+            );
+        }
+        // Foreign Ready: just closed.
+        assert_eq!(
+            r.handle_message(ready(FOREIGN)),
+            Err(Refusal::silent(SetupError::WrongNonce { got: FOREIGN }))
+        );
+        assert_eq!(r.handle_message(ready(NONCE)), Ok(()));
+    }
+
+    #[test]
+    fn acceptor_times_out_per_state() {
+        let a = AwaitRequest::new(NONCE, t(0), TIMEOUT);
+        assert_eq!(a.handle_timeout(t(5)), Ok(()));
+        assert!(matches!(
+            a.handle_timeout(t(5) + Duration::from_nanos(1)),
+            Err(SetupError::TimedOut {
+                state: "AwaitRequest",
+                ..
+            })
+        ));
+        // Built at t=1: the wait for Ready has its own full timeout.
+        let r = a.handle_built(t(1));
+        assert_eq!(r.handle_timeout(t(6)), Ok(()));
+        assert!(matches!(
+            r.handle_timeout(t(6) + Duration::from_nanos(1)),
+            Err(SetupError::TimedOut {
+                state: "AwaitReady",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn errors_read_well() {
+        let e = SetupError::WrongNonce { got: 3 };
+        assert!(e.to_string().contains("not this listener's"), "{e}");
+        let e = SetupError::TimedOut {
+            state: "AwaitReady",
+            after: TIMEOUT,
+        };
+        assert_eq!(e.to_string(), "no progress in AwaitReady within 5s");
+    }
+}
