@@ -56,6 +56,7 @@ pub struct NetDevice {
     pub speed_mbps: i32,
     /// Merged PCI path (function digit zeroed), `None` when the device has no PCI function.
     pub pci_path: Option<String>,
+    /// `guid` of the properties: see [`nccl_guid`].
     pub guid: u64,
     pub max_qp: i32,
     /// Earlier devices sharing this PCI path; NCCL reports `port + real_port`.
@@ -475,7 +476,7 @@ fn probe_ports(ctx: &Arc<Context>, cfg: &Config, found: &mut Vec<NetDevice>, ski
             active_mtu: info.active_mtu,
             speed_mbps: speed_mbps(info.active_speed, info.active_width),
             pci_path: pci_path.clone(),
-            guid: ctx.info.sys_image_guid,
+            guid: nccl_guid(ctx.info.sys_image_guid),
             max_qp: ctx.info.max_qp,
             real_port: 0,
             rail: entry.and_then(|e| e.rail).unwrap_or(-1),
@@ -484,6 +485,13 @@ fn probe_ports(ctx: &Arc<Context>, cfg: &Config, found: &mut Vec<NetDevice>, ski
             adaptive_routing,
         });
     }
+}
+
+/// The `guid` NCCL's IB transport reports for a device: `ibv_device_attr.sys_image_guid` copied
+/// as it is, i.e. the GUID's big-endian bytes read as a host-order integer (NCCL does no byte
+/// swap). `sys_image_guid` is the GUID's value (what `ibv_devinfo` prints).
+pub fn nccl_guid(sys_image_guid: u64) -> u64 {
+    sys_image_guid.to_be()
 }
 
 /// `IBV_MTU_*` enum value → bytes.
@@ -739,6 +747,15 @@ mod tests {
         assert_eq!(gid_family(&mcast), AddrFamily::Inet);
         assert_eq!(gid_family(&v6("fd00::1")), AddrFamily::Inet6);
         assert!(!gid_valid(&link_local()) && !gid_valid(&[0; 16]) && gid_valid(&v4(10, 0, 0, 1)));
+    }
+
+    #[test]
+    fn guid_is_the_raw_big_endian_field_as_nccl_copies_it() {
+        let value = 0x0002_c903_00a1_b2c3; // ibv_devinfo: 0002:c903:00a1:b2c3
+        assert_eq!(
+            nccl_guid(value).to_ne_bytes(),
+            [0x00, 0x02, 0xc9, 0x03, 0x00, 0xa1, 0xb2, 0xc3]
+        );
     }
 
     #[test]
