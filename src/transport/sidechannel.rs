@@ -7,7 +7,7 @@
 
 use super::handshake::{FrameReader, Message, WireError};
 use crate::config::{AddrFamily, DeviceFilter};
-use crate::error::{Error, Result};
+use crate::error::{limit_suffix, Error, Result};
 use once_cell::sync::OnceCell;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -152,8 +152,13 @@ pub fn bind_listener(ifa: &IfAddr) -> Result<TcpListener> {
         IpAddr::V4(v) => SocketAddr::new(IpAddr::V4(v), 0),
         IpAddr::V6(v) => SocketAddr::V6(std::net::SocketAddrV6::new(v, 0, 0, ifa.scope_id)),
     };
-    let l =
-        TcpListener::bind(addr).map_err(|e| Error::system(format!("cannot listen on {} ({addr}): {e}", ifa.name)))?;
+    let l = TcpListener::bind(addr).map_err(|e| {
+        Error::system(format!(
+            "cannot listen on {} ({addr}): {e}{}",
+            ifa.name,
+            limit_suffix(&e)
+        ))
+    })?;
     l.set_nonblocking(true)
         .map_err(|e| Error::system(format!("listener O_NONBLOCK: {e}")))?;
     Ok(l)
@@ -171,7 +176,10 @@ pub fn try_accept(l: &TcpListener) -> Result<Option<Channel>> {
         Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => Ok(None),
         // A connection reset before we accepted it: nothing to do.
         Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(None),
-        Err(e) => Err(Error::system(format!("accept on the side channel failed: {e}"))),
+        Err(e) => Err(Error::system(format!(
+            "accept on the side channel failed: {e}{}",
+            limit_suffix(&e)
+        ))),
     }
 }
 
@@ -297,6 +305,14 @@ impl Connector {
         if self.stream.is_none() && now >= self.retry_at {
             match start_connect(&self.addr) {
                 Ok(s) => self.stream = Some(s),
+                // Out of descriptors: waiting for the deadline would not help.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                    return Err(Error::system(format!(
+                        "cannot open a socket to the peer's side channel at {}: {e}{}",
+                        self.addr,
+                        limit_suffix(&e)
+                    )));
+                }
                 Err(e) => {
                     self.attempts += 1;
                     self.last_error = Some(e);
