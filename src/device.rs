@@ -165,7 +165,8 @@ pub fn port_is_usable(port: &PortInfo) -> std::result::Result<LinkLayer, String>
         .ok_or_else(|| format!("link layer {} is neither InfiniBand nor Ethernet", port.link_layer))
 }
 
-fn port_state_name(state: u32) -> &'static str {
+/// `IBV_PORT_*` state as `ibv_devinfo` names it.
+pub fn port_state_name(state: u32) -> &'static str {
     match state {
         0 => "NOP",
         1 => "DOWN",
@@ -225,7 +226,8 @@ pub fn read_roce_type(read: std::io::Result<String>) -> std::io::Result<Option<u
     }
 }
 
-fn gid_family(gid: &[u8; 16]) -> AddrFamily {
+/// IPv4 for IPv4-mapped GIDs (unicast or multicast), else IPv6.
+pub fn gid_family(gid: &[u8; 16]) -> AddrFamily {
     let v4_mapped = gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff;
     let v4_mapped_mcast =
         gid[0] == 0xff && gid[1] == 0x0e && gid[2..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff;
@@ -236,7 +238,8 @@ fn gid_family(gid: &[u8; 16]) -> AddrFamily {
     }
 }
 
-fn gid_valid(gid: &[u8; 16]) -> bool {
+/// Neither all zero nor link-local (`fe80::/64`): a GID another subnet can route to.
+pub fn gid_valid(gid: &[u8; 16]) -> bool {
     let zero = gid.iter().all(|&b| b == 0);
     let link_local = gid[0] == 0xfe && gid[1] == 0x80 && gid[2..8].iter().all(|&b| b == 0);
     !zero && !link_local

@@ -5,6 +5,9 @@
 //! the data path) → `api` (the one internal API) → `abi` (the exported `ncclNetPlugin_vN`
 //! tables, thin per-version shims).
 
+/// This build's version, as `ferroce-doctor` compares it between hosts.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 #[macro_use]
 pub mod log;
 pub mod abi;
