@@ -178,7 +178,8 @@ fn open_all(verbs: &Arc<Verbs>) -> Result<Vec<Arc<Context>>, String> {
 
 /// Where libibverbs was loaded from and its version (from the file name rdma-core installs).
 fn libibverbs_check(verbs: &Verbs) -> Check {
-    let mut info: libc::Dl_info = Dl_info_zeroed();
+    // SAFETY: Dl_info is plain pointers, for which all zeroes (NULL) is valid.
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: the address is a function of the loaded library; info is a valid out-pointer.
     let found = unsafe { libc::dladdr(verbs.ibv_get_device_list as *const libc::c_void, &mut info) } != 0;
     let file = if found && !info.dli_fname.is_null() {
@@ -221,16 +222,6 @@ fn libibverbs_check(verbs: &Verbs) -> Check {
             format!("{value}; lacks {}", missing.join(", ")),
             "a newer rdma-core (Debian 12 has 44)",
         )
-    }
-}
-
-#[allow(non_snake_case)]
-fn Dl_info_zeroed() -> libc::Dl_info {
-    libc::Dl_info {
-        dli_fname: std::ptr::null(),
-        dli_fbase: std::ptr::null_mut(),
-        dli_sname: std::ptr::null(),
-        dli_saddr: std::ptr::null_mut(),
     }
 }
 
@@ -778,6 +769,140 @@ mod tests {
         assert_eq!(peermem_check(true, false, true).status, Status::Ok);
         assert_eq!(peermem_check(true, false, false).status, Status::Warn);
         assert_eq!(peermem_check(true, true, false).status, Status::Ok);
+    }
+
+    fn v4_gid(last: u8) -> [u8; 16] {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(&[10, 0, 0, last]);
+        g
+    }
+
+    /// A RoCE port as softroce shows it, with its IPv4 GID at index 3 on a 9000-byte netdev.
+    fn roce_port() -> PortFacts {
+        let link_local: [u8; 16] = "fe80::1".parse::<Ipv6Addr>().unwrap().octets();
+        PortFacts {
+            device: "mlx5_0".into(),
+            port: 1,
+            info: PortInfo {
+                state: device::PORT_ACTIVE,
+                active_mtu: 5,
+                gid_tbl_len: 4,
+                lid: 0,
+                active_width: 2,
+                active_speed: 32,
+                link_layer: device::LINK_LAYER_ETHERNET,
+            },
+            link_layer: Some(LinkLayer::Ethernet),
+            gids: vec![
+                GidEntry {
+                    index: 0,
+                    gid: link_local,
+                    roce: Some(1),
+                },
+                GidEntry {
+                    index: 1,
+                    gid: link_local,
+                    roce: Some(2),
+                },
+                GidEntry {
+                    index: 2,
+                    gid: v4_gid(1),
+                    roce: Some(1),
+                },
+                GidEntry {
+                    index: 3,
+                    gid: v4_gid(1),
+                    roce: Some(2),
+                },
+            ],
+            pick: Ok(3),
+            netdev: Some(IfAddr {
+                name: "eth2".into(),
+                ip: "10.0.0.1".parse().unwrap(),
+                prefix_len: 24,
+            }),
+            netdev_mtu: Some(9000),
+        }
+    }
+
+    fn status(checks: &[Check], suffix: &str) -> Status {
+        checks
+            .iter()
+            .find(|c| c.name.ends_with(suffix))
+            .unwrap_or_else(|| panic!("{suffix}: {checks:?}"))
+            .status
+    }
+
+    #[test]
+    fn a_healthy_roce_port_is_all_ok() {
+        let c = port_checks(&roce_port(), &Config::default());
+        assert!(c.iter().all(|c| c.status == Status::Ok), "{c:?}");
+        assert!(c
+            .iter()
+            .any(|c| c.name == "mlx5_0:1 gid[3]" && c.value.ends_with("<- ferroce's pick")));
+    }
+
+    #[test]
+    fn a_down_port_warns_and_cannot_fail() {
+        let mut p = roce_port();
+        p.info.state = 1;
+        p.pick = Ok(0); // link-local: would fail on a used port
+        let c = port_checks(&p, &Config::default());
+        assert_eq!(status(&c, " state"), Status::Warn);
+        assert!(c
+            .iter()
+            .find(|c| c.name.ends_with(" state"))
+            .unwrap()
+            .value
+            .starts_with("DOWN"));
+        assert_eq!(status(&c, " gid pick"), Status::Warn);
+        assert!(c.iter().all(|c| c.status != Status::Fail), "{c:?}");
+    }
+
+    #[test]
+    fn mtu_against_the_netdev() {
+        let mut p = roce_port();
+        p.netdev_mtu = Some(1500);
+        assert_eq!(mtu_check(&p).status, Status::Fail, "4096 does not fit 1500");
+        p.info.active_mtu = 3;
+        assert_eq!(mtu_check(&p).status, Status::Ok, "1024 is the best for 1500");
+        p.netdev_mtu = Some(9000);
+        let small = mtu_check(&p);
+        assert_eq!(small.status, Status::Warn);
+        assert!(
+            small.value.starts_with("active 1024, netdev eth2 MTU 9000 (fits 4096)"),
+            "{}",
+            small.value
+        );
+    }
+
+    #[test]
+    fn gid_picks_and_their_reasons() {
+        let cfg = Config::default();
+        let ok = pick_check(&roce_port(), &cfg);
+        assert_eq!(ok.status, Status::Ok);
+        assert!(
+            ok.value.contains("the first valid AF_INET GID with RoCE v2"),
+            "{}",
+            ok.value
+        );
+        let fixed = Config {
+            gid_index: 3,
+            ..Config::default()
+        };
+        assert!(pick_check(&roce_port(), &fixed).value.ends_with("NCCL_IB_GID_INDEX=3"));
+        let mut p = roce_port();
+        p.pick = Ok(1);
+        assert_eq!(pick_check(&p, &cfg).status, Status::Fail, "link-local");
+        p.pick = Ok(2);
+        assert_eq!(pick_check(&p, &cfg).status, Status::Warn, "RoCE v1 while v2 is wanted");
+        p.pick = Err("NCCL_IB_GID_INDEX=9 is outside the GID table (length 4)".into());
+        assert_eq!(pick_check(&p, &cfg).status, Status::Fail);
+        let mut v1_only = roce_port();
+        v1_only.gids.retain(|g| g.roce == Some(1));
+        assert_eq!(status(&port_checks(&v1_only, &cfg), " roce v2"), Status::Warn);
     }
 
     #[test]
