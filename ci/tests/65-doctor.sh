@@ -1,4 +1,5 @@
 #!/bin/bash
+# shellcheck disable=SC2016 # backquotes in the patterns are the doctor's own text
 # ferroce-doctor over softroce, and the plugin's own diagnostics (issue 12 items 1, 2, 6, 7, 8):
 #
 #   * a healthy host: no fail, exit 0; --json is one valid array with the same checks;
@@ -20,7 +21,7 @@ if [ -z "${FERROCE_NET_LOCKED:-}" ]; then
     command -v flock >/dev/null || { echo "FAILED: flock missing (util-linux)"; echo "doctor: 0 passed, 1 failed"; exit 1; }
     FERROCE_NET_LOCKED=1 exec flock /tmp/ferroce-net.lock "$0" "$@"
 fi
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 R=$PWD/target/release
 DOC=$R/ferroce-doctor
 SR=$R/softroce
@@ -56,11 +57,11 @@ ko() {
 }
 # The softroce NIC, the plugin's side channel on lo, a job size the host's limits allow.
 export LD_LIBRARY_PATH="$SR" NCCL_SOCKET_IFNAME=lo NCCL_NET_PLUGIN=ferroce
-JOB="--conns 4 --reg-mib 1"
+JOB=(--conns 4 --reg-mib 1)
 doc() { timeout 60 "$DOC" "$@"; }
 
 echo "--- one healthy host"
-SOFTROCE_ADDR=127.0.65.1 doc $JOB >"$tmp/healthy" 2>&1
+SOFTROCE_ADDR=127.0.65.1 doc "${JOB[@]}" >"$tmp/healthy" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && ! grep -q '^fail' "$tmp/healthy" &&
     grep -q '^ok    plugin devices  *1: softroce0:1 GID\[3\] ::ffff:127.0.65.1' "$tmp/healthy" &&
@@ -70,7 +71,7 @@ if [ $rc -eq 0 ] && ! grep -q '^fail' "$tmp/healthy" &&
 else
     ko "healthy host (rc=$rc)" "$tmp/healthy"
 fi
-SOFTROCE_ADDR=127.0.65.1 doc $JOB --json >"$tmp/json" 2>"$tmp/json.err"
+SOFTROCE_ADDR=127.0.65.1 doc "${JOB[@]}" --json >"$tmp/json" 2>"$tmp/json.err"
 rc=$?
 if [ $rc -eq 0 ] && python3 -m json.tool "$tmp/json" >/dev/null &&
     python3 - "$tmp/json" "$tmp/healthy" <<'PY'; then
@@ -89,14 +90,14 @@ else
 fi
 
 echo "--- no RDMA device"
-LD_LIBRARY_PATH= doc $JOB >"$tmp/none" 2>&1
+LD_LIBRARY_PATH='' doc "${JOB[@]}" >"$tmp/none" 2>&1
 rc=$?
 if [ $rc -eq 1 ] && grep -q '^fail  devices  *no RDMA device: ibv_get_device_list failed' "$tmp/none"; then
     ok "the system libibverbs without a driver: fail devices, exit 1 ($(grep '^fail  devices' "$tmp/none" | cut -c37-110))"
 else
     ko "no device (rc=$rc)" "$tmp/none"
 fi
-NCCL_IBVERBS_LIB=/nonexistent/libibverbs.so.1 doc $JOB >"$tmp/nolib" 2>&1
+NCCL_IBVERBS_LIB=/nonexistent/libibverbs.so.1 doc "${JOB[@]}" >"$tmp/nolib" 2>&1
 rc=$?
 if [ $rc -eq 1 ] && grep -q '^fail  libibverbs  *libibverbs not found' "$tmp/nolib" &&
     grep -q '^fail  devices' "$tmp/nolib"; then
@@ -106,7 +107,7 @@ else
 fi
 
 echo "--- NCCL_IB_HCA"
-SOFTROCE_ADDR=127.0.65.2 NCCL_IB_HCA==mlx5_9 doc $JOB >"$tmp/hca" 2>&1
+SOFTROCE_ADDR=127.0.65.2 NCCL_IB_HCA='=mlx5_9' doc "${JOB[@]}" >"$tmp/hca" 2>&1
 rc=$?
 if [ $rc -ne 0 ] && grep -q '^fail  NCCL_IB_HCA  *=mlx5_9 matches no port (ports here: softroce0:1)' "$tmp/hca" &&
     grep -q '^fail  plugin devices .*excluded by NCCL_IB_HCA' "$tmp/hca"; then
@@ -115,7 +116,7 @@ else
     ko "HCA matching nothing (rc=$rc)" "$tmp/hca"
 fi
 addrs=$(seq -s, -f '127.0.65.%g' 10 20)
-SOFTROCE_DEVICES=11 SOFTROCE_ADDR=$addrs NCCL_IB_HCA=softroce1 doc $JOB >"$tmp/prefix" 2>&1
+SOFTROCE_DEVICES=11 SOFTROCE_ADDR=$addrs NCCL_IB_HCA=softroce1 doc "${JOB[@]}" >"$tmp/prefix" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && grep -q "^warn  NCCL_IB_HCA softroce1  *'softroce1' is a prefix: it also selects softroce10 — fix: write =softroce1" "$tmp/prefix"; then
     ok "softroce1 also matching softroce10: warn with the fix"
@@ -160,7 +161,8 @@ fi
 pair() {
     name=$1
     rm -f "$tmp/$name.serve" "$tmp/$name.peer"
-    env $2 timeout 90 "$DOC" $JOB --serve --serve-addr 127.0.65.1 --timeout 30 >"$tmp/$name.serve" 2>&1 &
+    # shellcheck disable=SC2086 # $2 and $3 are lists of VAR=value
+    env $2 timeout 90 "$DOC" "${JOB[@]}" --serve --serve-addr 127.0.65.1 --timeout 30 >"$tmp/$name.serve" 2>&1 &
     spid=$!
     bg="$bg $spid"
     peer_arg=""
@@ -173,7 +175,8 @@ pair() {
         wait $spid 2>/dev/null
         return 1
     fi
-    env $3 timeout 90 "$DOC" $JOB $peer_arg --timeout 30 >"$tmp/$name.peer" 2>&1
+    # shellcheck disable=SC2086
+    env $3 timeout 90 "$DOC" "${JOB[@]}" $peer_arg --timeout 30 >"$tmp/$name.peer" 2>&1
     prc=$?
     wait $spid
     src=$?
@@ -205,7 +208,7 @@ fi
 
 echo "--- unreachable and silent peers"
 start=$(date +%s)
-SOFTROCE_ADDR=127.0.65.5 doc $JOB --peer 127.0.65.99:9 --timeout 3 >"$tmp/unreach" 2>&1
+SOFTROCE_ADDR=127.0.65.5 doc "${JOB[@]}" --peer 127.0.65.99:9 --timeout 3 >"$tmp/unreach" 2>&1
 rc=$?
 took=$(($(date +%s) - start))
 if [ $rc -eq 1 ] && [ $took -le 15 ] &&
@@ -222,7 +225,7 @@ c, _ = s.accept(); time.sleep(30)' >"$tmp/silent.port" &
 bg="$bg $!"
 for _ in $(seq 50); do [ -s "$tmp/silent.port" ] && break; sleep 0.1; done
 start=$(date +%s)
-SOFTROCE_ADDR=127.0.65.5 doc $JOB --peer "127.0.65.6:$(cat "$tmp/silent.port")" --timeout 3 >"$tmp/silent" 2>&1
+SOFTROCE_ADDR=127.0.65.5 doc "${JOB[@]}" --peer "127.0.65.6:$(cat "$tmp/silent.port")" --timeout 3 >"$tmp/silent" 2>&1
 rc=$?
 took=$(($(date +%s) - start))
 if [ $rc -eq 1 ] && [ $took -le 15 ] && grep -q '^fail  pair  *127.0.65.6:[0-9]* sent no findings within 3s' "$tmp/silent"; then
