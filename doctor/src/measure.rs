@@ -6,6 +6,7 @@
 
 use ferroce::api::{self, CommContext, ListenHandle, RecvHandle, SendHandle};
 use ferroce::transport::{MemHandle, Request};
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -73,7 +74,10 @@ pub struct Link {
     send: Box<SendHandle>,
     recv: Box<RecvHandle>,
     _listen: Box<ListenHandle>,
-    deadline: Instant,
+    /// Moved forward at every completion: a phase fails only when nothing completes for
+    /// `timeout`, however long it runs.
+    deadline: Cell<Instant>,
+    timeout: Duration,
     _ctx: PluginContext,
 }
 
@@ -134,20 +138,22 @@ impl Link {
             send,
             recv,
             _listen: listen,
-            deadline,
+            deadline: Cell::new(Instant::now() + timeout),
+            timeout,
             _ctx: ctx,
         })
     }
 
-    /// Allows `more` from now for the next phase.
-    pub fn extend(&mut self, more: Duration) {
-        self.deadline = Instant::now() + more;
+    /// Something completed (or a phase starts): the next `timeout` is allowed from now.
+    pub fn progressed(&self) {
+        self.deadline.set(Instant::now() + self.timeout);
     }
 
     fn stalled(&self, what: &str) -> Result<()> {
-        if Instant::now() > self.deadline {
+        if Instant::now() > self.deadline.get() {
             return Err(format!(
-                "{what} made no progress before the deadline (the peer stopped, or the network drops RDMA traffic)"
+                "{what} made no progress for {:?} (the peer stopped, or the network drops RDMA traffic)",
+                self.timeout
             ));
         }
         Ok(())
@@ -174,6 +180,9 @@ impl Link {
         let mut size = 0i32;
         // SAFETY: req came from this link's isend/irecv and has not completed; size has room for 1.
         let done = plugin("test", unsafe { api::test(req, &mut size) })?;
+        if done {
+            self.progressed();
+        }
         Ok(done.then_some(size.max(0) as usize))
     }
 

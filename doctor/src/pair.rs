@@ -343,11 +343,11 @@ fn serve_session(stream: TcpStream, opts: &PairOptions, mine: &Value, out: &mut 
     }
     wire.send(mine)?;
     out.extend(compare(mine, &hello));
-    let mut link = open_link(&mut wire, opts)?;
+    let link = open_link(&mut wire, opts)?;
     loop {
         wire.renew();
         let msg = wire.recv("next step")?;
-        link.extend(opts.timeout);
+        link.progressed();
         match msg["phase"].as_str() {
             Some("bw") => {
                 let count = msg["count"]
@@ -438,20 +438,20 @@ fn peer_session(stream: TcpStream, opts: &PairOptions, mine: &Value, out: &mut V
         return Err(format!("{} is not a ferroce-doctor --serve", wire.peer));
     }
     out.extend(compare(mine, &theirs));
-    let mut link = open_link(&mut wire, opts)?;
+    let link = open_link(&mut wire, opts)?;
     // Calibrate on a short batch, then send about two thirds of the time's worth.
     let calibration = 2 * measure::DEPTH;
-    let per_message = bw_phase(&mut wire, &mut link, opts, calibration)?.0 / calibration as f64;
+    let per_message = bw_phase(&mut wire, &link, calibration)?.0 / calibration as f64;
     let bw_seconds = opts.seconds * 2.0 / 3.0;
     let count = ((bw_seconds / per_message.max(1e-6)) as usize).clamp(calibration, 1_000_000);
-    let (seconds, received) = bw_phase(&mut wire, &mut link, opts, count)?;
+    let (seconds, received) = bw_phase(&mut wire, &link, count)?;
     let bytes = (count * measure::BW_BYTES) as u64;
     if received != bytes {
         return Err(format!("the receiver got {received} bytes of the {bytes} sent"));
     }
     wire.renew();
     wire.send(&json!({"phase": "lat"}))?;
-    link.extend(opts.timeout);
+    link.progressed();
     let rtts = link.ping(Duration::from_secs_f64(opts.seconds / 3.0))?;
     wire.recv("end of the latency test")?;
     let speeds = [&mine["device"]["speed_mbps"], &theirs["device"]["speed_mbps"]];
@@ -470,10 +470,10 @@ fn peer_session(stream: TcpStream, opts: &PairOptions, mine: &Value, out: &mut V
     Ok(())
 }
 
-fn bw_phase(wire: &mut Wire, link: &mut Link, opts: &PairOptions, count: usize) -> Result<(f64, u64), String> {
+fn bw_phase(wire: &mut Wire, link: &Link, count: usize) -> Result<(f64, u64), String> {
     wire.renew();
     wire.send(&json!({"phase": "bw", "count": count}))?;
-    link.extend(opts.timeout);
+    link.progressed();
     let seconds = link.send_messages(count)?;
     let ack = wire.recv("bandwidth result")?;
     Ok((seconds, ack["received"].as_u64().unwrap_or(0)))
