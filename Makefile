@@ -8,7 +8,7 @@ PLUGIN  := $(RELEASE)/libnccl-net-ferroce.so
 CFLAGS_SHIM := -O2 -g -Wall -Wextra -Werror -Iinclude
 SHIM_OUT := $(RELEASE)/c_shim
 
-.PHONY: all deps build plugin softroce c_shim harness lint test bench clean
+.PHONY: all deps build plugin softroce c_shim harness doctor lint test bench clean
 
 all: build
 
@@ -16,7 +16,7 @@ deps:
 	@ci/install-deps.sh
 
 build: deps
-	$(MAKE) --no-print-directory plugin softroce c_shim harness
+	$(MAKE) --no-print-directory plugin softroce c_shim harness doctor
 
 plugin:
 	$(CARGO) build --release -p ferroce
@@ -25,6 +25,10 @@ plugin:
 
 softroce:
 	softroce/build.sh
+
+# The checklist tool (README: ferroce-doctor), built against the plugin's rlib.
+doctor:
+	$(CARGO) build --release -p ferroce-doctor
 
 # C programs that load the plugin exactly as NCCL does (dlopen + dlsym of ncclNetPlugin_vN).
 c_shim:

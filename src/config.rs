@@ -463,47 +463,195 @@ impl Config {
         (cfg, r.warnings)
     }
 
-    /// One line with every resolved value, for the INFO log.
-    pub fn summary(&self) -> String {
-        format!(
-            "config: IB_HCA={:?} IB_GID_INDEX={} IB_ADDR_FAMILY={:?} IB_ADDR_RANGE={:?} IB_ROCE_VERSION_NUM={} \
-             IB_TIMEOUT={} IB_RETRY_CNT={} IB_PKEY={} IB_SL={} IB_TC={} IB_FIFO_TC={} IB_USE_INLINE={} \
-             IB_QPS_PER_CONNECTION={} IB_SPLIT_DATA_ON_QPS={} IB_AR_THRESHOLD={} IB_ADAPTIVE_ROUTING={} \
-             IB_PCI_RELAXED_ORDERING={} IB_MERGE_NICS={} IB_DEVICE_PCI_ORDER={} IB_RETURN_ASYNC_EVENTS={} \
-             IB_MQP_RETRY_ALL={} IB_MQP_RETRY_CNT={} IB_QUERY_PORT_SPEED={} IBVERBS_LIB={:?} \
-             GDR_FLUSH_DISABLE={} DMABUF_ENABLE={} SOCKET_IFNAME={:?} SOCKET_FAMILY={:?} \
-             CONNECT_TIMEOUT_SEC={}",
-            self.hca,
-            self.gid_index,
-            self.addr_family,
-            self.addr_range,
-            self.roce_version,
-            self.timeout,
-            self.retry_cnt,
-            self.pkey_index,
-            self.sl,
-            self.tc,
-            self.fifo_tc,
-            self.use_inline as i32,
-            self.qps_per_connection,
-            self.split_data_on_qps as i32,
-            self.ar_threshold,
-            self.adaptive_routing,
-            self.pci_relaxed_ordering,
-            self.merge_nics as i32,
-            self.device_pci_order as i32,
-            self.return_async_events as i32,
-            self.mqp_retry_all as i32,
-            self.mqp_retry_cnt,
-            self.query_port_speed as i32,
-            self.ibverbs_lib,
-            self.gdr_flush_disable as i32,
-            self.dmabuf_enable as i32,
-            self.socket_ifname,
-            self.socket_family,
-            self.connect_timeout_sec,
+    /// Every variable with its resolved value as a user would write it, in declaration order.
+    pub fn settings(&self) -> Vec<Setting> {
+        let flag = |b: bool| if b { "1" } else { "0" }.to_string();
+        let auto = |v: i32| if v < 0 { "(auto)".to_string() } else { v.to_string() };
+        let rows: [(&'static str, String); 39] = [
+            ("NCCL_IB_HCA", self.hca.to_string()),
+            ("NCCL_IB_GID_INDEX", auto(self.gid_index)),
+            ("NCCL_IB_ADDR_FAMILY", self.addr_family.to_string()),
+            (
+                "NCCL_IB_ADDR_RANGE",
+                self.addr_range
+                    .map_or("(any)".into(), |r| format!("{}/{}", r.addr, r.prefix_len)),
+            ),
+            ("NCCL_IB_ROCE_VERSION_NUM", self.roce_version.to_string()),
+            (
+                "NCCL_IB_ROUTABLE_FLID_GID_INDEX",
+                self.routable_flid_gid_index.to_string(),
+            ),
+            ("NCCL_IB_TIMEOUT", self.timeout.to_string()),
+            ("NCCL_IB_RETRY_CNT", self.retry_cnt.to_string()),
+            ("NCCL_IB_PKEY", self.pkey_index.to_string()),
+            ("NCCL_IB_SL", auto(self.sl)),
+            ("NCCL_IB_TC", auto(self.tc)),
+            ("NCCL_IB_FIFO_TC", auto(self.fifo_tc)),
+            ("NCCL_IB_USE_INLINE", flag(self.use_inline)),
+            ("NCCL_IB_QPS_PER_CONNECTION", self.qps_per_connection.to_string()),
+            ("NCCL_IB_SPLIT_DATA_ON_QPS", flag(self.split_data_on_qps)),
+            ("NCCL_IB_AR_THRESHOLD", self.ar_threshold.to_string()),
+            (
+                "NCCL_IB_ADAPTIVE_ROUTING",
+                if self.adaptive_routing == -2 {
+                    "(auto)".into()
+                } else {
+                    self.adaptive_routing.to_string()
+                },
+            ),
+            ("NCCL_IB_PCI_RELAXED_ORDERING", self.pci_relaxed_ordering.to_string()),
+            ("NCCL_IB_ECE_ENABLE", flag(self.ece_enable)),
+            ("NCCL_IB_MERGE_VFS", flag(self.merge_vfs)),
+            ("NCCL_IB_MERGE_NICS", flag(self.merge_nics)),
+            ("NCCL_IB_DEVICE_PCI_ORDER", flag(self.device_pci_order)),
+            ("NCCL_IB_RETURN_ASYNC_EVENTS", flag(self.return_async_events)),
+            ("NCCL_IB_WARN_RAIL_LOCAL", flag(self.warn_rail_local)),
+            ("NCCL_IB_MQP_RETRY_ALL", flag(self.mqp_retry_all)),
+            ("NCCL_IB_MQP_RETRY_CNT", self.mqp_retry_cnt.to_string()),
+            ("NCCL_IB_MQP_RETRY_SLEEP_MSEC", self.mqp_retry_sleep_ms.to_string()),
+            ("NCCL_IB_QUERY_PORT_SPEED", flag(self.query_port_speed)),
+            (
+                "NCCL_IBVERBS_LIB",
+                self.ibverbs_lib.clone().unwrap_or_else(|| "(default)".into()),
+            ),
+            ("NCCL_GDR_FLUSH_DISABLE", flag(self.gdr_flush_disable)),
+            ("NCCL_DMABUF_ENABLE", flag(self.dmabuf_enable)),
+            (
+                "NCCL_SOCKET_IFNAME",
+                self.socket_ifname.as_ref().map_or("(auto)".into(), |f| f.to_string()),
+            ),
+            (
+                "NCCL_SOCKET_FAMILY",
+                self.socket_family.map_or("(any)".into(), |f| f.to_string()),
+            ),
+            ("NCCL_SOCKET_MAGIC", format!("{:#x}", self.socket_magic)),
+            ("FERROCE_CONNECT_TIMEOUT_SEC", self.connect_timeout_sec.to_string()),
+            ("FERROCE_HANG_WARN_SEC", self.hang_warn_sec.to_string()),
+            (
+                "FERROCE_STATS",
+                self.stats_dir.clone().unwrap_or_else(|| "(off)".into()),
+            ),
+            ("FERROCE_STATS_INTERVAL_SEC", self.stats_interval_sec.to_string()),
+            // Read for one thing only: at INFO, comms keep statistics and log them at close.
+            (
+                "NCCL_DEBUG",
+                if self.debug_info { "INFO" } else { "(below INFO)" }.to_string(),
+            ),
+        ];
+        rows.into_iter()
+            .map(|(name, value)| Setting {
+                name,
+                value,
+                decides: DECISIVE.contains(&name),
+            })
+            .collect()
+    }
+
+    /// The INFO line: the variables the user set (`is_set`) plus the few that decide which
+    /// devices, GIDs and QPs are used, each as `NAME=value`.
+    pub fn info_line(&self, is_set: &dyn Fn(&str) -> bool) -> String {
+        let shown: Vec<String> = self
+            .settings()
+            .iter()
+            .filter(|s| s.decides || is_set(s.name))
+            .map(|s| format!("{}={}", s.name, s.value))
+            .collect();
+        format!("config: {} (every variable: NCCL_DEBUG_SUBSYS=ENV)", shown.join(" "))
+    }
+
+    /// The whole table, one `NAME=value (set|default)` line per variable.
+    pub fn env_table(&self, is_set: &dyn Fn(&str) -> bool) -> Vec<String> {
+        self.settings()
+            .iter()
+            .map(|s| {
+                let origin = if is_set(s.name) { "set" } else { "default" };
+                format!("config: {}={} ({origin})", s.name, s.value)
+            })
+            .collect()
+    }
+}
+
+/// One variable and its resolved value, written as a user would set it (`(all)`, `(auto)`,
+/// `(default)` stand for "unset, NCCL's automatic choice").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setting {
+    pub name: &'static str,
+    pub value: String,
+    /// Shown at INFO even when unset: it decides devices, GIDs or QPs.
+    pub decides: bool,
+}
+
+/// Every variable ferroce reads, in the order the table shows them.
+pub fn variables() -> Vec<&'static str> {
+    Config::default().settings().into_iter().map(|s| s.name).collect()
+}
+
+/// The variables the INFO line always shows.
+const DECISIVE: &[&str] = &[
+    "NCCL_IB_HCA",
+    "NCCL_IB_GID_INDEX",
+    "NCCL_IB_ADDR_FAMILY",
+    "NCCL_IB_ROCE_VERSION_NUM",
+    "NCCL_IB_QPS_PER_CONNECTION",
+    "NCCL_IBVERBS_LIB",
+    "NCCL_SOCKET_IFNAME",
+];
+
+impl std::fmt::Display for DeviceFilter {
+    /// The list syntax back: `^=mlx5_0:1,mlx5_1`, or `(all)` for the empty list.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.entries.is_empty() {
+            return f.write_str("(all)");
+        }
+        let entries: Vec<String> = self
+            .entries
+            .iter()
+            .map(|e| {
+                let fields = [e.port.map(i64::from), e.rail.map(i64::from), e.plane.map(i64::from)];
+                let used = fields.iter().rposition(Option::is_some).map_or(0, |i| i + 1);
+                let mut text = e.name.clone();
+                for field in &fields[..used] {
+                    text.push(':');
+                    if let Some(v) = field {
+                        text.push_str(&v.to_string());
+                    }
+                }
+                text
+            })
+            .collect();
+        write!(
+            f,
+            "{}{}{}",
+            if self.exclude { "^" } else { "" },
+            if self.exact { "=" } else { "" },
+            entries.join(",")
         )
     }
+}
+
+impl std::fmt::Display for AddrFamily {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AddrFamily::Inet => "AF_INET",
+            AddrFamily::Inet6 => "AF_INET6",
+        })
+    }
+}
+
+/// Whether `NCCL_DEBUG_SUBSYS` names ENV (or ALL) itself. NCCL's default mask already contains
+/// ENV, so the whole table is printed only when the user asked for it by name.
+pub fn env_subsys_requested(value: Option<&str>) -> bool {
+    let Some(value) = value else {
+        return false;
+    };
+    let (negated, list) = match value.trim().strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, value.trim()),
+    };
+    let names_env = list
+        .split(',')
+        .any(|item| matches!(item.trim().to_ascii_uppercase().as_str(), "ENV" | "ALL"));
+    names_env != negated && !(negated && list.trim().is_empty())
 }
 
 static CONFIG: OnceCell<Config> = OnceCell::new();
@@ -516,7 +664,17 @@ pub fn get() -> &'static Config {
         for w in &warnings {
             crate::log_warn!("{w}");
         }
-        crate::log_info!(crate::log::subsys::INIT | crate::log::subsys::ENV, "{}", cfg.summary());
+        let is_set = |name: &str| std::env::var(name).is_ok_and(|v| !v.trim().is_empty());
+        crate::log_info!(
+            crate::log::subsys::INIT | crate::log::subsys::ENV,
+            "{}",
+            cfg.info_line(&is_set)
+        );
+        if env_subsys_requested(std::env::var("NCCL_DEBUG_SUBSYS").ok().as_deref()) {
+            for line in cfg.env_table(&is_set) {
+                crate::log_info!(crate::log::subsys::ENV, "{line}");
+            }
+        }
         cfg
     })
 }
@@ -705,5 +863,104 @@ mod tests {
         assert!(!r6.contains_v6("fd01::1".parse().unwrap()));
         assert!(AddrRange::parse("fd00::/129").is_none());
         assert!(AddrRange::parse("10.0.0.0").is_none());
+    }
+
+    fn info_line_of(vars: &[(&str, &str)]) -> String {
+        let (cfg, _) = parse(vars);
+        let set: Vec<String> = vars.iter().map(|(k, _)| k.to_string()).collect();
+        cfg.info_line(&|name| set.iter().any(|s| s == name))
+    }
+
+    #[test]
+    fn info_line_names_variables_as_a_user_writes_them() {
+        let line = info_line_of(&[]);
+        assert_eq!(
+            line,
+            "config: NCCL_IB_HCA=(all) NCCL_IB_GID_INDEX=(auto) NCCL_IB_ADDR_FAMILY=AF_INET \
+             NCCL_IB_ROCE_VERSION_NUM=2 NCCL_IB_QPS_PER_CONNECTION=1 NCCL_IBVERBS_LIB=(default) \
+             NCCL_SOCKET_IFNAME=(auto) (every variable: NCCL_DEBUG_SUBSYS=ENV)"
+        );
+        assert!(!line.contains("Some(") && !line.contains("DeviceFilter") && !line.contains("-2"));
+    }
+
+    #[test]
+    fn info_line_adds_what_the_user_set_and_only_that() {
+        let line = info_line_of(&[
+            ("NCCL_IB_HCA", "^=mlx5_1:1,mlx5_4"),
+            ("NCCL_IB_TIMEOUT", "14"),
+            ("NCCL_IB_ADDR_RANGE", "10.1.0.0/16"),
+            ("NCCL_IB_ADAPTIVE_ROUTING", "1"),
+            ("NCCL_IBVERBS_LIB", "/opt/rdma/lib/libibverbs.so.1"),
+            ("NCCL_SOCKET_FAMILY", "AF_INET6"),
+        ]);
+        for want in [
+            "NCCL_IB_HCA=^=mlx5_1:1,mlx5_4 ",
+            "NCCL_IB_TIMEOUT=14 ",
+            "NCCL_IB_ADDR_RANGE=10.1.0.0/16 ",
+            "NCCL_IB_ADAPTIVE_ROUTING=1 ",
+            "NCCL_IBVERBS_LIB=/opt/rdma/lib/libibverbs.so.1 ",
+            "NCCL_SOCKET_FAMILY=AF_INET6 ",
+        ] {
+            assert!(line.contains(want), "{want:?} missing from {line}");
+        }
+        assert!(!line.contains("NCCL_IB_RETRY_CNT"), "unset and not decisive: {line}");
+    }
+
+    #[test]
+    fn env_table_has_every_variable_once_with_its_origin() {
+        let (cfg, _) = parse(&[("NCCL_IB_TIMEOUT", "14")]);
+        let table = cfg.env_table(&|name| name == "NCCL_IB_TIMEOUT");
+        assert_eq!(table.len(), variables().len());
+        assert!(table.contains(&"config: NCCL_IB_TIMEOUT=14 (set)".to_string()));
+        assert!(table.contains(&"config: NCCL_IB_ADAPTIVE_ROUTING=(auto) (default)".to_string()));
+        assert!(table.contains(&"config: NCCL_IB_ADDR_RANGE=(any) (default)".to_string()));
+        assert!(table.contains(&"config: NCCL_SOCKET_MAGIC=0x564ab9f2fc4b9d6c (default)".to_string()));
+        assert!(table.contains(&"config: NCCL_IB_SPLIT_DATA_ON_QPS=0 (default)".to_string()));
+    }
+
+    #[test]
+    fn the_table_lists_exactly_the_variables_that_are_read() {
+        let read = std::cell::RefCell::new(Vec::<String>::new());
+        let _ = Config::from_lookup(&|name| {
+            read.borrow_mut().push(name.to_string());
+            None
+        });
+        let mut read = read.into_inner();
+        read.sort();
+        read.dedup();
+        let mut listed: Vec<String> = variables().iter().map(|s| s.to_string()).collect();
+        listed.sort();
+        assert_eq!(read, listed);
+    }
+
+    #[test]
+    fn filters_print_back_in_their_own_syntax() {
+        for text in [
+            "mlx5",
+            "=mlx5_0:1,mlx5_1:1",
+            "^mlx5_2",
+            "^=mlx5_1,mlx5_4",
+            "=mlx5_0:1:0:1,mlx5_2::3",
+        ] {
+            assert_eq!(DeviceFilter::parse(text).unwrap().to_string(), text);
+        }
+        assert_eq!(DeviceFilter::default().to_string(), "(all)");
+    }
+
+    #[test]
+    fn env_subsys_is_requested_only_by_name() {
+        let table: &[(Option<&str>, bool)] = &[
+            (None, false),
+            (Some("INIT,NET"), false),
+            (Some("ENV"), true),
+            (Some("init,env"), true),
+            (Some("ALL"), true),
+            (Some("^ENV"), false),
+            (Some("^INIT"), true),
+            (Some(""), false),
+        ];
+        for (value, want) in table {
+            assert_eq!(env_subsys_requested(*value), *want, "{value:?}");
+        }
     }
 }

@@ -56,6 +56,7 @@ pub struct NetDevice {
     pub speed_mbps: i32,
     /// Merged PCI path (function digit zeroed), `None` when the device has no PCI function.
     pub pci_path: Option<String>,
+    /// `guid` of the properties: see [`nccl_guid`].
     pub guid: u64,
     pub max_qp: i32,
     /// Earlier devices sharing this PCI path; NCCL reports `port + real_port`.
@@ -164,7 +165,8 @@ pub fn port_is_usable(port: &PortInfo) -> std::result::Result<LinkLayer, String>
         .ok_or_else(|| format!("link layer {} is neither InfiniBand nor Ethernet", port.link_layer))
 }
 
-fn port_state_name(state: u32) -> &'static str {
+/// `IBV_PORT_*` state as `ibv_devinfo` names it.
+pub fn port_state_name(state: u32) -> &'static str {
     match state {
         0 => "NOP",
         1 => "DOWN",
@@ -205,7 +207,8 @@ pub fn merged_pci_path(realpath: &str, merge_vfs: bool) -> String {
     String::from_utf8(path).unwrap_or_else(|_| realpath.to_string())
 }
 
-fn gid_family(gid: &[u8; 16]) -> AddrFamily {
+/// IPv4 for IPv4-mapped GIDs (unicast or multicast), else IPv6.
+pub fn gid_family(gid: &[u8; 16]) -> AddrFamily {
     let v4_mapped = gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff;
     let v4_mapped_mcast =
         gid[0] == 0xff && gid[1] == 0x0e && gid[2..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff;
@@ -216,7 +219,8 @@ fn gid_family(gid: &[u8; 16]) -> AddrFamily {
     }
 }
 
-fn gid_valid(gid: &[u8; 16]) -> bool {
+/// Neither all zero nor link-local (`fe80::/64`): a GID another subnet can route to.
+pub fn gid_valid(gid: &[u8; 16]) -> bool {
     let zero = gid.iter().all(|&b| b == 0);
     let link_local = gid[0] == 0xfe && gid[1] == 0x80 && gid[2..8].iter().all(|&b| b == 0);
     !zero && !link_local
@@ -456,7 +460,7 @@ fn probe_ports(ctx: &Arc<Context>, cfg: &Config, found: &mut Vec<NetDevice>, ski
             active_mtu: info.active_mtu,
             speed_mbps: speed_mbps(info.active_speed, info.active_width),
             pci_path: pci_path.clone(),
-            guid: ctx.info.sys_image_guid,
+            guid: nccl_guid(ctx.info.sys_image_guid),
             max_qp: ctx.info.max_qp,
             real_port: 0,
             rail: entry.and_then(|e| e.rail).unwrap_or(-1),
@@ -465,6 +469,13 @@ fn probe_ports(ctx: &Arc<Context>, cfg: &Config, found: &mut Vec<NetDevice>, ski
             adaptive_routing,
         });
     }
+}
+
+/// The `guid` NCCL's IB transport reports for a device: `ibv_device_attr.sys_image_guid` copied
+/// as it is, i.e. the GUID's big-endian bytes read as a host-order integer (NCCL does no byte
+/// swap). `sys_image_guid` is the GUID's value (what `ibv_devinfo` prints).
+pub fn nccl_guid(sys_image_guid: u64) -> u64 {
+    sys_image_guid.to_be()
 }
 
 /// `IBV_MTU_*` enum value → bytes.
@@ -707,6 +718,15 @@ mod tests {
         assert_eq!(gid_family(&mcast), AddrFamily::Inet);
         assert_eq!(gid_family(&v6("fd00::1")), AddrFamily::Inet6);
         assert!(!gid_valid(&link_local()) && !gid_valid(&[0; 16]) && gid_valid(&v4(10, 0, 0, 1)));
+    }
+
+    #[test]
+    fn guid_is_the_raw_big_endian_field_as_nccl_copies_it() {
+        let value = 0x0002_c903_00a1_b2c3; // ibv_devinfo: 0002:c903:00a1:b2c3
+        assert_eq!(
+            nccl_guid(value).to_ne_bytes(),
+            [0x00, 0x02, 0xc9, 0x03, 0x00, 0xa1, 0xb2, 0xc3]
+        );
     }
 
     #[test]

@@ -65,10 +65,11 @@ impl Error {
         Self::new(ErrorKind::Remote, message)
     }
 
-    /// A failed OS or verbs call: `what` failed with the current `errno`.
+    /// A failed OS or verbs call: `what` failed with the current `errno`, plus the resource-limit
+    /// hint when the errno says a limit was hit.
     pub fn last_os(what: &str) -> Self {
         let err = std::io::Error::last_os_error();
-        Self::system(format!("{what} failed: {err}"))
+        Self::system(format!("{what} failed: {err}{}", limit_suffix(&err)))
     }
 
     /// The single mapping from error kinds to `ncclResult_t` (spec §1.1, §11 rule 11).
@@ -105,6 +106,102 @@ impl std::error::Error for Error {}
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// A process resource limit: soft and hard values, `None` = unlimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limit {
+    pub soft: Option<u64>,
+    pub hard: Option<u64>,
+}
+
+impl Limit {
+    /// `getrlimit(resource)`.
+    pub fn current(resource: libc::__rlimit_resource_t) -> Option<Limit> {
+        let mut rl = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: rl is a valid out-pointer for the duration of the call.
+        if unsafe { libc::getrlimit(resource, &mut rl) } != 0 {
+            return None;
+        }
+        let value = |v: libc::rlim_t| (v != libc::RLIM_INFINITY).then_some(v);
+        Some(Limit {
+            soft: value(rl.rlim_cur),
+            hard: value(rl.rlim_max),
+        })
+    }
+}
+
+/// Bytes as `64 KiB`, `8 MiB`, `unlimited`.
+pub fn format_bytes(bytes: Option<u64>) -> String {
+    match bytes {
+        None => "unlimited".into(),
+        Some(b) if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        Some(b) if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        Some(b) if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        Some(b) => format!("{b} bytes"),
+    }
+}
+
+/// Ferroce's file descriptors per connection: the side-channel socket of each end (a listen
+/// comm holds one more until NCCL closes it).
+pub const FDS_PER_CONNECTION: u64 = 2;
+
+/// What to tell the user when a call fails with `errno` because of a resource limit, with the
+/// current limit read now: locked memory for registrations, CQs and QPs (ENOMEM, EPERM), file
+/// descriptors for the side channel (EMFILE, ENFILE). `None` for other errors.
+pub fn limit_hint(errno: i32) -> Option<String> {
+    match errno {
+        libc::ENOMEM | libc::EPERM => Some(memlock_hint(Limit::current(libc::RLIMIT_MEMLOCK))),
+        libc::EMFILE => Some(nofile_hint(Limit::current(libc::RLIMIT_NOFILE), open_fds())),
+        libc::ENFILE => Some(
+            "the system-wide open-file table is full (fs.file-max); raise it with `sysctl fs.file-max=…` or close other programs".into(),
+        ),
+        _ => None,
+    }
+}
+
+fn memlock_hint(limit: Option<Limit>) -> String {
+    let now = limit.map_or("unknown".into(), |l| {
+        format!("{} (hard {})", format_bytes(l.soft), format_bytes(l.hard))
+    });
+    format!(
+        "RDMA registrations, CQs and QPs pin memory, which counts against RLIMIT_MEMLOCK, now {now}. \
+         Raise it: `ulimit -l unlimited` in the job's shell, `* - memlock unlimited` in \
+         /etc/security/limits.conf (LimitMEMLOCK=infinity for a systemd service), \
+         `--ulimit memlock=-1:-1` for a container; `ferroce-doctor --conns N` checks it"
+    )
+}
+
+fn nofile_hint(limit: Option<Limit>, open: Option<u64>) -> String {
+    let now = limit.map_or("unknown".into(), |l| {
+        let show = |v: Option<u64>| v.map_or("unlimited".into(), |v| v.to_string());
+        format!("{} (hard {})", show(l.soft), show(l.hard))
+    });
+    let open = open.map_or(String::new(), |n| format!(", {n} open"));
+    format!(
+        "out of file descriptors: RLIMIT_NOFILE is {now}{open}. ferroce needs {FDS_PER_CONNECTION} per \
+         connection (plus 1 per open listen comm), so a job of N connections per process needs about \
+         {FDS_PER_CONNECTION}×N + 64. Raise it: `ulimit -n 65536`, `* - nofile 65536` in \
+         /etc/security/limits.conf (LimitNOFILE= for a systemd service), `--ulimit nofile=65536:65536` \
+         for a container; `ferroce-doctor --conns N` checks it"
+    )
+}
+
+/// `" — <hint>"` when `err` is a resource-limit error ([`limit_hint`]), else empty: appended to
+/// the message wherever such an error is reported.
+pub fn limit_suffix(err: &std::io::Error) -> String {
+    err.raw_os_error()
+        .and_then(limit_hint)
+        .map(|h| format!(" — {h}"))
+        .unwrap_or_default()
+}
+
+/// File descriptors open in this process.
+fn open_fds() -> Option<u64> {
+    std::fs::read_dir("/proc/self/fd").ok().map(|d| d.count() as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,6 +213,57 @@ mod tests {
         assert_eq!(Error::invalid_argument("x").result_code(), 4);
         assert_eq!(Error::usage("x").result_code(), 5);
         assert_eq!(Error::remote("x").result_code(), 6);
+    }
+
+    #[test]
+    fn limit_errors_carry_the_limit_and_the_fix() {
+        let memlock = memlock_hint(Some(Limit {
+            soft: Some(64 << 10),
+            hard: Some(8 << 20),
+        }));
+        assert!(memlock.contains("RLIMIT_MEMLOCK, now 64 KiB (hard 8 MiB)"), "{memlock}");
+        assert!(memlock.contains("ulimit -l unlimited") && memlock.contains("limits.conf"));
+        assert!(memlock.contains("--ulimit memlock"));
+
+        let nofile = nofile_hint(
+            Some(Limit {
+                soft: Some(512),
+                hard: None,
+            }),
+            Some(510),
+        );
+        assert!(
+            nofile.contains("RLIMIT_NOFILE is 512 (hard unlimited), 510 open"),
+            "{nofile}"
+        );
+        assert!(nofile.contains("needs 2 per connection") && nofile.contains("ulimit -n"));
+
+        for errno in [libc::ENOMEM, libc::EPERM, libc::EMFILE, libc::ENFILE] {
+            assert!(limit_hint(errno).is_some(), "{errno}");
+        }
+        assert_eq!(limit_hint(libc::EINVAL), None);
+        let enomem = limit_suffix(&std::io::Error::from_raw_os_error(libc::ENOMEM));
+        assert!(
+            enomem.starts_with(" — ") && enomem.contains("RLIMIT_MEMLOCK"),
+            "{enomem}"
+        );
+        assert_eq!(limit_suffix(&std::io::Error::from_raw_os_error(libc::EINVAL)), "");
+        // SAFETY: setting errno for the calling thread.
+        unsafe { *libc::__errno_location() = libc::ENOMEM };
+        let e = Error::last_os("ibv_reg_mr(mlx5_0, 0x1000, 4096 bytes)");
+        assert!(e
+            .message
+            .starts_with("ibv_reg_mr(mlx5_0, 0x1000, 4096 bytes) failed: Cannot allocate memory"));
+        assert!(e.message.contains("RLIMIT_MEMLOCK"), "{}", e.message);
+    }
+
+    #[test]
+    fn byte_counts() {
+        assert_eq!(format_bytes(None), "unlimited");
+        assert_eq!(format_bytes(Some(8 << 20)), "8 MiB");
+        assert_eq!(format_bytes(Some(64 << 10)), "64 KiB");
+        assert_eq!(format_bytes(Some(3 << 30)), "3 GiB");
+        assert_eq!(format_bytes(Some(1000)), "1000 bytes");
     }
 
     #[test]

@@ -6,6 +6,9 @@
 //! one internal API) → `abi` (the exported `ncclNetPlugin_vN` tables, thin per-version shims).
 //! `ci/tests/05-layers.sh` fails on an import cycle between files.
 
+/// This build's version, as `ferroce-doctor` compares it between hosts.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
 #[macro_use]
 pub mod log;
 pub mod abi;

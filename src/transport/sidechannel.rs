@@ -7,7 +7,7 @@
 
 use super::proto::handshake::{FrameReader, ListenAddr, Message, WireError};
 use crate::config::{AddrFamily, DeviceFilter};
-use crate::error::{Error, Result};
+use crate::error::{limit_suffix, Error, Result};
 use once_cell::sync::OnceCell;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
@@ -177,8 +177,13 @@ pub fn bind_listener(ifa: &IfAddr) -> Result<TcpListener> {
         IpAddr::V4(v) => SocketAddr::new(IpAddr::V4(v), 0),
         IpAddr::V6(v) => SocketAddr::V6(std::net::SocketAddrV6::new(v, 0, 0, ifa.scope_id)),
     };
-    let l =
-        TcpListener::bind(addr).map_err(|e| Error::system(format!("cannot listen on {} ({addr}): {e}", ifa.name)))?;
+    let l = TcpListener::bind(addr).map_err(|e| {
+        Error::system(format!(
+            "cannot listen on {} ({addr}): {e}{}",
+            ifa.name,
+            limit_suffix(&e)
+        ))
+    })?;
     l.set_nonblocking(true)
         .map_err(|e| Error::system(format!("listener O_NONBLOCK: {e}")))?;
     Ok(l)
@@ -196,7 +201,10 @@ pub fn try_accept(l: &TcpListener) -> Result<Option<Channel>> {
         Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => Ok(None),
         // A connection reset before we accepted it: nothing to do.
         Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => Ok(None),
-        Err(e) => Err(Error::system(format!("accept on the side channel failed: {e}"))),
+        Err(e) => Err(Error::system(format!(
+            "accept on the side channel failed: {e}{}",
+            limit_suffix(&e)
+        ))),
     }
 }
 
@@ -318,6 +326,14 @@ impl Connector {
             if now >= retry_at {
                 self.attempt = match start_connect(&self.addr) {
                     Ok(s) => Attempt::Connecting(s),
+                    // Out of descriptors: waiting for the deadline would not help.
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::EMFILE | libc::ENFILE)) => {
+                        return Err(Error::system(format!(
+                            "cannot open a socket to the peer's side channel at {}: {e}{}",
+                            self.addr,
+                            limit_suffix(&e)
+                        )));
+                    }
                     Err(e) => self.failed(e, now),
                 };
             }
