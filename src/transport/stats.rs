@@ -336,7 +336,7 @@ pub fn render() -> String {
     }
     format!(
         "{{\"ferroce\":\"{}\",\"pid\":{},\"host\":\"{}\",\"totals\":{{\"comms\":{},\"send_bytes\":{},\"send_messages\":{},\"recv_bytes\":{},\"recv_messages\":{},\"errors\":{}}},\"comms\":[{}]}}\n",
-        env!("CARGO_PKG_VERSION"),
+        crate::VERSION,
         std::process::id(),
         json_escape(&hostname()),
         totals.comms,

@@ -10,7 +10,7 @@
 //! | off | size | field |
 //! |---|---|---|
 //! | 0 | 8 | magic [`HANDLE_MAGIC`] |
-//! | 8 | 2 | version [`VERSION`] |
+//! | 8 | 2 | version [`WIRE_VERSION`] |
 //! | 10 | 1 | address family: 4 or 6 |
 //! | 11 | 1 | listener's member-device count (1..=8) |
 //! | 12 | 2 | TCP port (big-endian) |
@@ -47,7 +47,7 @@ pub const STAGE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceS");
 /// 3: the CTS FIFO is a ring of 64 entries (4 KiB) that groups fill in posting order (spec
 /// §8.8 slots of 8 entries no longer); the completion record of the group at ring position `p`
 /// lies `p × fifo::ENTRY_BYTES` past the advertised address.
-pub const VERSION: u16 = 3;
+pub const WIRE_VERSION: u16 = 3;
 /// Size of the handle NCCL allocates.
 pub const HANDLE_BYTES: usize = 128;
 /// Largest frame body accepted.
@@ -118,7 +118,7 @@ impl std::fmt::Display for WireError {
         match self {
             WireError::Truncated { need, got } => write!(f, "truncated: need {need} bytes, got {got}"),
             WireError::BadMagic(m) => write!(f, "bad magic {m:#018x} (not a ferroce peer)"),
-            WireError::BadVersion(v) => write!(f, "unsupported version {v} (this side speaks {VERSION})"),
+            WireError::BadVersion(v) => write!(f, "unsupported version {v} (this side speaks {WIRE_VERSION})"),
             WireError::BadKind(k) => write!(f, "unknown message kind {k}"),
             WireError::TooLong(n) => write!(f, "message body of {n} bytes exceeds {MAX_BODY}"),
             WireError::BadField(s) => write!(f, "invalid field: {s}"),
@@ -177,7 +177,7 @@ impl HandleRepr {
             return Err(WireError::BadMagic(magic));
         }
         let v = u16_at(h, field::H_VERSION);
-        if v != VERSION {
+        if v != WIRE_VERSION {
             return Err(WireError::BadVersion(v));
         }
         let ndevs = h[field::H_NDEVS];
@@ -213,7 +213,7 @@ impl HandleRepr {
     pub fn emit(&self, h: &mut [u8; HANDLE_BYTES]) {
         h.fill(0);
         h[field::H_MAGIC].copy_from_slice(&HANDLE_MAGIC.to_le_bytes());
-        h[field::H_VERSION].copy_from_slice(&VERSION.to_le_bytes());
+        h[field::H_VERSION].copy_from_slice(&WIRE_VERSION.to_le_bytes());
         h[field::H_NDEVS] = self.ndevs;
         h[field::H_PORT].copy_from_slice(&self.addr.port().to_be_bytes());
         match self.addr {
@@ -304,7 +304,7 @@ impl HeaderRepr {
             return Err(WireError::BadMagic(magic));
         }
         let v = u16_at(b, field::F_VERSION);
-        if v != VERSION {
+        if v != WIRE_VERSION {
             return Err(WireError::BadVersion(v));
         }
         let kind = Kind::from(b[field::F_KIND]);
@@ -326,7 +326,7 @@ impl HeaderRepr {
         out.resize(start + HEADER_BYTES, 0);
         let b = &mut out[start..];
         b[field::F_MAGIC].copy_from_slice(&WIRE_MAGIC.to_le_bytes());
-        b[field::F_VERSION].copy_from_slice(&VERSION.to_le_bytes());
+        b[field::F_VERSION].copy_from_slice(&WIRE_VERSION.to_le_bytes());
         b[field::F_KIND] = self.kind.into();
         b[field::F_LEN].copy_from_slice(&(self.body_len as u32).to_le_bytes());
     }
