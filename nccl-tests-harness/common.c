@@ -30,6 +30,10 @@
 /* ------------------------------------------------------------------------------------------ */
 
 static hctx_t* g_h; /* the rank's context, for the logger */
+/* Whole-run totals of this rank (never reset), printed at h_net_close when FERROCE_STATS is
+ * set, so tests can compare them with the plugin's statistics file. */
+static long h_run_sends;
+static double h_run_bytes_sent;
 
 double h_now(void) {
   struct timespec ts;
@@ -700,6 +704,8 @@ void h_net_open(hctx_t* h) {
 }
 
 void h_net_close(hctx_t* h) {
+  if (getenv("FERROCE_STATS"))
+    fprintf(stderr, "harness: rank %d sent %ld messages, %.0f bytes through isend\n", h->rank, h_run_sends, h_run_bytes_sent);
   int rc = h->net.finalize(h->net.ctx);
   if (rc) h_die(h, "finalize = %d", rc);
 }
@@ -952,6 +958,8 @@ int hq_post_send(hctx_t* h, hq_t* q, void* data, size_t bytes, void* mh) {
   if (!req) return 0;
   h_stats.sends++;
   h_stats.bytes_sent += bytes;
+  h_run_sends++;
+  h_run_bytes_sent += (double)bytes;
   int s = (int)(q->posted % H_MAX_INFLIGHT);
   q->req[s] = req, q->expect[s][0] = bytes, q->n[s] = 1;
   q->posted++;
