@@ -5,7 +5,7 @@
 # counted once on the receiving side, and each comm's close summary must be logged at INFO with
 # the same figures. Addresses 127.0.66.x / 127.0.67.x. Prints "N passed, M failed".
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
 H=$ROOT/target/release/harness
 SR=$ROOT/target/release/softroce

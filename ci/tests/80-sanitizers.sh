@@ -10,7 +10,7 @@
 # for this job only (never for the product build). Addresses 127.0.81.x.
 # Prints "N passed, M failed"; non-zero exit on any report or failure.
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
 R=$ROOT/target/release
 TRIPLE=$(rustc -vV | sed -n 's/^host: //p')
