@@ -58,6 +58,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod limits;
 pub mod mem;
 mod qp;
 mod requester;
@@ -66,15 +67,12 @@ pub mod state;
 pub mod time;
 pub mod timer;
 
+pub use limits::{MAX_MSG_SZ, MAX_QP_RD_ATOM};
 pub use mem::{AtomicOp, InMemory, LocalAccessError, MemoryAccess, RemoteAccess, RemoteAccessError};
 pub use qp::QpCore;
 pub use state::QpState;
 pub use time::{Duration, Instant};
 
-/// Largest `max_rd_atomic` / `max_dest_rd_atomic` accepted (rxe advertises 128).
-pub const MAX_QP_RD_ATOM: u8 = 128;
-/// Largest message length accepted (`max_msg_sz`, 2 GiB like mlx5; rxe: 8 MiB).
-pub const MAX_MSG_SZ: u32 = 1 << 31;
 /// Default cap on unacknowledged PSNs in flight per QP (rxe uses 128).
 pub const DEFAULT_MAX_INFLIGHT_PSNS: u32 = 128;
 /// Default floor of the adaptive retransmission probe (see

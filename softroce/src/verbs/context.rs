@@ -1,83 +1,71 @@
 //! Device list, contexts, device/port/GID queries and async events.
 
-use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 
 use rdma_sys::{
     ibv_async_event, ibv_context, ibv_device, ibv_device_attr, ibv_device_attr_ex, ibv_event_type, ibv_gid,
     ibv_gid_entry, ibv_port_attr, ibv_query_device_ex_input, verbs_context,
 };
 
+use super::ctx::Context;
 use super::{ffi_guard, int_err, minus_one, null_err, set_errno};
-use crate::device::{self, Device, IbvDevice};
-
-/// What we allocate for `ibv_open_device`: the 648-byte `verbs_context`
-/// (whose embedded `ibv_context` is what the application sees) and our state.
-#[repr(C)]
-pub struct Context {
-    pub vctx: verbs_context,
-    pub dev: Arc<Device>,
-    pub async_q: Arc<AsyncQueue>,
-}
+use crate::config;
+use crate::driver::device::{self, Device};
+use crate::driver::event::AsyncQueue;
+use crate::driver::instances;
+use crate::driver::limits::{self, GID_TABLE_LEN};
 
 /// `__VERBS_ABI_IS_EXTENDED`.
 const ABI_IS_EXTENDED: usize = usize::MAX;
 
-impl Context {
-    /// Recovers our context from the application's `ibv_context` pointer.
-    ///
-    /// # Safety
-    /// `ctx` must be NULL or a pointer returned by our `ibv_open_device` and not yet closed.
-    pub unsafe fn from_ibv<'a>(ctx: *mut ibv_context) -> Option<&'a Context> {
-        if ctx.is_null() {
-            return None;
-        }
-        let off = std::mem::offset_of!(verbs_context, context);
-        // SAFETY: per the contract, ctx points `off` bytes into a live Context
-        // whose first field is the verbs_context.
-        Some(unsafe { &*((ctx as *mut u8).sub(off) as *const Context) })
-    }
+/// The `struct ibv_device` we hand out, plus our index.
+#[repr(C)]
+pub struct IbvDevice {
+    pub ibv: ibv_device,
+    pub index: usize,
 }
 
-/// Asynchronous event queue of a context; `async_fd` is an eventfd in
-/// semaphore mode counting queued events (pollable, blocking by default).
-pub struct AsyncQueue {
-    pub fd: c_int,
-    q: Mutex<VecDeque<(ibv_event_type, usize)>>,
+// SAFETY: the struct holds only plain data and two unused (None) fn pointers;
+// it is written once before being published and never mutated afterwards.
+unsafe impl Sync for IbvDevice {}
+// SAFETY: as above.
+unsafe impl Send for IbvDevice {}
+
+fn copy_cstr(dst: &mut [c_char], s: &str) {
+    let n = s.len().min(dst.len() - 1);
+    for (d, b) in dst.iter_mut().zip(s.as_bytes()[..n].iter()) {
+        *d = *b as c_char;
+    }
+    dst[n] = 0;
 }
 
-impl AsyncQueue {
-    fn new() -> std::io::Result<AsyncQueue> {
-        // SAFETY: plain eventfd(2) call.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(AsyncQueue {
-            fd,
-            q: Mutex::new(VecDeque::new()),
-        })
-    }
-
-    /// Queues an event; `element` is the cq/qp/srq pointer or the port number.
-    pub fn push(&self, ev: ibv_event_type, element: usize) {
-        self.q.lock().unwrap().push_back((ev, element));
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
-        unsafe { libc::write(self.fd, &one as *const u64 as *const c_void, 8) };
-    }
-}
-
-impl Drop for AsyncQueue {
-    fn drop(&mut self) {
-        // SAFETY: we own fd.
-        unsafe { libc::close(self.fd) };
-    }
+/// The static device list (one allocation per device: the pointers handed
+/// out stay valid for the life of the process).
+#[allow(clippy::vec_box)]
+pub fn device_list() -> &'static [Box<IbvDevice>] {
+    static LIST: OnceLock<Vec<Box<IbvDevice>>> = OnceLock::new();
+    LIST.get_or_init(|| {
+        (0..config::num_devices())
+            .map(|i| {
+                // SAFETY: ibv_device is plain data (integers, char arrays, nullable
+                // fn pointers) for which all-zero is a valid value.
+                let mut ibv: ibv_device = unsafe { std::mem::zeroed() };
+                ibv.node_type = rdma_sys::ibv_node_type::IBV_NODE_CA;
+                ibv.transport_type = rdma_sys::ibv_transport_type::IBV_TRANSPORT_IB;
+                let name = format!("softroce{i}");
+                copy_cstr(&mut ibv.name, &name);
+                copy_cstr(&mut ibv.dev_name, &format!("uverbs{i}"));
+                copy_cstr(&mut ibv.dev_path, &format!("/sys/class/infiniband_verbs/uverbs{i}"));
+                copy_cstr(&mut ibv.ibdev_path, &format!("/sys/class/infiniband/{name}"));
+                Box::new(IbvDevice { ibv, index: i })
+            })
+            .collect()
+    })
 }
 
 fn device_of(dev: *mut ibv_device) -> Option<&'static IbvDevice> {
-    device::device_list()
+    device_list()
         .iter()
         .find(|d| std::ptr::eq(&d.ibv, dev as *const ibv_device))
         .map(|d| &**d)
@@ -86,7 +74,7 @@ fn device_of(dev: *mut ibv_device) -> Option<&'static IbvDevice> {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
     ffi_guard!(std::ptr::null_mut(), {
-        let list = device::device_list();
+        let list = device_list();
         let n = list.len();
         // SAFETY: calloc of n+1 pointers; freed by ibv_free_device_list.
         let arr = unsafe { libc::calloc(n + 1, std::mem::size_of::<*mut ibv_device>()) } as *mut *mut ibv_device;
@@ -135,7 +123,7 @@ pub unsafe extern "C" fn ibv_get_device_index(dev: *mut ibv_device) -> c_int {
 
 /// Node GUID of device `index` without binding its socket (big-endian value).
 fn guid_of_index(index: usize) -> u64 {
-    match device::instance(index) {
+    match instances::instance(index) {
         Ok(d) => d.guid.to_be(),
         Err(_) => 0,
     }
@@ -160,7 +148,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         let Some(d) = device_of(dev) else {
             return null_err(libc::ENODEV);
         };
-        let inst = match device::instance(d.index) {
+        let inst = match instances::instance(d.index) {
             Ok(i) => i,
             Err(e) => {
                 eprintln!("softroce: cannot bind {} (port 4791): {e}; set SOFTROCE_ADDR", d.index);
@@ -227,27 +215,27 @@ pub fn fill_device_attr(dev: &Device, a: &mut ibv_device_attr) {
     a.sys_image_guid = dev.guid.to_be();
     a.max_mr_size = u64::MAX;
     a.page_size_cap = 0xffff_f000;
-    a.vendor_id = device::VENDOR_ID;
-    a.vendor_part_id = device::VENDOR_PART_ID;
+    a.vendor_id = limits::VENDOR_ID;
+    a.vendor_part_id = limits::VENDOR_PART_ID;
     a.hw_ver = 1;
-    a.max_qp = device::MAX_QP as c_int;
-    a.max_qp_wr = device::MAX_QP_WR as c_int;
+    a.max_qp = limits::MAX_QP as c_int;
+    a.max_qp_wr = limits::MAX_QP_WR as c_int;
     // RC_RNR_NAK_GEN (1<<12) | PORT_ACTIVE_EVENT (1<<14)
     a.device_cap_flags = (1 << 12) | (1 << 14);
-    a.max_sge = device::MAX_SGE as c_int;
-    a.max_sge_rd = device::MAX_SGE as c_int;
-    a.max_cq = device::MAX_QP as c_int;
-    a.max_cqe = device::MAX_CQE as c_int;
-    a.max_mr = device::MAX_MR as c_int;
-    a.max_pd = device::MAX_PD as c_int;
-    a.max_qp_rd_atom = device::MAX_QP_RD_ATOM as c_int;
-    a.max_res_rd_atom = (device::MAX_QP_RD_ATOM * 1024) as c_int;
-    a.max_qp_init_rd_atom = device::MAX_QP_RD_ATOM as c_int;
+    a.max_sge = limits::MAX_SGE as c_int;
+    a.max_sge_rd = limits::MAX_SGE as c_int;
+    a.max_cq = limits::MAX_QP as c_int;
+    a.max_cqe = limits::MAX_CQE as c_int;
+    a.max_mr = limits::MAX_MR as c_int;
+    a.max_pd = limits::MAX_PD as c_int;
+    a.max_qp_rd_atom = limits::MAX_QP_RD_ATOM.into();
+    a.max_res_rd_atom = limits::MAX_RES_RD_ATOM as c_int;
+    a.max_qp_init_rd_atom = limits::MAX_QP_RD_ATOM.into();
     a.atomic_cap = rdma_sys::ibv_atomic_cap::IBV_ATOMIC_HCA;
     a.max_ah = 1 << 16;
-    a.max_srq = device::MAX_SRQ as c_int;
-    a.max_srq_wr = device::MAX_SRQ_WR as c_int;
-    a.max_srq_sge = device::MAX_SGE as c_int;
+    a.max_srq = limits::MAX_SRQ as c_int;
+    a.max_srq_wr = limits::MAX_SRQ_WR as c_int;
+    a.max_srq_sge = limits::MAX_SGE as c_int;
     a.max_pkeys = 1;
     a.local_ca_ack_delay = 15;
     a.phys_port_cnt = 1;
@@ -312,11 +300,11 @@ fn fill_port_attr(dev: &Device, a: &mut ibv_port_attr) {
     // Path MTUs up to this are accepted (as rxe checks against max_mtu).
     a.max_mtu = dev.active_mtu;
     a.active_mtu = dev.active_mtu;
-    a.gid_tbl_len = device::GID_TABLE_LEN as c_int;
+    a.gid_tbl_len = GID_TABLE_LEN as c_int;
     // No IBV_PORT_CM_SUP: there is no rdma_cm for this device (librdmacm needs
     // the kernel's /dev/infiniband/rdma_cm), so connections are set up out of band.
     a.port_cap_flags = 0;
-    a.max_msg_sz = device::MAX_MSG_SZ;
+    a.max_msg_sz = limits::MAX_MSG_SZ;
     a.pkey_tbl_len = 1;
     a.lid = 0;
     a.sm_lid = 0;
@@ -375,7 +363,7 @@ pub unsafe extern "C" fn ibv_query_gid(ctx: *mut ibv_context, port: u8, index: c
         let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
             return minus_one(libc::EINVAL);
         };
-        if port != 1 || gid.is_null() || index < 0 || index as usize >= device::GID_TABLE_LEN {
+        if port != 1 || gid.is_null() || index < 0 || index as usize >= GID_TABLE_LEN {
             return minus_one(libc::EINVAL);
         }
         let raw = c.dev.gid(index as usize).unwrap_or([0; 16]);
@@ -393,7 +381,7 @@ pub unsafe extern "C" fn ibv_query_gid_type(ctx: *mut ibv_context, port: u8, ind
         let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
             return minus_one(libc::EINVAL);
         };
-        if port != 1 || ty.is_null() || index as usize >= device::GID_TABLE_LEN {
+        if port != 1 || ty.is_null() || index as usize >= GID_TABLE_LEN {
             return minus_one(libc::EINVAL);
         }
         // rdma-core reads sysfs; an empty slot there still reads as "IB/RoCE v1".
@@ -437,7 +425,7 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
         if flags != 0 || entry.is_null() || entry_size < std::mem::size_of::<ibv_gid_entry>() {
             return int_err(libc::EINVAL);
         }
-        if port != 1 || index as usize >= device::GID_TABLE_LEN {
+        if port != 1 || index as usize >= GID_TABLE_LEN {
             return int_err(libc::EINVAL);
         }
         match gid_entry(&c.dev, index as usize) {
@@ -469,7 +457,7 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
             return -(libc::EINVAL as isize);
         }
         let mut n = 0usize;
-        for i in 0..device::GID_TABLE_LEN {
+        for i in 0..GID_TABLE_LEN {
             if let Some(e) = gid_entry(&c.dev, i) {
                 if n == max_entries {
                     return -(libc::EINVAL as isize);
@@ -533,7 +521,7 @@ pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut 
         if r != 8 {
             return -1;
         }
-        let Some((ty, elem)) = c.async_q.q.lock().unwrap().pop_front() else {
+        let Some((ty, elem)) = c.async_q.pop() else {
             return minus_one(libc::EAGAIN);
         };
         // SAFETY: event is a valid out-pointer; the union member we write

@@ -1,132 +1,20 @@
-//! Completion queues and completion channels.
-//!
-//! The engine pushes completions with [`CqInner::push`]; `ibv_poll_cq` checks an
-//! atomic count first, so polling an empty CQ takes no lock. A completion
-//! channel is a pipe carrying the 8-byte handle of each CQ that fired; the
-//! read end is `channel->fd` (real, pollable, blocking unless the app changes it).
+//! Completion queues and completion channels: the `ibv_cq_ex` /
+//! `ibv_comp_channel` objects over the driver's [`CqInner`] and
+//! [`CompletionChannel`], the poll API, and what an empty poll does.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicI32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use rdma_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_wc};
 
-use super::context::Context;
+use super::ctx::Context;
 use super::{ffi_guard, int_err, minus_one, null_err};
-use crate::device;
-
-/// One work completion, as the engine produces it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Wc {
-    pub wr_id: u64,
-    pub status: u32,
-    pub opcode: u32,
-    pub vendor_err: u32,
-    pub byte_len: u32,
-    /// Network byte order, as in `ibv_wc.imm_data` (stored as the raw u32).
-    pub imm_data: u32,
-    pub qp_num: u32,
-    pub src_qp: u32,
-    pub wc_flags: u32,
-    /// The message carried the Solicited Event bit (for solicited-only arming).
-    pub solicited: bool,
-    /// Completion time, nanoseconds of the engine clock (`ibv_wc_read_completion_ts`).
-    pub ts: u64,
-}
-
-/// Shared CQ state (the engine holds it through the QPs).
-pub struct CqInner {
-    queue: Mutex<VecDeque<Wc>>,
-    len: AtomicUsize,
-    /// 0 = not armed, 1 = next completion, 2 = next solicited completion.
-    armed: AtomicU8,
-    channel: Option<Arc<ChannelFds>>,
-    pub handle: u64,
-    cqe: AtomicI32,
-    /// QPs using this CQ (destroy_cq fails with EBUSY while non-zero).
-    pub users: AtomicUsize,
-    /// The context's async queue and our `ibv_cq *`, for IBV_EVENT_CQ_ERR.
-    async_q: Arc<super::context::AsyncQueue>,
-    ibv_ptr: AtomicUsize,
-    overflowed: std::sync::atomic::AtomicBool,
-    /// Events handed out by ibv_get_cq_event and events acknowledged.
-    events: Mutex<(u64, u64)>,
-    events_cv: Condvar,
-}
-
-impl CqInner {
-    /// Appends a completion and fires the completion channel if armed.
-    pub fn push(&self, wc: Wc) {
-        self.push_many(&[wc]);
-    }
-
-    /// Appends several completions (one lock, one event).
-    pub fn push_many(&self, wcs: &[Wc]) {
-        if wcs.is_empty() {
-            return;
-        }
-        let n = {
-            let mut q = self.queue.lock().unwrap();
-            q.extend(wcs.iter().copied());
-            self.len.store(q.len(), Ordering::Release);
-            q.len()
-        };
-        if n > self.cqe.load(Ordering::Relaxed) as usize && !self.overflowed.swap(true, Ordering::AcqRel) {
-            // A real CQ would have overrun: report it once. No completion is
-            // dropped (the queue grows), so the application can still drain it.
-            self.async_q.push(
-                rdma_sys::ibv_event_type::IBV_EVENT_CQ_ERR,
-                self.ibv_ptr.load(Ordering::Relaxed),
-            );
-        }
-        self.maybe_fire(wcs.iter().any(|w| w.solicited || w.status != 0));
-        crate::activity::ring();
-    }
-
-    fn maybe_fire(&self, solicited: bool) {
-        let a = self.armed.load(Ordering::Acquire);
-        if a == 0 || (a == 2 && !solicited) {
-            return;
-        }
-        if self
-            .armed
-            .compare_exchange(a, 0, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            if let Some(ch) = &self.channel {
-                ch.notify(self.handle);
-            }
-        }
-    }
-
-    fn poll(&self, out: &mut [Wc]) -> usize {
-        if self.len.load(Ordering::Acquire) == 0 || out.is_empty() {
-            return 0;
-        }
-        let mut q = self.queue.lock().unwrap();
-        let mut n = 0;
-        while n < out.len() {
-            match q.pop_front() {
-                Some(w) => {
-                    out[n] = w;
-                    n += 1;
-                }
-                None => break,
-            }
-        }
-        self.len.store(q.len(), Ordering::Release);
-        n
-    }
-
-    pub fn len(&self) -> usize {
-        self.len.load(Ordering::Acquire)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+use crate::driver::activity;
+use crate::driver::cq::{CompletionChannel, CqInner, Wc};
+use crate::driver::engine;
+use crate::driver::limits;
 
 /// `struct ibv_cq_ex` (whose first 128 bytes are the `struct ibv_cq` every
 /// CQ hands out; the poll API slots are filled for `ibv_create_cq_ex` CQs)
@@ -137,6 +25,9 @@ pub struct Cq {
     pub inner: Arc<CqInner>,
     /// The completion the `ibv_start_poll` / `ibv_next_poll` API is on.
     cur: Mutex<Wc>,
+    /// Events handed out by ibv_get_cq_event and events acknowledged.
+    events: Mutex<(u64, u64)>,
+    events_cv: Condvar,
 }
 
 impl Cq {
@@ -153,28 +44,6 @@ impl Cq {
 static LIVE_CQS: Mutex<Option<HashMap<u64, usize>>> = Mutex::new(None);
 static NEXT_CQ_HANDLE: AtomicUsize = AtomicUsize::new(1);
 
-pub struct ChannelFds {
-    rd: c_int,
-    wr: c_int,
-}
-
-impl ChannelFds {
-    fn notify(&self, handle: u64) {
-        // SAFETY: writes 8 bytes from a live u64 to our pipe (non-blocking write end).
-        unsafe { libc::write(self.wr, &handle as *const u64 as *const c_void, 8) };
-    }
-}
-
-impl Drop for ChannelFds {
-    fn drop(&mut self) {
-        // SAFETY: we own both ends.
-        unsafe {
-            libc::close(self.rd);
-            libc::close(self.wr);
-        }
-    }
-}
-
 /// Serialises updates of `ibv_comp_channel.refcnt` (rdma-core uses the
 /// context mutex for this).
 static CHANNEL_REFS: Mutex<()> = Mutex::new(());
@@ -183,7 +52,7 @@ static CHANNEL_REFS: Mutex<()> = Mutex::new(());
 #[repr(C)]
 pub struct Channel {
     pub ibv: ibv_comp_channel,
-    fds: Arc<ChannelFds>,
+    fds: Arc<CompletionChannel>,
 }
 
 #[no_mangle]
@@ -193,23 +62,17 @@ pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut 
         if unsafe { Context::from_ibv(ctx) }.is_none() {
             return null_err(libc::EINVAL);
         }
-        let mut fds = [0 as c_int; 2];
-        // SAFETY: fds has room for two descriptors.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-            return null_err(super::errno());
-        }
-        // SAFETY: sets O_NONBLOCK on the write end we own.
-        unsafe {
-            let fl = libc::fcntl(fds[1], libc::F_GETFL);
-            libc::fcntl(fds[1], libc::F_SETFL, fl | libc::O_NONBLOCK);
-        }
+        let fds = match CompletionChannel::new() {
+            Ok(f) => Arc::new(f),
+            Err(e) => return null_err(e.raw_os_error().unwrap_or(libc::EMFILE)),
+        };
         let ch = Box::new(Channel {
             ibv: ibv_comp_channel {
                 context: ctx,
-                fd: fds[0],
+                fd: fds.fd(),
                 refcnt: 0,
             },
-            fds: Arc::new(ChannelFds { rd: fds[0], wr: fds[1] }),
+            fds,
         });
         Box::into_raw(ch) as *mut ibv_comp_channel
     })
@@ -257,7 +120,7 @@ fn create_cq(
 ) -> Result<*mut Cq, i32> {
     // SAFETY: ctx is ours per the API contract.
     let c = unsafe { Context::from_ibv(ctx) }.ok_or(libc::EINVAL)?;
-    if cqe < 1 || cqe as u32 > device::MAX_CQE || !(0..1).contains(&comp_vector) {
+    if cqe < 1 || cqe as u32 > limits::MAX_CQE || !(0..1).contains(&comp_vector) {
         return Err(libc::EINVAL);
     }
     let ch_fds = if channel.is_null() {
@@ -270,20 +133,7 @@ fn create_cq(
         Some(unsafe { &(*(channel as *const Channel)).fds }.clone())
     };
     let handle = NEXT_CQ_HANDLE.fetch_add(1, Ordering::Relaxed) as u64;
-    let inner = Arc::new(CqInner {
-        queue: Mutex::new(VecDeque::with_capacity(cqe as usize)),
-        len: AtomicUsize::new(0),
-        armed: AtomicU8::new(0),
-        channel: ch_fds,
-        handle,
-        cqe: AtomicI32::new(cqe),
-        users: AtomicUsize::new(0),
-        async_q: c.async_q.clone(),
-        ibv_ptr: AtomicUsize::new(0),
-        overflowed: std::sync::atomic::AtomicBool::new(false),
-        events: Mutex::new((0, 0)),
-        events_cv: Condvar::new(),
-    });
+    let inner = Arc::new(CqInner::new(cqe, handle, ch_fds, c.async_q.clone()));
     // SAFETY: ibv_cq_ex is plain data (pointers, ints, Option<fn>, opaque
     // mutex/cond whose all-zero value is the static initialiser).
     let mut ibv: rdma_sys::ibv_cq_ex = unsafe { std::mem::zeroed() };
@@ -297,8 +147,10 @@ fn create_cq(
         ibv,
         inner,
         cur: Mutex::new(Wc::default()),
+        events: Mutex::new((0, 0)),
+        events_cv: Condvar::new(),
     }));
-    shared.ibv_ptr.store(p as usize, Ordering::Relaxed);
+    shared.set_ibv_ptr(p as usize);
     LIVE_CQS
         .lock()
         .unwrap()
@@ -368,7 +220,7 @@ unsafe fn ex_load(cq: *mut rdma_sys::ibv_cq_ex) -> c_int {
     // SAFETY: per the contract; only the `inner` and `cur` fields are borrowed.
     let (inner, cur) = unsafe { (&(*p).inner, &(*p).cur) };
     let mut one = [Wc::default()];
-    let seen = crate::activity::snapshot();
+    let seen = activity::snapshot();
     if inner.poll(&mut one) == 0 && !(idle_poll(cq as *mut ibv_cq, seen) && inner.poll(&mut one) == 1) {
         return libc::ENOENT;
     }
@@ -436,16 +288,15 @@ ex_reader!(ex_read_completion_ts, u64, |w| w.ts);
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     ffi_guard!(libc::EIO, {
-        if cq.is_null() || cqe < 1 || cqe as u32 > device::MAX_CQE {
+        if cq.is_null() || cqe < 1 || cqe as u32 > limits::MAX_CQE {
             return int_err(libc::EINVAL);
         }
         // SAFETY: cq is ours; only the `inner` field is borrowed (other
         // threads may be polling the CQ).
         let inner = unsafe { &(*(cq as *const Cq)).inner };
-        if (cqe as usize) < inner.len() {
-            return int_err(libc::EINVAL);
+        if let Err(e) = inner.resize(cqe) {
+            return int_err(e);
         }
-        inner.cqe.store(cqe, Ordering::Relaxed);
         // SAFETY: the public `cqe` field, written through the raw pointer.
         unsafe { std::ptr::addr_of_mut!((*cq).cqe).write(cqe) };
         0
@@ -466,9 +317,9 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         }
         // Wait until every event handed out was acknowledged (as rdma-core does).
         {
-            let mut ev = c.inner.events.lock().unwrap();
+            let mut ev = c.events.lock().unwrap();
             while ev.1 < ev.0 {
-                ev = c.inner.events_cv.wait(ev).unwrap();
+                ev = c.events_cv.wait(ev).unwrap();
             }
         }
         if let Some(m) = LIVE_CQS.lock().unwrap().as_mut() {
@@ -496,7 +347,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -
         if num <= 0 || wc.is_null() {
             return 0;
         }
-        let seen = crate::activity::snapshot();
+        let seen = activity::snapshot();
         if c.inner.is_empty() && (!idle_poll(cq, seen) || c.inner.is_empty()) {
             return 0;
         }
@@ -529,7 +380,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -
 /// datagrams keep coming; else it gives the CPU away (`sched_yield`, which
 /// returns at once on an idle CPU), or, once every poll of the thread has been
 /// empty for `SOFTROCE_POLL_SLEEP_AFTER_US`, waits for the NIC's next event
-/// (see [`crate::activity`]). Not at every empty poll: a thread that only
+/// (see [`activity`]). Not at every empty poll: a thread that only
 /// waits a few microseconds (a latency test's ACK) is better off leaving the
 /// receiving to the engine. `seen` is the activity count read before the CQ
 /// was found empty. Returns whether it did NIC work (the CQ may have
@@ -545,7 +396,7 @@ fn idle_poll(cq: *mut ibv_cq, seen: u32) -> bool {
             // SAFETY: sched_yield has no preconditions.
             unsafe { libc::sched_yield() };
         }
-        IdleAction::Wait => crate::activity::wait(seen, crate::activity::MAX_WAIT),
+        IdleAction::Wait => activity::wait(seen, activity::MAX_WAIT),
     }
     false
 }
@@ -619,10 +470,10 @@ fn receive_inline(cq: *mut ibv_cq) -> bool {
     }
     // SAFETY: `cq` is a live CQ of ours (the caller checked), so its context
     // pointer is the live context it was created on.
-    let Some(ctx) = (unsafe { super::context::Context::from_ibv((*cq).context) }) else {
+    let Some(ctx) = (unsafe { Context::from_ibv((*cq).context) }) else {
         return false;
     };
-    crate::engine::receive_inline(&ctx.dev)
+    engine::receive_inline(&ctx.dev)
 }
 
 /// A poll that found a completion ends the thread's empty streak.
@@ -666,18 +517,8 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -
         let Some(c) = (unsafe { Cq::from_ibv(cq) }) else {
             return libc::EINVAL;
         };
-        if c.inner.channel.is_none() {
-            // Arming works without a channel too; nothing will be delivered.
-        }
-        let want = if solicited_only != 0 { 2 } else { 1 };
-        // Never narrow an "any completion" arm to "solicited only".
-        let _ = c.inner.armed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
-            if cur == 1 {
-                None
-            } else {
-                Some(want)
-            }
-        });
+        // Arming works without a channel too; nothing will be delivered.
+        c.inner.arm(solicited_only != 0);
         0
     })
 }
@@ -707,7 +548,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             // SAFETY: the CQ is live (it is in LIVE_CQS); outputs are valid pointers.
             unsafe {
                 let cqr = &*c;
-                cqr.inner.events.lock().unwrap().0 += 1;
+                cqr.events.lock().unwrap().0 += 1;
                 *cq = c as *mut ibv_cq;
                 *cq_context = cqr.ibv.cq_context;
             }
@@ -722,17 +563,17 @@ pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
         if cq.is_null() {
             return;
         }
-        // SAFETY: cq is ours; only the `inner` field is borrowed (other
+        // SAFETY: cq is ours; only the event counters are borrowed (other
         // threads may be polling the CQ).
-        let inner = unsafe { &(*(cq as *const Cq)).inner };
-        let mut ev = inner.events.lock().unwrap_or_else(|e| e.into_inner());
+        let (events, events_cv) = unsafe { (&(*(cq as *const Cq)).events, &(*(cq as *const Cq)).events_cv) };
+        let mut ev = events.lock().unwrap_or_else(|e| e.into_inner());
         ev.1 += nevents as u64;
         // SAFETY: the public counter, updated through the raw pointer under the events lock.
         unsafe {
             let p = std::ptr::addr_of_mut!((*cq).comp_events_completed);
             p.write(p.read().wrapping_add(nevents));
         }
-        inner.events_cv.notify_all();
+        events_cv.notify_all();
     })
 }
 

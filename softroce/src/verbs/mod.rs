@@ -20,6 +20,7 @@
 
 pub mod context;
 pub mod cq;
+pub mod ctx;
 pub mod misc;
 pub mod mr;
 pub mod qp;

@@ -5,9 +5,11 @@ use std::sync::Arc;
 
 use rdma_sys::{ibv_context, ibv_mr, ibv_pd};
 
-use super::context::Context;
+use super::ctx::Context;
 use super::{ffi_guard, int_err, null_err};
-use crate::device::{Device, MrInfo};
+use crate::driver::device::Device;
+use crate::driver::mem::MrInfo;
+use crate::proto::mem::access as ibv_access;
 
 /// `struct ibv_pd` plus nothing else (the context pointer leads to the device).
 #[repr(C)]
@@ -52,7 +54,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         // SAFETY: pd came from ibv_alloc_pd.
         let p = unsafe { &*(pd as *const Pd) };
         let h = p.ibv.handle;
-        if p.dev.mrs.read().unwrap().values().any(|m| m.pd == h) || p.dev.engine.pd_in_use(h) {
+        if p.dev.pd_in_use(h) {
             return int_err(libc::EBUSY);
         }
         // SAFETY: freed once.
@@ -70,10 +72,6 @@ pub struct Mr {
     map: Option<(usize, usize)>,
 }
 
-pub const ACCESS_LOCAL_WRITE: u32 = 1;
-pub const ACCESS_REMOTE_WRITE: u32 = 2;
-pub const ACCESS_REMOTE_READ: u32 = 4;
-pub const ACCESS_REMOTE_ATOMIC: u32 = 8;
 const ACCESS_MW_BIND: u32 = 0x10;
 const ACCESS_ZERO_BASED: u32 = 0x20;
 const ACCESS_ON_DEMAND: u32 = 0x40;
@@ -83,10 +81,10 @@ const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
 /// Validates access flags the way a real provider does; returns the flags kept.
 fn check_access(access: c_int) -> Result<u32, i32> {
     let a = access as u32 & !ACCESS_OPTIONAL_RANGE;
-    let known = ACCESS_LOCAL_WRITE
-        | ACCESS_REMOTE_WRITE
-        | ACCESS_REMOTE_READ
-        | ACCESS_REMOTE_ATOMIC
+    let known = ibv_access::LOCAL_WRITE
+        | ibv_access::REMOTE_WRITE
+        | ibv_access::REMOTE_READ
+        | ibv_access::REMOTE_ATOMIC
         | ACCESS_MW_BIND
         | ACCESS_HUGETLB;
     if a & (ACCESS_ZERO_BASED | ACCESS_ON_DEMAND) != 0 {
@@ -96,7 +94,7 @@ fn check_access(access: c_int) -> Result<u32, i32> {
         return Err(libc::EINVAL);
     }
     // IBTA: remote write / atomic need local write.
-    if a & (ACCESS_REMOTE_WRITE | ACCESS_REMOTE_ATOMIC) != 0 && a & ACCESS_LOCAL_WRITE == 0 {
+    if a & (ibv_access::REMOTE_WRITE | ibv_access::REMOTE_ATOMIC) != 0 && a & ibv_access::LOCAL_WRITE == 0 {
         return Err(libc::EINVAL);
     }
     Ok(a)
@@ -131,7 +129,7 @@ fn register(
         dev: dev.clone(),
         map,
     });
-    dev.mrs.write().unwrap().insert(
+    dev.mrs.write().insert(
         key,
         MrInfo {
             addr: host,
@@ -248,7 +246,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         }
         // SAFETY: mr came from one of our registration functions; freed once.
         let m = unsafe { Box::from_raw(mr as *mut Mr) };
-        m.dev.mrs.write().unwrap().remove(&m.ibv.lkey);
+        m.dev.mrs.write().remove(&m.ibv.lkey);
         if let Some((base, len)) = m.map {
             // SAFETY: unmaps the mapping this MR owns.
             unsafe { libc::munmap(base as *mut c_void, len) };
@@ -281,7 +279,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
             super::set_errno(libc::EOPNOTSUPP);
             return ERR_CMD;
         }
-        let mut guard = m.dev.mrs.write().unwrap();
+        let mut guard = m.dev.mrs.write();
         let Some(info) = guard.get(&m.ibv.lkey).copied() else {
             super::set_errno(libc::EINVAL);
             return ERR_INPUT;

@@ -14,9 +14,9 @@ use std::ffi::{c_int, c_void};
 
 use rdma_sys::{ibv_context, ibv_data_buf, ibv_qp, ibv_qp_ex, ibv_qp_init_attr, ibv_qp_init_attr_ex, ibv_sge};
 
-use super::qp::{create_rc_qp, post_send_wrs, Qp};
+use super::qp::{create_rc_qp, post_send_wrs, Qp, WrBatch};
 use super::{ffi_guard, null_err};
-use crate::device;
+use crate::driver::limits;
 use crate::proto::{SendWr, Sge, WrOpcode};
 
 /// `ibv_qp_create_send_ops_flags` softroce supports.
@@ -32,14 +32,6 @@ const WITH_ATOMIC_FETCH_AND_ADD: u64 = 64;
 const INIT_ATTR_PD: u32 = 1;
 const INIT_ATTR_CREATE_FLAGS: u32 = 4;
 const INIT_ATTR_SEND_OPS_FLAGS: u32 = 64;
-
-/// Work requests being built between `wr_start` and `wr_complete`.
-#[derive(Debug, Default)]
-pub struct WrBatch {
-    wrs: Vec<SendWr>,
-    /// First error of a builder call (reported by `wr_complete`).
-    err: i32,
-}
 
 /// Fills the builder slots for the requested operations.
 pub fn fill_ops(ex: &mut ibv_qp_ex, ops: u64) {
@@ -111,10 +103,14 @@ pub unsafe extern "C" fn create_qp_ex(ctx: *mut ibv_context, attr: *mut ibv_qp_i
             qp_type: a.qp_type,
             sq_sig_all: a.sq_sig_all,
         };
-        match create_rc_qp(a.pd, &mut basic, send_ops) {
+        match create_rc_qp(a.pd, &mut basic, send_ops.is_some()) {
             Ok(q) => {
+                if let Some(ops) = send_ops {
+                    // SAFETY: q is the QP just created, not yet visible to the application.
+                    fill_ops(unsafe { &mut (*q).ex }, ops);
+                }
                 a.cap = basic.cap;
-                q
+                q as *mut ibv_qp
             }
             Err(e) => null_err(e),
         }
@@ -329,7 +325,7 @@ unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, n: usize, list: *const
 /// Every `(addr, len)` must be readable.
 unsafe fn set_inline(w: &mut SendWr, pieces: &[(*const u8, usize)]) -> Result<(), i32> {
     let total: usize = pieces.iter().map(|p| p.1).sum();
-    if total > device::MAX_INLINE as usize || w.opcode.is_read_or_atomic() {
+    if total > limits::MAX_INLINE as usize || w.opcode.is_read_or_atomic() {
         return Err(libc::EINVAL);
     }
     let mut v = Vec::with_capacity(total);

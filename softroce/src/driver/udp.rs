@@ -13,7 +13,8 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-pub const ROCE_PORT: u16 = 4791;
+use crate::wire::ROCEV2_UDP_PORT;
+
 /// Largest single RoCE packet we accept (a 4096-byte MTU packet is 4096 + 60; jumbo slack).
 pub const MAX_PACKET: usize = 9216;
 /// Largest datagram we receive (a GRO super-datagram).
@@ -115,7 +116,7 @@ impl UdpSocket {
         if gso && gro {
             s.gso.store(true, Ordering::Relaxed);
         }
-        let sa = sockaddr(addr, ROCE_PORT);
+        let sa = sockaddr(addr, ROCEV2_UDP_PORT);
         // SAFETY: sa is a valid sockaddr_in of the size passed.
         let r = unsafe {
             libc::bind(
@@ -155,7 +156,7 @@ impl UdpSocket {
     /// (and `buf` is longer), with the IPv4 TTL / TOS of `ip` when non-zero.
     pub fn send(&self, buf: &[u8], seg: Option<usize>, dst: Ipv4Addr, ip: Ip) -> io::Result<()> {
         let seg = seg.filter(|&s| buf.len() > s);
-        let mut sa = sockaddr(dst, ROCE_PORT);
+        let mut sa = sockaddr(dst, ROCEV2_UDP_PORT);
         let mut iov = libc::iovec {
             iov_base: buf.as_ptr() as *mut libc::c_void,
             iov_len: buf.len(),
