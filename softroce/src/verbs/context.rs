@@ -71,6 +71,8 @@ fn device_of(dev: *mut ibv_device) -> Option<&'static IbvDevice> {
         .map(|d| &**d)
 }
 
+/// # Safety
+/// `num_devices` must be NULL or valid for writing one `int`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
     ffi_guard!(std::ptr::null_mut(), {
@@ -93,6 +95,8 @@ pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *m
     })
 }
 
+/// # Safety
+/// `list` must be NULL or a list returned by `ibv_get_device_list`, not yet freed.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
     ffi_guard!((), {
@@ -101,6 +105,8 @@ pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
     })
 }
 
+/// # Safety
+/// `dev` may be any value: it is only compared with the devices of our list.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_name(dev: *mut ibv_device) -> *const c_char {
     ffi_guard!(std::ptr::null(), {
@@ -111,6 +117,8 @@ pub unsafe extern "C" fn ibv_get_device_name(dev: *mut ibv_device) -> *const c_c
     })
 }
 
+/// # Safety
+/// `dev` may be any value: it is only compared with the devices of our list.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_index(dev: *mut ibv_device) -> c_int {
     ffi_guard!(-1, {
@@ -129,6 +137,8 @@ fn guid_of_index(index: usize) -> u64 {
     }
 }
 
+/// # Safety
+/// `dev` may be any value: it is only compared with the devices of our list.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
     ffi_guard!(0, {
@@ -142,6 +152,8 @@ pub unsafe extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
     })
 }
 
+/// # Safety
+/// `dev` may be any value: it is only compared with the devices of our list.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
     ffi_guard!(std::ptr::null_mut(), {
@@ -190,6 +202,8 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     })
 }
 
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
     ffi_guard!(-1, {
@@ -241,6 +255,9 @@ pub fn fill_device_attr(dev: &Device, a: &mut ibv_device_attr) {
     a.phys_port_cnt = 1;
 }
 
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `attr` must be NULL or valid for reads and writes of one `ibv_device_attr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_device(ctx: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -258,6 +275,11 @@ pub unsafe extern "C" fn ibv_query_device(ctx: *mut ibv_context, attr: *mut ibv_
 }
 
 /// `verbs_context.query_device_ex`: fills `attr_size` bytes of `ibv_device_attr_ex`.
+///
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `input` must be NULL or valid for reading one `ibv_query_device_ex_input`.
+/// `attr` must be NULL or valid for writing `attr_size` bytes.
 unsafe extern "C" fn query_device_ex(
     ctx: *mut ibv_context,
     input: *const ibv_query_device_ex_input,
@@ -317,6 +339,10 @@ fn fill_port_attr(dev: &Device, a: &mut ibv_port_attr) {
 }
 
 /// `verbs_context.query_port` (the path of the `ibv_query_port` inline).
+///
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `attr` must be NULL or valid for writing `attr_len` bytes.
 unsafe extern "C" fn query_port_ex(
     ctx: *mut ibv_context,
     port: u8,
@@ -346,6 +372,10 @@ unsafe extern "C" fn query_port_ex(
 pub const COMPAT_PORT_ATTR_LEN: usize = 48;
 
 /// Exported compat `ibv_query_port@1.1`: writes the 48-byte `_compat_ibv_port_attr`.
+///
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `attr` must be NULL or valid for writing one `_compat_ibv_port_attr` (48 bytes).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_port(
     ctx: *mut ibv_context,
@@ -356,6 +386,9 @@ pub unsafe extern "C" fn ibv_query_port(
     unsafe { query_port_ex(ctx, port, attr as *mut ibv_port_attr, COMPAT_PORT_ATTR_LEN) }
 }
 
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `gid` must be NULL or valid for reads and writes of one `ibv_gid`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_gid(ctx: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
     ffi_guard!(-1, {
@@ -374,6 +407,10 @@ pub unsafe extern "C" fn ibv_query_gid(ctx: *mut ibv_context, port: u8, index: c
 }
 
 /// `ibv_query_gid_type` (PRIVATE): 0 = IB/RoCE v1, 1 = RoCE v2 (sysfs numbering).
+///
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `ty` must be NULL or valid for reads and writes of one `u32`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_gid_type(ctx: *mut ibv_context, port: u8, index: u32, ty: *mut u32) -> c_int {
     ffi_guard!(-1, {
@@ -408,6 +445,10 @@ fn gid_entry(dev: &Device, index: usize) -> Option<ibv_gid_entry> {
 }
 
 /// `_ibv_query_gid_ex` (what the `ibv_query_gid_ex` macro calls).
+///
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `entry` must be NULL or valid for writing `entry_size` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn _ibv_query_gid_ex(
     ctx: *mut ibv_context,
@@ -440,6 +481,10 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
 }
 
 /// `_ibv_query_gid_table`: returns the number of valid entries written.
+///
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `entries` must be NULL or valid for writing `max_entries` records of `entry_size` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn _ibv_query_gid_table(
     ctx: *mut ibv_context,
@@ -474,6 +519,9 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     })
 }
 
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `pkey` must be NULL or valid for reads and writes of one `u16`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_pkey(ctx: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
     ffi_guard!(-1, {
@@ -490,6 +538,8 @@ pub unsafe extern "C" fn ibv_query_pkey(ctx: *mut ibv_context, port: u8, index: 
     })
 }
 
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_pkey_index(ctx: *mut ibv_context, port: u8, pkey: u16) -> c_int {
     ffi_guard!(-libc::EIO, {
@@ -505,6 +555,9 @@ pub unsafe extern "C" fn ibv_get_pkey_index(ctx: *mut ibv_context, port: u8, pke
     })
 }
 
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `event` must be NULL or valid for writing one `ibv_async_event`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
     ffi_guard!(-1, {
@@ -544,6 +597,8 @@ pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut 
     })
 }
 
+/// # Safety
+/// `event` must be NULL or an event filled by our `ibv_get_async_event`, whose element is still alive.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
     ffi_guard!((), {
@@ -582,6 +637,8 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
     })
 }
 
+/// # Safety
+/// `dir` and `file` must be NULL or NUL-terminated strings; `buf` must be NULL or valid for writing `size` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_read_sysfs_file(
     dir: *const c_char,
@@ -614,6 +671,8 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
     })
 }
 
+/// # Safety
+/// No requirements: no argument is dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_sysfs_path() -> *const c_char {
     ffi_guard!(std::ptr::null(), { c"/sys".as_ptr() })

@@ -55,6 +55,8 @@ pub struct Channel {
     fds: Arc<CompletionChannel>,
 }
 
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
     ffi_guard!(std::ptr::null_mut(), {
@@ -78,6 +80,8 @@ pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut 
     })
 }
 
+/// # Safety
+/// `ch` must be NULL or a live completion channel of ours (`ibv_create_comp_channel`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
     ffi_guard!(-1, {
@@ -95,6 +99,9 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> 
     })
 }
 
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `channel` must be NULL or a live completion channel of ours (`ibv_create_comp_channel`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_cq(
     ctx: *mut ibv_context,
@@ -168,6 +175,10 @@ const CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
 const CQ_CREATE_FLAGS: u32 = 3;
 
 /// `verbs_context.create_cq_ex`.
+///
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `attr` must be NULL or valid for reads and writes of one `ibv_cq_init_attr_ex`.
 pub unsafe extern "C" fn create_cq_ex(
     ctx: *mut ibv_context,
     attr: *mut rdma_sys::ibv_cq_init_attr_ex,
@@ -234,6 +245,9 @@ unsafe fn ex_load(cq: *mut rdma_sys::ibv_cq_ex) -> c_int {
     0
 }
 
+/// # Safety
+/// `cq` must be a live CQ of ours created by `ibv_create_cq_ex` (the header dispatches through it).
+/// `attr` must be NULL or valid for reads and writes of one `ibv_poll_cq_attr`.
 unsafe extern "C" fn ex_start_poll(cq: *mut rdma_sys::ibv_cq_ex, attr: *mut rdma_sys::ibv_poll_cq_attr) -> c_int {
     ffi_guard!(libc::EIO, {
         // SAFETY: attr is NULL or valid per the API contract.
@@ -245,11 +259,15 @@ unsafe extern "C" fn ex_start_poll(cq: *mut rdma_sys::ibv_cq_ex, attr: *mut rdma
     })
 }
 
+/// # Safety
+/// `cq` must be a live CQ of ours created by `ibv_create_cq_ex` (the header dispatches through it).
 unsafe extern "C" fn ex_next_poll(cq: *mut rdma_sys::ibv_cq_ex) -> c_int {
     // SAFETY: cq is our extended CQ (the header dispatches through it).
     ffi_guard!(libc::EIO, { unsafe { ex_load(cq) } })
 }
 
+/// # Safety
+/// No requirements: no argument is dereferenced.
 unsafe extern "C" fn ex_end_poll(_cq: *mut rdma_sys::ibv_cq_ex) {}
 
 /// The completion under the poll-API cursor.
@@ -263,6 +281,8 @@ unsafe fn ex_cur(cq: *mut rdma_sys::ibv_cq_ex) -> Wc {
 
 macro_rules! ex_reader {
     ($name:ident, $ty:ty, |$w:ident| $e:expr) => {
+        /// # Safety
+        /// `cq` must be a live CQ of ours created by `ibv_create_cq_ex` (the header dispatches through it).
         unsafe extern "C" fn $name(cq: *mut rdma_sys::ibv_cq_ex) -> $ty {
             ffi_guard!(Default::default(), {
                 // SAFETY: cq is our extended CQ (the header dispatches through it).
@@ -285,6 +305,8 @@ ex_reader!(ex_read_sl, u8, |_w| 0);
 ex_reader!(ex_read_dlid_path_bits, u8, |_w| 0);
 ex_reader!(ex_read_completion_ts, u64, |w| w.ts);
 
+/// # Safety
+/// `cq` must be NULL or a live CQ of ours (`ibv_create_cq` / `ibv_create_cq_ex`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -303,6 +325,8 @@ pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     })
 }
 
+/// # Safety
+/// `cq` must be NULL or a live CQ of ours (`ibv_create_cq` / `ibv_create_cq_ex`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -338,6 +362,10 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
 }
 
 /// `ops.poll_cq`.
+///
+/// # Safety
+/// `cq` must be NULL or a live CQ of ours (`ibv_create_cq` / `ibv_create_cq_ex`).
+/// `wc` must be NULL or valid for writing `num` `ibv_wc`s.
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
     ffi_guard!(-1, {
         // SAFETY: cq is ours.
@@ -511,6 +539,9 @@ unsafe fn write_wc(dst: *mut ibv_wc, w: &Wc) {
 }
 
 /// `ops.req_notify_cq`.
+///
+/// # Safety
+/// `cq` must be NULL or a live CQ of ours (`ibv_create_cq` / `ibv_create_cq_ex`).
 pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     ffi_guard!(libc::EIO, {
         // SAFETY: cq is ours.
@@ -523,6 +554,9 @@ pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -
     })
 }
 
+/// # Safety
+/// `ch` must be NULL or a live completion channel of ours (`ibv_create_comp_channel`).
+/// `cq` and `cq_context` must be NULL or valid for writing one pointer each.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_cq_event(
     ch: *mut ibv_comp_channel,
@@ -557,6 +591,8 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     })
 }
 
+/// # Safety
+/// `cq` must be NULL or a live CQ of ours (`ibv_create_cq` / `ibv_create_cq_ex`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
     ffi_guard!((), {

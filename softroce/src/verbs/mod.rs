@@ -16,8 +16,6 @@
 //! `ibv_post_send`, `ibv_query_port`, ...) reach us through the function
 //! pointers we store in `ibv_context.ops` and in the enclosing `verbs_context`.
 
-#![allow(clippy::missing_safety_doc)]
-
 pub mod context;
 pub mod cq;
 pub mod ctx;

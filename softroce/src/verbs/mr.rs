@@ -27,6 +27,8 @@ impl Pd {
     }
 }
 
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
     ffi_guard!(std::ptr::null_mut(), {
@@ -45,6 +47,8 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
     })
 }
 
+/// # Safety
+/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -142,6 +146,9 @@ fn register(
     Ok(Box::into_raw(mr) as *mut ibv_mr)
 }
 
+/// # Safety
+/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
+/// `addr .. addr + length` must stay mapped while the MR is registered: the NIC reads and writes it from its engine threads.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
     ffi_guard!(std::ptr::null_mut(), {
@@ -152,6 +159,9 @@ pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: 
     })
 }
 
+/// # Safety
+/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
+/// `addr .. addr + length` must stay mapped while the MR is registered: the NIC reads and writes it from its engine threads.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_mr_iova(
     pd: *mut ibv_pd,
@@ -168,6 +178,9 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
     })
 }
 
+/// # Safety
+/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
+/// `addr .. addr + length` must stay mapped while the MR is registered: the NIC reads and writes it from its engine threads.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_mr_iova2(
     pd: *mut ibv_pd,
@@ -187,6 +200,9 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
 /// dmabuf MR: we map `[offset, offset+length)` of the fd and do not keep the fd.
 /// As in rdma-core, `mr->addr` reports `offset`; the data path uses the mapping,
 /// addressed through `iova`.
+///
+/// # Safety
+/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
     pd: *mut ibv_pd,
@@ -238,6 +254,8 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
     })
 }
 
+/// # Safety
+/// `mr` must be NULL or a live MR of ours (one of the `ibv_reg_*mr` verbs).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -255,6 +273,10 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     })
 }
 
+/// # Safety
+/// `mr` must be NULL or a live MR of ours (one of the `ibv_reg_*mr` verbs).
+/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
+/// With IBV_REREG_MR_CHANGE_TRANSLATION, `addr .. addr + length` must stay mapped while the MR is registered.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_rereg_mr(
     mr: *mut ibv_mr,

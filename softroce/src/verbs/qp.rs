@@ -62,6 +62,9 @@ const SEND_SIGNALED: u32 = 2;
 const SEND_SOLICITED: u32 = 4;
 const SEND_INLINE: u32 = 8;
 
+/// # Safety
+/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
+/// `attr` must be NULL or valid for reads and writes of one `ibv_qp_init_attr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_qp(pd: *mut rdma_sys::ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
     ffi_guard!(std::ptr::null_mut(), {
@@ -160,6 +163,8 @@ pub(crate) fn create_rc_qp(pd: *mut rdma_sys::ibv_pd, a: &mut ibv_qp_init_attr, 
     Ok(q)
 }
 
+/// # Safety
+/// `qp` must be NULL or a live QP of ours (`ibv_create_qp` / `ibv_create_qp_ex`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -263,6 +268,9 @@ fn to_modify_attrs(dev: &Device, a: &ibv_qp_attr, mask: u32) -> Result<ModifyAtt
     Ok(m)
 }
 
+/// # Safety
+/// `qp` must be NULL or a live QP of ours (`ibv_create_qp` / `ibv_create_qp_ex`).
+/// `attr` must be NULL or valid for reads and writes of one `ibv_qp_attr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -293,6 +301,10 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
     })
 }
 
+/// # Safety
+/// `qp` must be NULL or a live QP of ours (`ibv_create_qp` / `ibv_create_qp_ex`).
+/// `attr` must be NULL or valid for reads and writes of one `ibv_qp_attr`.
+/// `init_attr` must be NULL or valid for reads and writes of one `ibv_qp_init_attr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_qp(
     qp: *mut ibv_qp,
@@ -427,6 +439,11 @@ pub(crate) fn post_send_wrs(q: &Qp, wrs: impl IntoIterator<Item = Result<SendWr,
 }
 
 /// `ops.post_send`.
+///
+/// # Safety
+/// `qp` must be NULL or a live QP of ours (`ibv_create_qp` / `ibv_create_qp_ex`).
+/// `wr` must be NULL or the head of a chain of valid `ibv_send_wr`s (each `next` NULL or valid), each `sg_list` holding `num_sge` valid SGEs; the buffers of an INLINE WR must be readable for their lengths.
+/// `bad_wr` must be NULL or valid for writing one pointer.
 pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
     ffi_guard!(libc::EIO, {
         // SAFETY: qp is ours.
@@ -461,6 +478,11 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr
 }
 
 /// `ops.post_recv`.
+///
+/// # Safety
+/// `qp` must be NULL or a live QP of ours (`ibv_create_qp` / `ibv_create_qp_ex`).
+/// `wr` must be NULL or the head of a chain of valid `ibv_recv_wr`s (each `next` NULL or valid), each `sg_list` holding `num_sge` valid SGEs.
+/// `bad_wr` must be NULL or valid for writing one pointer.
 pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
     ffi_guard!(libc::EIO, {
         if qp.is_null() {
@@ -510,6 +532,9 @@ pub unsafe fn ack_async(qp: *mut ibv_qp) {
 
 /// `ibv_query_qp_data_in_order`: we guarantee nothing beyond the verbs
 /// ordering rules, like a provider without the op (returns 0).
+///
+/// # Safety
+/// No requirements: no argument is dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_qp_data_in_order(_qp: *mut ibv_qp, _op: u32, _flags: u32) -> c_int {
     ffi_guard!(0, { 0 })

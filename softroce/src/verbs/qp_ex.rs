@@ -66,6 +66,10 @@ pub fn fill_ops(ex: &mut ibv_qp_ex, ops: u64) {
 }
 
 /// `verbs_context.create_qp_ex`.
+///
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `attr` must be NULL or valid for reads and writes of one `ibv_qp_init_attr_ex`.
 pub unsafe extern "C" fn create_qp_ex(ctx: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
     ffi_guard!(std::ptr::null_mut(), {
         if ctx.is_null() || attr.is_null() {
@@ -118,6 +122,9 @@ pub unsafe extern "C" fn create_qp_ex(ctx: *mut ibv_context, attr: *mut ibv_qp_i
 }
 
 /// Returns the extension of a QP created with send_ops_flags, else NULL.
+///
+/// # Safety
+/// `qp` must be NULL or a live QP of ours (`ibv_create_qp` / `ibv_create_qp_ex`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
     ffi_guard!(std::ptr::null_mut(), {
@@ -171,6 +178,8 @@ unsafe fn with_last(qpx: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut SendWr) -> Res
     }
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_start(qpx: *mut ibv_qp_ex) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -179,6 +188,8 @@ unsafe extern "C" fn wr_start(qpx: *mut ibv_qp_ex) {
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -187,6 +198,8 @@ unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
     ffi_guard!(libc::EIO, {
         // SAFETY: qpx is ours (header contract).
@@ -199,6 +212,8 @@ unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_rdma_write(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -211,6 +226,8 @@ unsafe extern "C" fn wr_rdma_write(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: 
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_rdma_write_imm(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm: u32) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -224,6 +241,8 @@ unsafe extern "C" fn wr_rdma_write_imm(qpx: *mut ibv_qp_ex, rkey: u32, remote_ad
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_send(qpx: *mut ibv_qp_ex) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -231,6 +250,8 @@ unsafe extern "C" fn wr_send(qpx: *mut ibv_qp_ex) {
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_send_imm(qpx: *mut ibv_qp_ex, imm: u32) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -238,6 +259,8 @@ unsafe extern "C" fn wr_send_imm(qpx: *mut ibv_qp_ex, imm: u32) {
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_rdma_read(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -250,6 +273,8 @@ unsafe extern "C" fn wr_rdma_read(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_atomic_cmp_swp(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, compare: u64, swap: u64) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -264,6 +289,8 @@ unsafe extern "C" fn wr_atomic_cmp_swp(qpx: *mut ibv_qp_ex, rkey: u32, remote_ad
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_atomic_fetch_add(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -277,6 +304,8 @@ unsafe extern "C" fn wr_atomic_fetch_add(qpx: *mut ibv_qp_ex, rkey: u32, remote_
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -290,6 +319,9 @@ unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, lengt
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
+/// `list` must be valid for reading `n` `ibv_sge`s.
 unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -340,6 +372,9 @@ unsafe fn set_inline(w: &mut SendWr, pieces: &[(*const u8, usize)]) -> Result<()
     Ok(())
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
+/// `addr` must be readable for `length` bytes.
 unsafe extern "C" fn wr_set_inline_data(qpx: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
     ffi_guard!((), {
         // SAFETY: qpx is ours; addr/length readable (header contract).
@@ -347,6 +382,9 @@ unsafe extern "C" fn wr_set_inline_data(qpx: *mut ibv_qp_ex, addr: *mut c_void, 
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
+/// `list` must be valid for reading `n` `ibv_data_buf`s, each readable for its length.
 unsafe extern "C" fn wr_set_inline_data_list(qpx: *mut ibv_qp_ex, n: usize, list: *const ibv_data_buf) {
     ffi_guard!((), {
         // SAFETY: qpx is ours; the n buffers are readable (header contract).

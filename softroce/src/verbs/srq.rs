@@ -32,6 +32,9 @@ impl Srq {
     }
 }
 
+/// # Safety
+/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
+/// `attr` must be NULL or valid for reads and writes of one `ibv_srq_init_attr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
     ffi_guard!(std::ptr::null_mut(), {
@@ -68,6 +71,9 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init
     })
 }
 
+/// # Safety
+/// `srq` must be NULL or a live SRQ of ours (`ibv_create_srq`).
+/// `attr` must be NULL or valid for reads and writes of one `ibv_srq_attr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -89,6 +95,9 @@ pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_at
     })
 }
 
+/// # Safety
+/// `srq` must be NULL or a live SRQ of ours (`ibv_create_srq`).
+/// `attr` must be NULL or valid for reads and writes of one `ibv_srq_attr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -112,6 +121,8 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
     })
 }
 
+/// # Safety
+/// `srq` must be NULL or a live SRQ of ours (`ibv_create_srq`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -129,6 +140,11 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
 }
 
 /// `ops.post_srq_recv`.
+///
+/// # Safety
+/// `srq` must be NULL or a live SRQ of ours (`ibv_create_srq`).
+/// `wr` must be NULL or the head of a chain of valid `ibv_recv_wr`s (each `next` NULL or valid), each `sg_list` holding `num_sge` valid SGEs.
+/// `bad_wr` must be NULL or valid for writing one pointer.
 pub unsafe extern "C" fn post_srq_recv(
     srq: *mut ibv_srq,
     wr: *mut ibv_recv_wr,
