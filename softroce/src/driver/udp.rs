@@ -24,9 +24,6 @@ pub const MAX_GSO_SEGS: usize = 64;
 /// Largest GSO datagram payload.
 pub const MAX_GSO_BYTES: usize = 65000;
 
-const UDP_SEGMENT: i32 = 103;
-const UDP_GRO: i32 = 104;
-
 pub struct UdpSocket {
     fd: RawFd,
     pub local: Ipv4Addr,
@@ -112,7 +109,7 @@ impl UdpSocket {
         // GRO is always on: a peer's GSO datagram then arrives whole, so each
         // segment's index (= its IP ID, inside the ICRC) is known. Without it
         // the kernel would split the datagram and the IDs would be lost.
-        let gro = setsockopt_int(fd, libc::SOL_UDP, UDP_GRO, 1).is_ok();
+        let gro = setsockopt_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
         if gso && gro {
             s.gso.store(true, Ordering::Relaxed);
         }
@@ -173,7 +170,7 @@ impl UdpSocket {
         let mut cmsgs: [(i32, i32, u32, usize); 3] = [(0, 0, 0, 0); 3];
         let mut n = 0;
         if let Some(s) = seg {
-            cmsgs[n] = (libc::SOL_UDP, UDP_SEGMENT, s as u32, 2);
+            cmsgs[n] = (libc::SOL_UDP, libc::UDP_SEGMENT, s as u32, 2);
             n += 1;
         }
         if ip.ttl != 0 {
@@ -276,7 +273,7 @@ impl UdpSocket {
             unsafe {
                 let mut c = libc::CMSG_FIRSTHDR(h);
                 while !c.is_null() {
-                    if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
+                    if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
                         let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const u16) as usize;
                         if v > 0 {
                             seg = v;

@@ -169,10 +169,21 @@ fn create_cq(
 /// `ibv_create_cq_wc_flags` we can report: byte_len, imm, qp_num, src_qp,
 /// slid, sl, dlid_path_bits (all but the first four read as 0) and the
 /// completion timestamp (nanoseconds; `hca_core_clock` is 1 GHz).
-const SUPPORTED_WC_FLAGS: u64 = 0xff;
-const CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
-/// IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: hints we may ignore.
-const CQ_CREATE_FLAGS: u32 = 3;
+const SUPPORTED_WC_FLAGS: u64 = {
+    use rdma_sys::ibv_create_cq_wc_flags as f;
+    (f::IBV_WC_EX_WITH_BYTE_LEN.0
+        | f::IBV_WC_EX_WITH_IMM.0
+        | f::IBV_WC_EX_WITH_QP_NUM.0
+        | f::IBV_WC_EX_WITH_SRC_QP.0
+        | f::IBV_WC_EX_WITH_SLID.0
+        | f::IBV_WC_EX_WITH_SL.0
+        | f::IBV_WC_EX_WITH_DLID_PATH_BITS.0
+        | f::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP.0) as u64
+};
+const CQ_INIT_ATTR_MASK_FLAGS: u32 = rdma_sys::ibv_cq_init_attr_mask::IBV_CQ_INIT_ATTR_MASK_FLAGS.0;
+/// Hints we may ignore.
+const CQ_CREATE_FLAGS: u32 = rdma_sys::ibv_create_cq_attr_flags::IBV_CREATE_CQ_ATTR_SINGLE_THREADED.0
+    | rdma_sys::ibv_create_cq_attr_flags::IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN.0;
 
 /// `verbs_context.create_cq_ex`.
 ///

@@ -3,7 +3,7 @@
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
-use rdma_sys::{ibv_context, ibv_mr, ibv_pd};
+use rdma_sys::{ibv_access_flags, ibv_context, ibv_mr, ibv_pd};
 
 use super::ctx::Context;
 use super::{ffi_guard, int_err, null_err};
@@ -76,11 +76,13 @@ pub struct Mr {
     map: Option<(usize, usize)>,
 }
 
-const ACCESS_MW_BIND: u32 = 0x10;
-const ACCESS_ZERO_BASED: u32 = 0x20;
-const ACCESS_ON_DEMAND: u32 = 0x40;
-const ACCESS_HUGETLB: u32 = 0x80;
-const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
+const ACCESS_MW_BIND: u32 = ibv_access_flags::IBV_ACCESS_MW_BIND.0;
+const ACCESS_ZERO_BASED: u32 = ibv_access_flags::IBV_ACCESS_ZERO_BASED.0;
+const ACCESS_ON_DEMAND: u32 = ibv_access_flags::IBV_ACCESS_ON_DEMAND.0;
+const ACCESS_HUGETLB: u32 = ibv_access_flags::IBV_ACCESS_HUGETLB.0;
+/// Flags a provider may ignore, such as RELAXED_ORDERING (verbs.h defines
+/// `IBV_ACCESS_OPTIONAL_RANGE` as the kernel's value).
+const ACCESS_OPTIONAL_RANGE: u32 = rdma_sys::ib_uverbs_access_flags::IB_UVERBS_ACCESS_OPTIONAL_RANGE.0;
 
 /// Validates access flags the way a real provider does; returns the flags kept.
 fn check_access(access: c_int) -> Result<u32, i32> {

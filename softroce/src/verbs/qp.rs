@@ -6,7 +6,7 @@ use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use rdma_sys::{ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr};
+use rdma_sys::{ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_flags, ibv_send_wr};
 
 use super::cq::Cq;
 use super::ctx::Context;
@@ -52,15 +52,12 @@ impl Qp {
     }
 }
 
-const IBV_QPT_RC: u32 = 2;
+const IBV_QPT_RC: u32 = rdma_sys::ibv_qp_type::IBV_QPT_RC;
 
-fn send_flag(flags: u32, bit: u32) -> bool {
-    flags & bit != 0
+/// `flags` (`ibv_send_wr.send_flags` / `ibv_qp_ex.wr_flags`) has `bit`.
+pub(crate) fn send_flag(flags: u32, bit: ibv_send_flags) -> bool {
+    flags & bit.0 != 0
 }
-const SEND_FENCE: u32 = 1;
-const SEND_SIGNALED: u32 = 2;
-const SEND_SOLICITED: u32 = 4;
-const SEND_INLINE: u32 = 8;
 
 /// # Safety
 /// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
@@ -382,7 +379,7 @@ unsafe fn to_send_wr(w: &ibv_send_wr, max_sge: u32) -> Result<SendWr, i32> {
     }
     // SAFETY: per the contract.
     let sg = unsafe { sges(w.sg_list, w.num_sge) };
-    let inline = send_flag(w.send_flags, SEND_INLINE)
+    let inline = send_flag(w.send_flags, ibv_send_flags::IBV_SEND_INLINE)
         && matches!(
             opcode,
             WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm
@@ -426,9 +423,9 @@ unsafe fn to_send_wr(w: &ibv_send_wr, max_sge: u32) -> Result<SendWr, i32> {
         imm_data: unsafe { w.imm_data_invalidated_rkey_union.imm_data },
         compare_add,
         swap,
-        signaled: send_flag(w.send_flags, SEND_SIGNALED),
-        solicited: send_flag(w.send_flags, SEND_SOLICITED),
-        fence: send_flag(w.send_flags, SEND_FENCE),
+        signaled: send_flag(w.send_flags, ibv_send_flags::IBV_SEND_SIGNALED),
+        solicited: send_flag(w.send_flags, ibv_send_flags::IBV_SEND_SOLICITED),
+        fence: send_flag(w.send_flags, ibv_send_flags::IBV_SEND_FENCE),
     })
 }
 

@@ -12,26 +12,35 @@
 
 use std::ffi::{c_int, c_void};
 
-use rdma_sys::{ibv_context, ibv_data_buf, ibv_qp, ibv_qp_ex, ibv_qp_init_attr, ibv_qp_init_attr_ex, ibv_sge};
+use rdma_sys::{
+    ibv_context, ibv_data_buf, ibv_qp, ibv_qp_create_send_ops_flags, ibv_qp_ex, ibv_qp_init_attr, ibv_qp_init_attr_ex,
+    ibv_qp_init_attr_mask, ibv_send_flags, ibv_sge,
+};
 
-use super::qp::{create_rc_qp, post_send_wrs, Qp, WrBatch};
+use super::qp::{create_rc_qp, post_send_wrs, send_flag, Qp, WrBatch};
 use super::{ffi_guard, null_err};
 use crate::driver::limits;
 use crate::proto::{SendWr, Sge, WrOpcode};
 
+const WITH_RDMA_WRITE: u64 = ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_RDMA_WRITE.0 as u64;
+const WITH_RDMA_WRITE_WITH_IMM: u64 = ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM.0 as u64;
+const WITH_SEND: u64 = ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_SEND.0 as u64;
+const WITH_SEND_WITH_IMM: u64 = ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_SEND_WITH_IMM.0 as u64;
+const WITH_RDMA_READ: u64 = ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_RDMA_READ.0 as u64;
+const WITH_ATOMIC_CMP_AND_SWP: u64 = ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP.0 as u64;
+const WITH_ATOMIC_FETCH_AND_ADD: u64 = ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD.0 as u64;
 /// `ibv_qp_create_send_ops_flags` softroce supports.
-pub const SUPPORTED_SEND_OPS: u64 = 0x7f;
-const WITH_RDMA_WRITE: u64 = 1;
-const WITH_RDMA_WRITE_WITH_IMM: u64 = 2;
-const WITH_SEND: u64 = 4;
-const WITH_SEND_WITH_IMM: u64 = 8;
-const WITH_RDMA_READ: u64 = 16;
-const WITH_ATOMIC_CMP_AND_SWP: u64 = 32;
-const WITH_ATOMIC_FETCH_AND_ADD: u64 = 64;
+pub const SUPPORTED_SEND_OPS: u64 = WITH_RDMA_WRITE
+    | WITH_RDMA_WRITE_WITH_IMM
+    | WITH_SEND
+    | WITH_SEND_WITH_IMM
+    | WITH_RDMA_READ
+    | WITH_ATOMIC_CMP_AND_SWP
+    | WITH_ATOMIC_FETCH_AND_ADD;
 
-const INIT_ATTR_PD: u32 = 1;
-const INIT_ATTR_CREATE_FLAGS: u32 = 4;
-const INIT_ATTR_SEND_OPS_FLAGS: u32 = 64;
+const INIT_ATTR_PD: u32 = ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD.0;
+const INIT_ATTR_CREATE_FLAGS: u32 = ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_CREATE_FLAGS.0;
+const INIT_ATTR_SEND_OPS_FLAGS: u32 = ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.0;
 
 /// Fills the builder slots for the requested operations.
 pub fn fill_ops(ex: &mut ibv_qp_ex, ops: u64) {
@@ -152,9 +161,9 @@ unsafe fn begin(qpx: *mut ibv_qp_ex, opcode: WrOpcode, f: impl FnOnce(&mut SendW
     let q = unsafe { qp_of(qpx) };
     let (wr_id, flags) = (q.ex.wr_id, q.ex.wr_flags);
     let mut w = SendWr::new(wr_id, opcode);
-    w.signaled = flags & 2 != 0;
-    w.solicited = flags & 4 != 0;
-    w.fence = flags & 1 != 0;
+    w.signaled = send_flag(flags, ibv_send_flags::IBV_SEND_SIGNALED);
+    w.solicited = send_flag(flags, ibv_send_flags::IBV_SEND_SOLICITED);
+    w.fence = send_flag(flags, ibv_send_flags::IBV_SEND_FENCE);
     f(&mut w);
     q.batch.lock().unwrap().wrs.push(w);
 }

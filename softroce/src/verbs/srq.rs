@@ -13,8 +13,8 @@ use super::{ffi_guard, int_err, null_err};
 use crate::driver::srq::SrqInner;
 use crate::proto::{RecvWr, Sge};
 
-const SRQ_MAX_WR: c_int = 1;
-const SRQ_LIMIT: c_int = 2;
+const SRQ_MAX_WR: c_int = rdma_sys::ibv_srq_attr_mask::IBV_SRQ_MAX_WR.0 as c_int;
+const SRQ_LIMIT: c_int = rdma_sys::ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 as c_int;
 
 /// `struct ibv_srq` and our state.
 #[repr(C)]
