@@ -164,10 +164,12 @@ impl CqInner {
         Ok(())
     }
 
+    #[inline]
     pub fn len(&self) -> usize {
         self.len.load(Ordering::Acquire)
     }
 
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

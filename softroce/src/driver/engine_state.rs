@@ -111,6 +111,7 @@ impl Engine {
         }
     }
 
+    #[inline]
     pub fn qp(&self, qpn: u32) -> Option<Arc<QpShared>> {
         self.qps.read().unwrap().get(&qpn).cloned()
     }

@@ -32,6 +32,7 @@ pub struct MrTable(RwLock<HashMap<u32, MrInfo>>);
 
 impl MrTable {
     /// The table for reading (translation, lookups).
+    #[inline]
     pub fn read(&self) -> RwLockReadGuard<'_, HashMap<u32, MrInfo>> {
         self.0.read().unwrap()
     }

@@ -64,6 +64,7 @@ impl QpShared {
     }
 
     /// Locks the core even if a panicking thread poisoned the mutex.
+    #[inline]
     pub fn lock_core(&self) -> MutexGuard<'_, QpCore> {
         self.core.lock().unwrap_or_else(|e| e.into_inner())
     }
