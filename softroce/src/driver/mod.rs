@@ -13,7 +13,8 @@
 //!   and its loop (receive, timers, draining QPs, posting);
 //! * [`tx`] — the transmitter (ICRC, GSO batches); [`udp`] — the socket;
 //! * [`clock`], [`rng`], [`activity`] — the core's clock, the fault
-//!   injector's random numbers, the doorbell idle pollers wait on.
+//!   injector's random numbers, the doorbell idle pollers wait on;
+//!   [`idle`] — what an empty CQ poll does (yield, receive inline, wait).
 
 pub mod activity;
 pub mod addr;
@@ -23,6 +24,7 @@ pub mod device;
 pub mod engine;
 pub mod engine_state;
 pub mod event;
+pub mod idle;
 pub mod instances;
 pub mod limits;
 pub mod mem;

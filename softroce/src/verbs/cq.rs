@@ -14,6 +14,7 @@ use super::{ffi_guard, int_err, minus_one, null_err};
 use crate::driver::activity;
 use crate::driver::cq::{CompletionChannel, CqInner, Wc};
 use crate::driver::engine;
+use crate::driver::idle;
 use crate::driver::limits;
 
 /// `struct ibv_cq_ex` (whose first 128 bytes are the `struct ibv_cq` every
@@ -246,7 +247,7 @@ unsafe fn ex_load(cq: *mut rdma_sys::ibv_cq_ex) -> c_int {
     if inner.poll(&mut one) == 0 && !(idle_poll(cq as *mut ibv_cq, seen) && inner.poll(&mut one) == 1) {
         return libc::ENOENT;
     }
-    poll_found_work();
+    idle::poll_found_work();
     *cur.lock().unwrap() = one[0];
     // SAFETY: the public fields of the caller's ibv_cq_ex, written through the raw pointer.
     unsafe {
@@ -390,7 +391,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -
         if c.inner.is_empty() && (!idle_poll(cq, seen) || c.inner.is_empty()) {
             return 0;
         }
-        poll_found_work();
+        idle::poll_found_work();
         let mut buf = [Wc::default(); 32];
         let mut total = 0usize;
         let want = num as usize;
@@ -410,121 +411,17 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -
     })
 }
 
-/// An empty poll of `cq` by this thread. Applications spin on `ibv_poll_cq`
-/// while the NIC's work runs on our engine threads; on a host with fewer free
-/// cores than spinning threads that spin would starve the engines. So every
-/// `SOFTROCE_POLL_YIELD` consecutive empty polls of a thread it first does the
-/// NIC's work itself if there is some and no other thread is doing it
-/// (`SOFTROCE_INLINE_RX`), and keeps doing so on its next empty polls while
-/// datagrams keep coming; else it gives the CPU away (`sched_yield`, which
-/// returns at once on an idle CPU), or, once every poll of the thread has been
-/// empty for `SOFTROCE_POLL_SLEEP_AFTER_US`, waits for the NIC's next event
-/// (see [`activity`]). Not at every empty poll: a thread that only
-/// waits a few microseconds (a latency test's ACK) is better off leaving the
-/// receiving to the engine. `seen` is the activity count read before the CQ
-/// was found empty. Returns whether it did NIC work (the CQ may have
-/// completions now).
+/// An empty poll of `cq` by this thread: see [`idle::idle_poll`]; the
+/// thread may do the NIC's receive work for `cq`'s device.
 fn idle_poll(cq: *mut ibv_cq, seen: u32) -> bool {
-    let mut streak = POLL_STREAK.with(|e| e.get());
-    let action = streak.next_action(cq);
-    POLL_STREAK.with(|e| e.set(streak));
-    match action {
-        IdleAction::Received => return true,
-        IdleAction::Spin => {}
-        IdleAction::Yield => {
-            // SAFETY: sched_yield has no preconditions.
-            unsafe { libc::sched_yield() };
-        }
-        IdleAction::Wait => activity::wait(seen, activity::MAX_WAIT),
-    }
-    false
-}
-
-/// What an empty poll does (see [`idle_poll`]).
-enum IdleAction {
-    /// Received datagrams inline: the CQ may have completions now.
-    Received,
-    /// Nothing: poll again.
-    Spin,
-    Yield,
-    /// Wait for the NIC's next event.
-    Wait,
-}
-
-impl Streak {
-    /// Counts one empty poll of `cq` and decides what it does.
-    fn next_action(&mut self, cq: *mut ibv_cq) -> IdleAction {
-        if self.inline {
-            if receive_inline(cq) {
-                return IdleAction::Received;
-            }
-            self.inline = false;
-        }
-        let yield_every = crate::config::poll_yield();
-        self.empty += 1;
-        if self.empty < yield_every {
-            return IdleAction::Spin;
-        }
-        self.empty = 0;
-        let now = std::time::Instant::now();
-        let idle_for = now.duration_since(*self.since.get_or_insert(now));
-        if (yield_every == 0 || idle_for >= crate::config::inline_rx_after()) && receive_inline(cq) {
-            self.inline = true;
-            self.since = None;
-            return IdleAction::Received;
-        }
-        let sleep_after = crate::config::poll_sleep_after();
-        if yield_every == 0 {
-            IdleAction::Spin
-        } else if !sleep_after.is_zero() && idle_for >= sleep_after {
-            IdleAction::Wait
-        } else {
-            IdleAction::Yield
-        }
-    }
-}
-
-/// A thread's run of empty polls (on any CQ).
-#[derive(Clone, Copy)]
-struct Streak {
-    /// Empty polls since the last yield point.
-    empty: u32,
-    /// Since when every poll has been empty (set at the first yield point).
-    since: Option<std::time::Instant>,
-    /// The last inline receive found datagrams: try again at the next empty poll.
-    inline: bool,
-}
-
-thread_local! {
-    static POLL_STREAK: std::cell::Cell<Streak> =
-        const { std::cell::Cell::new(Streak { empty: 0, since: None, inline: false }) };
-}
-
-/// An empty poll: let this thread do the NIC's receive work, if no other
-/// thread is doing it (`SOFTROCE_INLINE_RX`, default on). Returns whether it
-/// handled anything (the CQ may now hold completions).
-fn receive_inline(cq: *mut ibv_cq) -> bool {
-    if !crate::config::inline_rx() {
-        return false;
-    }
-    // SAFETY: `cq` is a live CQ of ours (the caller checked), so its context
-    // pointer is the live context it was created on.
-    let Some(ctx) = (unsafe { Context::from_ibv((*cq).context) }) else {
-        return false;
-    };
-    engine::receive_inline(&ctx.dev)
-}
-
-/// A poll that found a completion ends the thread's empty streak.
-fn poll_found_work() {
-    POLL_STREAK.with(|e| {
-        let inline = e.get().inline;
-        e.set(Streak {
-            empty: 0,
-            since: None,
-            inline,
-        })
-    });
+    idle::idle_poll(seen, || {
+        // SAFETY: `cq` is a live CQ of ours (the caller checked), so its
+        // context pointer is the live context it was created on.
+        let Some(ctx) = (unsafe { Context::from_ibv((*cq).context) }) else {
+            return false;
+        };
+        engine::receive_inline(&ctx.dev)
+    })
 }
 
 /// # Safety
