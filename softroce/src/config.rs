@@ -152,7 +152,7 @@ pub fn engine_rx() -> bool {
 /// `SOFTROCE_POLL_SLEEP_AFTER_US` (default 200): an application thread whose
 /// CQ polls have all been empty for this long waits for the NIC's next event
 /// (`activity`, at most 100 µs) instead of only yielding (see
-/// `verbs::cq::idle_poll`); 0 never waits.
+/// `driver::idle::idle_poll`); 0 never waits.
 pub fn poll_sleep_after() -> std::time::Duration {
     static V: OnceLock<u64> = OnceLock::new();
     std::time::Duration::from_micros(*V.get_or_init(|| {
