@@ -17,8 +17,10 @@ use crate::proto::Instant;
 /// Datagrams per `recvmmsg`.
 pub const RX_BATCH: usize = 32;
 
+/// A device's engine state (one per device instance, held by its `Device`).
 pub struct Engine {
     qps: RwLock<HashMap<u32, Arc<QpShared>>>,
+    /// Eventfd that wakes the engine thread ([`Self::kick`]); -1 if eventfd failed.
     pub wake_fd: i32,
     /// Deadline (ns) the engine sleeps until; u64::MAX when it waits for input only.
     pub sleep_until: AtomicU64,
