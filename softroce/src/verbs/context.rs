@@ -163,7 +163,11 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         let inst = match instances::instance(d.index) {
             Ok(i) => i,
             Err(e) => {
-                eprintln!("softroce: cannot bind {} (port 4791): {e}; set SOFTROCE_ADDR", d.index);
+                eprintln!(
+                    "softroce: cannot bind {} (port {}): {e}; set SOFTROCE_ADDR",
+                    d.index,
+                    crate::wire::ROCEV2_UDP_PORT
+                );
                 return null_err(e.raw_os_error().unwrap_or(libc::EADDRNOTAVAIL));
             }
         };
@@ -533,7 +537,7 @@ pub unsafe extern "C" fn ibv_query_pkey(ctx: *mut ibv_context, port: u8, index: 
             return minus_one(libc::EINVAL);
         }
         // SAFETY: valid out-pointer.
-        unsafe { *pkey = 0xffffu16.to_be() };
+        unsafe { *pkey = crate::wire::DEFAULT_PKEY.to_be() };
         0
     })
 }
