@@ -144,3 +144,44 @@ pub fn ifindex_of(a: Ipv4Addr) -> u32 {
         .map(|n| unsafe { libc::if_nametoindex(n.as_ptr()) })
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The largest IB MTU that fits the link MTU less 80 bytes of headers
+    /// (rxe's rule), 256 when nothing fits.
+    #[test]
+    fn mtu_enum_for_link_picks_the_largest_that_fits() {
+        for (link, want) in [
+            (65536, 5),
+            (4176, 5),
+            (4175, 4),
+            (1500, 3),
+            (1400, 3),
+            (1103, 2),
+            (1104, 3),
+            (336, 1),
+            (100, 1),
+            (0, 1),
+        ] {
+            assert_eq!(mtu_enum_for_link(link), want, "link MTU {link}");
+        }
+    }
+
+    /// A softroce link-local GID and an IPv4-mapped GID route to the address
+    /// they embed; other IPv6 GIDs do not route.
+    #[test]
+    fn gids_route_to_their_embedded_ipv4_address() {
+        let a = Ipv4Addr::new(10, 1, 2, 3);
+        let mut link_local = [0u8; 16];
+        link_local[0] = 0xfe;
+        link_local[1] = 0x80;
+        link_local[8..].copy_from_slice(&guid_for(a).to_be_bytes());
+        assert_eq!(gid_to_ipv4(&link_local), Some(a));
+        assert_eq!(gid_to_ipv4(&ipv4_mapped_gid(a)), Some(a));
+        let mut v6 = ipv4_mapped_gid(a);
+        v6[0] = 0x20;
+        assert_eq!(gid_to_ipv4(&v6), None);
+    }
+}
