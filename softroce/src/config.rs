@@ -3,6 +3,8 @@
 use std::net::Ipv4Addr;
 use std::sync::OnceLock;
 
+use crate::wire;
+
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|s| !s.trim().is_empty())
 }
@@ -39,15 +41,9 @@ pub fn mtu_override() -> Option<u32> {
     static V: OnceLock<Option<u32>> = OnceLock::new();
     *V.get_or_init(|| {
         let v: u32 = env("SOFTROCE_MTU")?.trim().parse().ok()?;
-        match v {
-            1..=5 => Some(v),
-            256 => Some(1),
-            512 => Some(2),
-            1024 => Some(3),
-            2048 => Some(4),
-            4096 => Some(5),
-            _ => None,
-        }
+        (1..=5u8)
+            .find(|&e| u32::from(e) == v || wire::mtu_bytes(e) == Some(v))
+            .map(u32::from)
     })
 }
 
@@ -156,7 +152,7 @@ pub fn engine_rx() -> bool {
 /// `SOFTROCE_POLL_SLEEP_AFTER_US` (default 200): an application thread whose
 /// CQ polls have all been empty for this long waits for the NIC's next event
 /// (`activity`, at most 100 µs) instead of only yielding (see
-/// `verbs::cq::idle_poll`); 0 never waits.
+/// `driver::idle::idle_poll`); 0 never waits.
 pub fn poll_sleep_after() -> std::time::Duration {
     static V: OnceLock<u64> = OnceLock::new();
     std::time::Duration::from_micros(*V.get_or_init(|| {

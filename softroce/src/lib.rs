@@ -1,15 +1,16 @@
 //! softroce: a userspace RoCEv2 NIC shipped as a drop-in `libibverbs.so.1`.
 //!
 //! Layers (dependencies point one way): [`wire`] (RoCEv2 headers, ICRC) ->
-//! [`proto`] (sans-IO RC transport) -> [`udp`] / [`engine`] / [`device`]
-//! (the driver) -> [`verbs`] (the exported C ABI).
+//! [`proto`] (sans-IO RC transport) -> [`driver`] (the NIC: device, memory
+//! translation, CQs, SRQs, events, engine loop, UDP) -> [`verbs`] (the
+//! exported C ABI: converts C structs and errnos, calls the driver).
+//! [`config`] (the environment tunables) is read by the driver and verbs.
+
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod proto;
 pub mod wire;
 
-pub mod activity;
 pub mod config;
-pub mod device;
-pub mod engine;
-pub mod udp;
+pub mod driver;
 pub mod verbs;

@@ -468,6 +468,63 @@ fn post_errors() {
     );
 }
 
+/// The core accepts `max_rd_atomic` / `max_dest_rd_atomic` up to
+/// `MAX_QP_RD_ATOM` (what the device reports as `max_qp_rd_atom`) and
+/// rejects one past it, leaving the QP where it was.
+#[test]
+fn max_rd_atomic_limit_pass_at_limit_fail_past_it() {
+    use attr_mask as m;
+    let mut qp = QpCore::new(5, QpCaps::default());
+    qp.modify(&ModifyAttrs {
+        mask: m::STATE | m::PKEY_INDEX | m::PORT | m::ACCESS_FLAGS,
+        qp_state: QpState::Init,
+        port_num: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    let rtr = ModifyAttrs {
+        mask: m::STATE | m::AV | m::PATH_MTU | m::DEST_QPN | m::RQ_PSN | m::MAX_DEST_RD_ATOMIC | m::MIN_RNR_TIMER,
+        qp_state: QpState::Rtr,
+        path_mtu: 3,
+        dest_qp_num: 9,
+        max_dest_rd_atomic: MAX_QP_RD_ATOM + 1,
+        ah: AddressVector {
+            dgid: gid([127, 0, 0, 2]),
+            is_global: true,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    assert_eq!(qp.modify(&rtr), Err(Errno::EINVAL));
+    assert_eq!(qp.state(), QpState::Init);
+    qp.modify(&ModifyAttrs {
+        max_dest_rd_atomic: MAX_QP_RD_ATOM,
+        ..rtr
+    })
+    .unwrap();
+    let rts = ModifyAttrs {
+        mask: m::STATE | m::SQ_PSN | m::TIMEOUT | m::RETRY_CNT | m::RNR_RETRY | m::MAX_QP_RD_ATOMIC,
+        qp_state: QpState::Rts,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: MAX_QP_RD_ATOM + 1,
+        ..Default::default()
+    };
+    assert_eq!(qp.modify(&rts), Err(Errno::EINVAL));
+    assert_eq!(qp.state(), QpState::Rtr);
+    qp.modify(&ModifyAttrs {
+        max_rd_atomic: MAX_QP_RD_ATOM,
+        ..rts
+    })
+    .unwrap();
+    let q = qp.query();
+    assert_eq!(
+        (q.qp_state, q.max_rd_atomic, q.max_dest_rd_atomic),
+        (QpState::Rts, MAX_QP_RD_ATOM, MAX_QP_RD_ATOM)
+    );
+}
+
 #[test]
 fn modify_qp_checks() {
     use attr_mask as m;

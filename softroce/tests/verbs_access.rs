@@ -4,6 +4,7 @@
 mod verbs_util;
 
 use rdma_sys::ibv_sge;
+use softroce::verbs::qp::ibv_modify_qp;
 use verbs_util::*;
 
 fn write_expecting_access_error(c: &Ctx, remote_addr: u64, rkey: u32, len: u32) {
@@ -99,4 +100,53 @@ fn retry_and_rnr_exhaustion_report_their_status() {
     assert_eq!(post_send(&x, &mut wr), 0);
     let s = poll_one(x.cq);
     assert_eq!((s.wr_id, s.status), (2, 13), "expected IBV_WC_RNR_RETRY_EXC_ERR: {s:?}");
+}
+
+/// `ibv_query_device`'s `max_qp_rd_atom` is the limit `ibv_modify_qp`
+/// enforces: `max_dest_rd_atomic` (RTR) and `max_rd_atomic` (RTS) pass at
+/// it and fail with EINVAL one past it.
+#[test]
+fn max_rd_atomic_limit_is_what_query_device_reports() {
+    let c = open("127.0.21.2");
+    let q = create_qp(&c);
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
+    unsafe {
+        let mut dev: rdma_sys::ibv_device_attr = std::mem::zeroed();
+        assert_eq!(softroce::verbs::context::ibv_query_device(c.ctx, &mut dev), 0);
+        let limit = dev.max_qp_rd_atom;
+        assert_eq!(limit, i32::from(softroce::driver::limits::MAX_QP_RD_ATOM));
+        assert_eq!(dev.max_qp_init_rd_atom, limit);
+        let limit = u8::try_from(limit).unwrap();
+        let mut a: rdma_sys::ibv_qp_attr = std::mem::zeroed();
+        a.qp_state = 1;
+        a.port_num = 1;
+        a.qp_access_flags = 2 | 4 | 8;
+        assert_eq!(ibv_modify_qp(q.qp, &mut a, 0x1 | 0x10 | 0x20 | 0x8), 0, "INIT");
+        let mut a: rdma_sys::ibv_qp_attr = std::mem::zeroed();
+        a.qp_state = 2;
+        a.path_mtu = 3;
+        a.dest_qp_num = (*q.qp).qp_num;
+        a.min_rnr_timer = 1;
+        a.ah_attr.is_global = 1;
+        a.ah_attr.grh.dgid = gid(&c, 3);
+        a.ah_attr.grh.sgid_index = 3;
+        a.ah_attr.port_num = 1;
+        let rtr = 0x1 | 0x80 | 0x100 | 0x100000 | 0x1000 | 0x20000 | 0x8000;
+        a.max_dest_rd_atomic = limit + 1;
+        assert_eq!(ibv_modify_qp(q.qp, &mut a, rtr), libc::EINVAL, "RTR one past the limit");
+        assert_eq!((*q.qp).state, 1, "a refused modify leaves the QP in INIT");
+        a.max_dest_rd_atomic = limit;
+        assert_eq!(ibv_modify_qp(q.qp, &mut a, rtr), 0, "RTR at the limit");
+        let mut a: rdma_sys::ibv_qp_attr = std::mem::zeroed();
+        a.qp_state = 3;
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        let rts = 0x1 | 0x10000 | 0x200 | 0x400 | 0x800 | 0x2000;
+        a.max_rd_atomic = limit + 1;
+        assert_eq!(ibv_modify_qp(q.qp, &mut a, rts), libc::EINVAL, "RTS one past the limit");
+        assert_eq!((*q.qp).state, 2, "a refused modify leaves the QP in RTR");
+        a.max_rd_atomic = limit;
+        assert_eq!(ibv_modify_qp(q.qp, &mut a, rts), 0, "RTS at the limit");
+    }
 }

@@ -15,6 +15,7 @@ use std::io::BufRead;
 use std::net::Ipv4Addr;
 
 use softroce::wire::icrc::{verify_ipv4, Ipv4Fields};
+use softroce::wire::mtu_bytes;
 
 fn num(s: &str) -> Option<u32> {
     let s = s.trim();
@@ -82,10 +83,10 @@ fn main() {
 fn verify_gso(ip: &Ipv4Fields, sport: u16, dport: u16, payload: &[u8]) -> Option<u64> {
     // Transport header lengths before the payload: BTH [+ RETH | ImmDt | AETH | RETH+ImmDt ...].
     const HDRS: [usize; 6] = [12, 16, 28, 32, 40, 44];
-    const MTUS: [usize; 5] = [256, 512, 1024, 2048, 4096];
     // Full-MTU data segments, or (small datagrams) any multiple of 4: runs of
     // ACKs / atomic requests / atomic ACKs batch as equal-size segments too.
-    let full = HDRS.iter().flat_map(|h| MTUS.iter().map(move |m| h + m + 4));
+    let mtus = || (1..=5).filter_map(mtu_bytes).map(|m| m as usize);
+    let full = HDRS.iter().flat_map(|h| mtus().map(move |m| h + m + 4));
     let small = (16..payload.len().min(1024)).step_by(4);
     for seg in full.chain(small) {
         {

@@ -38,11 +38,14 @@
 //!   reporting a new responder PSN counts as progress. RNR NAKs wait the
 //!   encoded time and count against `rnr_retry` (7 = infinite).
 //!   Like ConnectX "adaptive retransmission", a probe timer derived from the
-//!   measured RTT (floor [`DEFAULT_ADAPTIVE_RETRANSMIT_FLOOR`], exponential
-//!   backoff) also goes back N when an answer is overdue, so a lost tail
-//!   packet or NAK costs a few milliseconds instead of the full timeout;
+//!   measured RTT (max(4·SRTT + 100 µs, floor [`DEFAULT_ADAPTIVE_RETRANSMIT_FLOOR`]),
+//!   doubled per unanswered probe and never past the ACK timeout) also goes
+//!   back N when an answer is overdue, so a lost tail packet or NAK costs a
+//!   few milliseconds instead of the full timeout (67 ms at timeout 14);
 //!   probes do not consume `retry_cnt`, so RETRY_EXC_ERR still comes after
-//!   (retry_cnt + 1) local ACK timeouts.
+//!   (retry_cnt + 1) local ACK timeouts. On by default;
+//!   [`QpCore::set_adaptive_retransmit`] (`None` = pure IBA), with
+//!   [`QpStats::probes`] and [`QpCore::srtt`] for diagnostics.
 //! * Completer: coalesced ACKs complete every SEND/WRITE they cover, READ
 //!   and atomic responses implicitly acknowledge earlier WRs; completions
 //!   are strictly in order; unsignaled successes produce no CQE; an error
@@ -55,9 +58,22 @@
 //!   (via [`MemoryAccess::remote_check`] before anything is written), execute,
 //!   ACK if AckReq (coalesced with a queued ACK). Fatal errors NAK, raise
 //!   QP_REQ_ERR / QP_ACCESS_ERR and move the QP to ERR.
+//! * A READ response whose MR went away after the request was accepted (the
+//!   application deregistered it): for a *duplicate* READ (regenerated after
+//!   a retransmitted request; the requester has most likely completed it)
+//!   the responder sends one NAK remote access error for that PSN, which a
+//!   requester past it ignores, and the QP stays usable; for an original
+//!   READ it is fatal as above, and READs queued behind it are dropped.
+//!   [`QpStats::read_resp_failed`] counts both; the response queue is served
+//!   in a loop, never by recursion (`sim_errors::regression_replayed_read_after_dereg`:
+//!   the plugin's 1-byte flush READ over a loopback QP, then deregistration).
+//! * Shared receive queues: a QP marked with [`QpCore::set_srq`] takes its
+//!   receive WQEs from [`MemoryAccess::take_srq_recv`] (one call, one WQE;
+//!   `None` makes the responder RNR-NAK with `min_rnr_timer`).
 
 #![forbid(unsafe_code)]
 
+pub mod limits;
 pub mod mem;
 mod qp;
 mod requester;
@@ -66,15 +82,12 @@ pub mod state;
 pub mod time;
 pub mod timer;
 
+pub use limits::{MAX_MSG_SZ, MAX_QP_RD_ATOM};
 pub use mem::{AtomicOp, InMemory, LocalAccessError, MemoryAccess, RemoteAccess, RemoteAccessError};
 pub use qp::QpCore;
 pub use state::QpState;
 pub use time::{Duration, Instant};
 
-/// Largest `max_rd_atomic` / `max_dest_rd_atomic` accepted (rxe advertises 128).
-pub const MAX_QP_RD_ATOM: u8 = 128;
-/// Largest message length accepted (`max_msg_sz`, 2 GiB like mlx5; rxe: 8 MiB).
-pub const MAX_MSG_SZ: u32 = 1 << 31;
 /// Default cap on unacknowledged PSNs in flight per QP (rxe uses 128).
 pub const DEFAULT_MAX_INFLIGHT_PSNS: u32 = 128;
 /// Default floor of the adaptive retransmission probe (see

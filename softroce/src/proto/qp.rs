@@ -262,90 +262,8 @@ impl QpCore {
         }
         let target = if mask & m::STATE != 0 { a.qp_state } else { cur };
         check_transition(cur, target, mask).map_err(|_| Errno::EINVAL)?;
-        // Value checks (as ib_modify_qp / the providers do).
-        if mask & m::PATH_MTU != 0 && wire::mtu_bytes(a.path_mtu).is_none() {
-            return Err(Errno::EINVAL);
-        }
-        if mask & m::TIMEOUT != 0 && a.timeout > 31 {
-            return Err(Errno::EINVAL);
-        }
-        if mask & m::RETRY_CNT != 0 && a.retry_cnt > 7 {
-            return Err(Errno::EINVAL);
-        }
-        if mask & m::RNR_RETRY != 0 && a.rnr_retry > 7 {
-            return Err(Errno::EINVAL);
-        }
-        if mask & m::MIN_RNR_TIMER != 0 && a.min_rnr_timer > 31 {
-            return Err(Errno::EINVAL);
-        }
-        if mask & m::MAX_QP_RD_ATOMIC != 0 && a.max_rd_atomic > MAX_QP_RD_ATOM {
-            return Err(Errno::EINVAL);
-        }
-        if mask & m::MAX_DEST_RD_ATOMIC != 0 && a.max_dest_rd_atomic > MAX_QP_RD_ATOM {
-            return Err(Errno::EINVAL);
-        }
-        if mask & m::PORT != 0 && a.port_num != 1 {
-            return Err(Errno::EINVAL);
-        }
-        if mask & m::PKEY_INDEX != 0 && a.pkey_index != 0 {
-            return Err(Errno::EINVAL);
-        }
-        if mask & m::DEST_QPN != 0 && a.dest_qp_num > Psn::MASK {
-            return Err(Errno::EINVAL);
-        }
-        //= softroce spec §5 item 9
-        //# rc_pingpong needs -g 0 (as on real RoCE); reject RTR without GRH.
-        if mask & m::AV != 0 && !a.ah.is_global {
-            return Err(Errno::EINVAL);
-        }
-
-        // Apply.
-        let s = &mut self.attrs;
-        if mask & m::ACCESS_FLAGS != 0 {
-            s.qp_access_flags = a.qp_access_flags;
-        }
-        if mask & m::PKEY_INDEX != 0 {
-            s.pkey_index = a.pkey_index;
-        }
-        if mask & m::PORT != 0 {
-            s.port_num = a.port_num;
-        }
-        if mask & m::AV != 0 {
-            s.ah = a.ah;
-        }
-        if mask & m::PATH_MTU != 0 {
-            s.path_mtu = a.path_mtu;
-        }
-        if mask & m::TIMEOUT != 0 {
-            s.timeout = a.timeout;
-        }
-        if mask & m::RETRY_CNT != 0 {
-            s.retry_cnt = a.retry_cnt;
-        }
-        if mask & m::RNR_RETRY != 0 {
-            s.rnr_retry = a.rnr_retry;
-        }
-        if mask & m::RQ_PSN != 0 {
-            s.rq_psn = a.rq_psn & Psn::MASK;
-        }
-        if mask & m::SQ_PSN != 0 {
-            s.sq_psn = a.sq_psn & Psn::MASK;
-        }
-        if mask & m::MAX_QP_RD_ATOMIC != 0 {
-            s.max_rd_atomic = a.max_rd_atomic;
-        }
-        if mask & m::MAX_DEST_RD_ATOMIC != 0 {
-            s.max_dest_rd_atomic = a.max_dest_rd_atomic;
-        }
-        if mask & m::MIN_RNR_TIMER != 0 {
-            s.min_rnr_timer = a.min_rnr_timer;
-        }
-        if mask & m::DEST_QPN != 0 {
-            s.dest_qp_num = a.dest_qp_num;
-        }
-        if mask & m::EN_SQD_ASYNC_NOTIFY != 0 {
-            s.en_sqd_async_notify = a.en_sqd_async_notify;
-        }
+        check_values(a)?;
+        apply_attrs(&mut self.attrs, a);
         self.mtu = wire::mtu_bytes(self.attrs.path_mtu).unwrap_or(1024);
 
         if target != cur || target == QpState::Reset {
@@ -745,5 +663,98 @@ impl QpCore {
             self.sq_drained_pending = false;
             self.events.push_back(AsyncEvent::SqDrained);
         }
+    }
+}
+
+/// The value checks of `ibv_modify_qp` (as ib_modify_qp / the providers do).
+fn check_values(a: &ModifyAttrs) -> Result<(), Errno> {
+    use attr_mask as m;
+    let mask = a.mask;
+    if mask & m::PATH_MTU != 0 && wire::mtu_bytes(a.path_mtu).is_none() {
+        return Err(Errno::EINVAL);
+    }
+    if mask & m::TIMEOUT != 0 && a.timeout > 31 {
+        return Err(Errno::EINVAL);
+    }
+    if mask & m::RETRY_CNT != 0 && a.retry_cnt > 7 {
+        return Err(Errno::EINVAL);
+    }
+    if mask & m::RNR_RETRY != 0 && a.rnr_retry > 7 {
+        return Err(Errno::EINVAL);
+    }
+    if mask & m::MIN_RNR_TIMER != 0 && a.min_rnr_timer > 31 {
+        return Err(Errno::EINVAL);
+    }
+    if mask & m::MAX_QP_RD_ATOMIC != 0 && a.max_rd_atomic > MAX_QP_RD_ATOM {
+        return Err(Errno::EINVAL);
+    }
+    if mask & m::MAX_DEST_RD_ATOMIC != 0 && a.max_dest_rd_atomic > MAX_QP_RD_ATOM {
+        return Err(Errno::EINVAL);
+    }
+    if mask & m::PORT != 0 && a.port_num != 1 {
+        return Err(Errno::EINVAL);
+    }
+    if mask & m::PKEY_INDEX != 0 && a.pkey_index != 0 {
+        return Err(Errno::EINVAL);
+    }
+    if mask & m::DEST_QPN != 0 && a.dest_qp_num > Psn::MASK {
+        return Err(Errno::EINVAL);
+    }
+    //= softroce spec §5 item 9
+    //# rc_pingpong needs -g 0 (as on real RoCE); reject RTR without GRH.
+    if mask & m::AV != 0 && !a.ah.is_global {
+        return Err(Errno::EINVAL);
+    }
+    Ok(())
+}
+
+/// Copies the attributes `a.mask` selects into `s` (all checked).
+fn apply_attrs(s: &mut ModifyAttrs, a: &ModifyAttrs) {
+    use attr_mask as m;
+    let mask = a.mask;
+    if mask & m::ACCESS_FLAGS != 0 {
+        s.qp_access_flags = a.qp_access_flags;
+    }
+    if mask & m::PKEY_INDEX != 0 {
+        s.pkey_index = a.pkey_index;
+    }
+    if mask & m::PORT != 0 {
+        s.port_num = a.port_num;
+    }
+    if mask & m::AV != 0 {
+        s.ah = a.ah;
+    }
+    if mask & m::PATH_MTU != 0 {
+        s.path_mtu = a.path_mtu;
+    }
+    if mask & m::TIMEOUT != 0 {
+        s.timeout = a.timeout;
+    }
+    if mask & m::RETRY_CNT != 0 {
+        s.retry_cnt = a.retry_cnt;
+    }
+    if mask & m::RNR_RETRY != 0 {
+        s.rnr_retry = a.rnr_retry;
+    }
+    if mask & m::RQ_PSN != 0 {
+        s.rq_psn = a.rq_psn & Psn::MASK;
+    }
+    if mask & m::SQ_PSN != 0 {
+        s.sq_psn = a.sq_psn & Psn::MASK;
+    }
+    if mask & m::MAX_QP_RD_ATOMIC != 0 {
+        s.max_rd_atomic = a.max_rd_atomic;
+    }
+    if mask & m::MAX_DEST_RD_ATOMIC != 0 {
+        s.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    }
+    if mask & m::MIN_RNR_TIMER != 0 {
+        s.min_rnr_timer = a.min_rnr_timer;
+    }
+    if mask & m::DEST_QPN != 0 {
+        s.dest_qp_num = a.dest_qp_num;
+    }
+    if mask & m::EN_SQD_ASYNC_NOTIFY != 0 {
+        s.en_sqd_async_notify = a.en_sqd_async_notify;
     }
 }

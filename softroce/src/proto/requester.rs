@@ -111,6 +111,38 @@ fn imm_to_wire(imm: u32) -> u32 {
     u32::from_be_bytes(imm.to_ne_bytes())
 }
 
+/// One request packet's headers and payload range (see `QpCore::request_headers`).
+struct RequestPacket {
+    bth: BthRepr,
+    reth: Option<RethRepr>,
+    atomic_eth: Option<AtomicEthRepr>,
+    immdt: Option<u32>,
+    payload_off: u32,
+    payload_len: u32,
+    /// The packet ends the WQE's transmission.
+    advance_whole: bool,
+    /// The last packet of the message (AckReq is always set on it).
+    last: bool,
+}
+
+/// The opcode of a SEND or WRITE packet by its place in the message.
+fn data_opcode(is_send: bool, first: bool, last: bool, imm: bool) -> OpCode {
+    match (is_send, first, last, imm) {
+        (true, true, true, false) => OpCode::SendOnly,
+        (true, true, true, true) => OpCode::SendOnlyWithImm,
+        (true, true, false, _) => OpCode::SendFirst,
+        (true, false, false, _) => OpCode::SendMiddle,
+        (true, false, true, false) => OpCode::SendLast,
+        (true, false, true, true) => OpCode::SendLastWithImm,
+        (false, true, true, false) => OpCode::WriteOnly,
+        (false, true, true, true) => OpCode::WriteOnlyWithImm,
+        (false, true, false, _) => OpCode::WriteFirst,
+        (false, false, false, _) => OpCode::WriteMiddle,
+        (false, false, true, false) => OpCode::WriteLast,
+        (false, false, true, true) => OpCode::WriteLastWithImm,
+    }
+}
+
 impl QpCore {
     fn max_rd_atomic(&self) -> u32 {
         u32::from(self.attrs.max_rd_atomic).max(1)
@@ -167,43 +199,12 @@ impl QpCore {
             return None;
         }
         let idx = self.tx_idx;
-        let max_rd = self.max_rd_atomic();
         let w = self.sq.get(idx)?;
         if w.error.is_some() {
             return None; // reported when it reaches the head
         }
         if !w.started {
-            if state == QpState::Sqd {
-                return None;
-            }
-            //= softroce spec §3.8
-            //# IBV_SEND_FENCE holds the WR until earlier reads/atomics are complete
-            //# (rxe simply waits until every earlier WR has completed).
-            if w.wr.fence && idx > 0 {
-                return None;
-            }
-            //# READ/ATOMIC WRs count against max_rd_atomic outstanding operations
-            if w.wr.opcode.is_read_or_atomic() && self.rd_atomic_out >= max_rd {
-                return None;
-            }
-            if (self.next_psn - self.una) as u32 >= self.max_inflight {
-                return None;
-            }
-            if let Err(status) = check_local(mem, w) {
-                if let Some(w) = self.sq.get_mut(idx) {
-                    w.error = Some(status);
-                }
-                self.complete_head_error();
-                return None;
-            }
-            let first = self.next_psn;
-            let w = self.sq.get_mut(idx)?;
-            w.started = true;
-            w.first_psn = first;
-            self.next_psn = first + w.npkts;
-            if w.wr.opcode.is_read_or_atomic() {
-                self.rd_atomic_out += 1;
-            }
+            self.start_wqe(idx, state, mem)?;
         }
         let w = self.sq.get(idx)?;
         let psn = w.first_psn + self.tx_pkt;
@@ -211,116 +212,28 @@ impl QpCore {
         if inflight >= self.max_inflight {
             return None;
         }
-        let mtu = self.mtu;
-        let i = self.tx_pkt;
-        let n = w.npkts;
-        let wr = &w.wr;
-        let mut bth = BthRepr {
-            opcode: OpCode::SendOnly,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            pkey: wire::DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            dest_qp: self.attrs.dest_qp_num,
-            ack_req: false,
-            psn,
-        };
-        let mut reth = None;
-        let mut atomic_eth = None;
-        let mut immdt = None;
-        let mut payload_off = 0u32;
-        let mut payload_len = 0u32;
-        let advance_whole; // the packet ends the WQE's transmission
-        let last;
-        match wr.opcode {
-            WrOpcode::RdmaRead => {
-                // A (re)issued READ asks for the tail starting at packet i.
-                //= softroce spec §3.8
-                //# for a partially answered READ, re-issue the request for the missing tail
-                //# with adjusted VA/length and the first missing PSN
-                let off = u64::from(i) * u64::from(mtu);
-                bth.opcode = OpCode::ReadRequest;
-                reth = Some(RethRepr {
-                    va: wr.remote_addr.wrapping_add(off),
-                    rkey: wr.rkey,
-                    dma_len: w.len.saturating_sub(off as u32),
-                });
-                advance_whole = true;
-                last = true;
-            }
-            WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => {
-                let cmp = wr.opcode == WrOpcode::AtomicCmpSwp;
-                bth.opcode = if cmp { OpCode::CompareSwap } else { OpCode::FetchAdd };
-                atomic_eth = Some(AtomicEthRepr {
-                    va: wr.remote_addr,
-                    rkey: wr.rkey,
-                    swap_add: if cmp { wr.swap } else { wr.compare_add },
-                    compare: if cmp { wr.compare_add } else { 0 },
-                });
-                advance_whole = true;
-                last = true;
-            }
-            op => {
-                let is_send = matches!(op, WrOpcode::Send | WrOpcode::SendWithImm);
-                let imm = matches!(op, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
-                payload_off = i * mtu;
-                payload_len = (w.len - payload_off.min(w.len)).min(mtu);
-                let first = i == 0;
-                last = i + 1 >= n;
-                bth.opcode = match (is_send, first, last, imm) {
-                    (true, true, true, false) => OpCode::SendOnly,
-                    (true, true, true, true) => OpCode::SendOnlyWithImm,
-                    (true, true, false, _) => OpCode::SendFirst,
-                    (true, false, false, _) => OpCode::SendMiddle,
-                    (true, false, true, false) => OpCode::SendLast,
-                    (true, false, true, true) => OpCode::SendLastWithImm,
-                    (false, true, true, false) => OpCode::WriteOnly,
-                    (false, true, true, true) => OpCode::WriteOnlyWithImm,
-                    (false, true, false, _) => OpCode::WriteFirst,
-                    (false, false, false, _) => OpCode::WriteMiddle,
-                    (false, false, true, false) => OpCode::WriteLast,
-                    (false, false, true, true) => OpCode::WriteLastWithImm,
-                };
-                if !is_send && first {
-                    reth = Some(RethRepr {
-                        va: wr.remote_addr,
-                        rkey: wr.rkey,
-                        dma_len: w.len,
-                    });
-                }
-                if imm && last {
-                    immdt = Some(imm_to_wire(wr.imm_data));
-                }
-                //= softroce spec §3.7
-                //# Solicited Event set only on the last packet of a SEND or WRITE-with-imm
-                //# when the WR had IBV_SEND_SOLICITED.
-                bth.solicited = last && wr.solicited && (is_send || imm);
-                advance_whole = last;
-            }
-        }
+        let mut req = self.request_headers(w, psn);
         self.pkts_since_ackreq += 1;
-        bth.ack_req = last || self.pkts_since_ackreq >= ACK_REQ_EVERY || inflight + 1 >= self.max_inflight;
-        if bth.ack_req {
+        req.bth.ack_req = req.last || self.pkts_since_ackreq >= ACK_REQ_EVERY || inflight + 1 >= self.max_inflight;
+        if req.bth.ack_req {
             self.pkts_since_ackreq = 0;
         }
         let repr = RocePacketRepr {
-            bth,
-            reth,
-            atomic_eth,
+            bth: req.bth,
+            reth: req.reth,
+            atomic_eth: req.atomic_eth,
             aeth: None,
             atomic_ack_eth: None,
-            immdt,
+            immdt: req.immdt,
             ieth: None,
             payload: &[],
         };
         let hdr = repr.header_len();
-        let plen = payload_len as usize;
+        let plen = req.payload_len as usize;
         set_len(buf, hdr + plen + wire::pad_len(plen));
         buf[hdr + plen..].fill(0); // pad
         repr.emit_headers(&mut buf[..hdr], plen);
-        if gather(mem, wr, payload_off, &mut buf[hdr..hdr + plen]).is_err() {
+        if gather(mem, &w.wr, req.payload_off, &mut buf[hdr..hdr + plen]).is_err() {
             // Memory changed under us (MR deregistered): local protection error.
             if let Some(w) = self.sq.get_mut(idx) {
                 w.error = Some(wc_status::LOC_PROT_ERR);
@@ -329,8 +242,138 @@ impl QpCore {
             self.complete_head_error();
             return None;
         }
-        let end = if advance_whole { w.first_psn + w.npkts } else { psn + 1 };
-        if advance_whole {
+        let end = if req.advance_whole {
+            w.first_psn + w.npkts
+        } else {
+            psn + 1
+        };
+        self.request_sent(now, &req, end);
+        Some(buf.len())
+    }
+
+    /// Assigns PSNs to the not yet started WQE at `idx`, if fences, the
+    /// read/atomic limit, the in-flight window and its local buffers allow.
+    fn start_wqe(&mut self, idx: usize, state: QpState, mem: &dyn MemoryAccess) -> Option<()> {
+        let max_rd = self.max_rd_atomic();
+        let w = self.sq.get(idx)?;
+        if state == QpState::Sqd {
+            return None;
+        }
+        //= softroce spec §3.8
+        //# IBV_SEND_FENCE holds the WR until earlier reads/atomics are complete
+        //# (rxe simply waits until every earlier WR has completed).
+        if w.wr.fence && idx > 0 {
+            return None;
+        }
+        //# READ/ATOMIC WRs count against max_rd_atomic outstanding operations
+        if w.wr.opcode.is_read_or_atomic() && self.rd_atomic_out >= max_rd {
+            return None;
+        }
+        if (self.next_psn - self.una) as u32 >= self.max_inflight {
+            return None;
+        }
+        if let Err(status) = check_local(mem, w) {
+            if let Some(w) = self.sq.get_mut(idx) {
+                w.error = Some(status);
+            }
+            self.complete_head_error();
+            return None;
+        }
+        let first = self.next_psn;
+        let w = self.sq.get_mut(idx)?;
+        w.started = true;
+        w.first_psn = first;
+        self.next_psn = first + w.npkts;
+        if w.wr.opcode.is_read_or_atomic() {
+            self.rd_atomic_out += 1;
+        }
+        Some(())
+    }
+
+    /// The headers of packet `self.tx_pkt` of WQE `w` (PSN `psn`); AckReq is
+    /// left to the caller.
+    fn request_headers(&self, w: &SendWqe, psn: Psn) -> RequestPacket {
+        let mtu = self.mtu;
+        let i = self.tx_pkt;
+        let wr = &w.wr;
+        let mut req = RequestPacket {
+            bth: BthRepr {
+                opcode: OpCode::SendOnly,
+                solicited: false,
+                mig_req: false,
+                pad_count: 0,
+                pkey: wire::DEFAULT_PKEY,
+                fecn: false,
+                becn: false,
+                dest_qp: self.attrs.dest_qp_num,
+                ack_req: false,
+                psn,
+            },
+            reth: None,
+            atomic_eth: None,
+            immdt: None,
+            payload_off: 0,
+            payload_len: 0,
+            advance_whole: true,
+            last: true,
+        };
+        match wr.opcode {
+            WrOpcode::RdmaRead => {
+                // A (re)issued READ asks for the tail starting at packet i.
+                //= softroce spec §3.8
+                //# for a partially answered READ, re-issue the request for the missing tail
+                //# with adjusted VA/length and the first missing PSN
+                let off = u64::from(i) * u64::from(mtu);
+                req.bth.opcode = OpCode::ReadRequest;
+                req.reth = Some(RethRepr {
+                    va: wr.remote_addr.wrapping_add(off),
+                    rkey: wr.rkey,
+                    dma_len: w.len.saturating_sub(off as u32),
+                });
+            }
+            WrOpcode::AtomicCmpSwp | WrOpcode::AtomicFetchAdd => {
+                let cmp = wr.opcode == WrOpcode::AtomicCmpSwp;
+                req.bth.opcode = if cmp { OpCode::CompareSwap } else { OpCode::FetchAdd };
+                req.atomic_eth = Some(AtomicEthRepr {
+                    va: wr.remote_addr,
+                    rkey: wr.rkey,
+                    swap_add: if cmp { wr.swap } else { wr.compare_add },
+                    compare: if cmp { wr.compare_add } else { 0 },
+                });
+            }
+            op => {
+                let is_send = matches!(op, WrOpcode::Send | WrOpcode::SendWithImm);
+                let imm = matches!(op, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
+                req.payload_off = i * mtu;
+                req.payload_len = (w.len - req.payload_off.min(w.len)).min(mtu);
+                let first = i == 0;
+                let last = i + 1 >= w.npkts;
+                req.bth.opcode = data_opcode(is_send, first, last, imm);
+                if !is_send && first {
+                    req.reth = Some(RethRepr {
+                        va: wr.remote_addr,
+                        rkey: wr.rkey,
+                        dma_len: w.len,
+                    });
+                }
+                if imm && last {
+                    req.immdt = Some(imm_to_wire(wr.imm_data));
+                }
+                //= softroce spec §3.7
+                //# Solicited Event set only on the last packet of a SEND or WRITE-with-imm
+                //# when the WR had IBV_SEND_SOLICITED.
+                req.bth.solicited = last && wr.solicited && (is_send || imm);
+                req.advance_whole = last;
+                req.last = last;
+            }
+        }
+        req
+    }
+
+    /// Bookkeeping after a request packet ending at PSN `end` (exclusive) left:
+    /// the transmit cursor, `snd_max`, the RTT sample and the retransmit timer.
+    fn request_sent(&mut self, now: Instant, req: &RequestPacket, end: Psn) {
+        if req.advance_whole {
             self.tx_idx += 1;
             self.tx_pkt = 0;
         } else {
@@ -338,7 +381,7 @@ impl QpCore {
         }
         if end - self.snd_max > 0 {
             self.snd_max = end;
-            if bth.ack_req && self.rtt_sample.is_none() && self.probe_floor.is_some() {
+            if req.bth.ack_req && self.rtt_sample.is_none() && self.probe_floor.is_some() {
                 self.rtt_sample = Some((end - 1, now));
             }
         } else {
@@ -347,7 +390,6 @@ impl QpCore {
         if self.timers.get(Timer::Retransmit).is_none() {
             self.arm_retransmit(now);
         }
-        Some(buf.len())
     }
 
     /// Pop the head WQE and report it (successes only if signaled).

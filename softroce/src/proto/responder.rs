@@ -221,6 +221,35 @@ impl QpCore {
         let Some((kind, pos)) = op.kind() else {
             return Err(Fatal::InvalidRequest);
         };
+        if !self.check_request(p, kind, pos, mem)? {
+            return Ok(()); // RNR NAK queued
+        }
+        match kind {
+            MsgKind::Send => self.exec_send(p, pos, mem)?,
+            MsgKind::Write => self.exec_write(p, pos, mem)?,
+            MsgKind::Read => return self.exec_read(p, mem),
+            MsgKind::Atomic => return self.exec_atomic(p, mem),
+            _ => return Err(Fatal::InvalidRequest),
+        }
+        self.advance(1);
+        if p.bth.ack_req {
+            self.queue_ack(psn);
+        }
+        Ok(())
+    }
+
+    /// Steps 1-4 of the responder's checks: opcode sequence, QP access
+    /// flags, resources, length. `Ok(false)`: no receive WQE, an RNR NAK is
+    /// queued and the request is not executed.
+    fn check_request(
+        &mut self,
+        p: &RocePacketRepr,
+        kind: MsgKind,
+        pos: Position,
+        mem: &mut dyn MemoryAccess,
+    ) -> Result<bool, Fatal> {
+        let op = p.bth.opcode;
+        let psn = p.bth.psn;
         let mtu = self.mtu;
         let plen = p.payload.len() as u32;
 
@@ -269,7 +298,7 @@ impl QpCore {
                 syndrome: code,
                 msn: self.msn,
             });
-            return Ok(());
+            return Ok(false);
         }
         if matches!(kind, MsgKind::Read | MsgKind::Atomic) && self.attrs.max_dest_rd_atomic == 0 {
             return Err(Fatal::InvalidRequest);
@@ -284,76 +313,73 @@ impl QpCore {
         if matches!(kind, MsgKind::Send | MsgKind::Write) && !len_ok {
             return Err(Fatal::InvalidRequest);
         }
+        Ok(true)
+    }
 
-        match kind {
-            MsgKind::Send => self.exec_send(p, pos, mem)?,
-            MsgKind::Write => self.exec_write(p, pos, mem)?,
-            MsgKind::Read => {
-                let reth = p.reth.ok_or(Fatal::InvalidRequest)?;
-                if reth.dma_len > MAX_MSG_SZ {
-                    return Err(Fatal::InvalidRequest);
-                }
-                //# R_Key → MR of the same PD with the right access and [VA, VA+len) inside it
-                //# → else NAK remote access error
-                if reth.dma_len > 0 {
-                    mem.remote_check(reth.rkey, reth.va, u64::from(reth.dma_len), RemoteAccess::Read)
-                        .map_err(|_| Fatal::RemoteAccess)?;
-                }
-                let npkts = reth.dma_len.div_ceil(mtu).max(1);
-                self.push_res(RdAtomicRes::Read {
-                    first_psn: psn,
-                    npkts,
-                    va: reth.va,
-                    rkey: reth.rkey,
-                    len: reth.dma_len,
-                });
-                //# MSN: ... READ when the request is accepted
-                self.msn = (self.msn + 1) & Psn::MASK;
-                let msn = self.msn;
-                self.out.push_back(RespOut::Read {
-                    psn,
-                    va: reth.va,
-                    rkey: reth.rkey,
-                    remaining: reth.dma_len,
-                    first: true,
-                    msn,
-                    dup: false,
-                });
-                self.advance(npkts);
-                return Ok(());
-            }
-            MsgKind::Atomic => {
-                let a = p.atomic_eth.ok_or(Fatal::InvalidRequest)?;
-                //# the target memory word is a host-order 64-bit integer that must be
-                //# 8-byte aligned (else NAK Invalid Request)
-                if !a.va.is_multiple_of(8) {
-                    return Err(Fatal::InvalidRequest);
-                }
-                let aop = if op == OpCode::CompareSwap {
-                    AtomicOp::CompareSwap {
-                        compare: a.compare,
-                        swap: a.swap_add,
-                    }
-                } else {
-                    AtomicOp::FetchAdd { add: a.swap_add }
-                };
-                let orig = mem.remote_atomic(a.rkey, a.va, aop).map_err(|e| match e {
-                    RemoteAccessError::Misaligned => Fatal::InvalidRequest,
-                    _ => Fatal::RemoteAccess,
-                })?;
-                self.push_res(RdAtomicRes::Atomic { psn, orig });
-                self.msn = (self.msn + 1) & Psn::MASK;
-                let msn = self.msn;
-                self.out.push_back(RespOut::AtomicAck { psn, orig, msn });
-                self.advance(1);
-                return Ok(());
-            }
-            _ => return Err(Fatal::InvalidRequest),
+    /// Accepts a READ request: saves it as a resource (for duplicates) and
+    /// queues its response packets.
+    fn exec_read(&mut self, p: &RocePacketRepr, mem: &mut dyn MemoryAccess) -> Result<(), Fatal> {
+        let psn = p.bth.psn;
+        let reth = p.reth.ok_or(Fatal::InvalidRequest)?;
+        if reth.dma_len > MAX_MSG_SZ {
+            return Err(Fatal::InvalidRequest);
         }
+        //# R_Key → MR of the same PD with the right access and [VA, VA+len) inside it
+        //# → else NAK remote access error
+        if reth.dma_len > 0 {
+            mem.remote_check(reth.rkey, reth.va, u64::from(reth.dma_len), RemoteAccess::Read)
+                .map_err(|_| Fatal::RemoteAccess)?;
+        }
+        let npkts = reth.dma_len.div_ceil(self.mtu).max(1);
+        self.push_res(RdAtomicRes::Read {
+            first_psn: psn,
+            npkts,
+            va: reth.va,
+            rkey: reth.rkey,
+            len: reth.dma_len,
+        });
+        //# MSN: ... READ when the request is accepted
+        self.msn = (self.msn + 1) & Psn::MASK;
+        let msn = self.msn;
+        self.out.push_back(RespOut::Read {
+            psn,
+            va: reth.va,
+            rkey: reth.rkey,
+            remaining: reth.dma_len,
+            first: true,
+            msn,
+            dup: false,
+        });
+        self.advance(npkts);
+        Ok(())
+    }
+
+    /// Executes an atomic request and queues its acknowledge.
+    fn exec_atomic(&mut self, p: &RocePacketRepr, mem: &mut dyn MemoryAccess) -> Result<(), Fatal> {
+        let psn = p.bth.psn;
+        let a = p.atomic_eth.ok_or(Fatal::InvalidRequest)?;
+        //# the target memory word is a host-order 64-bit integer that must be
+        //# 8-byte aligned (else NAK Invalid Request)
+        if !a.va.is_multiple_of(8) {
+            return Err(Fatal::InvalidRequest);
+        }
+        let aop = if p.bth.opcode == OpCode::CompareSwap {
+            AtomicOp::CompareSwap {
+                compare: a.compare,
+                swap: a.swap_add,
+            }
+        } else {
+            AtomicOp::FetchAdd { add: a.swap_add }
+        };
+        let orig = mem.remote_atomic(a.rkey, a.va, aop).map_err(|e| match e {
+            RemoteAccessError::Misaligned => Fatal::InvalidRequest,
+            _ => Fatal::RemoteAccess,
+        })?;
+        self.push_res(RdAtomicRes::Atomic { psn, orig });
+        self.msn = (self.msn + 1) & Psn::MASK;
+        let msn = self.msn;
+        self.out.push_back(RespOut::AtomicAck { psn, orig, msn });
         self.advance(1);
-        if p.bth.ack_req {
-            self.queue_ack(psn);
-        }
         Ok(())
     }
 
@@ -452,66 +478,46 @@ impl QpCore {
 
     /// Build the next queued responder packet.
     pub(crate) fn poll_response(&mut self, mem: &mut dyn MemoryAccess, buf: &mut Vec<u8>) -> Option<usize> {
-        let mtu = self.mtu;
-        let dest_qp = self.attrs.dest_qp_num;
+        let bth = BthRepr {
+            opcode: OpCode::Acknowledge,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            pkey: wire::DEFAULT_PKEY,
+            fecn: false,
+            becn: false,
+            dest_qp: self.attrs.dest_qp_num,
+            ack_req: false,
+            psn: Psn::new(0),
+        };
         // A loop, never recursion: an entry that cannot be served is popped
         // and the next one is tried (regression: unbounded recursion when a
         // replayed READ hit a deregistered MR).
         loop {
-            let front = *self.out.front()?;
-            let mut bth = BthRepr {
-                opcode: OpCode::Acknowledge,
-                solicited: false,
-                mig_req: false,
-                pad_count: 0,
-                pkey: wire::DEFAULT_PKEY,
-                fecn: false,
-                becn: false,
-                dest_qp,
-                ack_req: false,
-                psn: Psn::new(0),
-            };
-            let mut repr = RocePacketRepr {
-                bth,
-                reth: None,
-                atomic_eth: None,
-                aeth: None,
-                atomic_ack_eth: None,
-                immdt: None,
-                ieth: None,
-                payload: &[],
-            };
-            match front {
+            match *self.out.front()? {
                 RespOut::Ack { psn, syndrome, msn } => {
                     self.out.pop_front();
-                    bth.psn = psn;
-                    repr.bth = bth;
-                    repr.aeth = Some(AethRepr {
-                        syndrome: Syndrome::from_byte(syndrome),
-                        msn,
-                    });
                     if syndrome == ACK {
                         self.stats.acks_sent += 1;
                     }
-                    buf.clear();
-                    buf.resize(repr.buffer_len(), 0);
-                    repr.emit(buf);
-                    return Some(buf.len());
+                    let aeth = AethRepr {
+                        syndrome: Syndrome::from_byte(syndrome),
+                        msn,
+                    };
+                    return Some(emit_ack(buf, BthRepr { psn, ..bth }, aeth, None));
                 }
                 RespOut::AtomicAck { psn, orig, msn } => {
                     self.out.pop_front();
-                    bth.opcode = OpCode::AtomicAcknowledge;
-                    bth.psn = psn;
-                    repr.bth = bth;
-                    repr.aeth = Some(AethRepr {
+                    let bth = BthRepr {
+                        opcode: OpCode::AtomicAcknowledge,
+                        psn,
+                        ..bth
+                    };
+                    let aeth = AethRepr {
                         syndrome: Syndrome::ACK_NO_CREDITS,
                         msn,
-                    });
-                    repr.atomic_ack_eth = Some(AtomicAckEthRepr { orig });
-                    buf.clear();
-                    buf.resize(repr.buffer_len(), 0);
-                    repr.emit(buf);
-                    return Some(buf.len());
+                    };
+                    return Some(emit_ack(buf, bth, aeth, Some(AtomicAckEthRepr { orig })));
                 }
                 RespOut::Read {
                     psn,
@@ -522,67 +528,139 @@ impl QpCore {
                     msn,
                     dup,
                 } => {
-                    let chunk = remaining.min(mtu);
-                    let last = remaining <= mtu;
-                    bth.opcode = match (first, last) {
-                        (true, true) => OpCode::ReadResponseOnly,
-                        (true, false) => OpCode::ReadResponseFirst,
-                        (false, true) => OpCode::ReadResponseLast,
-                        (false, false) => OpCode::ReadResponseMiddle,
+                    let chunk = ReadChunk {
+                        psn,
+                        va,
+                        rkey,
+                        remaining,
+                        first,
+                        msn,
+                        dup,
                     };
-                    bth.psn = psn;
-                    repr.bth = bth;
-                    if first || last {
-                        repr.aeth = Some(AethRepr {
-                            syndrome: Syndrome::ACK_NO_CREDITS,
-                            msn,
-                        });
+                    if let Some(len) = self.read_response(mem, buf, bth, chunk) {
+                        return Some(len);
                     }
-                    let hdr = repr.header_len();
-                    let plen = chunk as usize;
-                    set_len(buf, hdr + plen + wire::pad_len(plen));
-                    buf[hdr + plen..].fill(0); // pad
-                    repr.emit_headers(&mut buf[..hdr], plen);
-                    if mem.remote_read(rkey, va, &mut buf[hdr..hdr + plen]).is_err() {
-                        // The MR went away after the request was accepted.
-                        buf.clear();
-                        self.out.pop_front();
-                        self.stats.read_resp_failed += 1;
-                        if dup {
-                            // A replayed READ (the requester has most likely
-                            // completed it already and the application then
-                            // deregistered the buffer): NAK this PSN — ignored by
-                            // a requester that is past it — and stay usable.
-                            let nak = Syndrome::Nak(NakCode::RemoteAccessError).to_byte();
-                            let msn = self.msn;
-                            self.out.push_front(RespOut::Ack {
-                                psn,
-                                syndrome: nak,
-                                msn,
-                            });
-                        } else {
-                            self.fatal(psn, Fatal::RemoteAccess);
-                        }
-                        continue;
-                    }
-                    if last {
-                        self.out.pop_front();
-                    } else if let Some(RespOut::Read {
-                        psn: p,
-                        va: v,
-                        remaining: r,
-                        first: f,
-                        ..
-                    }) = self.out.front_mut()
-                    {
-                        *p = psn + 1;
-                        *v = va.wrapping_add(u64::from(chunk));
-                        *r = remaining - chunk;
-                        *f = false;
-                    }
-                    return Some(buf.len());
                 }
             }
         }
     }
+
+    /// Builds the next packet of the READ response at the front of `out`
+    /// (`chunk`), or pops it when its memory is gone (`None`: serve the next
+    /// entry).
+    fn read_response(
+        &mut self,
+        mem: &mut dyn MemoryAccess,
+        buf: &mut Vec<u8>,
+        mut bth: BthRepr,
+        chunk: ReadChunk,
+    ) -> Option<usize> {
+        let mtu = self.mtu;
+        let ReadChunk {
+            psn,
+            va,
+            rkey,
+            remaining,
+            first,
+            msn,
+            dup,
+        } = chunk;
+        let len = remaining.min(mtu);
+        let last = remaining <= mtu;
+        bth.opcode = match (first, last) {
+            (true, true) => OpCode::ReadResponseOnly,
+            (true, false) => OpCode::ReadResponseFirst,
+            (false, true) => OpCode::ReadResponseLast,
+            (false, false) => OpCode::ReadResponseMiddle,
+        };
+        bth.psn = psn;
+        let repr = RocePacketRepr {
+            bth,
+            reth: None,
+            atomic_eth: None,
+            aeth: (first || last).then_some(AethRepr {
+                syndrome: Syndrome::ACK_NO_CREDITS,
+                msn,
+            }),
+            atomic_ack_eth: None,
+            immdt: None,
+            ieth: None,
+            payload: &[],
+        };
+        let hdr = repr.header_len();
+        let plen = len as usize;
+        set_len(buf, hdr + plen + wire::pad_len(plen));
+        buf[hdr + plen..].fill(0); // pad
+        repr.emit_headers(&mut buf[..hdr], plen);
+        if mem.remote_read(rkey, va, &mut buf[hdr..hdr + plen]).is_err() {
+            // The MR went away after the request was accepted.
+            buf.clear();
+            self.out.pop_front();
+            self.stats.read_resp_failed += 1;
+            if dup {
+                // A replayed READ (the requester has most likely
+                // completed it already and the application then
+                // deregistered the buffer): NAK this PSN — ignored by
+                // a requester that is past it — and stay usable.
+                let nak = Syndrome::Nak(NakCode::RemoteAccessError).to_byte();
+                let msn = self.msn;
+                self.out.push_front(RespOut::Ack {
+                    psn,
+                    syndrome: nak,
+                    msn,
+                });
+            } else {
+                self.fatal(psn, Fatal::RemoteAccess);
+            }
+            return None;
+        }
+        if last {
+            self.out.pop_front();
+        } else if let Some(RespOut::Read {
+            psn: p,
+            va: v,
+            remaining: r,
+            first: f,
+            ..
+        }) = self.out.front_mut()
+        {
+            *p = psn + 1;
+            *v = va.wrapping_add(u64::from(len));
+            *r = remaining - len;
+            *f = false;
+        }
+        Some(buf.len())
+    }
+}
+
+/// The READ response packet at the front of the responder's queue (the
+/// fields of [`RespOut::Read`]).
+#[derive(Clone, Copy)]
+struct ReadChunk {
+    psn: Psn,
+    va: u64,
+    rkey: u32,
+    remaining: u32,
+    first: bool,
+    msn: u32,
+    dup: bool,
+}
+
+/// Writes an ACK / NAK (or, with `atomic_ack_eth`, an atomic acknowledge)
+/// into `buf`; returns its length.
+fn emit_ack(buf: &mut Vec<u8>, bth: BthRepr, aeth: AethRepr, atomic_ack_eth: Option<AtomicAckEthRepr>) -> usize {
+    let repr = RocePacketRepr {
+        bth,
+        reth: None,
+        atomic_eth: None,
+        aeth: Some(aeth),
+        atomic_ack_eth,
+        immdt: None,
+        ieth: None,
+        payload: &[],
+    };
+    buf.clear();
+    buf.resize(repr.buffer_len(), 0);
+    repr.emit(buf);
+    buf.len()
 }

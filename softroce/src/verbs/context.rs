@@ -1,92 +1,82 @@
 //! Device list, contexts, device/port/GID queries and async events.
 
-use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 
 use rdma_sys::{
     ibv_async_event, ibv_context, ibv_device, ibv_device_attr, ibv_device_attr_ex, ibv_event_type, ibv_gid,
     ibv_gid_entry, ibv_port_attr, ibv_query_device_ex_input, verbs_context,
 };
 
+use super::ctx::Context;
 use super::{ffi_guard, int_err, minus_one, null_err, set_errno};
-use crate::device::{self, Device, IbvDevice};
-
-/// What we allocate for `ibv_open_device`: the 648-byte `verbs_context`
-/// (whose embedded `ibv_context` is what the application sees) and our state.
-#[repr(C)]
-pub struct Context {
-    pub vctx: verbs_context,
-    pub dev: Arc<Device>,
-    pub async_q: Arc<AsyncQueue>,
-}
+use crate::config;
+use crate::driver::device::{self, Device};
+use crate::driver::event::AsyncQueue;
+use crate::driver::instances;
+use crate::driver::limits::{self, GID_TABLE_LEN};
 
 /// `__VERBS_ABI_IS_EXTENDED`.
 const ABI_IS_EXTENDED: usize = usize::MAX;
 
-impl Context {
-    /// Recovers our context from the application's `ibv_context` pointer.
-    ///
-    /// # Safety
-    /// `ctx` must be NULL or a pointer returned by our `ibv_open_device` and not yet closed.
-    pub unsafe fn from_ibv<'a>(ctx: *mut ibv_context) -> Option<&'a Context> {
-        if ctx.is_null() {
-            return None;
-        }
-        let off = std::mem::offset_of!(verbs_context, context);
-        // SAFETY: per the contract, ctx points `off` bytes into a live Context
-        // whose first field is the verbs_context.
-        Some(unsafe { &*((ctx as *mut u8).sub(off) as *const Context) })
-    }
+/// The `struct ibv_device` we hand out, plus our index.
+#[repr(C)]
+pub struct IbvDevice {
+    pub ibv: ibv_device,
+    pub index: usize,
 }
 
-/// Asynchronous event queue of a context; `async_fd` is an eventfd in
-/// semaphore mode counting queued events (pollable, blocking by default).
-pub struct AsyncQueue {
-    pub fd: c_int,
-    q: Mutex<VecDeque<(ibv_event_type, usize)>>,
+// SAFETY: the struct holds only plain data and two unused (None) fn pointers;
+// it is written once before being published and never mutated afterwards.
+unsafe impl Sync for IbvDevice {}
+// SAFETY: as above.
+unsafe impl Send for IbvDevice {}
+
+fn copy_cstr(dst: &mut [c_char], s: &str) {
+    let n = s.len().min(dst.len() - 1);
+    for (d, b) in dst.iter_mut().zip(s.as_bytes()[..n].iter()) {
+        *d = *b as c_char;
+    }
+    dst[n] = 0;
 }
 
-impl AsyncQueue {
-    fn new() -> std::io::Result<AsyncQueue> {
-        // SAFETY: plain eventfd(2) call.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(AsyncQueue {
-            fd,
-            q: Mutex::new(VecDeque::new()),
-        })
-    }
-
-    /// Queues an event; `element` is the cq/qp/srq pointer or the port number.
-    pub fn push(&self, ev: ibv_event_type, element: usize) {
-        self.q.lock().unwrap().push_back((ev, element));
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a live u64 to our eventfd.
-        unsafe { libc::write(self.fd, &one as *const u64 as *const c_void, 8) };
-    }
-}
-
-impl Drop for AsyncQueue {
-    fn drop(&mut self) {
-        // SAFETY: we own fd.
-        unsafe { libc::close(self.fd) };
-    }
+/// The static device list (one allocation per device: the pointers handed
+/// out stay valid for the life of the process).
+#[allow(clippy::vec_box)]
+pub fn device_list() -> &'static [Box<IbvDevice>] {
+    static LIST: OnceLock<Vec<Box<IbvDevice>>> = OnceLock::new();
+    LIST.get_or_init(|| {
+        (0..config::num_devices())
+            .map(|i| {
+                // SAFETY: ibv_device is plain data (integers, char arrays, nullable
+                // fn pointers) for which all-zero is a valid value.
+                let mut ibv: ibv_device = unsafe { std::mem::zeroed() };
+                ibv.node_type = rdma_sys::ibv_node_type::IBV_NODE_CA;
+                ibv.transport_type = rdma_sys::ibv_transport_type::IBV_TRANSPORT_IB;
+                let name = format!("softroce{i}");
+                copy_cstr(&mut ibv.name, &name);
+                copy_cstr(&mut ibv.dev_name, &format!("uverbs{i}"));
+                copy_cstr(&mut ibv.dev_path, &format!("/sys/class/infiniband_verbs/uverbs{i}"));
+                copy_cstr(&mut ibv.ibdev_path, &format!("/sys/class/infiniband/{name}"));
+                Box::new(IbvDevice { ibv, index: i })
+            })
+            .collect()
+    })
 }
 
 fn device_of(dev: *mut ibv_device) -> Option<&'static IbvDevice> {
-    device::device_list()
+    device_list()
         .iter()
         .find(|d| std::ptr::eq(&d.ibv, dev as *const ibv_device))
         .map(|d| &**d)
 }
 
+/// # Safety
+/// `num_devices` must be NULL or valid for writing one `int`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
     ffi_guard!(std::ptr::null_mut(), {
-        let list = device::device_list();
+        let list = device_list();
         let n = list.len();
         // SAFETY: calloc of n+1 pointers; freed by ibv_free_device_list.
         let arr = unsafe { libc::calloc(n + 1, std::mem::size_of::<*mut ibv_device>()) } as *mut *mut ibv_device;
@@ -105,6 +95,8 @@ pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *m
     })
 }
 
+/// # Safety
+/// `list` must be NULL or a list returned by `ibv_get_device_list`, not yet freed.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
     ffi_guard!((), {
@@ -113,6 +105,8 @@ pub unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
     })
 }
 
+/// # Safety
+/// `dev` may be any value: it is only compared with the devices of our list.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_name(dev: *mut ibv_device) -> *const c_char {
     ffi_guard!(std::ptr::null(), {
@@ -123,6 +117,8 @@ pub unsafe extern "C" fn ibv_get_device_name(dev: *mut ibv_device) -> *const c_c
     })
 }
 
+/// # Safety
+/// `dev` may be any value: it is only compared with the devices of our list.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_index(dev: *mut ibv_device) -> c_int {
     ffi_guard!(-1, {
@@ -135,12 +131,14 @@ pub unsafe extern "C" fn ibv_get_device_index(dev: *mut ibv_device) -> c_int {
 
 /// Node GUID of device `index` without binding its socket (big-endian value).
 fn guid_of_index(index: usize) -> u64 {
-    match device::instance(index) {
+    match instances::instance(index) {
         Ok(d) => d.guid.to_be(),
         Err(_) => 0,
     }
 }
 
+/// # Safety
+/// `dev` may be any value: it is only compared with the devices of our list.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
     ffi_guard!(0, {
@@ -154,16 +152,22 @@ pub unsafe extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
     })
 }
 
+/// # Safety
+/// `dev` may be any value: it is only compared with the devices of our list.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
     ffi_guard!(std::ptr::null_mut(), {
         let Some(d) = device_of(dev) else {
             return null_err(libc::ENODEV);
         };
-        let inst = match device::instance(d.index) {
+        let inst = match instances::instance(d.index) {
             Ok(i) => i,
             Err(e) => {
-                eprintln!("softroce: cannot bind {} (port 4791): {e}; set SOFTROCE_ADDR", d.index);
+                eprintln!(
+                    "softroce: cannot bind {} (port {}): {e}; set SOFTROCE_ADDR",
+                    d.index,
+                    crate::wire::ROCEV2_UDP_PORT
+                );
                 return null_err(e.raw_os_error().unwrap_or(libc::EADDRNOTAVAIL));
             }
         };
@@ -202,6 +206,8 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
     })
 }
 
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
     ffi_guard!(-1, {
@@ -227,32 +233,35 @@ pub fn fill_device_attr(dev: &Device, a: &mut ibv_device_attr) {
     a.sys_image_guid = dev.guid.to_be();
     a.max_mr_size = u64::MAX;
     a.page_size_cap = 0xffff_f000;
-    a.vendor_id = device::VENDOR_ID;
-    a.vendor_part_id = device::VENDOR_PART_ID;
+    a.vendor_id = limits::VENDOR_ID;
+    a.vendor_part_id = limits::VENDOR_PART_ID;
     a.hw_ver = 1;
-    a.max_qp = device::MAX_QP as c_int;
-    a.max_qp_wr = device::MAX_QP_WR as c_int;
+    a.max_qp = limits::MAX_QP as c_int;
+    a.max_qp_wr = limits::MAX_QP_WR as c_int;
     // RC_RNR_NAK_GEN (1<<12) | PORT_ACTIVE_EVENT (1<<14)
     a.device_cap_flags = (1 << 12) | (1 << 14);
-    a.max_sge = device::MAX_SGE as c_int;
-    a.max_sge_rd = device::MAX_SGE as c_int;
-    a.max_cq = device::MAX_QP as c_int;
-    a.max_cqe = device::MAX_CQE as c_int;
-    a.max_mr = device::MAX_MR as c_int;
-    a.max_pd = device::MAX_PD as c_int;
-    a.max_qp_rd_atom = device::MAX_QP_RD_ATOM as c_int;
-    a.max_res_rd_atom = (device::MAX_QP_RD_ATOM * 1024) as c_int;
-    a.max_qp_init_rd_atom = device::MAX_QP_RD_ATOM as c_int;
+    a.max_sge = limits::MAX_SGE as c_int;
+    a.max_sge_rd = limits::MAX_SGE as c_int;
+    a.max_cq = limits::MAX_QP as c_int;
+    a.max_cqe = limits::MAX_CQE as c_int;
+    a.max_mr = limits::MAX_MR as c_int;
+    a.max_pd = limits::MAX_PD as c_int;
+    a.max_qp_rd_atom = limits::MAX_QP_RD_ATOM.into();
+    a.max_res_rd_atom = limits::MAX_RES_RD_ATOM as c_int;
+    a.max_qp_init_rd_atom = limits::MAX_QP_RD_ATOM.into();
     a.atomic_cap = rdma_sys::ibv_atomic_cap::IBV_ATOMIC_HCA;
     a.max_ah = 1 << 16;
-    a.max_srq = device::MAX_SRQ as c_int;
-    a.max_srq_wr = device::MAX_SRQ_WR as c_int;
-    a.max_srq_sge = device::MAX_SGE as c_int;
+    a.max_srq = limits::MAX_SRQ as c_int;
+    a.max_srq_wr = limits::MAX_SRQ_WR as c_int;
+    a.max_srq_sge = limits::MAX_SGE as c_int;
     a.max_pkeys = 1;
     a.local_ca_ack_delay = 15;
     a.phys_port_cnt = 1;
 }
 
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `attr` must be NULL or valid for reads and writes of one `ibv_device_attr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_device(ctx: *mut ibv_context, attr: *mut ibv_device_attr) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -270,6 +279,11 @@ pub unsafe extern "C" fn ibv_query_device(ctx: *mut ibv_context, attr: *mut ibv_
 }
 
 /// `verbs_context.query_device_ex`: fills `attr_size` bytes of `ibv_device_attr_ex`.
+///
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `input` must be NULL or valid for reading one `ibv_query_device_ex_input`.
+/// `attr` must be NULL or valid for writing `attr_size` bytes.
 unsafe extern "C" fn query_device_ex(
     ctx: *mut ibv_context,
     input: *const ibv_query_device_ex_input,
@@ -312,11 +326,11 @@ fn fill_port_attr(dev: &Device, a: &mut ibv_port_attr) {
     // Path MTUs up to this are accepted (as rxe checks against max_mtu).
     a.max_mtu = dev.active_mtu;
     a.active_mtu = dev.active_mtu;
-    a.gid_tbl_len = device::GID_TABLE_LEN as c_int;
+    a.gid_tbl_len = GID_TABLE_LEN as c_int;
     // No IBV_PORT_CM_SUP: there is no rdma_cm for this device (librdmacm needs
     // the kernel's /dev/infiniband/rdma_cm), so connections are set up out of band.
     a.port_cap_flags = 0;
-    a.max_msg_sz = device::MAX_MSG_SZ;
+    a.max_msg_sz = limits::MAX_MSG_SZ;
     a.pkey_tbl_len = 1;
     a.lid = 0;
     a.sm_lid = 0;
@@ -329,6 +343,10 @@ fn fill_port_attr(dev: &Device, a: &mut ibv_port_attr) {
 }
 
 /// `verbs_context.query_port` (the path of the `ibv_query_port` inline).
+///
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `attr` must be NULL or valid for writing `attr_len` bytes.
 unsafe extern "C" fn query_port_ex(
     ctx: *mut ibv_context,
     port: u8,
@@ -358,6 +376,10 @@ unsafe extern "C" fn query_port_ex(
 pub const COMPAT_PORT_ATTR_LEN: usize = 48;
 
 /// Exported compat `ibv_query_port@1.1`: writes the 48-byte `_compat_ibv_port_attr`.
+///
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `attr` must be NULL or valid for writing one `_compat_ibv_port_attr` (48 bytes).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_port(
     ctx: *mut ibv_context,
@@ -368,6 +390,9 @@ pub unsafe extern "C" fn ibv_query_port(
     unsafe { query_port_ex(ctx, port, attr as *mut ibv_port_attr, COMPAT_PORT_ATTR_LEN) }
 }
 
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `gid` must be NULL or valid for reads and writes of one `ibv_gid`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_gid(ctx: *mut ibv_context, port: u8, index: c_int, gid: *mut ibv_gid) -> c_int {
     ffi_guard!(-1, {
@@ -375,7 +400,7 @@ pub unsafe extern "C" fn ibv_query_gid(ctx: *mut ibv_context, port: u8, index: c
         let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
             return minus_one(libc::EINVAL);
         };
-        if port != 1 || gid.is_null() || index < 0 || index as usize >= device::GID_TABLE_LEN {
+        if port != 1 || gid.is_null() || index < 0 || index as usize >= GID_TABLE_LEN {
             return minus_one(libc::EINVAL);
         }
         let raw = c.dev.gid(index as usize).unwrap_or([0; 16]);
@@ -386,6 +411,10 @@ pub unsafe extern "C" fn ibv_query_gid(ctx: *mut ibv_context, port: u8, index: c
 }
 
 /// `ibv_query_gid_type` (PRIVATE): 0 = IB/RoCE v1, 1 = RoCE v2 (sysfs numbering).
+///
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `ty` must be NULL or valid for reads and writes of one `u32`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_gid_type(ctx: *mut ibv_context, port: u8, index: u32, ty: *mut u32) -> c_int {
     ffi_guard!(-1, {
@@ -393,7 +422,7 @@ pub unsafe extern "C" fn ibv_query_gid_type(ctx: *mut ibv_context, port: u8, ind
         let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
             return minus_one(libc::EINVAL);
         };
-        if port != 1 || ty.is_null() || index as usize >= device::GID_TABLE_LEN {
+        if port != 1 || ty.is_null() || index as usize >= GID_TABLE_LEN {
             return minus_one(libc::EINVAL);
         }
         // rdma-core reads sysfs; an empty slot there still reads as "IB/RoCE v1".
@@ -420,6 +449,10 @@ fn gid_entry(dev: &Device, index: usize) -> Option<ibv_gid_entry> {
 }
 
 /// `_ibv_query_gid_ex` (what the `ibv_query_gid_ex` macro calls).
+///
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `entry` must be NULL or valid for writing `entry_size` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn _ibv_query_gid_ex(
     ctx: *mut ibv_context,
@@ -437,7 +470,7 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
         if flags != 0 || entry.is_null() || entry_size < std::mem::size_of::<ibv_gid_entry>() {
             return int_err(libc::EINVAL);
         }
-        if port != 1 || index as usize >= device::GID_TABLE_LEN {
+        if port != 1 || index as usize >= GID_TABLE_LEN {
             return int_err(libc::EINVAL);
         }
         match gid_entry(&c.dev, index as usize) {
@@ -452,6 +485,10 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
 }
 
 /// `_ibv_query_gid_table`: returns the number of valid entries written.
+///
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `entries` must be NULL or valid for writing `max_entries` records of `entry_size` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn _ibv_query_gid_table(
     ctx: *mut ibv_context,
@@ -469,7 +506,7 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
             return -(libc::EINVAL as isize);
         }
         let mut n = 0usize;
-        for i in 0..device::GID_TABLE_LEN {
+        for i in 0..GID_TABLE_LEN {
             if let Some(e) = gid_entry(&c.dev, i) {
                 if n == max_entries {
                     return -(libc::EINVAL as isize);
@@ -486,6 +523,9 @@ pub unsafe extern "C" fn _ibv_query_gid_table(
     })
 }
 
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `pkey` must be NULL or valid for reads and writes of one `u16`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_pkey(ctx: *mut ibv_context, port: u8, index: c_int, pkey: *mut u16) -> c_int {
     ffi_guard!(-1, {
@@ -497,11 +537,13 @@ pub unsafe extern "C" fn ibv_query_pkey(ctx: *mut ibv_context, port: u8, index: 
             return minus_one(libc::EINVAL);
         }
         // SAFETY: valid out-pointer.
-        unsafe { *pkey = 0xffffu16.to_be() };
+        unsafe { *pkey = crate::wire::DEFAULT_PKEY.to_be() };
         0
     })
 }
 
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_pkey_index(ctx: *mut ibv_context, port: u8, pkey: u16) -> c_int {
     ffi_guard!(-libc::EIO, {
@@ -517,6 +559,9 @@ pub unsafe extern "C" fn ibv_get_pkey_index(ctx: *mut ibv_context, port: u8, pke
     })
 }
 
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `event` must be NULL or valid for writing one `ibv_async_event`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut ibv_async_event) -> c_int {
     ffi_guard!(-1, {
@@ -533,7 +578,7 @@ pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut 
         if r != 8 {
             return -1;
         }
-        let Some((ty, elem)) = c.async_q.q.lock().unwrap().pop_front() else {
+        let Some((ty, elem)) = c.async_q.pop() else {
             return minus_one(libc::EAGAIN);
         };
         // SAFETY: event is a valid out-pointer; the union member we write
@@ -556,6 +601,8 @@ pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut 
     })
 }
 
+/// # Safety
+/// `event` must be NULL or an event filled by our `ibv_get_async_event`, whose element is still alive.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
     ffi_guard!((), {
@@ -594,6 +641,8 @@ pub unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
     })
 }
 
+/// # Safety
+/// `dir` and `file` must be NULL or NUL-terminated strings; `buf` must be NULL or valid for writing `size` bytes.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_read_sysfs_file(
     dir: *const c_char,
@@ -626,6 +675,8 @@ pub unsafe extern "C" fn ibv_read_sysfs_file(
     })
 }
 
+/// # Safety
+/// No requirements: no argument is dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_sysfs_path() -> *const c_char {
     ffi_guard!(std::ptr::null(), { c"/sys".as_ptr() })

@@ -1,132 +1,21 @@
-//! Completion queues and completion channels.
-//!
-//! The engine pushes completions with [`CqInner::push`]; `ibv_poll_cq` checks an
-//! atomic count first, so polling an empty CQ takes no lock. A completion
-//! channel is a pipe carrying the 8-byte handle of each CQ that fired; the
-//! read end is `channel->fd` (real, pollable, blocking unless the app changes it).
+//! Completion queues and completion channels: the `ibv_cq_ex` /
+//! `ibv_comp_channel` objects over the driver's [`CqInner`] and
+//! [`CompletionChannel`], the poll API, and what an empty poll does.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::{AtomicI32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use rdma_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_wc};
 
-use super::context::Context;
+use super::ctx::Context;
 use super::{ffi_guard, int_err, minus_one, null_err};
-use crate::device;
-
-/// One work completion, as the engine produces it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Wc {
-    pub wr_id: u64,
-    pub status: u32,
-    pub opcode: u32,
-    pub vendor_err: u32,
-    pub byte_len: u32,
-    /// Network byte order, as in `ibv_wc.imm_data` (stored as the raw u32).
-    pub imm_data: u32,
-    pub qp_num: u32,
-    pub src_qp: u32,
-    pub wc_flags: u32,
-    /// The message carried the Solicited Event bit (for solicited-only arming).
-    pub solicited: bool,
-    /// Completion time, nanoseconds of the engine clock (`ibv_wc_read_completion_ts`).
-    pub ts: u64,
-}
-
-/// Shared CQ state (the engine holds it through the QPs).
-pub struct CqInner {
-    queue: Mutex<VecDeque<Wc>>,
-    len: AtomicUsize,
-    /// 0 = not armed, 1 = next completion, 2 = next solicited completion.
-    armed: AtomicU8,
-    channel: Option<Arc<ChannelFds>>,
-    pub handle: u64,
-    cqe: AtomicI32,
-    /// QPs using this CQ (destroy_cq fails with EBUSY while non-zero).
-    pub users: AtomicUsize,
-    /// The context's async queue and our `ibv_cq *`, for IBV_EVENT_CQ_ERR.
-    async_q: Arc<super::context::AsyncQueue>,
-    ibv_ptr: AtomicUsize,
-    overflowed: std::sync::atomic::AtomicBool,
-    /// Events handed out by ibv_get_cq_event and events acknowledged.
-    events: Mutex<(u64, u64)>,
-    events_cv: Condvar,
-}
-
-impl CqInner {
-    /// Appends a completion and fires the completion channel if armed.
-    pub fn push(&self, wc: Wc) {
-        self.push_many(&[wc]);
-    }
-
-    /// Appends several completions (one lock, one event).
-    pub fn push_many(&self, wcs: &[Wc]) {
-        if wcs.is_empty() {
-            return;
-        }
-        let n = {
-            let mut q = self.queue.lock().unwrap();
-            q.extend(wcs.iter().copied());
-            self.len.store(q.len(), Ordering::Release);
-            q.len()
-        };
-        if n > self.cqe.load(Ordering::Relaxed) as usize && !self.overflowed.swap(true, Ordering::AcqRel) {
-            // A real CQ would have overrun: report it once. No completion is
-            // dropped (the queue grows), so the application can still drain it.
-            self.async_q.push(
-                rdma_sys::ibv_event_type::IBV_EVENT_CQ_ERR,
-                self.ibv_ptr.load(Ordering::Relaxed),
-            );
-        }
-        self.maybe_fire(wcs.iter().any(|w| w.solicited || w.status != 0));
-        crate::activity::ring();
-    }
-
-    fn maybe_fire(&self, solicited: bool) {
-        let a = self.armed.load(Ordering::Acquire);
-        if a == 0 || (a == 2 && !solicited) {
-            return;
-        }
-        if self
-            .armed
-            .compare_exchange(a, 0, Ordering::AcqRel, Ordering::Relaxed)
-            .is_ok()
-        {
-            if let Some(ch) = &self.channel {
-                ch.notify(self.handle);
-            }
-        }
-    }
-
-    fn poll(&self, out: &mut [Wc]) -> usize {
-        if self.len.load(Ordering::Acquire) == 0 || out.is_empty() {
-            return 0;
-        }
-        let mut q = self.queue.lock().unwrap();
-        let mut n = 0;
-        while n < out.len() {
-            match q.pop_front() {
-                Some(w) => {
-                    out[n] = w;
-                    n += 1;
-                }
-                None => break,
-            }
-        }
-        self.len.store(q.len(), Ordering::Release);
-        n
-    }
-
-    pub fn len(&self) -> usize {
-        self.len.load(Ordering::Acquire)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+use crate::driver::activity;
+use crate::driver::cq::{CompletionChannel, CqInner, Wc};
+use crate::driver::engine;
+use crate::driver::idle;
+use crate::driver::limits;
 
 /// `struct ibv_cq_ex` (whose first 128 bytes are the `struct ibv_cq` every
 /// CQ hands out; the poll API slots are filled for `ibv_create_cq_ex` CQs)
@@ -137,6 +26,9 @@ pub struct Cq {
     pub inner: Arc<CqInner>,
     /// The completion the `ibv_start_poll` / `ibv_next_poll` API is on.
     cur: Mutex<Wc>,
+    /// Events handed out by ibv_get_cq_event and events acknowledged.
+    events: Mutex<(u64, u64)>,
+    events_cv: Condvar,
 }
 
 impl Cq {
@@ -153,28 +45,6 @@ impl Cq {
 static LIVE_CQS: Mutex<Option<HashMap<u64, usize>>> = Mutex::new(None);
 static NEXT_CQ_HANDLE: AtomicUsize = AtomicUsize::new(1);
 
-pub struct ChannelFds {
-    rd: c_int,
-    wr: c_int,
-}
-
-impl ChannelFds {
-    fn notify(&self, handle: u64) {
-        // SAFETY: writes 8 bytes from a live u64 to our pipe (non-blocking write end).
-        unsafe { libc::write(self.wr, &handle as *const u64 as *const c_void, 8) };
-    }
-}
-
-impl Drop for ChannelFds {
-    fn drop(&mut self) {
-        // SAFETY: we own both ends.
-        unsafe {
-            libc::close(self.rd);
-            libc::close(self.wr);
-        }
-    }
-}
-
 /// Serialises updates of `ibv_comp_channel.refcnt` (rdma-core uses the
 /// context mutex for this).
 static CHANNEL_REFS: Mutex<()> = Mutex::new(());
@@ -183,9 +53,11 @@ static CHANNEL_REFS: Mutex<()> = Mutex::new(());
 #[repr(C)]
 pub struct Channel {
     pub ibv: ibv_comp_channel,
-    fds: Arc<ChannelFds>,
+    fds: Arc<CompletionChannel>,
 }
 
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut ibv_comp_channel {
     ffi_guard!(std::ptr::null_mut(), {
@@ -193,28 +65,24 @@ pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut 
         if unsafe { Context::from_ibv(ctx) }.is_none() {
             return null_err(libc::EINVAL);
         }
-        let mut fds = [0 as c_int; 2];
-        // SAFETY: fds has room for two descriptors.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
-            return null_err(super::errno());
-        }
-        // SAFETY: sets O_NONBLOCK on the write end we own.
-        unsafe {
-            let fl = libc::fcntl(fds[1], libc::F_GETFL);
-            libc::fcntl(fds[1], libc::F_SETFL, fl | libc::O_NONBLOCK);
-        }
+        let fds = match CompletionChannel::new() {
+            Ok(f) => Arc::new(f),
+            Err(e) => return null_err(e.raw_os_error().unwrap_or(libc::EMFILE)),
+        };
         let ch = Box::new(Channel {
             ibv: ibv_comp_channel {
                 context: ctx,
-                fd: fds[0],
+                fd: fds.fd(),
                 refcnt: 0,
             },
-            fds: Arc::new(ChannelFds { rd: fds[0], wr: fds[1] }),
+            fds,
         });
         Box::into_raw(ch) as *mut ibv_comp_channel
     })
 }
 
+/// # Safety
+/// `ch` must be NULL or a live completion channel of ours (`ibv_create_comp_channel`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
     ffi_guard!(-1, {
@@ -232,6 +100,9 @@ pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> 
     })
 }
 
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `channel` must be NULL or a live completion channel of ours (`ibv_create_comp_channel`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_cq(
     ctx: *mut ibv_context,
@@ -257,7 +128,7 @@ fn create_cq(
 ) -> Result<*mut Cq, i32> {
     // SAFETY: ctx is ours per the API contract.
     let c = unsafe { Context::from_ibv(ctx) }.ok_or(libc::EINVAL)?;
-    if cqe < 1 || cqe as u32 > device::MAX_CQE || !(0..1).contains(&comp_vector) {
+    if cqe < 1 || cqe as u32 > limits::MAX_CQE || !(0..1).contains(&comp_vector) {
         return Err(libc::EINVAL);
     }
     let ch_fds = if channel.is_null() {
@@ -270,20 +141,7 @@ fn create_cq(
         Some(unsafe { &(*(channel as *const Channel)).fds }.clone())
     };
     let handle = NEXT_CQ_HANDLE.fetch_add(1, Ordering::Relaxed) as u64;
-    let inner = Arc::new(CqInner {
-        queue: Mutex::new(VecDeque::with_capacity(cqe as usize)),
-        len: AtomicUsize::new(0),
-        armed: AtomicU8::new(0),
-        channel: ch_fds,
-        handle,
-        cqe: AtomicI32::new(cqe),
-        users: AtomicUsize::new(0),
-        async_q: c.async_q.clone(),
-        ibv_ptr: AtomicUsize::new(0),
-        overflowed: std::sync::atomic::AtomicBool::new(false),
-        events: Mutex::new((0, 0)),
-        events_cv: Condvar::new(),
-    });
+    let inner = Arc::new(CqInner::new(cqe, handle, ch_fds, c.async_q.clone()));
     // SAFETY: ibv_cq_ex is plain data (pointers, ints, Option<fn>, opaque
     // mutex/cond whose all-zero value is the static initialiser).
     let mut ibv: rdma_sys::ibv_cq_ex = unsafe { std::mem::zeroed() };
@@ -297,8 +155,10 @@ fn create_cq(
         ibv,
         inner,
         cur: Mutex::new(Wc::default()),
+        events: Mutex::new((0, 0)),
+        events_cv: Condvar::new(),
     }));
-    shared.ibv_ptr.store(p as usize, Ordering::Relaxed);
+    shared.set_ibv_ptr(p as usize);
     LIVE_CQS
         .lock()
         .unwrap()
@@ -310,12 +170,27 @@ fn create_cq(
 /// `ibv_create_cq_wc_flags` we can report: byte_len, imm, qp_num, src_qp,
 /// slid, sl, dlid_path_bits (all but the first four read as 0) and the
 /// completion timestamp (nanoseconds; `hca_core_clock` is 1 GHz).
-const SUPPORTED_WC_FLAGS: u64 = 0xff;
-const CQ_INIT_ATTR_MASK_FLAGS: u32 = 1;
-/// IBV_CREATE_CQ_ATTR_SINGLE_THREADED | IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN: hints we may ignore.
-const CQ_CREATE_FLAGS: u32 = 3;
+const SUPPORTED_WC_FLAGS: u64 = {
+    use rdma_sys::ibv_create_cq_wc_flags as f;
+    (f::IBV_WC_EX_WITH_BYTE_LEN.0
+        | f::IBV_WC_EX_WITH_IMM.0
+        | f::IBV_WC_EX_WITH_QP_NUM.0
+        | f::IBV_WC_EX_WITH_SRC_QP.0
+        | f::IBV_WC_EX_WITH_SLID.0
+        | f::IBV_WC_EX_WITH_SL.0
+        | f::IBV_WC_EX_WITH_DLID_PATH_BITS.0
+        | f::IBV_WC_EX_WITH_COMPLETION_TIMESTAMP.0) as u64
+};
+const CQ_INIT_ATTR_MASK_FLAGS: u32 = rdma_sys::ibv_cq_init_attr_mask::IBV_CQ_INIT_ATTR_MASK_FLAGS.0;
+/// Hints we may ignore.
+const CQ_CREATE_FLAGS: u32 = rdma_sys::ibv_create_cq_attr_flags::IBV_CREATE_CQ_ATTR_SINGLE_THREADED.0
+    | rdma_sys::ibv_create_cq_attr_flags::IBV_CREATE_CQ_ATTR_IGNORE_OVERRUN.0;
 
 /// `verbs_context.create_cq_ex`.
+///
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `attr` must be NULL or valid for reads and writes of one `ibv_cq_init_attr_ex`.
 pub unsafe extern "C" fn create_cq_ex(
     ctx: *mut ibv_context,
     attr: *mut rdma_sys::ibv_cq_init_attr_ex,
@@ -368,11 +243,11 @@ unsafe fn ex_load(cq: *mut rdma_sys::ibv_cq_ex) -> c_int {
     // SAFETY: per the contract; only the `inner` and `cur` fields are borrowed.
     let (inner, cur) = unsafe { (&(*p).inner, &(*p).cur) };
     let mut one = [Wc::default()];
-    let seen = crate::activity::snapshot();
+    let seen = activity::snapshot();
     if inner.poll(&mut one) == 0 && !(idle_poll(cq as *mut ibv_cq, seen) && inner.poll(&mut one) == 1) {
         return libc::ENOENT;
     }
-    poll_found_work();
+    idle::poll_found_work();
     *cur.lock().unwrap() = one[0];
     // SAFETY: the public fields of the caller's ibv_cq_ex, written through the raw pointer.
     unsafe {
@@ -382,6 +257,9 @@ unsafe fn ex_load(cq: *mut rdma_sys::ibv_cq_ex) -> c_int {
     0
 }
 
+/// # Safety
+/// `cq` must be a live CQ of ours created by `ibv_create_cq_ex` (the header dispatches through it).
+/// `attr` must be NULL or valid for reads and writes of one `ibv_poll_cq_attr`.
 unsafe extern "C" fn ex_start_poll(cq: *mut rdma_sys::ibv_cq_ex, attr: *mut rdma_sys::ibv_poll_cq_attr) -> c_int {
     ffi_guard!(libc::EIO, {
         // SAFETY: attr is NULL or valid per the API contract.
@@ -393,11 +271,15 @@ unsafe extern "C" fn ex_start_poll(cq: *mut rdma_sys::ibv_cq_ex, attr: *mut rdma
     })
 }
 
+/// # Safety
+/// `cq` must be a live CQ of ours created by `ibv_create_cq_ex` (the header dispatches through it).
 unsafe extern "C" fn ex_next_poll(cq: *mut rdma_sys::ibv_cq_ex) -> c_int {
     // SAFETY: cq is our extended CQ (the header dispatches through it).
     ffi_guard!(libc::EIO, { unsafe { ex_load(cq) } })
 }
 
+/// # Safety
+/// No requirements: no argument is dereferenced.
 unsafe extern "C" fn ex_end_poll(_cq: *mut rdma_sys::ibv_cq_ex) {}
 
 /// The completion under the poll-API cursor.
@@ -411,6 +293,8 @@ unsafe fn ex_cur(cq: *mut rdma_sys::ibv_cq_ex) -> Wc {
 
 macro_rules! ex_reader {
     ($name:ident, $ty:ty, |$w:ident| $e:expr) => {
+        /// # Safety
+        /// `cq` must be a live CQ of ours created by `ibv_create_cq_ex` (the header dispatches through it).
         unsafe extern "C" fn $name(cq: *mut rdma_sys::ibv_cq_ex) -> $ty {
             ffi_guard!(Default::default(), {
                 // SAFETY: cq is our extended CQ (the header dispatches through it).
@@ -433,25 +317,28 @@ ex_reader!(ex_read_sl, u8, |_w| 0);
 ex_reader!(ex_read_dlid_path_bits, u8, |_w| 0);
 ex_reader!(ex_read_completion_ts, u64, |w| w.ts);
 
+/// # Safety
+/// `cq` must be NULL or a live CQ of ours (`ibv_create_cq` / `ibv_create_cq_ex`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
     ffi_guard!(libc::EIO, {
-        if cq.is_null() || cqe < 1 || cqe as u32 > device::MAX_CQE {
+        if cq.is_null() || cqe < 1 || cqe as u32 > limits::MAX_CQE {
             return int_err(libc::EINVAL);
         }
         // SAFETY: cq is ours; only the `inner` field is borrowed (other
         // threads may be polling the CQ).
         let inner = unsafe { &(*(cq as *const Cq)).inner };
-        if (cqe as usize) < inner.len() {
-            return int_err(libc::EINVAL);
+        if let Err(e) = inner.resize(cqe) {
+            return int_err(e);
         }
-        inner.cqe.store(cqe, Ordering::Relaxed);
         // SAFETY: the public `cqe` field, written through the raw pointer.
         unsafe { std::ptr::addr_of_mut!((*cq).cqe).write(cqe) };
         0
     })
 }
 
+/// # Safety
+/// `cq` must be NULL or a live CQ of ours (`ibv_create_cq` / `ibv_create_cq_ex`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -466,9 +353,9 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         }
         // Wait until every event handed out was acknowledged (as rdma-core does).
         {
-            let mut ev = c.inner.events.lock().unwrap();
+            let mut ev = c.events.lock().unwrap();
             while ev.1 < ev.0 {
-                ev = c.inner.events_cv.wait(ev).unwrap();
+                ev = c.events_cv.wait(ev).unwrap();
             }
         }
         if let Some(m) = LIVE_CQS.lock().unwrap().as_mut() {
@@ -487,6 +374,10 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
 }
 
 /// `ops.poll_cq`.
+///
+/// # Safety
+/// `cq` must be NULL or a live CQ of ours (`ibv_create_cq` / `ibv_create_cq_ex`).
+/// `wc` must be NULL or valid for writing `num` `ibv_wc`s.
 pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -> c_int {
     ffi_guard!(-1, {
         // SAFETY: cq is ours.
@@ -496,11 +387,11 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -
         if num <= 0 || wc.is_null() {
             return 0;
         }
-        let seen = crate::activity::snapshot();
+        let seen = activity::snapshot();
         if c.inner.is_empty() && (!idle_poll(cq, seen) || c.inner.is_empty()) {
             return 0;
         }
-        poll_found_work();
+        idle::poll_found_work();
         let mut buf = [Wc::default(); 32];
         let mut total = 0usize;
         let want = num as usize;
@@ -520,121 +411,17 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -
     })
 }
 
-/// An empty poll of `cq` by this thread. Applications spin on `ibv_poll_cq`
-/// while the NIC's work runs on our engine threads; on a host with fewer free
-/// cores than spinning threads that spin would starve the engines. So every
-/// `SOFTROCE_POLL_YIELD` consecutive empty polls of a thread it first does the
-/// NIC's work itself if there is some and no other thread is doing it
-/// (`SOFTROCE_INLINE_RX`), and keeps doing so on its next empty polls while
-/// datagrams keep coming; else it gives the CPU away (`sched_yield`, which
-/// returns at once on an idle CPU), or, once every poll of the thread has been
-/// empty for `SOFTROCE_POLL_SLEEP_AFTER_US`, waits for the NIC's next event
-/// (see [`crate::activity`]). Not at every empty poll: a thread that only
-/// waits a few microseconds (a latency test's ACK) is better off leaving the
-/// receiving to the engine. `seen` is the activity count read before the CQ
-/// was found empty. Returns whether it did NIC work (the CQ may have
-/// completions now).
+/// An empty poll of `cq` by this thread: see [`idle::idle_poll`]; the
+/// thread may do the NIC's receive work for `cq`'s device.
 fn idle_poll(cq: *mut ibv_cq, seen: u32) -> bool {
-    let mut streak = POLL_STREAK.with(|e| e.get());
-    let action = streak.next_action(cq);
-    POLL_STREAK.with(|e| e.set(streak));
-    match action {
-        IdleAction::Received => return true,
-        IdleAction::Spin => {}
-        IdleAction::Yield => {
-            // SAFETY: sched_yield has no preconditions.
-            unsafe { libc::sched_yield() };
-        }
-        IdleAction::Wait => crate::activity::wait(seen, crate::activity::MAX_WAIT),
-    }
-    false
-}
-
-/// What an empty poll does (see [`idle_poll`]).
-enum IdleAction {
-    /// Received datagrams inline: the CQ may have completions now.
-    Received,
-    /// Nothing: poll again.
-    Spin,
-    Yield,
-    /// Wait for the NIC's next event.
-    Wait,
-}
-
-impl Streak {
-    /// Counts one empty poll of `cq` and decides what it does.
-    fn next_action(&mut self, cq: *mut ibv_cq) -> IdleAction {
-        if self.inline {
-            if receive_inline(cq) {
-                return IdleAction::Received;
-            }
-            self.inline = false;
-        }
-        let yield_every = crate::config::poll_yield();
-        self.empty += 1;
-        if self.empty < yield_every {
-            return IdleAction::Spin;
-        }
-        self.empty = 0;
-        let now = std::time::Instant::now();
-        let idle_for = now.duration_since(*self.since.get_or_insert(now));
-        if (yield_every == 0 || idle_for >= crate::config::inline_rx_after()) && receive_inline(cq) {
-            self.inline = true;
-            self.since = None;
-            return IdleAction::Received;
-        }
-        let sleep_after = crate::config::poll_sleep_after();
-        if yield_every == 0 {
-            IdleAction::Spin
-        } else if !sleep_after.is_zero() && idle_for >= sleep_after {
-            IdleAction::Wait
-        } else {
-            IdleAction::Yield
-        }
-    }
-}
-
-/// A thread's run of empty polls (on any CQ).
-#[derive(Clone, Copy)]
-struct Streak {
-    /// Empty polls since the last yield point.
-    empty: u32,
-    /// Since when every poll has been empty (set at the first yield point).
-    since: Option<std::time::Instant>,
-    /// The last inline receive found datagrams: try again at the next empty poll.
-    inline: bool,
-}
-
-thread_local! {
-    static POLL_STREAK: std::cell::Cell<Streak> =
-        const { std::cell::Cell::new(Streak { empty: 0, since: None, inline: false }) };
-}
-
-/// An empty poll: let this thread do the NIC's receive work, if no other
-/// thread is doing it (`SOFTROCE_INLINE_RX`, default on). Returns whether it
-/// handled anything (the CQ may now hold completions).
-fn receive_inline(cq: *mut ibv_cq) -> bool {
-    if !crate::config::inline_rx() {
-        return false;
-    }
-    // SAFETY: `cq` is a live CQ of ours (the caller checked), so its context
-    // pointer is the live context it was created on.
-    let Some(ctx) = (unsafe { super::context::Context::from_ibv((*cq).context) }) else {
-        return false;
-    };
-    crate::engine::receive_inline(&ctx.dev)
-}
-
-/// A poll that found a completion ends the thread's empty streak.
-fn poll_found_work() {
-    POLL_STREAK.with(|e| {
-        let inline = e.get().inline;
-        e.set(Streak {
-            empty: 0,
-            since: None,
-            inline,
-        })
-    });
+    idle::idle_poll(seen, || {
+        // SAFETY: `cq` is a live CQ of ours (the caller checked), so its
+        // context pointer is the live context it was created on.
+        let Some(ctx) = (unsafe { Context::from_ibv((*cq).context) }) else {
+            return false;
+        };
+        engine::receive_inline(&ctx.dev)
+    })
 }
 
 /// # Safety
@@ -660,28 +447,24 @@ unsafe fn write_wc(dst: *mut ibv_wc, w: &Wc) {
 }
 
 /// `ops.req_notify_cq`.
+///
+/// # Safety
+/// `cq` must be NULL or a live CQ of ours (`ibv_create_cq` / `ibv_create_cq_ex`).
 pub unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_int {
     ffi_guard!(libc::EIO, {
         // SAFETY: cq is ours.
         let Some(c) = (unsafe { Cq::from_ibv(cq) }) else {
             return libc::EINVAL;
         };
-        if c.inner.channel.is_none() {
-            // Arming works without a channel too; nothing will be delivered.
-        }
-        let want = if solicited_only != 0 { 2 } else { 1 };
-        // Never narrow an "any completion" arm to "solicited only".
-        let _ = c.inner.armed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |cur| {
-            if cur == 1 {
-                None
-            } else {
-                Some(want)
-            }
-        });
+        // Arming works without a channel too; nothing will be delivered.
+        c.inner.arm(solicited_only != 0);
         0
     })
 }
 
+/// # Safety
+/// `ch` must be NULL or a live completion channel of ours (`ibv_create_comp_channel`).
+/// `cq` and `cq_context` must be NULL or valid for writing one pointer each.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_cq_event(
     ch: *mut ibv_comp_channel,
@@ -707,7 +490,7 @@ pub unsafe extern "C" fn ibv_get_cq_event(
             // SAFETY: the CQ is live (it is in LIVE_CQS); outputs are valid pointers.
             unsafe {
                 let cqr = &*c;
-                cqr.inner.events.lock().unwrap().0 += 1;
+                cqr.events.lock().unwrap().0 += 1;
                 *cq = c as *mut ibv_cq;
                 *cq_context = cqr.ibv.cq_context;
             }
@@ -716,23 +499,25 @@ pub unsafe extern "C" fn ibv_get_cq_event(
     })
 }
 
+/// # Safety
+/// `cq` must be NULL or a live CQ of ours (`ibv_create_cq` / `ibv_create_cq_ex`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: u32) {
     ffi_guard!((), {
         if cq.is_null() {
             return;
         }
-        // SAFETY: cq is ours; only the `inner` field is borrowed (other
+        // SAFETY: cq is ours; only the event counters are borrowed (other
         // threads may be polling the CQ).
-        let inner = unsafe { &(*(cq as *const Cq)).inner };
-        let mut ev = inner.events.lock().unwrap_or_else(|e| e.into_inner());
+        let (events, events_cv) = unsafe { (&(*(cq as *const Cq)).events, &(*(cq as *const Cq)).events_cv) };
+        let mut ev = events.lock().unwrap_or_else(|e| e.into_inner());
         ev.1 += nevents as u64;
         // SAFETY: the public counter, updated through the raw pointer under the events lock.
         unsafe {
             let p = std::ptr::addr_of_mut!((*cq).comp_events_completed);
             p.write(p.read().wrapping_add(nevents));
         }
-        inner.events_cv.notify_all();
+        events_cv.notify_all();
     })
 }
 

@@ -5,7 +5,7 @@ use std::mem::{offset_of, size_of};
 
 use rdma_sys::*;
 
-use super::context::Context;
+use super::ctx::Context;
 
 #[test]
 fn context_layouts() {
@@ -65,7 +65,7 @@ fn object_layouts() {
     assert_eq!(offset_of!(super::mr::Mr, ibv), 0);
     assert_eq!(offset_of!(super::cq::Channel, ibv), 0);
     assert_eq!(offset_of!(super::srq::Srq, ibv), 0);
-    assert_eq!(offset_of!(crate::device::IbvDevice, ibv), 0);
+    assert_eq!(offset_of!(crate::verbs::context::IbvDevice, ibv), 0);
 }
 
 #[test]

@@ -184,6 +184,9 @@ pub struct Ah {
     pub attr: ibv_ah_attr,
 }
 
+/// # Safety
+/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
+/// `attr` must be NULL or valid for reads and writes of one `ibv_ah_attr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
     ffi_guard!(std::ptr::null_mut(), {
@@ -213,6 +216,8 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
     })
 }
 
+/// # Safety
+/// `ah` must be NULL or a live AH of ours (`ibv_create_ah`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -226,6 +231,9 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
 }
 
 /// Needs a GRH in the receive buffer, which only UD receives carry.
+///
+/// # Safety
+/// No requirements: no argument is dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_init_ah_from_wc(
     _ctx: *mut ibv_context,
@@ -237,6 +245,8 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
     ffi_guard!(-1, { minus_one(libc::EOPNOTSUPP) })
 }
 
+/// # Safety
+/// No requirements: no argument is dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_ah_from_wc(
     _pd: *mut ibv_pd,
@@ -248,17 +258,25 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(
 }
 
 /// Multicast needs UD QPs, which this device does not offer.
+///
+/// # Safety
+/// No requirements: no argument is dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
     ffi_guard!(libc::EIO, { int_err(libc::EOPNOTSUPP) })
 }
 
+/// # Safety
+/// No requirements: no argument is dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
     ffi_guard!(libc::EIO, { int_err(libc::EOPNOTSUPP) })
 }
 
 /// The kernel resolves L2 for our UDP socket; there is no MAC to report.
+///
+/// # Safety
+/// No requirements: no argument is dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_resolve_eth_l2_from_gid(
     _ctx: *mut ibv_context,
@@ -269,48 +287,68 @@ pub unsafe extern "C" fn ibv_resolve_eth_l2_from_gid(
     ffi_guard!(libc::EIO, { int_err(libc::EOPNOTSUPP) })
 }
 
+/// # Safety
+/// No requirements: no argument is dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_ece(_qp: *mut ibv_qp, _ece: *mut c_void) -> c_int {
     ffi_guard!(libc::EIO, { int_err(libc::EOPNOTSUPP) })
 }
 
+/// # Safety
+/// No requirements: no argument is dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_set_ece(_qp: *mut ibv_qp, _ece: *mut c_void) -> c_int {
     ffi_guard!(libc::EIO, { int_err(libc::EOPNOTSUPP) })
 }
 
 /// Sharing objects across processes through a command fd needs the kernel.
+///
+/// # Safety
+/// No requirements: no argument is dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_import_device(_cmd_fd: c_int) -> *mut ibv_context {
     ffi_guard!(std::ptr::null_mut(), { null_err(libc::EOPNOTSUPP) })
 }
 
+/// # Safety
+/// No requirements: no argument is dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_import_pd(_ctx: *mut ibv_context, _h: u32) -> *mut ibv_pd {
     ffi_guard!(std::ptr::null_mut(), { null_err(libc::EOPNOTSUPP) })
 }
 
+/// # Safety
+/// No requirements: no argument is dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_import_mr(_pd: *mut ibv_pd, _h: u32) -> *mut rdma_sys::ibv_mr {
     ffi_guard!(std::ptr::null_mut(), { null_err(libc::EOPNOTSUPP) })
 }
 
+/// # Safety
+/// No requirements: no argument is dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_import_dm(_ctx: *mut ibv_context, _h: u32) -> *mut rdma_sys::ibv_dm {
     ffi_guard!(std::ptr::null_mut(), { null_err(libc::EOPNOTSUPP) })
 }
 
 /// Nothing can have been imported (every import fails), so there is nothing to release.
+///
+/// # Safety
+/// No requirements: no argument is dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_unimport_pd(_pd: *mut ibv_pd) {
     ffi_guard!((), {})
 }
 
+/// # Safety
+/// No requirements: no argument is dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_unimport_mr(_mr: *mut rdma_sys::ibv_mr) {
     ffi_guard!((), {})
 }
 
+/// # Safety
+/// No requirements: no argument is dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_unimport_dm(_dm: *mut rdma_sys::ibv_dm) {
     ffi_guard!((), {})

@@ -3,11 +3,13 @@
 use std::ffi::{c_int, c_void};
 use std::sync::Arc;
 
-use rdma_sys::{ibv_context, ibv_mr, ibv_pd};
+use rdma_sys::{ibv_access_flags, ibv_context, ibv_mr, ibv_pd};
 
-use super::context::Context;
+use super::ctx::Context;
 use super::{ffi_guard, int_err, null_err};
-use crate::device::{Device, MrInfo};
+use crate::driver::device::Device;
+use crate::driver::mem::MrInfo;
+use crate::proto::mem::access as ibv_access;
 
 /// `struct ibv_pd` plus nothing else (the context pointer leads to the device).
 #[repr(C)]
@@ -25,6 +27,8 @@ impl Pd {
     }
 }
 
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
     ffi_guard!(std::ptr::null_mut(), {
@@ -43,6 +47,8 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
     })
 }
 
+/// # Safety
+/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -52,7 +58,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         // SAFETY: pd came from ibv_alloc_pd.
         let p = unsafe { &*(pd as *const Pd) };
         let h = p.ibv.handle;
-        if p.dev.mrs.read().unwrap().values().any(|m| m.pd == h) || p.dev.engine.pd_in_use(h) {
+        if p.dev.pd_in_use(h) {
             return int_err(libc::EBUSY);
         }
         // SAFETY: freed once.
@@ -70,23 +76,21 @@ pub struct Mr {
     map: Option<(usize, usize)>,
 }
 
-pub const ACCESS_LOCAL_WRITE: u32 = 1;
-pub const ACCESS_REMOTE_WRITE: u32 = 2;
-pub const ACCESS_REMOTE_READ: u32 = 4;
-pub const ACCESS_REMOTE_ATOMIC: u32 = 8;
-const ACCESS_MW_BIND: u32 = 0x10;
-const ACCESS_ZERO_BASED: u32 = 0x20;
-const ACCESS_ON_DEMAND: u32 = 0x40;
-const ACCESS_HUGETLB: u32 = 0x80;
-const ACCESS_OPTIONAL_RANGE: u32 = 0x3ff0_0000;
+const ACCESS_MW_BIND: u32 = ibv_access_flags::IBV_ACCESS_MW_BIND.0;
+const ACCESS_ZERO_BASED: u32 = ibv_access_flags::IBV_ACCESS_ZERO_BASED.0;
+const ACCESS_ON_DEMAND: u32 = ibv_access_flags::IBV_ACCESS_ON_DEMAND.0;
+const ACCESS_HUGETLB: u32 = ibv_access_flags::IBV_ACCESS_HUGETLB.0;
+/// Flags a provider may ignore, such as RELAXED_ORDERING (verbs.h defines
+/// `IBV_ACCESS_OPTIONAL_RANGE` as the kernel's value).
+const ACCESS_OPTIONAL_RANGE: u32 = rdma_sys::ib_uverbs_access_flags::IB_UVERBS_ACCESS_OPTIONAL_RANGE.0;
 
 /// Validates access flags the way a real provider does; returns the flags kept.
 fn check_access(access: c_int) -> Result<u32, i32> {
     let a = access as u32 & !ACCESS_OPTIONAL_RANGE;
-    let known = ACCESS_LOCAL_WRITE
-        | ACCESS_REMOTE_WRITE
-        | ACCESS_REMOTE_READ
-        | ACCESS_REMOTE_ATOMIC
+    let known = ibv_access::LOCAL_WRITE
+        | ibv_access::REMOTE_WRITE
+        | ibv_access::REMOTE_READ
+        | ibv_access::REMOTE_ATOMIC
         | ACCESS_MW_BIND
         | ACCESS_HUGETLB;
     if a & (ACCESS_ZERO_BASED | ACCESS_ON_DEMAND) != 0 {
@@ -96,7 +100,7 @@ fn check_access(access: c_int) -> Result<u32, i32> {
         return Err(libc::EINVAL);
     }
     // IBTA: remote write / atomic need local write.
-    if a & (ACCESS_REMOTE_WRITE | ACCESS_REMOTE_ATOMIC) != 0 && a & ACCESS_LOCAL_WRITE == 0 {
+    if a & (ibv_access::REMOTE_WRITE | ibv_access::REMOTE_ATOMIC) != 0 && a & ibv_access::LOCAL_WRITE == 0 {
         return Err(libc::EINVAL);
     }
     Ok(a)
@@ -131,7 +135,7 @@ fn register(
         dev: dev.clone(),
         map,
     });
-    dev.mrs.write().unwrap().insert(
+    dev.mrs.write().insert(
         key,
         MrInfo {
             addr: host,
@@ -144,6 +148,9 @@ fn register(
     Ok(Box::into_raw(mr) as *mut ibv_mr)
 }
 
+/// # Safety
+/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
+/// `addr .. addr + length` must stay mapped while the MR is registered: the NIC reads and writes it from its engine threads.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: usize, access: c_int) -> *mut ibv_mr {
     ffi_guard!(std::ptr::null_mut(), {
@@ -154,6 +161,9 @@ pub unsafe extern "C" fn ibv_reg_mr(pd: *mut ibv_pd, addr: *mut c_void, length: 
     })
 }
 
+/// # Safety
+/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
+/// `addr .. addr + length` must stay mapped while the MR is registered: the NIC reads and writes it from its engine threads.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_mr_iova(
     pd: *mut ibv_pd,
@@ -170,6 +180,9 @@ pub unsafe extern "C" fn ibv_reg_mr_iova(
     })
 }
 
+/// # Safety
+/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
+/// `addr .. addr + length` must stay mapped while the MR is registered: the NIC reads and writes it from its engine threads.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_mr_iova2(
     pd: *mut ibv_pd,
@@ -189,6 +202,9 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
 /// dmabuf MR: we map `[offset, offset+length)` of the fd and do not keep the fd.
 /// As in rdma-core, `mr->addr` reports `offset`; the data path uses the mapping,
 /// addressed through `iova`.
+///
+/// # Safety
+/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
     pd: *mut ibv_pd,
@@ -240,6 +256,8 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
     })
 }
 
+/// # Safety
+/// `mr` must be NULL or a live MR of ours (one of the `ibv_reg_*mr` verbs).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -248,7 +266,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         }
         // SAFETY: mr came from one of our registration functions; freed once.
         let m = unsafe { Box::from_raw(mr as *mut Mr) };
-        m.dev.mrs.write().unwrap().remove(&m.ibv.lkey);
+        m.dev.mrs.write().remove(&m.ibv.lkey);
         if let Some((base, len)) = m.map {
             // SAFETY: unmaps the mapping this MR owns.
             unsafe { libc::munmap(base as *mut c_void, len) };
@@ -257,6 +275,10 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     })
 }
 
+/// # Safety
+/// `mr` must be NULL or a live MR of ours (one of the `ibv_reg_*mr` verbs).
+/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
+/// With IBV_REREG_MR_CHANGE_TRANSLATION, `addr .. addr + length` must stay mapped while the MR is registered.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_rereg_mr(
     mr: *mut ibv_mr,
@@ -281,7 +303,7 @@ pub unsafe extern "C" fn ibv_rereg_mr(
             super::set_errno(libc::EOPNOTSUPP);
             return ERR_CMD;
         }
-        let mut guard = m.dev.mrs.write().unwrap();
+        let mut guard = m.dev.mrs.write();
         let Some(info) = guard.get(&m.ibv.lkey).copied() else {
             super::set_errno(libc::EINVAL);
             return ERR_INPUT;

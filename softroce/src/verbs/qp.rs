@@ -1,18 +1,24 @@
-//! RC queue pairs over [`QpCore`], and the SRQ verbs (not supported).
+//! RC queue pairs: the `ibv_qp_ex` object over the driver's [`QpShared`]
+//! (whose [`QpCore`] runs the protocol), and the conversion of attributes
+//! and work requests.
 
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use rdma_sys::{ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_wr};
+use rdma_sys::{ibv_qp, ibv_qp_attr, ibv_qp_init_attr, ibv_recv_wr, ibv_send_flags, ibv_send_wr};
 
-use super::context::Context;
 use super::cq::Cq;
+use super::ctx::Context;
 use super::mr::Pd;
+use super::srq::{sges, Srq};
 use super::{ffi_guard, int_err, null_err};
-use crate::device::{self, gid_to_ipv4, Device};
-use crate::engine::{self, drain_locked, with_tx, QpShared};
-use crate::proto::{attr_mask, AddressVector, ModifyAttrs, QpCaps, QpCore, QpState, RecvWr, SendWr, Sge, WrOpcode};
+use crate::driver::addr::gid_to_ipv4;
+use crate::driver::device::Device;
+use crate::driver::engine;
+use crate::driver::limits;
+use crate::driver::qp::QpShared;
+use crate::proto::{attr_mask, AddressVector, ModifyAttrs, QpCaps, QpCore, QpState, RecvWr, SendWr, WrOpcode};
 
 /// `struct ibv_qp_ex` (whose first member is the `struct ibv_qp` every QP
 /// hands out) and our state. Only QPs created through `ibv_create_qp_ex`
@@ -26,7 +32,15 @@ pub struct Qp {
     /// Created with send_ops_flags: the `ibv_wr_*` API is available.
     pub is_ex: bool,
     /// WRs built between `wr_start` and `wr_complete` (the `ibv_wr_*` API).
-    pub batch: Mutex<super::qp_ex::WrBatch>,
+    pub batch: Mutex<WrBatch>,
+}
+
+/// Work requests being built between `wr_start` and `wr_complete`.
+#[derive(Debug, Default)]
+pub struct WrBatch {
+    pub wrs: Vec<SendWr>,
+    /// First error of a builder call (reported by `wr_complete`).
+    pub err: i32,
 }
 
 impl Qp {
@@ -38,16 +52,16 @@ impl Qp {
     }
 }
 
-const IBV_QPT_RC: u32 = 2;
+const IBV_QPT_RC: u32 = rdma_sys::ibv_qp_type::IBV_QPT_RC;
 
-fn send_flag(flags: u32, bit: u32) -> bool {
-    flags & bit != 0
+/// `flags` (`ibv_send_wr.send_flags` / `ibv_qp_ex.wr_flags`) has `bit`.
+pub(crate) fn send_flag(flags: u32, bit: ibv_send_flags) -> bool {
+    flags & bit.0 != 0
 }
-const SEND_FENCE: u32 = 1;
-const SEND_SIGNALED: u32 = 2;
-const SEND_SOLICITED: u32 = 4;
-const SEND_INLINE: u32 = 8;
 
+/// # Safety
+/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
+/// `attr` must be NULL or valid for reads and writes of one `ibv_qp_init_attr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_qp(pd: *mut rdma_sys::ibv_pd, attr: *mut ibv_qp_init_attr) -> *mut ibv_qp {
     ffi_guard!(std::ptr::null_mut(), {
@@ -55,27 +69,24 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut rdma_sys::ibv_pd, attr: *mut ibv
             return null_err(libc::EINVAL);
         }
         // SAFETY: attr is a valid in/out pointer per the API contract.
-        match create_rc_qp(pd, unsafe { &mut *attr }, None) {
-            Ok(q) => q,
+        match create_rc_qp(pd, unsafe { &mut *attr }, false) {
+            Ok(q) => q as *mut ibv_qp,
             Err(e) => null_err(e),
         }
     })
 }
 
-/// Creates an RC QP; `send_ops` (the send_ops_flags of `ibv_create_qp_ex`)
-/// enables the `ibv_qp_ex` extension. Writes the granted caps back.
-pub(crate) fn create_rc_qp(
-    pd: *mut rdma_sys::ibv_pd,
-    a: &mut ibv_qp_init_attr,
-    send_ops: Option<u64>,
-) -> Result<*mut ibv_qp, i32> {
+/// Creates an RC QP; `is_ex`: created by `ibv_create_qp_ex` with
+/// send_ops_flags (the caller fills the builder slots of the `ibv_qp_ex`
+/// extension). Writes the granted caps back.
+pub(crate) fn create_rc_qp(pd: *mut rdma_sys::ibv_pd, a: &mut ibv_qp_init_attr, is_ex: bool) -> Result<*mut Qp, i32> {
     // SAFETY: pd is ours per the API contract.
     let p = unsafe { Pd::from_ibv(pd) }.ok_or(libc::EINVAL)?;
     if a.qp_type != IBV_QPT_RC {
         return Err(libc::EOPNOTSUPP);
     }
     // SAFETY: a.srq is NULL or an SRQ of ours per the API contract.
-    let srq = unsafe { super::srq::Srq::from_ibv(a.srq) }.map(|s| s.inner.clone());
+    let srq = unsafe { Srq::from_ibv(a.srq) }.map(|s| s.inner.clone());
     if let Some(s) = &srq {
         if s.pd != p.ibv.handle {
             return Err(libc::EINVAL);
@@ -86,11 +97,11 @@ pub(crate) fn create_rc_qp(
         return Err(libc::EINVAL);
     };
     let c = &a.cap;
-    if c.max_send_wr > device::MAX_QP_WR
-        || c.max_recv_wr > device::MAX_QP_WR
-        || c.max_send_sge > device::MAX_SGE
-        || c.max_recv_sge > device::MAX_SGE
-        || c.max_inline_data > device::MAX_INLINE
+    if c.max_send_wr > limits::MAX_QP_WR
+        || c.max_recv_wr > limits::MAX_QP_WR
+        || c.max_send_sge > limits::MAX_SGE
+        || c.max_recv_sge > limits::MAX_SGE
+        || c.max_inline_data > limits::MAX_INLINE
     {
         return Err(libc::EINVAL);
     }
@@ -99,28 +110,23 @@ pub(crate) fn create_rc_qp(
         max_recv_wr: c.max_recv_wr.max(1),
         max_send_sge: c.max_send_sge.max(1),
         max_recv_sge: c.max_recv_sge.max(1),
-        max_inline_data: device::MAX_INLINE,
+        max_inline_data: limits::MAX_INLINE,
         sq_sig_all: a.sq_sig_all != 0,
     };
     let dev = p.dev.clone();
     // SAFETY: the PD's context pointer is our live context.
     let ctx = unsafe { Context::from_ibv(p.ibv.context) }.ok_or(libc::EINVAL)?;
     let qpn = dev.alloc_qpn();
-    let shared = Arc::new(QpShared {
-        qpn,
-        pd: p.ibv.handle,
-        core: Mutex::new({
-            let mut core = QpCore::new(qpn, caps);
-            core.set_srq(srq.is_some());
-            core
-        }),
-        srq: srq.clone(),
-        send_cq: scq.inner.clone(),
-        recv_cq: rcq.inner.clone(),
-        async_q: ctx.async_q.clone(),
-        ibv_ptr: AtomicUsize::new(0),
-        dirty: AtomicBool::new(false),
-    });
+    let mut core = QpCore::new(qpn, caps);
+    core.set_srq(srq.is_some());
+    let shared = Arc::new(QpShared::new(
+        core,
+        p.ibv.handle,
+        srq.clone(),
+        scq.inner.clone(),
+        rcq.inner.clone(),
+        ctx.async_q.clone(),
+    ));
     // SAFETY: ibv_qp_ex is plain data (pointers, ints, Option<fn>, opaque
     // mutex/cond whose all-zero value is the static initialiser).
     let mut ex: rdma_sys::ibv_qp_ex = unsafe { std::mem::zeroed() };
@@ -135,23 +141,15 @@ pub(crate) fn create_rc_qp(
     ibv.qp_num = qpn;
     ibv.state = QpState::Reset as u32;
     ibv.qp_type = IBV_QPT_RC;
-    if let Some(ops) = send_ops {
-        super::qp_ex::fill_ops(&mut ex, ops);
-    }
     let q = Box::into_raw(Box::new(Qp {
         ex,
         shared: shared.clone(),
         dev: dev.clone(),
         caps,
-        is_ex: send_ops.is_some(),
+        is_ex,
         batch: Mutex::new(Default::default()),
     }));
     shared.ibv_ptr.store(q as usize, Ordering::Relaxed);
-    shared.send_cq.users.fetch_add(1, Ordering::AcqRel);
-    shared.recv_cq.users.fetch_add(1, Ordering::AcqRel);
-    if let Some(s) = &shared.srq {
-        s.users.fetch_add(1, Ordering::AcqRel);
-    }
     dev.engine.add_qp(shared);
     // Granted capabilities go back to the caller.
     a.cap.max_send_wr = caps.max_send_wr;
@@ -159,9 +157,11 @@ pub(crate) fn create_rc_qp(
     a.cap.max_send_sge = caps.max_send_sge;
     a.cap.max_recv_sge = caps.max_recv_sge;
     a.cap.max_inline_data = caps.max_inline_data;
-    Ok(q as *mut ibv_qp)
+    Ok(q)
 }
 
+/// # Safety
+/// `qp` must be NULL or a live QP of ours (`ibv_create_qp` / `ibv_create_qp_ex`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -172,14 +172,10 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         let q = unsafe { Box::from_raw(qp as *mut Qp) };
         q.dev.engine.remove_qp(q.shared.qpn);
         if crate::config::debug() {
-            let st = q.shared.core.lock().unwrap_or_else(|e| e.into_inner()).stats();
+            let st = q.shared.lock_core().stats();
             eprintln!("softroce: {} QP {:#x} destroyed: {st:?}", q.dev.name, q.shared.qpn);
         }
-        q.shared.send_cq.users.fetch_sub(1, Ordering::AcqRel);
-        q.shared.recv_cq.users.fetch_sub(1, Ordering::AcqRel);
-        if let Some(s) = &q.shared.srq {
-            s.users.fetch_sub(1, Ordering::AcqRel);
-        }
+        q.shared.detach();
         0
     })
 }
@@ -246,10 +242,10 @@ fn to_modify_attrs(dev: &Device, a: &ibv_qp_attr, mask: u32) -> Result<ModifyAtt
     if mask & attr_mask::ALT_PATH != 0 {
         return Err(libc::EOPNOTSUPP);
     }
-    if mask & attr_mask::MAX_QP_RD_ATOMIC != 0 && a.max_rd_atomic as u32 > device::MAX_QP_RD_ATOM {
+    if mask & attr_mask::MAX_QP_RD_ATOMIC != 0 && a.max_rd_atomic > limits::MAX_QP_RD_ATOM {
         return Err(libc::EINVAL);
     }
-    if mask & attr_mask::MAX_DEST_RD_ATOMIC != 0 && a.max_dest_rd_atomic as u32 > device::MAX_QP_RD_ATOM {
+    if mask & attr_mask::MAX_DEST_RD_ATOMIC != 0 && a.max_dest_rd_atomic > limits::MAX_QP_RD_ATOM {
         return Err(libc::EINVAL);
     }
     m.qkey = a.qkey;
@@ -269,6 +265,9 @@ fn to_modify_attrs(dev: &Device, a: &ibv_qp_attr, mask: u32) -> Result<ModifyAtt
     Ok(m)
 }
 
+/// # Safety
+/// `qp` must be NULL or a live QP of ours (`ibv_create_qp` / `ibv_create_qp_ex`).
+/// `attr` must be NULL or valid for reads and writes of one `ibv_qp_attr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -287,22 +286,22 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
             Ok(m) => m,
             Err(e) => return int_err(e),
         };
-        let t = engine::now();
-        let mut core = q.shared.core.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(e) = core.modify(&m) {
-            return int_err(e.0);
+        let set_state = |state: QpState| {
+            // SAFETY: the public `state` field, written through the raw
+            // pointer while the core lock serialises modify calls.
+            unsafe { std::ptr::addr_of_mut!((*qp).state).write(state as u32) };
+        };
+        match engine::modify_qp(&q.dev, &q.shared, &m, set_state) {
+            Ok(()) => 0,
+            Err(e) => int_err(e.0),
         }
-        // SAFETY: the public `state` field, written through the raw pointer
-        // while the core lock serialises modify calls.
-        unsafe { std::ptr::addr_of_mut!((*qp).state).write(core.state() as u32) };
-        with_tx(&q.dev, |tx| drain_locked(&q.dev, &q.shared, &mut core, t, tx));
-        let deadline = core.poll_timeout();
-        drop(core);
-        q.dev.engine.note_deadline(deadline);
-        0
     })
 }
 
+/// # Safety
+/// `qp` must be NULL or a live QP of ours (`ibv_create_qp` / `ibv_create_qp_ex`).
+/// `attr` must be NULL or valid for reads and writes of one `ibv_qp_attr`.
+/// `init_attr` must be NULL or valid for reads and writes of one `ibv_qp_init_attr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_qp(
     qp: *mut ibv_qp,
@@ -316,7 +315,7 @@ pub unsafe extern "C" fn ibv_query_qp(
         }
         // SAFETY: qp is ours.
         let q = unsafe { &*(qp as *const Qp) };
-        let s = q.shared.core.lock().unwrap_or_else(|e| e.into_inner()).query();
+        let s = q.shared.lock_core().query();
         // SAFETY: plain data.
         let mut o: ibv_qp_attr = unsafe { std::mem::zeroed() };
         o.qp_state = s.qp_state as u32;
@@ -368,23 +367,6 @@ pub unsafe extern "C" fn ibv_query_qp(
     })
 }
 
-/// # Safety
-/// `sg` must point to `n` valid `ibv_sge`s (or n == 0).
-unsafe fn sges(sg: *const rdma_sys::ibv_sge, n: c_int) -> Vec<Sge> {
-    if n <= 0 || sg.is_null() {
-        return Vec::new();
-    }
-    // SAFETY: per the contract.
-    let s = unsafe { std::slice::from_raw_parts(sg, n as usize) };
-    s.iter()
-        .map(|e| Sge {
-            addr: e.addr,
-            length: e.length,
-            lkey: e.lkey,
-        })
-        .collect()
-}
-
 /// Converts one `ibv_send_wr` (inline payload copied now).
 ///
 /// # Safety
@@ -397,14 +379,14 @@ unsafe fn to_send_wr(w: &ibv_send_wr, max_sge: u32) -> Result<SendWr, i32> {
     }
     // SAFETY: per the contract.
     let sg = unsafe { sges(w.sg_list, w.num_sge) };
-    let inline = send_flag(w.send_flags, SEND_INLINE)
+    let inline = send_flag(w.send_flags, ibv_send_flags::IBV_SEND_INLINE)
         && matches!(
             opcode,
             WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm
         );
     let inline_data = if inline {
         let total: u64 = sg.iter().map(|s| s.length as u64).sum();
-        if total > device::MAX_INLINE as u64 {
+        if total > limits::MAX_INLINE as u64 {
             return Err(libc::EINVAL);
         }
         let mut v = Vec::with_capacity(total as usize);
@@ -441,48 +423,24 @@ unsafe fn to_send_wr(w: &ibv_send_wr, max_sge: u32) -> Result<SendWr, i32> {
         imm_data: unsafe { w.imm_data_invalidated_rkey_union.imm_data },
         compare_add,
         swap,
-        signaled: send_flag(w.send_flags, SEND_SIGNALED),
-        solicited: send_flag(w.send_flags, SEND_SOLICITED),
-        fence: send_flag(w.send_flags, SEND_FENCE),
+        signaled: send_flag(w.send_flags, ibv_send_flags::IBV_SEND_SIGNALED),
+        solicited: send_flag(w.send_flags, ibv_send_flags::IBV_SEND_SOLICITED),
+        fence: send_flag(w.send_flags, ibv_send_flags::IBV_SEND_FENCE),
     })
 }
 
-/// Posts converted WRs in order, stopping at the first the core refuses;
-/// transmits what became due. Returns 0 or the errno and the index of the
-/// refused WR.
+/// Posts converted WRs in order, stopping at the first the core refuses.
+/// Returns 0 or the errno and the index of the refused WR.
 pub(crate) fn post_send_wrs(q: &Qp, wrs: impl IntoIterator<Item = Result<SendWr, i32>>) -> (i32, usize) {
-    let t = engine::now();
-    let mut core = q.shared.core.lock().unwrap_or_else(|e| e.into_inner());
-    let busy = core.poll_timeout().is_some();
-    let mut res = (0, 0);
-    let mut small = true;
-    for (i, w) in wrs.into_iter().enumerate() {
-        if let Ok(sw) = &w {
-            small &= sw.length() <= DEFER_MAX_LEN;
-        }
-        if let Err(e) = w.and_then(|sw| core.post_send(t, sw).map_err(|e| e.errno().0)) {
-            res = (e, i);
-            break;
-        }
-    }
-    if busy && small && crate::config::defer() {
-        // Packets are outstanding, so an answer will wake the engine, which
-        // then sends these together with whatever else is due (one GSO
-        // datagram for a run of small packets instead of a syscall each).
-        q.dev.engine.defer(&q.shared);
-    } else {
-        with_tx(&q.dev, |tx| drain_locked(&q.dev, &q.shared, &mut core, t, tx));
-    }
-    let deadline = core.poll_timeout();
-    drop(core);
-    q.dev.engine.note_deadline(deadline);
-    res
+    engine::post_send(&q.dev, &q.shared, wrs)
 }
 
-/// Messages up to this size may be left to the engine when the QP is busy.
-const DEFER_MAX_LEN: u64 = 4096;
-
 /// `ops.post_send`.
+///
+/// # Safety
+/// `qp` must be NULL or a live QP of ours (`ibv_create_qp` / `ibv_create_qp_ex`).
+/// `wr` must be NULL or the head of a chain of valid `ibv_send_wr`s (each `next` NULL or valid), each `sg_list` holding `num_sge` valid SGEs; the buffers of an INLINE WR must be readable for their lengths.
+/// `bad_wr` must be NULL or valid for writing one pointer.
 pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr: *mut *mut ibv_send_wr) -> c_int {
     ffi_guard!(libc::EIO, {
         // SAFETY: qp is ours.
@@ -517,6 +475,11 @@ pub unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad_wr
 }
 
 /// `ops.post_recv`.
+///
+/// # Safety
+/// `qp` must be NULL or a live QP of ours (`ibv_create_qp` / `ibv_create_qp_ex`).
+/// `wr` must be NULL or the head of a chain of valid `ibv_recv_wr`s (each `next` NULL or valid), each `sg_list` holding `num_sge` valid SGEs.
+/// `bad_wr` must be NULL or valid for writing one pointer.
 pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr: *mut *mut ibv_recv_wr) -> c_int {
     ffi_guard!(libc::EIO, {
         if qp.is_null() {
@@ -524,38 +487,31 @@ pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr
         }
         // SAFETY: qp is ours.
         let q = unsafe { &*(qp as *const Qp) };
-        let mut core = q.shared.core.lock().unwrap_or_else(|e| e.into_inner());
+        let max_sge = q.caps.max_recv_sge;
+        // `last` is the WR most recently handed out, i.e. the refused one
+        // when posting stops with an error.
+        let last = std::cell::Cell::new(std::ptr::null_mut::<ibv_recv_wr>());
         let mut cur = wr;
-        let mut err = 0;
-        while !cur.is_null() {
+        let chain = std::iter::from_fn(|| {
+            if cur.is_null() {
+                return None;
+            }
+            last.set(cur);
             // SAFETY: the WR chain is valid per the API contract.
             let w = unsafe { &*cur };
-            if w.num_sge < 0 || w.num_sge as u32 > q.caps.max_recv_sge {
-                err = libc::EINVAL;
-                break;
-            }
-            let rw = RecvWr {
-                wr_id: w.wr_id,
-                // SAFETY: SGE list valid per the contract.
-                sges: unsafe { sges(w.sg_list, w.num_sge) },
-            };
-            if let Err(e) = core.post_recv(rw) {
-                err = e.errno().0;
-                break;
-            }
             cur = w.next;
-        }
+            if w.num_sge < 0 || w.num_sge as u32 > max_sge {
+                return Some(Err(libc::EINVAL));
+            }
+            // SAFETY: SGE list valid per the contract.
+            let sges = unsafe { sges(w.sg_list, w.num_sge) };
+            Some(Ok(RecvWr { wr_id: w.wr_id, sges }))
+        });
+        let (err, _) = engine::post_recv(&q.dev, &q.shared, chain);
         if err != 0 && !bad_wr.is_null() {
             // SAFETY: valid out-pointer.
-            unsafe { *bad_wr = cur };
+            unsafe { *bad_wr = last.get() };
         }
-        // Receives can unblock an RNR-waiting peer only via its retry; but in ERR
-        // they complete at once (flush), so deliver completions now.
-        let t = engine::now();
-        with_tx(&q.dev, |tx| drain_locked(&q.dev, &q.shared, &mut core, t, tx));
-        let deadline = core.poll_timeout();
-        drop(core);
-        q.dev.engine.note_deadline(deadline);
         err
     })
 }
@@ -573,6 +529,9 @@ pub unsafe fn ack_async(qp: *mut ibv_qp) {
 
 /// `ibv_query_qp_data_in_order`: we guarantee nothing beyond the verbs
 /// ordering rules, like a provider without the op (returns 0).
+///
+/// # Safety
+/// No requirements: no argument is dereferenced.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_qp_data_in_order(_qp: *mut ibv_qp, _op: u32, _flags: u32) -> c_int {
     ffi_guard!(0, { 0 })

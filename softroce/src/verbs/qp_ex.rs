@@ -12,34 +12,35 @@
 
 use std::ffi::{c_int, c_void};
 
-use rdma_sys::{ibv_context, ibv_data_buf, ibv_qp, ibv_qp_ex, ibv_qp_init_attr, ibv_qp_init_attr_ex, ibv_sge};
+use rdma_sys::{
+    ibv_context, ibv_data_buf, ibv_qp, ibv_qp_create_send_ops_flags, ibv_qp_ex, ibv_qp_init_attr, ibv_qp_init_attr_ex,
+    ibv_qp_init_attr_mask, ibv_send_flags, ibv_sge,
+};
 
-use super::qp::{create_rc_qp, post_send_wrs, Qp};
+use super::qp::{create_rc_qp, post_send_wrs, send_flag, Qp, WrBatch};
 use super::{ffi_guard, null_err};
-use crate::device;
+use crate::driver::limits;
 use crate::proto::{SendWr, Sge, WrOpcode};
 
+const WITH_RDMA_WRITE: u64 = ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_RDMA_WRITE.0 as u64;
+const WITH_RDMA_WRITE_WITH_IMM: u64 = ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM.0 as u64;
+const WITH_SEND: u64 = ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_SEND.0 as u64;
+const WITH_SEND_WITH_IMM: u64 = ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_SEND_WITH_IMM.0 as u64;
+const WITH_RDMA_READ: u64 = ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_RDMA_READ.0 as u64;
+const WITH_ATOMIC_CMP_AND_SWP: u64 = ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP.0 as u64;
+const WITH_ATOMIC_FETCH_AND_ADD: u64 = ibv_qp_create_send_ops_flags::IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD.0 as u64;
 /// `ibv_qp_create_send_ops_flags` softroce supports.
-pub const SUPPORTED_SEND_OPS: u64 = 0x7f;
-const WITH_RDMA_WRITE: u64 = 1;
-const WITH_RDMA_WRITE_WITH_IMM: u64 = 2;
-const WITH_SEND: u64 = 4;
-const WITH_SEND_WITH_IMM: u64 = 8;
-const WITH_RDMA_READ: u64 = 16;
-const WITH_ATOMIC_CMP_AND_SWP: u64 = 32;
-const WITH_ATOMIC_FETCH_AND_ADD: u64 = 64;
+pub const SUPPORTED_SEND_OPS: u64 = WITH_RDMA_WRITE
+    | WITH_RDMA_WRITE_WITH_IMM
+    | WITH_SEND
+    | WITH_SEND_WITH_IMM
+    | WITH_RDMA_READ
+    | WITH_ATOMIC_CMP_AND_SWP
+    | WITH_ATOMIC_FETCH_AND_ADD;
 
-const INIT_ATTR_PD: u32 = 1;
-const INIT_ATTR_CREATE_FLAGS: u32 = 4;
-const INIT_ATTR_SEND_OPS_FLAGS: u32 = 64;
-
-/// Work requests being built between `wr_start` and `wr_complete`.
-#[derive(Debug, Default)]
-pub struct WrBatch {
-    wrs: Vec<SendWr>,
-    /// First error of a builder call (reported by `wr_complete`).
-    err: i32,
-}
+const INIT_ATTR_PD: u32 = ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_PD.0;
+const INIT_ATTR_CREATE_FLAGS: u32 = ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_CREATE_FLAGS.0;
+const INIT_ATTR_SEND_OPS_FLAGS: u32 = ibv_qp_init_attr_mask::IBV_QP_INIT_ATTR_SEND_OPS_FLAGS.0;
 
 /// Fills the builder slots for the requested operations.
 pub fn fill_ops(ex: &mut ibv_qp_ex, ops: u64) {
@@ -74,6 +75,10 @@ pub fn fill_ops(ex: &mut ibv_qp_ex, ops: u64) {
 }
 
 /// `verbs_context.create_qp_ex`.
+///
+/// # Safety
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `attr` must be NULL or valid for reads and writes of one `ibv_qp_init_attr_ex`.
 pub unsafe extern "C" fn create_qp_ex(ctx: *mut ibv_context, attr: *mut ibv_qp_init_attr_ex) -> *mut ibv_qp {
     ffi_guard!(std::ptr::null_mut(), {
         if ctx.is_null() || attr.is_null() {
@@ -111,10 +116,14 @@ pub unsafe extern "C" fn create_qp_ex(ctx: *mut ibv_context, attr: *mut ibv_qp_i
             qp_type: a.qp_type,
             sq_sig_all: a.sq_sig_all,
         };
-        match create_rc_qp(a.pd, &mut basic, send_ops) {
+        match create_rc_qp(a.pd, &mut basic, send_ops.is_some()) {
             Ok(q) => {
+                if let Some(ops) = send_ops {
+                    // SAFETY: q is the QP just created, not yet visible to the application.
+                    fill_ops(unsafe { &mut (*q).ex }, ops);
+                }
                 a.cap = basic.cap;
-                q
+                q as *mut ibv_qp
             }
             Err(e) => null_err(e),
         }
@@ -122,6 +131,9 @@ pub unsafe extern "C" fn create_qp_ex(ctx: *mut ibv_context, attr: *mut ibv_qp_i
 }
 
 /// Returns the extension of a QP created with send_ops_flags, else NULL.
+///
+/// # Safety
+/// `qp` must be NULL or a live QP of ours (`ibv_create_qp` / `ibv_create_qp_ex`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
     ffi_guard!(std::ptr::null_mut(), {
@@ -149,9 +161,9 @@ unsafe fn begin(qpx: *mut ibv_qp_ex, opcode: WrOpcode, f: impl FnOnce(&mut SendW
     let q = unsafe { qp_of(qpx) };
     let (wr_id, flags) = (q.ex.wr_id, q.ex.wr_flags);
     let mut w = SendWr::new(wr_id, opcode);
-    w.signaled = flags & 2 != 0;
-    w.solicited = flags & 4 != 0;
-    w.fence = flags & 1 != 0;
+    w.signaled = send_flag(flags, ibv_send_flags::IBV_SEND_SIGNALED);
+    w.solicited = send_flag(flags, ibv_send_flags::IBV_SEND_SOLICITED);
+    w.fence = send_flag(flags, ibv_send_flags::IBV_SEND_FENCE);
     f(&mut w);
     q.batch.lock().unwrap().wrs.push(w);
 }
@@ -175,6 +187,8 @@ unsafe fn with_last(qpx: *mut ibv_qp_ex, f: impl FnOnce(&Qp, &mut SendWr) -> Res
     }
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_start(qpx: *mut ibv_qp_ex) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -183,6 +197,8 @@ unsafe extern "C" fn wr_start(qpx: *mut ibv_qp_ex) {
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -191,6 +207,8 @@ unsafe extern "C" fn wr_abort(qpx: *mut ibv_qp_ex) {
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
     ffi_guard!(libc::EIO, {
         // SAFETY: qpx is ours (header contract).
@@ -203,6 +221,8 @@ unsafe extern "C" fn wr_complete(qpx: *mut ibv_qp_ex) -> c_int {
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_rdma_write(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -215,6 +235,8 @@ unsafe extern "C" fn wr_rdma_write(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: 
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_rdma_write_imm(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, imm: u32) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -228,6 +250,8 @@ unsafe extern "C" fn wr_rdma_write_imm(qpx: *mut ibv_qp_ex, rkey: u32, remote_ad
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_send(qpx: *mut ibv_qp_ex) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -235,6 +259,8 @@ unsafe extern "C" fn wr_send(qpx: *mut ibv_qp_ex) {
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_send_imm(qpx: *mut ibv_qp_ex, imm: u32) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -242,6 +268,8 @@ unsafe extern "C" fn wr_send_imm(qpx: *mut ibv_qp_ex, imm: u32) {
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_rdma_read(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -254,6 +282,8 @@ unsafe extern "C" fn wr_rdma_read(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_atomic_cmp_swp(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, compare: u64, swap: u64) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -268,6 +298,8 @@ unsafe extern "C" fn wr_atomic_cmp_swp(qpx: *mut ibv_qp_ex, rkey: u32, remote_ad
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_atomic_fetch_add(qpx: *mut ibv_qp_ex, rkey: u32, remote_addr: u64, add: u64) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -281,6 +313,8 @@ unsafe extern "C" fn wr_atomic_fetch_add(qpx: *mut ibv_qp_ex, rkey: u32, remote_
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
 unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -294,6 +328,9 @@ unsafe extern "C" fn wr_set_sge(qpx: *mut ibv_qp_ex, lkey: u32, addr: u64, lengt
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
+/// `list` must be valid for reading `n` `ibv_sge`s.
 unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
     ffi_guard!((), {
         // SAFETY: qpx is ours (header contract).
@@ -329,7 +366,7 @@ unsafe extern "C" fn wr_set_sge_list(qpx: *mut ibv_qp_ex, n: usize, list: *const
 /// Every `(addr, len)` must be readable.
 unsafe fn set_inline(w: &mut SendWr, pieces: &[(*const u8, usize)]) -> Result<(), i32> {
     let total: usize = pieces.iter().map(|p| p.1).sum();
-    if total > device::MAX_INLINE as usize || w.opcode.is_read_or_atomic() {
+    if total > limits::MAX_INLINE as usize || w.opcode.is_read_or_atomic() {
         return Err(libc::EINVAL);
     }
     let mut v = Vec::with_capacity(total);
@@ -344,6 +381,9 @@ unsafe fn set_inline(w: &mut SendWr, pieces: &[(*const u8, usize)]) -> Result<()
     Ok(())
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
+/// `addr` must be readable for `length` bytes.
 unsafe extern "C" fn wr_set_inline_data(qpx: *mut ibv_qp_ex, addr: *mut c_void, length: usize) {
     ffi_guard!((), {
         // SAFETY: qpx is ours; addr/length readable (header contract).
@@ -351,6 +391,9 @@ unsafe extern "C" fn wr_set_inline_data(qpx: *mut ibv_qp_ex, addr: *mut c_void, 
     })
 }
 
+/// # Safety
+/// `qpx` must be the extension of a live QP of ours created with send_ops_flags (the header dispatches through it).
+/// `list` must be valid for reading `n` `ibv_data_buf`s, each readable for its length.
 unsafe extern "C" fn wr_set_inline_data_list(qpx: *mut ibv_qp_ex, n: usize, list: *const ibv_data_buf) {
     ffi_guard!((), {
         // SAFETY: qpx is ours; the n buffers are readable (header contract).

@@ -1,63 +1,20 @@
-//! Shared receive queues: receive WQEs that any QP attached to the SRQ may
-//! consume. The core's responder asks for one through
-//! `MemoryAccess::take_srq_recv` when it needs a receive WQE; an empty SRQ
-//! makes it answer with an RNR NAK (the requester retries). The SRQ limit
-//! event fires once when a WQE is taken while fewer than `srq_limit` remain.
+//! Shared receive queues: the `ibv_srq` object over the driver's
+//! [`SrqInner`].
 
-use std::collections::VecDeque;
 use std::ffi::c_int;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use rdma_sys::{ibv_pd, ibv_recv_wr, ibv_srq, ibv_srq_attr, ibv_srq_init_attr};
 
-use super::context::{AsyncQueue, Context};
+use super::ctx::Context;
 use super::mr::Pd;
 use super::{ffi_guard, int_err, null_err};
-use crate::device;
+use crate::driver::srq::SrqInner;
 use crate::proto::{RecvWr, Sge};
 
-const SRQ_MAX_WR: c_int = 1;
-const SRQ_LIMIT: c_int = 2;
-
-/// SRQ state shared with the engine (through the attached QPs).
-pub struct SrqInner {
-    queue: Mutex<VecDeque<RecvWr>>,
-    max_wr: AtomicU32,
-    pub max_sge: u32,
-    /// Armed limit (0 = not armed).
-    limit: AtomicU32,
-    pub pd: u32,
-    /// QPs attached (destroy fails with EBUSY while non-zero).
-    pub users: AtomicUsize,
-    async_q: Arc<AsyncQueue>,
-    ibv_ptr: AtomicUsize,
-}
-
-impl SrqInner {
-    /// Takes the oldest receive WQE (for the responder of an attached QP).
-    pub fn take(&self) -> Option<RecvWr> {
-        let (w, left) = {
-            let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-            let w = q.pop_front()?;
-            (w, q.len() as u32)
-        };
-        let lim = self.limit.load(Ordering::Acquire);
-        if lim != 0
-            && left < lim
-            && self
-                .limit
-                .compare_exchange(lim, 0, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            self.async_q.push(
-                rdma_sys::ibv_event_type::IBV_EVENT_SRQ_LIMIT_REACHED,
-                self.ibv_ptr.load(Ordering::Relaxed),
-            );
-        }
-        Some(w)
-    }
-}
+const SRQ_MAX_WR: c_int = rdma_sys::ibv_srq_attr_mask::IBV_SRQ_MAX_WR.0 as c_int;
+const SRQ_LIMIT: c_int = rdma_sys::ibv_srq_attr_mask::IBV_SRQ_LIMIT.0 as c_int;
 
 /// `struct ibv_srq` and our state.
 #[repr(C)]
@@ -75,6 +32,9 @@ impl Srq {
     }
 }
 
+/// # Safety
+/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
+/// `attr` must be NULL or valid for reads and writes of one `ibv_srq_init_attr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init_attr) -> *mut ibv_srq {
     ffi_guard!(std::ptr::null_mut(), {
@@ -88,24 +48,14 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init
         // SAFETY: attr is a valid in/out pointer per the API contract.
         let a = unsafe { &mut *attr };
         let at = &mut a.attr;
-        if at.max_wr == 0 || at.max_wr > device::MAX_SRQ_WR || at.max_sge > device::MAX_SGE || at.srq_limit > at.max_wr
-        {
-            return null_err(libc::EINVAL);
-        }
         // SAFETY: the PD's context pointer is our live context.
         let Some(ctx) = (unsafe { Context::from_ibv(p.ibv.context) }) else {
             return null_err(libc::EINVAL);
         };
-        let inner = Arc::new(SrqInner {
-            queue: Mutex::new(VecDeque::with_capacity(at.max_wr as usize)),
-            max_wr: AtomicU32::new(at.max_wr),
-            max_sge: at.max_sge.max(1),
-            limit: AtomicU32::new(0),
-            pd: p.ibv.handle,
-            users: AtomicUsize::new(0),
-            async_q: ctx.async_q.clone(),
-            ibv_ptr: AtomicUsize::new(0),
-        });
+        let inner = match SrqInner::new(at.max_wr, at.max_sge, at.srq_limit, p.ibv.handle, ctx.async_q.clone()) {
+            Ok(i) => Arc::new(i),
+            Err(e) => return null_err(e),
+        };
         // SAFETY: ibv_srq is plain data; zeroed mutex/cond are static initialisers.
         let mut ibv: ibv_srq = unsafe { std::mem::zeroed() };
         ibv.context = p.ibv.context;
@@ -114,13 +64,16 @@ pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, attr: *mut ibv_srq_init
         ibv.handle = p.dev.alloc_handle();
         let shared = inner.clone();
         let s = Box::into_raw(Box::new(Srq { ibv, inner }));
-        shared.ibv_ptr.store(s as usize, Ordering::Relaxed);
+        shared.set_ibv_ptr(s as usize);
         // Granted attributes go back to the caller (srq_limit is not armed at creation).
         at.max_sge = shared.max_sge;
         s as *mut ibv_srq
     })
 }
 
+/// # Safety
+/// `srq` must be NULL or a live SRQ of ours (`ibv_create_srq`).
+/// `attr` must be NULL or valid for reads and writes of one `ibv_srq_attr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -133,27 +86,18 @@ pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_at
         }
         // SAFETY: attr is valid for reading.
         let a = unsafe { &*attr };
-        let i = &s.inner;
-        let max_wr = if mask & SRQ_MAX_WR != 0 {
-            let queued = i.queue.lock().unwrap_or_else(|e| e.into_inner()).len() as u32;
-            if a.max_wr == 0 || a.max_wr > device::MAX_SRQ_WR || a.max_wr < queued {
-                return int_err(libc::EINVAL);
-            }
-            a.max_wr
-        } else {
-            i.max_wr.load(Ordering::Relaxed)
-        };
-        if mask & SRQ_LIMIT != 0 && a.srq_limit > max_wr {
-            return int_err(libc::EINVAL);
+        let max_wr = (mask & SRQ_MAX_WR != 0).then_some(a.max_wr);
+        let limit = (mask & SRQ_LIMIT != 0).then_some(a.srq_limit);
+        match s.inner.modify(max_wr, limit) {
+            Ok(()) => 0,
+            Err(e) => int_err(e),
         }
-        i.max_wr.store(max_wr, Ordering::Relaxed);
-        if mask & SRQ_LIMIT != 0 {
-            i.limit.store(a.srq_limit, Ordering::Release);
-        }
-        0
     })
 }
 
+/// # Safety
+/// `srq` must be NULL or a live SRQ of ours (`ibv_create_srq`).
+/// `attr` must be NULL or valid for reads and writes of one `ibv_srq_attr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -164,18 +108,21 @@ pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_att
         if attr.is_null() {
             return int_err(libc::EINVAL);
         }
+        let (max_wr, srq_limit) = s.inner.query();
         // SAFETY: attr is a valid out-pointer.
         unsafe {
             *attr = ibv_srq_attr {
-                max_wr: s.inner.max_wr.load(Ordering::Relaxed),
+                max_wr,
                 max_sge: s.inner.max_sge,
-                srq_limit: s.inner.limit.load(Ordering::Acquire),
+                srq_limit,
             }
         };
         0
     })
 }
 
+/// # Safety
+/// `srq` must be NULL or a live SRQ of ours (`ibv_create_srq`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
     ffi_guard!(libc::EIO, {
@@ -193,6 +140,11 @@ pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
 }
 
 /// `ops.post_srq_recv`.
+///
+/// # Safety
+/// `srq` must be NULL or a live SRQ of ours (`ibv_create_srq`).
+/// `wr` must be NULL or the head of a chain of valid `ibv_recv_wr`s (each `next` NULL or valid), each `sg_list` holding `num_sge` valid SGEs.
+/// `bad_wr` must be NULL or valid for writing one pointer.
 pub unsafe extern "C" fn post_srq_recv(
     srq: *mut ibv_srq,
     wr: *mut ibv_recv_wr,
@@ -203,42 +155,50 @@ pub unsafe extern "C" fn post_srq_recv(
         let Some(s) = (unsafe { Srq::from_ibv(srq) }) else {
             return libc::EINVAL;
         };
-        let i = &s.inner;
-        let mut q = i.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let max_sge = s.inner.max_sge;
+        // `last` is the WR most recently handed out, i.e. the refused one
+        // when posting stops with an error.
+        let last = std::cell::Cell::new(std::ptr::null_mut::<ibv_recv_wr>());
         let mut cur = wr;
-        while !cur.is_null() {
+        let chain = std::iter::from_fn(|| {
+            if cur.is_null() {
+                return None;
+            }
+            last.set(cur);
             // SAFETY: the WR chain is valid per the API contract.
             let w = unsafe { &*cur };
-            let err = if w.num_sge < 0 || w.num_sge as u32 > i.max_sge {
-                libc::EINVAL
-            } else if q.len() as u32 >= i.max_wr.load(Ordering::Relaxed) {
-                libc::ENOMEM
-            } else {
-                0
-            };
-            if err != 0 {
-                if !bad_wr.is_null() {
-                    // SAFETY: valid out-pointer.
-                    unsafe { *bad_wr = cur };
-                }
-                return err;
-            }
-            let sges = if w.num_sge == 0 || w.sg_list.is_null() {
-                Vec::new()
-            } else {
-                // SAFETY: num_sge valid SGEs per the API contract.
-                unsafe { std::slice::from_raw_parts(w.sg_list, w.num_sge as usize) }
-                    .iter()
-                    .map(|e| Sge {
-                        addr: e.addr,
-                        length: e.length,
-                        lkey: e.lkey,
-                    })
-                    .collect()
-            };
-            q.push_back(RecvWr { wr_id: w.wr_id, sges });
             cur = w.next;
+            if w.num_sge < 0 || w.num_sge as u32 > max_sge {
+                return Some(Err(libc::EINVAL));
+            }
+            // SAFETY: num_sge valid SGEs per the API contract.
+            let sges = unsafe { sges(w.sg_list, w.num_sge) };
+            Some(Ok(RecvWr { wr_id: w.wr_id, sges }))
+        });
+        let (err, _) = s.inner.post(chain);
+        if err != 0 && !bad_wr.is_null() {
+            // SAFETY: valid out-pointer.
+            unsafe { *bad_wr = last.get() };
         }
-        0
+        err
     })
+}
+
+/// The SGEs of a WR.
+///
+/// # Safety
+/// `sg` must point to `n` valid `ibv_sge`s (or n <= 0, or NULL).
+pub(crate) unsafe fn sges(sg: *const rdma_sys::ibv_sge, n: c_int) -> Vec<Sge> {
+    if n <= 0 || sg.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: per the contract.
+    let s = unsafe { std::slice::from_raw_parts(sg, n as usize) };
+    s.iter()
+        .map(|e| Sge {
+            addr: e.addr,
+            length: e.length,
+            lkey: e.lkey,
+        })
+        .collect()
 }

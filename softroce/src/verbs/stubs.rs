@@ -138,6 +138,11 @@ pub extern "C" fn verbs_allow_disassociate_destroy(_ret: c_int) -> bool {
 }
 
 /// `void verbs_init_cq(cq, ctx, channel, cq_context)`: initialise the generic CQ fields.
+///
+/// # Safety
+/// `cq` must be NULL or valid for writing one `ibv_cq` that no other thread uses yet.
+/// `ctx` must be NULL or a context returned by our `ibv_open_device` and not yet closed.
+/// `channel` must be NULL or a live completion channel of ours (`ibv_create_comp_channel`).
 #[no_mangle]
 pub unsafe extern "C" fn verbs_init_cq(
     cq: *mut ibv_cq,
@@ -294,6 +299,9 @@ fn ah_from_kern(dst: &mut ibv_ah_attr, src: &IbUverbsAhAttr) {
     dst.port_num = src.port_num;
 }
 
+/// # Safety
+/// `dst` must be NULL or valid for reads and writes of one `ibv_ah_attr`.
+/// `src` must be NULL or valid for reading one `IbUverbsAhAttr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_copy_ah_attr_from_kern(dst: *mut ibv_ah_attr, src: *const IbUverbsAhAttr) {
     ffi_guard!((), {
@@ -305,6 +313,9 @@ pub unsafe extern "C" fn ibv_copy_ah_attr_from_kern(dst: *mut ibv_ah_attr, src: 
     })
 }
 
+/// # Safety
+/// `dst` must be NULL or valid for reads and writes of one `ibv_qp_attr`.
+/// `src` must be NULL or valid for reading one `IbUverbsQpAttr`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_copy_qp_attr_from_kern(dst: *mut ibv_qp_attr, src: *const IbUverbsQpAttr) {
     ffi_guard!((), {
@@ -344,6 +355,9 @@ pub unsafe extern "C" fn ibv_copy_qp_attr_from_kern(dst: *mut ibv_qp_attr, src: 
     })
 }
 
+/// # Safety
+/// `dst` must be NULL or valid for reads and writes of one `IbvSaPathRec`.
+/// `src` must be NULL or valid for reading one `IbUserPathRec`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_copy_path_rec_from_kern(dst: *mut IbvSaPathRec, src: *const IbUserPathRec) {
     ffi_guard!((), {
@@ -374,6 +388,9 @@ pub unsafe extern "C" fn ibv_copy_path_rec_from_kern(dst: *mut IbvSaPathRec, src
     })
 }
 
+/// # Safety
+/// `dst` must be NULL or valid for reads and writes of one `IbUserPathRec`.
+/// `src` must be NULL or valid for reading one `IbvSaPathRec`.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_copy_path_rec_to_kern(dst: *mut IbUserPathRec, src: *const IbvSaPathRec) {
     ffi_guard!((), {

@@ -146,7 +146,7 @@ pub fn create_qp_on(c: &Ctx, cq: *mut ibv_cq) -> Qp {
     }
 }
 
-fn gid(c: &Ctx, idx: i32) -> ibv_gid {
+pub fn gid(c: &Ctx, idx: i32) -> ibv_gid {
     // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     unsafe {
         let mut g: ibv_gid = std::mem::zeroed();

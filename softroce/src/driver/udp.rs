@@ -13,7 +13,8 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-pub const ROCE_PORT: u16 = 4791;
+use crate::wire::ROCEV2_UDP_PORT;
+
 /// Largest single RoCE packet we accept (a 4096-byte MTU packet is 4096 + 60; jumbo slack).
 pub const MAX_PACKET: usize = 9216;
 /// Largest datagram we receive (a GRO super-datagram).
@@ -22,9 +23,6 @@ pub const MAX_DGRAM: usize = 65536;
 pub const MAX_GSO_SEGS: usize = 64;
 /// Largest GSO datagram payload.
 pub const MAX_GSO_BYTES: usize = 65000;
-
-const UDP_SEGMENT: i32 = 103;
-const UDP_GRO: i32 = 104;
 
 pub struct UdpSocket {
     fd: RawFd,
@@ -111,11 +109,11 @@ impl UdpSocket {
         // GRO is always on: a peer's GSO datagram then arrives whole, so each
         // segment's index (= its IP ID, inside the ICRC) is known. Without it
         // the kernel would split the datagram and the IDs would be lost.
-        let gro = setsockopt_int(fd, libc::SOL_UDP, UDP_GRO, 1).is_ok();
+        let gro = setsockopt_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
         if gso && gro {
             s.gso.store(true, Ordering::Relaxed);
         }
-        let sa = sockaddr(addr, ROCE_PORT);
+        let sa = sockaddr(addr, ROCEV2_UDP_PORT);
         // SAFETY: sa is a valid sockaddr_in of the size passed.
         let r = unsafe {
             libc::bind(
@@ -155,7 +153,7 @@ impl UdpSocket {
     /// (and `buf` is longer), with the IPv4 TTL / TOS of `ip` when non-zero.
     pub fn send(&self, buf: &[u8], seg: Option<usize>, dst: Ipv4Addr, ip: Ip) -> io::Result<()> {
         let seg = seg.filter(|&s| buf.len() > s);
-        let mut sa = sockaddr(dst, ROCE_PORT);
+        let mut sa = sockaddr(dst, ROCEV2_UDP_PORT);
         let mut iov = libc::iovec {
             iov_base: buf.as_ptr() as *mut libc::c_void,
             iov_len: buf.len(),
@@ -172,7 +170,7 @@ impl UdpSocket {
         let mut cmsgs: [(i32, i32, u32, usize); 3] = [(0, 0, 0, 0); 3];
         let mut n = 0;
         if let Some(s) = seg {
-            cmsgs[n] = (libc::SOL_UDP, UDP_SEGMENT, s as u32, 2);
+            cmsgs[n] = (libc::SOL_UDP, libc::UDP_SEGMENT, s as u32, 2);
             n += 1;
         }
         if ip.ttl != 0 {
@@ -275,7 +273,7 @@ impl UdpSocket {
             unsafe {
                 let mut c = libc::CMSG_FIRSTHDR(h);
                 while !c.is_null() {
-                    if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == UDP_GRO {
+                    if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
                         let v = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const u16) as usize;
                         if v > 0 {
                             seg = v;

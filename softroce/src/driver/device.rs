@@ -1,0 +1,116 @@
+//! The per-process device instance, shared by every context opened on the
+//! device: its address, GIDs and MTU, its socket, its MR table, the
+//! allocators of keys, handles and QP numbers, and its engine's state.
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use super::addr::ipv4_mapped_gid;
+use super::engine_state::Engine;
+use super::mem::MrTable;
+use super::udp::UdpSocket;
+
+/// `ibv_gid_entry.gid_type` values (enum ibv_gid_type).
+pub const GID_TYPE_ROCE_V1: u32 = 1;
+pub const GID_TYPE_ROCE_V2: u32 = 2;
+/// `ibv_query_gid_type()` values (enum ibv_gid_type_sysfs of rdma-core's driver.h).
+pub const GID_TYPE_SYSFS_ROCE_V1: u32 = 0;
+pub const GID_TYPE_SYSFS_ROCE_V2: u32 = 1;
+
+/// Per-process device instance, shared by every context opened on the device.
+pub struct Device {
+    pub index: usize,
+    pub name: String,
+    pub addr: Ipv4Addr,
+    /// Link MTU of the interface the address lives on.
+    pub link_mtu: u32,
+    /// Active MTU as an `ibv_mtu` enum value (1 = 256 ... 5 = 4096).
+    pub active_mtu: u32,
+    /// Index of the network interface holding `addr` (`ibv_gid_entry.ndev_ifindex`).
+    pub ifindex: u32,
+    pub guid: u64,
+    pub sock: UdpSocket,
+    pub mrs: MrTable,
+    next_key: AtomicU32,
+    next_handle: AtomicU32,
+    next_qpn: AtomicU32,
+    pub engine: Engine,
+}
+
+impl Device {
+    /// A device bound to `sock` (whose address is `sock.local`).
+    pub fn new(index: usize, sock: UdpSocket, link_mtu: u32, active_mtu: u32, ifindex: u32, guid: u64) -> Device {
+        Device {
+            index,
+            name: format!("softroce{index}"),
+            addr: sock.local,
+            link_mtu,
+            active_mtu,
+            ifindex,
+            guid,
+            sock,
+            mrs: MrTable::default(),
+            next_key: AtomicU32::new(0x0000_1201 + ((std::process::id() & 0xff) << 8)),
+            next_handle: AtomicU32::new(1),
+            next_qpn: AtomicU32::new(0x11),
+            engine: Engine::new(),
+        }
+    }
+
+    /// The GID at `index`, or None for an empty slot.
+    pub fn gid(&self, index: usize) -> Option<[u8; 16]> {
+        match index {
+            0 | 1 => {
+                let mut g = [0u8; 16];
+                g[0] = 0xfe;
+                g[1] = 0x80;
+                g[8..].copy_from_slice(&self.guid.to_be_bytes());
+                Some(g)
+            }
+            2 | 3 => Some(ipv4_mapped_gid(self.addr)),
+            _ => None,
+        }
+    }
+
+    /// GID type for `ibv_gid_entry` (1 = RoCE v1, 2 = RoCE v2).
+    pub fn gid_type(&self, index: usize) -> Option<u32> {
+        match index {
+            0 | 2 => Some(GID_TYPE_ROCE_V1),
+            1 | 3 => Some(GID_TYPE_ROCE_V2),
+            _ => None,
+        }
+    }
+
+    pub fn alloc_handle(&self) -> u32 {
+        self.next_handle.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A fresh lkey/rkey: an index in the upper 24 bits and a generation byte.
+    pub fn alloc_key(&self) -> u32 {
+        loop {
+            let k = self.next_key.fetch_add(0x101, Ordering::Relaxed);
+            if k != 0 && !self.mrs.read().contains_key(&k) {
+                return k;
+            }
+        }
+    }
+
+    /// A fresh 24-bit QP number (0 and 1 are reserved for QP0/QP1).
+    pub fn alloc_qpn(&self) -> u32 {
+        loop {
+            let q = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
+            if q >= 2 && !self.engine.has_qp(q) {
+                return q;
+            }
+        }
+    }
+
+    pub fn gid_index_of(&self, gid: &[u8; 16]) -> Option<usize> {
+        (0..4).find(|&i| self.gid(i).as_ref() == Some(gid))
+    }
+
+    /// A PD is still used by an MR or a QP (`ibv_dealloc_pd` fails with EBUSY).
+    pub fn pd_in_use(&self, pd: u32) -> bool {
+        self.mrs.pd_in_use(pd) || self.engine.pd_in_use(pd)
+    }
+}

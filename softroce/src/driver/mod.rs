@@ -1,0 +1,35 @@
+//! The driver: the NIC's own objects, below the C ABI (`verbs`, the only
+//! layer above it) and above the sans-IO core ([`crate::proto`]). Nothing here knows a C
+//! struct of the verbs API beyond the `rdma_sys` enums and the `ibv_*`
+//! numbering of statuses and events; nothing here imports `verbs`.
+//!
+//! * [`limits`] — what the device reports and enforces (shared with the core);
+//! * [`addr`] — address rules, GIDs, MTU from the link;
+//! * [`device`] — the per-process device instance; [`instances`] creates it;
+//! * [`mem`] — the MR table and the core's [`crate::proto::MemoryAccess`];
+//! * [`cq`], [`srq`], [`event`], [`qp`] — CQ rings and work completions,
+//!   shared receive queues, async events, a QP's shared state;
+//! * [`engine_state`] and [`engine`] — the progress engine's shared state
+//!   and its loop (receive, timers, draining QPs, posting);
+//! * [`tx`] — the transmitter (ICRC, GSO batches); [`udp`] — the socket;
+//! * [`clock`], [`rng`], [`activity`] — the core's clock, the fault
+//!   injector's random numbers, the doorbell idle pollers wait on;
+//!   [`idle`] — what an empty CQ poll does (yield, receive inline, wait).
+
+pub mod activity;
+pub mod addr;
+pub mod clock;
+pub mod cq;
+pub mod device;
+pub mod engine;
+pub mod engine_state;
+pub mod event;
+pub mod idle;
+pub mod instances;
+pub mod limits;
+pub mod mem;
+pub mod qp;
+pub mod rng;
+pub mod srq;
+pub mod tx;
+pub mod udp;
