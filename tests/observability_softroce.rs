@@ -210,9 +210,7 @@ fn the_statistics_file_counts_what_was_sent() {
         "\"totals\":{{\"comms\":2,\"send_bytes\":{want_bytes},\"send_messages\":{want_msgs},\"recv_bytes\":{want_bytes},\"recv_messages\":{want_msgs},\"errors\":0}}"
     );
     assert!(json.contains(&totals), "want {totals} in\n{json}");
-    assert!(
-        json.contains("\"pid\":") && json.contains("\"kind\":\"send\"") && json.contains("\"kind\":\"recv\"")
-    );
+    assert!(json.contains("\"pid\":") && json.contains("\"kind\":\"send\"") && json.contains("\"kind\":\"recv\""));
     // Each comm's WRs are the sum of its QPs' (2 QPs per connection).
     for comm in json.split("{\"kind\":").skip(1) {
         let num = |key: &str, from: &str| -> u64 {

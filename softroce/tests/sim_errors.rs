@@ -46,9 +46,9 @@ fn wrong_rkey_is_remote_access_error_and_writes_nothing() {
         assert_eq!(
             statuses(&p.ep[0].send_cq),
             vec![
-                (1, wc_status::SUCCESS),
-                (2, wc_status::REM_ACCESS_ERR),
-                (3, wc_status::WR_FLUSH_ERR)
+                (1, wc_status::IBV_WC_SUCCESS),
+                (2, wc_status::IBV_WC_REM_ACCESS_ERR),
+                (3, wc_status::IBV_WC_WR_FLUSH_ERR)
             ]
         );
         assert_eq!(p.ep[0].qp.state(), QpState::Err);
@@ -58,7 +58,7 @@ fn wrong_rkey_is_remote_access_error_and_writes_nothing() {
         assert!(p.ep[1].peek(DST, REGION) == expect, "responder memory changed");
         assert_eq!(p.ep[1].qp.state(), QpState::Err);
         assert_eq!(p.ep[1].events, vec![AsyncEvent::QpAccessError]);
-        assert_eq!(statuses(&p.ep[1].recv_cq), vec![(77, wc_status::WR_FLUSH_ERR)]);
+        assert_eq!(statuses(&p.ep[1].recv_cq), vec![(77, wc_status::IBV_WC_WR_FLUSH_ERR)]);
     }
 }
 
@@ -72,7 +72,7 @@ fn remote_read_and_atomic_access_errors() {
     let now = p.now;
     p.a().qp.post_send(now, rd).unwrap();
     p.run();
-    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::REM_ACCESS_ERR)]);
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::IBV_WC_REM_ACCESS_ERR)]);
 
     // Misaligned atomic → invalid request.
     let mut p = Pair::new(&Setup::default(), 13);
@@ -83,7 +83,7 @@ fn remote_read_and_atomic_access_errors() {
     let now = p.now;
     p.a().qp.post_send(now, fa).unwrap();
     p.run();
-    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::REM_INV_REQ_ERR)]);
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::IBV_WC_REM_INV_REQ_ERR)]);
     assert_eq!(p.ep[1].events, vec![AsyncEvent::QpRequestError]);
 }
 
@@ -99,7 +99,7 @@ fn qp_access_flags_enforced() {
     let now = p.now;
     p.a().qp.post_send(now, wr).unwrap();
     p.run();
-    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::REM_INV_REQ_ERR)]);
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::IBV_WC_REM_INV_REQ_ERR)]);
     assert_eq!(p.ep[1].peek(DST, 10), vec![0; 10]);
 }
 
@@ -128,7 +128,10 @@ fn peer_gone_retry_exceeded_after_retry_cnt() {
             p.run();
             assert_eq!(
                 statuses(&p.ep[0].send_cq),
-                vec![(1, wc_status::RETRY_EXC_ERR), (2, wc_status::WR_FLUSH_ERR)],
+                vec![
+                    (1, wc_status::IBV_WC_RETRY_EXC_ERR),
+                    (2, wc_status::IBV_WC_WR_FLUSH_ERR)
+                ],
                 "retry_cnt {retry_cnt}"
             );
             let st = p.ep[0].qp.stats();
@@ -224,8 +227,8 @@ fn rnr_nak_then_success_once_recv_posted() {
         })
         .unwrap();
     p.run();
-    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::SUCCESS)]);
-    assert_eq!(statuses(&p.ep[1].recv_cq), vec![(9, wc_status::SUCCESS)]);
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::IBV_WC_SUCCESS)]);
+    assert_eq!(statuses(&p.ep[1].recv_cq), vec![(9, wc_status::IBV_WC_SUCCESS)]);
     assert_eq!(p.ep[1].peek(DST, 3000), p.ep[0].peek(SRC, 3000));
 }
 
@@ -250,7 +253,10 @@ fn rnr_retry_exceeded() {
         p.run();
         assert_eq!(
             statuses(&p.ep[0].send_cq),
-            vec![(1, wc_status::RNR_RETRY_EXC_ERR), (2, wc_status::WR_FLUSH_ERR)]
+            vec![
+                (1, wc_status::IBV_WC_RNR_RETRY_EXC_ERR),
+                (2, wc_status::IBV_WC_WR_FLUSH_ERR)
+            ]
         );
         assert_eq!(p.ep[0].qp.stats().rnr_naks_received, u64::from(rnr_retry) + 1);
         // An RNR NAK is not fatal for the responder.
@@ -315,10 +321,16 @@ fn modify_to_err_flushes_everything_outstanding() {
         .unwrap();
     p.run();
     let st: Vec<_> = statuses(&p.ep[0].send_cq);
-    assert_eq!(st, (0..5).map(|k| (k, wc_status::WR_FLUSH_ERR)).collect::<Vec<_>>());
+    assert_eq!(
+        st,
+        (0..5).map(|k| (k, wc_status::IBV_WC_WR_FLUSH_ERR)).collect::<Vec<_>>()
+    );
     assert_eq!(
         statuses(&p.ep[0].recv_cq),
-        vec![(50, wc_status::WR_FLUSH_ERR), (51, wc_status::WR_FLUSH_ERR)]
+        vec![
+            (50, wc_status::IBV_WC_WR_FLUSH_ERR),
+            (51, wc_status::IBV_WC_WR_FLUSH_ERR)
+        ]
     );
     // Posting in ERR completes at once with a flush error.
     let now = p.now;
@@ -332,11 +344,11 @@ fn modify_to_err_flushes_everything_outstanding() {
         .unwrap();
     assert_eq!(
         p.a().qp.poll_completion().map(|c| (c.wr_id, c.status)),
-        Some((9, wc_status::WR_FLUSH_ERR))
+        Some((9, wc_status::IBV_WC_WR_FLUSH_ERR))
     );
     assert_eq!(
         p.a().qp.poll_completion().map(|c| (c.wr_id, c.status)),
-        Some((52, wc_status::WR_FLUSH_ERR))
+        Some((52, wc_status::IBV_WC_WR_FLUSH_ERR))
     );
     assert_eq!(p.a().qp.poll_timeout(), None);
     // RESET then reconnect works again.
@@ -365,7 +377,7 @@ fn local_errors() {
     p.run();
     assert_eq!(
         statuses(&p.ep[0].send_cq),
-        vec![(1, wc_status::LOC_PROT_ERR), (2, wc_status::WR_FLUSH_ERR)]
+        vec![(1, wc_status::IBV_WC_LOC_PROT_ERR), (2, wc_status::IBV_WC_WR_FLUSH_ERR)]
     );
     assert_eq!(p.sent[0], 0);
 
@@ -387,7 +399,7 @@ fn local_errors() {
     p.run();
     assert_eq!(
         statuses(&p.ep[0].send_cq),
-        vec![(1, wc_status::SUCCESS), (2, wc_status::LOC_PROT_ERR)]
+        vec![(1, wc_status::IBV_WC_SUCCESS), (2, wc_status::IBV_WC_LOC_PROT_ERR)]
     );
 
     // READ into a buffer without LOCAL_WRITE.
@@ -400,7 +412,7 @@ fn local_errors() {
     let now = p.now;
     p.a().qp.post_send(now, rd).unwrap();
     p.run();
-    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::LOC_PROT_ERR)]);
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::IBV_WC_LOC_PROT_ERR)]);
 }
 
 #[test]
@@ -419,8 +431,8 @@ fn send_larger_than_recv_buffer() {
     let now = p.now;
     p.a().qp.post_send(now, wr).unwrap();
     p.run();
-    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::REM_INV_REQ_ERR)]);
-    assert_eq!(statuses(&p.ep[1].recv_cq), vec![(1, wc_status::LOC_LEN_ERR)]);
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::IBV_WC_REM_INV_REQ_ERR)]);
+    assert_eq!(statuses(&p.ep[1].recv_cq), vec![(1, wc_status::IBV_WC_LOC_LEN_ERR)]);
 }
 
 #[test]
@@ -779,7 +791,7 @@ fn read_before_a_failing_write_still_completes() {
     p.run();
     assert_eq!(
         statuses(&p.ep[0].send_cq),
-        vec![(1, wc_status::SUCCESS), (2, wc_status::REM_ACCESS_ERR)]
+        vec![(1, wc_status::IBV_WC_SUCCESS), (2, wc_status::IBV_WC_REM_ACCESS_ERR)]
     );
     assert_eq!(p.ep[0].peek(DST, 5000), p.ep[1].peek(SRC, 5000));
 }
@@ -973,7 +985,7 @@ fn regression_replayed_read_after_dereg() {
             deliver(&mut a, p, now);
         }
         let c = a.qp.poll_completion().expect("READ completed");
-        assert_eq!((c.wr_id, c.status), (1, wc_status::SUCCESS));
+        assert_eq!((c.wr_id, c.status), (1, wc_status::IBV_WC_SUCCESS));
         assert_eq!(a.peek(DST, 1), vec![0x5A]);
         // The application deregisters; then the replayed request arrives.
         b.as_mut()
@@ -1016,7 +1028,7 @@ fn regression_replayed_read_after_dereg() {
             }
         }
         let c = a.qp.poll_completion().expect("WRITE completed");
-        assert_eq!((c.wr_id, c.status), (2, wc_status::SUCCESS));
+        assert_eq!((c.wr_id, c.status), (2, wc_status::IBV_WC_SUCCESS));
     }
 }
 
@@ -1058,9 +1070,9 @@ fn read_target_deregistered_before_the_response() {
         a.qp.handle_packet(now, r, &mut a.mem);
     }
     let first = a.qp.poll_completion().unwrap();
-    assert_eq!((first.wr_id, first.status), (0, wc_status::REM_ACCESS_ERR));
+    assert_eq!((first.wr_id, first.status), (0, wc_status::IBV_WC_REM_ACCESS_ERR));
     let rest: Vec<u32> = std::iter::from_fn(|| a.qp.poll_completion())
         .map(|c| c.status)
         .collect();
-    assert_eq!(rest, vec![wc_status::WR_FLUSH_ERR; 15]);
+    assert_eq!(rest, vec![wc_status::IBV_WC_WR_FLUSH_ERR; 15]);
 }

@@ -67,7 +67,7 @@ fn check(p: &Pair, n: u64, expect: &[Vec<u64>; 2]) {
         let ids: Vec<u64> = cq.iter().map(|c| c.wr_id).collect();
         assert_eq!(&ids, &expect[side], "side {side} completion order");
         for c in cq {
-            assert_eq!(c.status, wc_status::SUCCESS, "side {side} wr {}", c.wr_id);
+            assert_eq!(c.status, wc_status::IBV_WC_SUCCESS, "side {side} wr {}", c.wr_id);
         }
         let mut fetch_adds = 0u64;
         let mut recvs = Vec::new();
@@ -96,7 +96,7 @@ fn check(p: &Pair, n: u64, expect: &[Vec<u64>; 2]) {
         assert_eq!(word, fetch_adds, "side {side}: atomics executed once");
         let rids: Vec<u64> = p.ep[peer].recv_cq.iter().map(|c| c.wr_id).collect();
         assert_eq!(rids, recvs, "side {peer} receive completions");
-        assert!(p.ep[peer].recv_cq.iter().all(|c| c.status == wc_status::SUCCESS));
+        assert!(p.ep[peer].recv_cq.iter().all(|c| c.status == wc_status::IBV_WC_SUCCESS));
     }
 }
 

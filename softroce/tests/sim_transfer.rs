@@ -37,12 +37,12 @@ fn send_and_send_imm_all_sizes() {
         let s = p.ep[0].send_cq[i];
         assert_eq!(
             (s.wr_id, s.status, s.opcode, s.byte_len),
-            (i as u64, wc_status::SUCCESS, wc_opcode::SEND, len)
+            (i as u64, wc_status::IBV_WC_SUCCESS, wc_opcode::SEND, len)
         );
         let r = p.ep[1].recv_cq[i];
         assert_eq!(
             (r.wr_id, r.status, r.opcode, r.byte_len),
-            (100 + i as u64, wc_status::SUCCESS, wc_opcode::RECV, len)
+            (100 + i as u64, wc_status::IBV_WC_SUCCESS, wc_opcode::RECV, len)
         );
         if i % 2 == 1 {
             assert_eq!(r.imm_data, Some(0xdead_0000 + i as u32));
@@ -107,7 +107,7 @@ fn write_and_write_imm_all_sizes() {
         let s = p.ep[0].send_cq[i];
         assert_eq!(
             (s.wr_id, s.status, s.opcode),
-            (i as u64, wc_status::SUCCESS, wc_opcode::RDMA_WRITE)
+            (i as u64, wc_status::IBV_WC_SUCCESS, wc_opcode::RDMA_WRITE)
         );
         assert_eq!(
             p.ep[1].peek(DST + off, len as usize),
@@ -119,7 +119,12 @@ fn write_and_write_imm_all_sizes() {
             imms += 1;
             assert_eq!(
                 (r.wr_id, r.status, r.opcode, r.byte_len),
-                (200 + i as u64, wc_status::SUCCESS, wc_opcode::RECV_RDMA_WITH_IMM, len)
+                (
+                    200 + i as u64,
+                    wc_status::IBV_WC_SUCCESS,
+                    wc_opcode::RECV_RDMA_WITH_IMM,
+                    len
+                )
             );
             assert_eq!(r.imm_data, Some(0x0102_0304));
         }
@@ -149,7 +154,7 @@ fn read_all_sizes() {
         let s = p.ep[0].send_cq[i];
         assert_eq!(
             (s.wr_id, s.status, s.opcode, s.byte_len),
-            (i as u64, wc_status::SUCCESS, wc_opcode::RDMA_READ, len)
+            (i as u64, wc_status::IBV_WC_SUCCESS, wc_opcode::RDMA_READ, len)
         );
         assert_eq!(
             p.ep[0].peek(DST + off, len as usize),
@@ -190,10 +195,13 @@ fn atomics() {
     assert_eq!(cq.len(), 3);
     assert_eq!(
         (cq[0].status, cq[0].opcode, cq[0].byte_len),
-        (wc_status::SUCCESS, wc_opcode::FETCH_ADD, 8)
+        (wc_status::IBV_WC_SUCCESS, wc_opcode::FETCH_ADD, 8)
     );
-    assert_eq!((cq[1].status, cq[1].opcode), (wc_status::SUCCESS, wc_opcode::COMP_SWAP));
-    assert_eq!(cq[2].status, wc_status::SUCCESS);
+    assert_eq!(
+        (cq[1].status, cq[1].opcode),
+        (wc_status::IBV_WC_SUCCESS, wc_opcode::COMP_SWAP)
+    );
+    assert_eq!(cq[2].status, wc_status::IBV_WC_SUCCESS);
     let word = |e: &Endpoint, a: u64| u64::from_ne_bytes(e.peek(a, 8).try_into().unwrap());
     assert_eq!(word(&p.ep[0], ATOM), 100);
     assert_eq!(word(&p.ep[0], ATOM + 8), 105);
@@ -259,7 +267,7 @@ fn bidirectional_mixed_with_selective_signaling_and_inline() {
         let peer = 1 - side;
         let ids: Vec<u64> = p.ep[side].send_cq.iter().map(|c| c.wr_id).collect();
         assert_eq!(ids, expect[side]);
-        assert!(p.ep[side].send_cq.iter().all(|c| c.status == wc_status::SUCCESS));
+        assert!(p.ep[side].send_cq.iter().all(|c| c.status == wc_status::IBV_WC_SUCCESS));
         for k in 0..40u64 {
             let len = (k * 97 % 3000) as usize;
             let off = k * 4096;
@@ -635,6 +643,6 @@ fn shared_receive_queue() {
         .unwrap();
     p.run_for(Duration::from_micros(50));
     let last = p.ep[1].recv_cq.last().copied().unwrap();
-    assert_eq!((last.wr_id, last.status), (103, wc_status::WR_FLUSH_ERR));
+    assert_eq!((last.wr_id, last.status), (103, wc_status::IBV_WC_WR_FLUSH_ERR));
     assert!(p.ep[1].events.contains(&AsyncEvent::LastWqeReached));
 }

@@ -338,22 +338,8 @@ pub enum WcQueue {
     Recv,
 }
 
-/// `enum ibv_wc_status` values.
-pub mod wc_status {
-    pub const SUCCESS: u32 = 0;
-    pub const LOC_LEN_ERR: u32 = 1;
-    pub const LOC_QP_OP_ERR: u32 = 2;
-    pub const LOC_PROT_ERR: u32 = 4;
-    pub const WR_FLUSH_ERR: u32 = 5;
-    pub const BAD_RESP_ERR: u32 = 7;
-    pub const LOC_ACCESS_ERR: u32 = 8;
-    pub const REM_INV_REQ_ERR: u32 = 9;
-    pub const REM_ACCESS_ERR: u32 = 10;
-    pub const REM_OP_ERR: u32 = 11;
-    pub const RETRY_EXC_ERR: u32 = 12;
-    pub const RNR_RETRY_EXC_ERR: u32 = 13;
-    pub const GENERAL_ERR: u32 = 21;
-}
+/// `enum ibv_wc_status` values, as rdma-sys declares them.
+pub use rdma_sys::ibv_wc_status as wc_status;
 
 /// `enum ibv_wc_opcode` values.
 pub mod wc_opcode {

@@ -353,7 +353,7 @@ impl QpCore {
         self.timers.clear();
         self.rnr_wait = false;
         while let Some(w) = self.sq.pop_front() {
-            let status = w.error.unwrap_or(wc_status::WR_FLUSH_ERR);
+            let status = w.error.unwrap_or(wc_status::IBV_WC_WR_FLUSH_ERR);
             self.completions.push_back(self.send_completion(&w, status));
         }
         self.tx_idx = 0;
@@ -374,7 +374,7 @@ impl QpCore {
         Completion {
             queue: WcQueue::Recv,
             wr_id,
-            status: wc_status::WR_FLUSH_ERR,
+            status: wc_status::IBV_WC_WR_FLUSH_ERR,
             opcode: wc_opcode::RECV,
             byte_len: 0,
             imm_data: None,
@@ -445,7 +445,7 @@ impl QpCore {
         };
         let mut error = None;
         let len = if len64 > u64::from(MAX_MSG_SZ) {
-            error = Some(wc_status::LOC_LEN_ERR);
+            error = Some(wc_status::IBV_WC_LOC_LEN_ERR);
             0
         } else {
             len64 as u32
@@ -464,7 +464,7 @@ impl QpCore {
             error,
         };
         if state == QpState::Err {
-            let c = self.send_completion(&w, wc_status::WR_FLUSH_ERR);
+            let c = self.send_completion(&w, wc_status::IBV_WC_WR_FLUSH_ERR);
             self.completions.push_back(c);
             return Ok(());
         }

@@ -67,14 +67,14 @@ pub(crate) fn scatter(mem: &mut dyn MemoryAccess, sges: &[Sge], offset: u32, dat
         }
         let n = ((l - skip) as usize).min(data.len() - done);
         mem.local_write(s.lkey, s.addr + skip, &data[done..done + n])
-            .map_err(|_| wc_status::LOC_PROT_ERR)?;
+            .map_err(|_| wc_status::IBV_WC_LOC_PROT_ERR)?;
         done += n;
         skip = 0;
     }
     if done == data.len() {
         Ok(())
     } else {
-        Err(wc_status::LOC_LEN_ERR)
+        Err(wc_status::IBV_WC_LOC_LEN_ERR)
     }
 }
 
@@ -97,10 +97,10 @@ fn check_local(mem: &dyn MemoryAccess, w: &SendWqe) -> Result<(), u32> {
     let write = w.wr.opcode.is_read_or_atomic();
     for s in &w.wr.sges {
         mem.local_check(s.lkey, s.addr, u64::from(s.length), write)
-            .map_err(|_| wc_status::LOC_PROT_ERR)?;
+            .map_err(|_| wc_status::IBV_WC_LOC_PROT_ERR)?;
     }
     if w.wr.opcode.is_atomic() && w.wr.sges.iter().map(|s| u64::from(s.length)).sum::<u64>() < 8 {
-        return Err(wc_status::LOC_LEN_ERR);
+        return Err(wc_status::IBV_WC_LOC_LEN_ERR);
     }
     Ok(())
 }
@@ -236,7 +236,7 @@ impl QpCore {
         if gather(mem, &w.wr, req.payload_off, &mut buf[hdr..hdr + plen]).is_err() {
             // Memory changed under us (MR deregistered): local protection error.
             if let Some(w) = self.sq.get_mut(idx) {
-                w.error = Some(wc_status::LOC_PROT_ERR);
+                w.error = Some(wc_status::IBV_WC_LOC_PROT_ERR);
             }
             buf.clear();
             self.complete_head_error();
@@ -408,11 +408,11 @@ impl QpCore {
         }
         //= softroce spec §3.8
         //# Only signaled WRs (or sq_sig_all) produce a CQE, but errors always do.
-        if status != wc_status::SUCCESS || w.wr.signaled || self.caps.sq_sig_all {
+        if status != wc_status::IBV_WC_SUCCESS || w.wr.signaled || self.caps.sq_sig_all {
             let c = self.send_completion(&w, status);
             self.completions.push_back(c);
         }
-        if status != wc_status::SUCCESS {
+        if status != wc_status::IBV_WC_SUCCESS {
             self.enter_error(None);
         }
     }
@@ -470,7 +470,7 @@ impl QpCore {
                 lost = true;
                 break;
             }
-            self.complete_head(wc_status::SUCCESS);
+            self.complete_head(wc_status::IBV_WC_SUCCESS);
             if self.attrs.qp_state == QpState::Err {
                 return false;
             }
@@ -567,7 +567,7 @@ impl QpCore {
         }
         self.una = psn + 1;
         if is_last {
-            self.complete_head(wc_status::SUCCESS);
+            self.complete_head(wc_status::IBV_WC_SUCCESS);
         }
         self.on_progress(now);
     }
@@ -594,7 +594,7 @@ impl QpCore {
             self.complete_head(status);
             return;
         }
-        self.complete_head(wc_status::SUCCESS);
+        self.complete_head(wc_status::IBV_WC_SUCCESS);
         self.on_progress(now);
     }
 
@@ -616,7 +616,7 @@ impl QpCore {
                 if !fresh {
                     // The same hole again: a retry without progress.
                     if self.retry_left == 0 {
-                        self.complete_head(wc_status::RETRY_EXC_ERR);
+                        self.complete_head(wc_status::IBV_WC_RETRY_EXC_ERR);
                         return;
                     }
                     self.retry_left -= 1;
@@ -635,9 +635,9 @@ impl QpCore {
                     return;
                 }
                 let status = match other {
-                    NakCode::RemoteAccessError => wc_status::REM_ACCESS_ERR,
-                    NakCode::RemoteOperationalError => wc_status::REM_OP_ERR,
-                    _ => wc_status::REM_INV_REQ_ERR,
+                    NakCode::RemoteAccessError => wc_status::IBV_WC_REM_ACCESS_ERR,
+                    NakCode::RemoteOperationalError => wc_status::IBV_WC_REM_OP_ERR,
+                    _ => wc_status::IBV_WC_REM_INV_REQ_ERR,
                 };
                 self.complete_head(status);
             }
@@ -657,7 +657,7 @@ impl QpCore {
             return;
         }
         if self.rnr_retry_left == 0 {
-            self.complete_head(wc_status::RNR_RETRY_EXC_ERR);
+            self.complete_head(wc_status::IBV_WC_RNR_RETRY_EXC_ERR);
             return;
         }
         if self.rnr_retry_left != 7 {
@@ -704,7 +704,7 @@ impl QpCore {
         }
         self.stats.timeouts += 1;
         if self.retry_left == 0 {
-            self.complete_head(wc_status::RETRY_EXC_ERR);
+            self.complete_head(wc_status::IBV_WC_RETRY_EXC_ERR);
             return;
         }
         self.retry_left -= 1;
@@ -743,12 +743,15 @@ mod tests {
         assert_eq!(scatter(&mut mem, &wr.sges, 2, &[0xAA, 0xBB]), Ok(()));
         assert_eq!(mem.peek(0x1000, 3).unwrap(), &[0, 1, 0xAA]);
         assert_eq!(mem.peek(0x1008, 1).unwrap(), &[0xBB]);
-        assert_eq!(scatter(&mut mem, &wr.sges, 10, &[0; 2]), Err(wc_status::LOC_LEN_ERR));
+        assert_eq!(
+            scatter(&mut mem, &wr.sges, 10, &[0; 2]),
+            Err(wc_status::IBV_WC_LOC_LEN_ERR)
+        );
         let bad = [Sge {
             addr: 0x1000,
             length: 4,
             lkey: 999,
         }];
-        assert_eq!(scatter(&mut mem, &bad, 0, &[0; 2]), Err(wc_status::LOC_PROT_ERR));
+        assert_eq!(scatter(&mut mem, &bad, 0, &[0; 2]), Err(wc_status::IBV_WC_LOC_PROT_ERR));
     }
 }

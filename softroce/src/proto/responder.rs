@@ -69,9 +69,9 @@ impl QpCore {
         self.queue_nak(psn, f.nak());
         if let Some(InMsg::Send { wqe, .. }) = self.cur.take() {
             let status = match f {
-                Fatal::InvalidRequest => wc_status::REM_INV_REQ_ERR,
-                Fatal::RemoteAccess => wc_status::REM_ACCESS_ERR,
-                Fatal::RemoteOperational => wc_status::REM_OP_ERR,
+                Fatal::InvalidRequest => wc_status::IBV_WC_REM_INV_REQ_ERR,
+                Fatal::RemoteAccess => wc_status::IBV_WC_REM_ACCESS_ERR,
+                Fatal::RemoteOperational => wc_status::IBV_WC_REM_OP_ERR,
             };
             self.recv_completion(wqe.wr_id, status, wc_opcode::RECV, 0, None);
         }
@@ -401,7 +401,7 @@ impl QpCore {
             Err(status) => {
                 //# SEND data larger than the receive WQE's buffers → NAK invalid request, and
                 //# the receive WQE completes in error (IBA: local length error)
-                let f = if status == wc_status::LOC_LEN_ERR {
+                let f = if status == wc_status::IBV_WC_LOC_LEN_ERR {
                     Fatal::InvalidRequest
                 } else {
                     Fatal::RemoteOperational
@@ -414,7 +414,7 @@ impl QpCore {
         if matches!(pos, Position::Last | Position::Only) {
             self.msn = (self.msn + 1) & Psn::MASK;
             let imm = p.immdt.map(imm_from_wire);
-            self.recv_completion(wqe.wr_id, wc_status::SUCCESS, wc_opcode::RECV, offset, imm);
+            self.recv_completion(wqe.wr_id, wc_status::IBV_WC_SUCCESS, wc_opcode::RECV, offset, imm);
             self.mark_solicited(p.bth.solicited);
         } else {
             self.cur = Some(InMsg::Send { wqe, offset });
@@ -457,7 +457,7 @@ impl QpCore {
                 if let Some(wqe) = self.rq.pop_front() {
                     self.recv_completion(
                         wqe.wr_id,
-                        wc_status::SUCCESS,
+                        wc_status::IBV_WC_SUCCESS,
                         wc_opcode::RECV_RDMA_WITH_IMM,
                         total,
                         Some(imm_from_wire(imm)),

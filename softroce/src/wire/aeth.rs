@@ -7,7 +7,7 @@
 //! //#            01 RNR NAK (4..0 RNR timer code), 11 NAK (4..0 NAK code)
 //! ```
 
-use super::bth::{be24, put_be24};
+use super::scalar::{be24, put_be24};
 use super::{Error, Result};
 
 pub const HEADER_LEN: usize = 4;

@@ -6,6 +6,7 @@
 //! //# byte 4: FECN(7) BECN(6) resv6 | 5-7: DestQP | byte 8: A(7) resv7 | 9-11: PSN
 //! ```
 
+use super::scalar::{be24, put_be24};
 use super::{Error, OpCode, Psn, Result};
 
 pub const HEADER_LEN: usize = 12;
@@ -25,16 +26,6 @@ mod field {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Packet<T: AsRef<[u8]>> {
     buffer: T,
-}
-
-pub(crate) fn be24(b: &[u8]) -> u32 {
-    (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2])
-}
-
-pub(crate) fn put_be24(b: &mut [u8], v: u32) {
-    b[0] = (v >> 16) as u8;
-    b[1] = (v >> 8) as u8;
-    b[2] = v as u8;
 }
 
 impl<T: AsRef<[u8]>> Packet<T> {

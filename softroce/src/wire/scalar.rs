@@ -72,3 +72,15 @@ macro_rules! scalar_header {
         }
     };
 }
+
+/// A 24-bit big-endian field (BTH DestQP and PSN, AETH MSN).
+pub(crate) fn be24(b: &[u8]) -> u32 {
+    (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2])
+}
+
+/// Store a 24-bit big-endian field.
+pub(crate) fn put_be24(b: &mut [u8], v: u32) {
+    b[0] = (v >> 16) as u8;
+    b[1] = (v >> 8) as u8;
+    b[2] = v as u8;
+}
