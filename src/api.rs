@@ -403,6 +403,11 @@ pub fn dereg_mr(mh: Box<MemHandle>) -> Result<()> {
     transport::dereg_mr(mh)
 }
 
+/// Keep NCCL's profiler callback (v10+ `init`; NULL: none).
+pub fn set_profiler(cb: crate::profiler::NcclProfilerCallback) {
+    crate::profiler::set(cb);
+}
+
 /// # Safety
 /// As [`CommHandle::data_path`]; `mh` is a live handle from `reg_mr`.
 pub unsafe fn isend(
@@ -413,7 +418,23 @@ pub unsafe fn isend(
     mh: &MemHandle,
 ) -> Result<Option<*mut Request>> {
     // SAFETY: forwarded contract.
-    unsafe { comm.data_path() }.isend(data, size, tag, mh)
+    unsafe { isend_profiled(comm, data, size, tag, mh, std::ptr::null_mut()) }
+}
+
+/// [`isend`] with NCCL's profiler handle (NULL: no events for this send).
+///
+/// # Safety
+/// As [`isend`]; `phandle` is NULL or NCCL's.
+pub unsafe fn isend_profiled(
+    comm: &SendHandle,
+    data: usize,
+    size: usize,
+    tag: i32,
+    mh: &MemHandle,
+    phandle: *mut std::ffi::c_void,
+) -> Result<Option<*mut Request>> {
+    // SAFETY: forwarded contract.
+    unsafe { comm.data_path() }.isend(data, size, tag, mh, phandle)
 }
 
 /// # Safety
@@ -426,6 +447,23 @@ pub unsafe fn irecv(
     mhs: &[&MemHandle],
     optional_completion: bool,
 ) -> Result<Option<*mut Request>> {
+    // SAFETY: forwarded contract.
+    unsafe { irecv_profiled(comm, data, sizes, tags, mhs, optional_completion, &[]) }
+}
+
+/// [`irecv`] with NCCL's profiler handles, one per buffer (empty or NULL: no events).
+///
+/// # Safety
+/// As [`irecv`]; each phandle is NULL or NCCL's.
+pub unsafe fn irecv_profiled(
+    comm: &RecvHandle,
+    data: &[usize],
+    sizes: &[usize],
+    tags: &[i32],
+    mhs: &[&MemHandle],
+    optional_completion: bool,
+    phandles: &[*mut std::ffi::c_void],
+) -> Result<Option<*mut Request>> {
     if data.is_empty() || data.len() > MAX_RECVS {
         return Err(Error::internal(format!(
             "irecv with n={} (1..={MAX_RECVS} allowed)",
@@ -433,7 +471,7 @@ pub unsafe fn irecv(
         )));
     }
     // SAFETY: forwarded contract.
-    unsafe { comm.data_path() }.irecv(data, sizes, tags, mhs, optional_completion)
+    unsafe { comm.data_path() }.irecv(data, sizes, tags, mhs, optional_completion, phandles)
 }
 
 /// # Safety

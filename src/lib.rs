@@ -18,4 +18,5 @@ pub mod device;
 pub mod error;
 pub mod ibv;
 pub mod memory;
+pub mod profiler;
 pub mod transport;

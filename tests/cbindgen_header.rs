@@ -14,6 +14,8 @@ fn checked_in_header_matches_the_rust_declarations() {
         .with_src(root.join("src/abi/types.rs"))
         // The logger type NCCL hands to init is declared by its caller, the logger.
         .with_src(root.join("src/log.rs"))
+        // So is the profiler callback type, by the profiler module.
+        .with_src(root.join("src/profiler.rs"))
         .generate()
         .expect("cbindgen parses src/abi/types.rs and src/log.rs")
         .write(&mut generated);

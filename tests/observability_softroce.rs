@@ -276,3 +276,165 @@ fn known_traffic() {
     api::finalize(ctx).expect("finalize");
     println!("known_traffic: done");
 }
+
+/// NCCL's profiler: every work request of a send or receive with a phandle gets a Start (with
+/// the IB plugin id and a QP descriptor) and, when its request is reported done, the Stop;
+/// requests with a NULL phandle (bootstrap traffic) get none.
+#[test]
+fn profiler_start_and_stop_are_balanced_with_the_phandles_given() {
+    if !enabled() {
+        return;
+    }
+    let text = child(
+        "profiled_traffic",
+        "127.0.42.4",
+        &[("NCCL_IB_QPS_PER_CONNECTION", "2"), ("NCCL_IB_SPLIT_DATA_ON_QPS", "1")],
+    );
+    assert!(text.contains("profiled_traffic: balanced"), "{text}");
+}
+
+mod prof {
+    use std::collections::HashMap;
+    use std::ffi::{c_int, c_void};
+    use std::sync::Mutex;
+
+    /// What the callback saw: per phandle, events started and stopped; Starts with NULL.
+    #[derive(Default)]
+    pub struct Seen {
+        pub started: HashMap<usize, usize>,
+        pub stopped: HashMap<usize, usize>,
+        pub null_starts: usize,
+        pub bad: Vec<String>,
+        /// event handle -> phandle
+        pub open: HashMap<usize, usize>,
+        next: usize,
+    }
+
+    pub static SEEN: Mutex<Option<Seen>> = Mutex::new(None);
+
+    /// NCCL's `ncclProfilerCallback_t` as a profiler plugin would see it.
+    pub unsafe extern "C" fn callback(
+        handle: *mut *mut c_void,
+        op: c_int,
+        phandle: *mut c_void,
+        id: i64,
+        descr: *mut c_void,
+    ) -> c_int {
+        let mut g = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+        let s = g.get_or_insert_with(Seen::default);
+        match op {
+            0 => {
+                if phandle.is_null() {
+                    s.null_starts += 1;
+                    return 0;
+                }
+                if id != nccl_net_ferroce::profiler::IB_PLUGIN_ID {
+                    s.bad.push(format!("plugin id {id:#x}"));
+                }
+                // SAFETY: the plugin passes its IB v1 descriptor for the call.
+                let d = unsafe { *(descr as *const nccl_net_ferroce::profiler::IbEventDescr) };
+                if d.event_type != 1 || d.qp.qp_num == 0 || d.qp.wr_id == 0 {
+                    s.bad.push(format!("descriptor {d:?}"));
+                }
+                s.next += 1;
+                let h = 0x10_0000 + s.next;
+                s.open.insert(h, phandle as usize);
+                *s.started.entry(phandle as usize).or_default() += 1;
+                // SAFETY: the plugin passes a writable handle slot.
+                unsafe { *handle = h as *mut c_void };
+            }
+            1 => {
+                // SAFETY: the plugin passes the handle of its Start.
+                let h = unsafe { *handle } as usize;
+                match s.open.remove(&h) {
+                    Some(p) => *s.stopped.entry(p).or_default() += 1,
+                    None => s.bad.push(format!("Stop of unknown handle {h:#x}")),
+                }
+            }
+            _ => s.bad.push(format!("operation {op}")),
+        }
+        0
+    }
+}
+
+#[test]
+fn profiled_traffic() {
+    if !is_child("profiled_traffic") {
+        return;
+    }
+    api::set_profiler(Some(prof::callback));
+    let ctx = api::init(None, -1, false).expect("init");
+    let (s, r) = pair(&ctx);
+    let size = 64 * 1024;
+    for k in 0..6usize {
+        // Even rounds carry phandles (distinct per side and round), odd ones NULL (bootstrap).
+        let (sp, rp) = if k % 2 == 0 {
+            (
+                (0x1000 + k) as *mut std::ffi::c_void,
+                (0x2000 + k) as *mut std::ffi::c_void,
+            )
+        } else {
+            (std::ptr::null_mut(), std::ptr::null_mut())
+        };
+        let src = vec![k as u8; size];
+        let mut dst = vec![0u8; size];
+        let (smh, rmh) = (reg(&*s, &src), reg(&*r, &dst));
+        // SAFETY: live handles; buffers registered and alive until both requests are done.
+        let rq = unsafe { api::irecv_profiled(&r, &[dst.as_mut_ptr() as usize], &[size], &[3], &[&rmh], false, &[rp]) }
+            .expect("irecv")
+            .expect("slot");
+        let end = Instant::now() + Duration::from_secs(20);
+        let sq = loop {
+            // SAFETY: as above.
+            if let Some(q) =
+                unsafe { api::isend_profiled(&s, src.as_ptr() as usize, size, 3, &smh, sp) }.expect("isend")
+            {
+                break q;
+            }
+            assert!(Instant::now() < end, "isend never matched");
+        };
+        for q in [sq, rq] {
+            let mut sz = [0i32];
+            // SAFETY: q is in flight until test says done.
+            while !unsafe { api::test(q, sz.as_mut_ptr()) }.expect("test") {
+                assert!(Instant::now() < end, "request did not complete");
+            }
+        }
+        assert_eq!(dst, src);
+        api::dereg_mr(smh).expect("deregMr");
+        api::dereg_mr(rmh).expect("deregMr");
+        let g = prof::SEEN.lock().unwrap_or_else(|e| e.into_inner());
+        let open = g.as_ref().map_or(0, |s| s.open.len());
+        assert_eq!(
+            open, 0,
+            "round {k}: events stopped when their requests were reported done"
+        );
+    }
+    drop(s);
+    drop(r);
+    api::finalize(ctx).expect("finalize");
+    let g = prof::SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let seen = g.as_ref().expect("the callback was called");
+    assert!(seen.bad.is_empty(), "{:?}", seen.bad);
+    assert_eq!(seen.null_starts, 0, "never Start with a NULL phandle");
+    assert!(seen.open.is_empty(), "every Start has its Stop: {:?}", seen.open);
+    for k in [0usize, 2, 4] {
+        // Split over 2 QPs: one event per QP on each side.
+        assert_eq!(
+            seen.started.get(&(0x1000 + k)),
+            Some(&2),
+            "send {k}: {:?}",
+            seen.started
+        );
+        assert_eq!(
+            seen.started.get(&(0x2000 + k)),
+            Some(&2),
+            "recv {k}: {:?}",
+            seen.started
+        );
+    }
+    assert_eq!(seen.started, seen.stopped);
+    assert_eq!(seen.started.len(), 6, "only the phandles given: {:?}", seen.started);
+    println!("profiled_traffic: balanced");
+    println!("profiled_traffic: done");
+}

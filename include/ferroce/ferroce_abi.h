@@ -23,6 +23,23 @@
 #define ferroce_rs_NCCL_NET_MAX_DEVS_PER_NIC_V12 8
 
 /**
+ * Operations of the callback.
+ */
+#define ferroce_rs_START 0
+
+#define ferroce_rs_STOP 1
+
+/**
+ * NCCL's network plugin type IB (bits 16 and up) with event-descriptor version 1.
+ */
+#define ferroce_rs_IB_PLUGIN_ID ((1 << 16) | 1)
+
+/**
+ * The descriptor's event type: a QP work request.
+ */
+#define ferroce_rs_EVENT_QP 1
+
+/**
  * The plugin name, a static C string valid for as long as the library is mapped.
  */
 typedef const char *ferroce_rs_NamePtr;
@@ -334,9 +351,10 @@ typedef struct {
 } ferroce_rs_NcclNetV9;
 
 /**
- * `ncclProfilerCallback_t` (nullable; NULL on Windows builds). ferroce does not call it.
+ * `ncclProfilerCallback_t` (nullable; NULL on Windows builds): event handle (written on
+ * Start), operation, NCCL's phandle, plugin id, the plugin's event descriptor.
  */
-typedef ferroce_rs_NcclResult (*ferroce_rs_NcclProfilerCallback)(void**, int, void*, int64_t, void*);
+typedef int (*ferroce_rs_NcclProfilerCallback)(void**, int, void*, int64_t, void*);
 
 typedef ferroce_rs_NcclResult (*ferroce_rs_InitV10)(ferroce_rs_NcclLogger,
                                                     ferroce_rs_NcclProfilerCallback);

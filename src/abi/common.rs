@@ -261,11 +261,26 @@ pub unsafe fn isend(
     mhandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> NcclResult {
+    // SAFETY: forwarded contract; no profiler handle before v10.
+    unsafe { isend_with(send_comm, data, size, tag, mhandle, std::ptr::null_mut(), request) }
+}
+
+/// # Safety
+/// As [`isend`]; `phandle` is NULL or NCCL's profiler handle for this send.
+pub unsafe fn isend_with(
+    send_comm: *mut c_void,
+    data: *mut c_void,
+    size: usize,
+    tag: c_int,
+    mhandle: *mut c_void,
+    phandle: *mut c_void,
+    request: *mut *mut c_void,
+) -> NcclResult {
     ffi::call("isend", || {
         let out = non_null(request, "request")?;
         let comm = non_null(send_comm.cast::<SendHandle>(), "sendComm")?;
         // SAFETY: live handles from NCCL; isend runs on the comm's progress thread.
-        let req = unsafe { api::isend(&*comm, data as usize, size, tag, mem_handle(mhandle)?)? };
+        let req = unsafe { api::isend_profiled(&*comm, data as usize, size, tag, mem_handle(mhandle)?, phandle)? };
         // SAFETY: non-NULL out-pointer; NULL = retry later.
         unsafe { *out = req.map_or(std::ptr::null_mut(), |r| r.cast()) };
         Ok(())
@@ -313,11 +328,11 @@ pub unsafe extern "C" fn isend_v10(
     size: usize,
     tag: c_int,
     mh: *mut c_void,
-    _phandle: *mut c_void,
+    phandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> NcclResult {
     // SAFETY: NCCL's contract.
-    unsafe { isend(comm, data, size, tag, mh, request) }
+    unsafe { isend_with(comm, data, size, tag, mh, phandle, request) }
 }
 
 /// # Safety
@@ -331,6 +346,7 @@ pub unsafe fn irecv(
     sizes: &[usize],
     tags: *mut c_int,
     mhandles: *mut *mut c_void,
+    phandles: *mut *mut c_void,
     request: *mut *mut c_void,
     hint_allowed: bool,
 ) -> NcclResult {
@@ -353,8 +369,14 @@ pub unsafe fn irecv(
         let handles = unsafe { handle_array(mhs)? };
         // SAFETY: reading the value NCCL stored before the call.
         let hint = hint_allowed && unsafe { *out } as usize == NCCL_NET_OPTIONAL_RECV_COMPLETION;
+        // SAFETY: NCCL passes NULL or n profiler handles (v10+).
+        let phandles: &[*mut c_void] = if phandles.is_null() {
+            &[]
+        } else {
+            unsafe { std::slice::from_raw_parts(phandles, n) }
+        };
         // SAFETY: live comm; irecv runs on the comm's progress thread.
-        let req = unsafe { api::irecv(&*comm, data, sizes, tags, &handles.0[..handles.1], hint)? };
+        let req = unsafe { api::irecv_profiled(&*comm, data, sizes, tags, &handles.0[..handles.1], hint, phandles)? };
         // SAFETY: non-NULL out-pointer; always overwritten, a 0x1 hint must never stay.
         unsafe { *out = req.map_or(std::ptr::null_mut(), |r| r.cast()) };
         Ok(())
@@ -421,7 +443,19 @@ pub unsafe extern "C" fn irecv_int(
     })();
     match widened {
         // SAFETY: NCCL's contract; v6–v8 NCCL clears the hint itself.
-        Ok(n) => unsafe { irecv(comm, n as c_int, data, &wide[..n], tags, mhandles, request, false) },
+        Ok(n) => unsafe {
+            irecv(
+                comm,
+                n as c_int,
+                data,
+                &wide[..n],
+                tags,
+                mhandles,
+                std::ptr::null_mut(),
+                request,
+                false,
+            )
+        },
         Err(e) => ffi::call("irecv", || Err(e)),
     }
 }
@@ -448,13 +482,13 @@ pub unsafe extern "C" fn irecv_v9(
     // SAFETY: NCCL's contract.
     match unsafe { size_t_sizes(n, sizes) } {
         // SAFETY: NCCL's contract.
-        Ok(s) => unsafe { irecv(comm, n, data, s, tags, mhandles, request, true) },
+        Ok(s) => unsafe { irecv(comm, n, data, s, tags, mhandles, std::ptr::null_mut(), request, true) },
         Err(e) => ffi::call("irecv", || Err(e)),
     }
 }
 
 /// # Safety
-/// As [`irecv_v9`]; `_phandles` (the profiler's) are not touched.
+/// As [`irecv_v9`]; `phandles` is NULL or NCCL's n profiler handles.
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn irecv_v10(
     comm: *mut c_void,
@@ -463,11 +497,15 @@ pub unsafe extern "C" fn irecv_v10(
     sizes: *mut usize,
     tags: *mut c_int,
     mhandles: *mut *mut c_void,
-    _phandles: *mut *mut c_void,
+    phandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> NcclResult {
     // SAFETY: NCCL's contract.
-    unsafe { irecv_v9(comm, n, data, sizes, tags, mhandles, request) }
+    match unsafe { size_t_sizes(n, sizes) } {
+        // SAFETY: NCCL's contract.
+        Ok(s) => unsafe { irecv(comm, n, data, s, tags, mhandles, phandles, request, true) },
+        Err(e) => ffi::call("irecv", || Err(e)),
+    }
 }
 
 /// # Safety
@@ -593,8 +631,9 @@ pub unsafe extern "C" fn init_v11(
     _comm_id: u64,
     config: *mut NcclNetCommConfig,
     logger: NcclLogger,
-    _profiler: NcclProfilerCallback,
+    profiler: NcclProfilerCallback,
 ) -> NcclResult {
+    api::set_profiler(profiler);
     ffi::call("init", || {
         let out = non_null(ctx, "ctx")?;
         // The config lives on NCCL's stack: copy the value, keep no pointer.

@@ -12,9 +12,8 @@ pub type NcclResult = c_int;
 /// `ncclDebugLogger_t`, declared by the logger that calls it.
 pub use crate::log::NcclLogger;
 
-/// `ncclProfilerCallback_t` (nullable; NULL on Windows builds). ferroce does not call it.
-pub type NcclProfilerCallback =
-    Option<unsafe extern "C" fn(*mut *mut c_void, c_int, *mut c_void, i64, *mut c_void) -> NcclResult>;
+/// `ncclProfilerCallback_t`, declared by the profiler module that calls it.
+pub use crate::profiler::NcclProfilerCallback;
 
 pub const NCCL_NET_HANDLE_MAXSIZE: usize = 128;
 pub const NCCL_PTR_HOST: c_int = 0x1;

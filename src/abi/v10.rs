@@ -6,9 +6,10 @@ use super::common::*;
 use super::types::*;
 
 /// # Safety
-/// `logger` is NULL or NCCL's logger, callable from any thread while the library is loaded; the
-/// profiler callback is not called.
-unsafe extern "C" fn init_v10(logger: NcclLogger, _profiler: NcclProfilerCallback) -> NcclResult {
+/// `logger` is NULL or NCCL's logger, callable from any thread while the library is loaded;
+/// `profiler` is NULL or NCCL's profiler callback, callable from the proxy progress thread.
+unsafe extern "C" fn init_v10(logger: NcclLogger, profiler: NcclProfilerCallback) -> NcclResult {
+    crate::api::set_profiler(profiler);
     init_legacy(logger)
 }
 

@@ -76,8 +76,16 @@ pub struct RecvComm {
 impl SendComm {
     /// `None` = the receiver has not posted a matching buffer yet, or all request slots are
     /// in flight; retry later (no side effects).
-    pub fn isend(&mut self, data: usize, size: usize, tag: i32, mh: &MemHandle) -> Result<Option<*mut Request>> {
-        self.dp.isend(data, size, tag, mh)
+    /// `phandle`: NCCL's profiler handle for this send (NULL: no profiler events).
+    pub fn isend(
+        &mut self,
+        data: usize,
+        size: usize,
+        tag: i32,
+        mh: &MemHandle,
+        phandle: *mut std::ffi::c_void,
+    ) -> Result<Option<*mut Request>> {
+        self.dp.isend(data, size, tag, mh, phandle)
     }
 
     /// Requests in flight (for tests).
@@ -96,8 +104,9 @@ impl RecvComm {
         tags: &[i32],
         mhs: &[&MemHandle],
         _optional_completion_hint: bool,
+        phandles: &[*mut std::ffi::c_void],
     ) -> Result<Option<*mut Request>> {
-        self.dp.irecv(data, sizes, tags, mhs)
+        self.dp.irecv(data, sizes, tags, mhs, phandles)
     }
 
     /// `None` = nothing to flush (flush disabled or every size is 0).

@@ -28,6 +28,8 @@ use crate::config;
 use crate::error::{Error, Result};
 use crate::ibv::qp::{QpCaps, RtrAttrs};
 use crate::ibv::{sys, CompletionQueue, QueuePair, WorkCompletion};
+use crate::profiler::{self, OpenEvents, QpEvent};
+use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -56,6 +58,15 @@ pub struct RecvDp {
     pub core: RecvCore,
     /// With statistics on: when each request started.
     started: Option<Box<[Time; RECV_REQUESTS]>>,
+    /// While NCCL's profiler is on: made by the first receive with a profiler handle.
+    prof: Option<Box<RecvProfiling>>,
+}
+
+/// NCCL profiler events of a receive comm: the open events and the receives the last irecv
+/// posted (QP index, wr_id).
+struct RecvProfiling {
+    events: OpenEvents,
+    posted: Vec<(usize, u64)>,
 }
 
 /// Test hook: when set, the next making of a flush path fails after its first QP exists
@@ -250,6 +261,7 @@ impl RecvDp {
             ring,
             core: RecvCore::new(cfg, driver::warn_failure),
             started,
+            prof: None,
         });
         let owner = &mut *dp as *mut RecvDp as *mut ();
         dp.core.state.pool.set_owner(owner);
@@ -298,8 +310,15 @@ impl RecvDp {
         sizes: &[usize],
         tags: &[i32],
         mhs: &[&MemHandle],
+        phandles: &[*mut c_void],
     ) -> Result<Option<*mut Request>> {
         self.core.state.check()?;
+        if self.prof.is_none() && phandles.iter().any(|p| !p.is_null()) && profiler::enabled() {
+            self.prof = Some(Box::new(RecvProfiling {
+                events: OpenEvents::new(),
+                posted: Vec::with_capacity(64),
+            }));
+        }
         let n = data.len();
         if n == 0 || n > MAX_RECVS || sizes.len() != n || tags.len() != n || mhs.len() != n {
             return Err(Error::internal(format!(
@@ -335,6 +354,21 @@ impl RecvDp {
                 if let Some(started) = &mut self.started {
                     started[usize::from(idx) % RECV_REQUESTS] = clock::now();
                 }
+                if let Some(pr) = self.prof.as_mut() {
+                    for (i, &phandle) in phandles.iter().enumerate().take(n) {
+                        for &(qp, wr_id) in &pr.posted {
+                            let Some(q) = self.io.conn.qps.get(qp) else { continue };
+                            let event = QpEvent {
+                                device: q.dev as i32,
+                                wr_id,
+                                opcode: sys::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM as i32,
+                                qp_num: q.qp.qpn() as i32,
+                                length: sizes[i],
+                            };
+                            pr.events.start(idx, phandle, event);
+                        }
+                    }
+                }
                 Ok(Some(self.core.state.pool.ptr(idx)))
             }
             Irecv::Busy | Irecv::NoCtsCredit => Ok(None),
@@ -342,10 +376,18 @@ impl RecvDp {
     }
 
     fn post_irecv(&mut self, bufs: &[RecvBuf]) -> Result<Irecv> {
-        let RecvDp { io, ring, core, .. } = self;
+        let RecvDp {
+            io, ring, core, prof, ..
+        } = self;
+        if let Some(pr) = prof.as_mut() {
+            pr.posted.clear();
+        }
         core.irecv(ring, bufs, &mut |p| {
             if let (Post::Send { .. }, Some(s)) = (&p, &io.stats) {
                 s.cts_written();
+            }
+            if let (Post::Recv { qp, wr_id }, Some(pr)) = (&p, prof.as_mut()) {
+                pr.posted.push((*qp, *wr_id));
             }
             // SAFETY: receives name no memory; CTS writes read our staging entries, which live
             // in self.bufs (as long as the QP) and are not rewritten before the write was read.
@@ -431,6 +473,9 @@ impl RecvDp {
                 return Err(self.io.fail_peer_gone(&mut self.core.state, "a receive"));
             }
         }
+        if let Some(pr) = self.prof.as_mut() {
+            pr.events.stop_request(idx);
+        }
         if let (Some(d), Some(s), Some(started)) = (done, &self.io.stats, &self.started) {
             if d.n > 0 {
                 let t0 = started[usize::from(idx) % RECV_REQUESTS];
@@ -445,6 +490,15 @@ impl RecvDp {
             }
         }
         Ok(true)
+    }
+}
+
+impl Drop for RecvDp {
+    /// Every Start gets its Stop, also for receives still in flight at close.
+    fn drop(&mut self) {
+        if let Some(pr) = self.prof.as_mut() {
+            pr.events.stop_all();
+        }
     }
 }
 

@@ -9,13 +9,17 @@ use super::driver::{self, Driver};
 use super::proto::fifo;
 use super::proto::limits::MAX_DEVS;
 use super::proto::plan::{LocalBlock, QpRoute, RemoteBlock};
-use super::proto::request::{Request, SEND_REQUESTS};
+use super::proto::plan::{Op, Post};
+use super::proto::request::{Request, SendWrId, SEND_REQUESTS};
 use super::proto::send::{Isend, SendBuf, SendConfig, SendCore};
 use super::proto::time::Time;
 use super::ring_memory::RingMemory;
 use super::stats;
 use super::{clock, MemHandle};
 use crate::error::{Error, Result};
+use crate::ibv::sys;
+use crate::profiler::{self, OpenEvents, QpEvent};
+use std::ffi::c_void;
 use std::time::Duration;
 
 /// Bytes of the sender's registered block: the CTS FIFO ring, 4 KiB (one page).
@@ -33,6 +37,63 @@ pub struct SendDp {
     /// With statistics on: when each request started, and since when isend found no CTS.
     started: Option<Box<[Time; SEND_REQUESTS]>>,
     cts_wait_since: Option<Time>,
+    /// While NCCL's profiler is on: made by the first send with a profiler handle.
+    prof: Option<Box<SendProfiling>>,
+}
+
+/// NCCL profiler events of a send comm: each request's phandle, the open events, and the
+/// chains posted by the last call (what their events describe).
+struct SendProfiling {
+    phandles: [*mut c_void; SEND_REQUESTS],
+    events: OpenEvents,
+    /// (QP index, wr_id of the chain's signaled WR, ibv opcode, bytes of the chain).
+    posted: Vec<(usize, u64, u32, usize)>,
+}
+
+impl SendProfiling {
+    fn new() -> Box<SendProfiling> {
+        Box::new(SendProfiling {
+            phandles: [std::ptr::null_mut(); SEND_REQUESTS],
+            events: OpenEvents::new(),
+            posted: Vec::with_capacity(64),
+        })
+    }
+
+    /// Note a chain just handed to the driver.
+    fn note(&mut self, p: &Post<'_>) {
+        if let Post::Send { qp, chain } = p {
+            if let Some(last) = chain.last() {
+                let op = match last.op {
+                    Op::WriteImm(_) => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM,
+                    Op::Write => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
+                    Op::Read => sys::ibv_wr_opcode::IBV_WR_RDMA_READ,
+                };
+                self.posted
+                    .push((*qp, last.wr_id, op, chain.iter().map(|w| w.len()).sum()));
+            }
+        }
+    }
+
+    /// A Start event per request of every chain noted (those with a phandle).
+    fn start_posted(&mut self, io: &Driver, core: &SendCore) {
+        for (qp, wr_id, opcode, length) in std::mem::take(&mut self.posted).drain(..) {
+            let w = SendWrId(wr_id);
+            let n = core.state.pool.get(w.lane(0)).map_or(1, |r| r.n());
+            let Some(q) = io.conn.qps.get(qp) else { continue };
+            let event = QpEvent {
+                device: q.dev as i32,
+                wr_id,
+                opcode: opcode as i32,
+                qp_num: q.qp.qpn() as i32,
+                length,
+            };
+            for lane in 0..n {
+                let r = w.lane(lane);
+                let phandle = self.phandles[usize::from(r) % SEND_REQUESTS];
+                self.events.start(r, phandle, event);
+            }
+        }
+    }
 }
 
 // SAFETY: the raw pointers (requests' owner, the ring view, WR scratch) all point into this
@@ -97,6 +158,7 @@ impl SendDp {
             core: SendCore::new(cfg, driver::warn_failure),
             started,
             cts_wait_since: None,
+            prof: None,
         });
         let owner = &mut *dp as *mut SendDp as *mut ();
         dp.core.state.pool.set_owner(owner);
@@ -110,10 +172,22 @@ impl SendDp {
 
     /// Plan and post the waiting group if its chains fit now.
     fn post_waiting(&mut self) -> Result<()> {
-        let SendDp { io, ring, core, .. } = self;
-        // SAFETY: the plan names registered user buffers (NCCL keeps them until the request
-        // completes) or our FIFO block (lives as long as the QP); remote keys come from the CTS.
-        core.post_waiting(ring, &mut |p| unsafe { io.post(p) })
+        let SendDp {
+            io, ring, core, prof, ..
+        } = self;
+        let r = core.post_waiting(ring, &mut |p| {
+            if let Some(pr) = prof.as_mut() {
+                pr.note(&p);
+            }
+            // SAFETY: the plan names registered user buffers (NCCL keeps them until the
+            // request completes) or our FIFO block (lives as long as the QP); remote keys
+            // come from the CTS.
+            unsafe { io.post(p) }
+        });
+        if let Some(pr) = prof.as_mut() {
+            pr.start_posted(io, core);
+        }
+        r
     }
 
     /// No receive buffer to send into yet. Reaping completions meanwhile returns credits early,
@@ -138,8 +212,19 @@ impl SendDp {
 
     /// `None` = the receiver has not posted a matching buffer yet, or all request slots are
     /// in flight; retry later (no side effects).
-    pub fn isend(&mut self, data: usize, size: usize, tag: i32, mh: &MemHandle) -> Result<Option<*mut Request>> {
+    /// `phandle`: NCCL's profiler handle (NULL: no events for this send).
+    pub fn isend(
+        &mut self,
+        data: usize,
+        size: usize,
+        tag: i32,
+        mh: &MemHandle,
+        phandle: *mut c_void,
+    ) -> Result<Option<*mut Request>> {
         self.core.state.check()?;
+        if self.prof.is_none() && !phandle.is_null() && profiler::enabled() {
+            self.prof = Some(SendProfiling::new());
+        }
         mh.check(data, size, self.io.conn.devs.len())?;
         if self.core.waiting() {
             // The group before this send waits for send-queue credits: reap, post, else retry.
@@ -155,10 +240,23 @@ impl SendDp {
             tag,
             lkeys: mh.lkeys,
         };
-        let SendDp { io, ring, core, .. } = self;
-        // SAFETY: as in post_waiting; `data` is covered by `mh` (checked above).
-        let started = core.isend(ring, clock::now, send, &mut |p| unsafe { io.post(p) })?;
-        match started {
+        let SendDp {
+            io, ring, core, prof, ..
+        } = self;
+        let started = core.isend(ring, clock::now, send, &mut |p| {
+            if let Some(pr) = prof.as_mut() {
+                pr.note(&p);
+            }
+            // SAFETY: as in post_waiting; `data` is covered by `mh` (checked above).
+            unsafe { io.post(p) }
+        });
+        if let (Ok(Isend::Started { idx, .. }), Some(pr)) = (&started, prof.as_mut()) {
+            pr.phandles[usize::from(*idx) % SEND_REQUESTS] = phandle;
+        }
+        if let Some(pr) = prof.as_mut() {
+            pr.start_posted(io, core);
+        }
+        match started? {
             Isend::Started { idx, truncated_to } => {
                 if let (Some(s), Some(started)) = (&self.io.stats, &mut self.started) {
                     let now = clock::now();
@@ -191,6 +289,9 @@ impl SendDp {
             return Err(Error::internal("test: unknown send request"));
         };
         if let Some(size) = self.core.test(idx)? {
+            if let Some(pr) = self.prof.as_mut() {
+                pr.events.stop_request(idx);
+            }
             if let (Some(s), Some(started)) = (&self.io.stats, &self.started) {
                 let t0 = started[usize::from(idx) % SEND_REQUESTS];
                 s.message_done(u64::from(size), stats::since(t0, clock::now()));
@@ -220,5 +321,14 @@ impl SendDp {
     /// Requests in flight.
     pub fn in_flight(&self) -> usize {
         self.core.state.pool.in_flight()
+    }
+}
+
+impl Drop for SendDp {
+    /// Every Start gets its Stop, also for requests still in flight at close.
+    fn drop(&mut self) {
+        if let Some(pr) = self.prof.as_mut() {
+            pr.events.stop_all();
+        }
     }
 }
