@@ -391,8 +391,8 @@ pub fn write_file() {
 }
 
 /// Stops the interval writer (set at finalize of the last context and before an unload).
-static STOP: Mutex<bool> = Mutex::new(false);
-static WAKE: Condvar = Condvar::new();
+static WRITER_STOP: Mutex<bool> = Mutex::new(false);
+static WRITER_WAKE: Condvar = Condvar::new();
 /// The interval writer thread, joined by [`finish`] (library code must not run after an
 /// unload).
 static WRITER: Mutex<Option<std::thread::JoinHandle<()>>> = Mutex::new(None);
@@ -415,13 +415,13 @@ fn start_file_writer() {
     if every == 0 {
         return;
     }
-    *STOP.lock() = false;
+    *WRITER_STOP.lock() = false;
     let spawned = std::thread::Builder::new()
         .name("ferroce-stats".into())
         .spawn(move || loop {
-            let mut stop = STOP.lock();
+            let mut stop = WRITER_STOP.lock();
             if !*stop {
-                WAKE.wait_for(&mut stop, Duration::from_secs(every));
+                WRITER_WAKE.wait_for(&mut stop, Duration::from_secs(every));
             }
             if *stop {
                 return;
@@ -441,8 +441,8 @@ fn start_file_writer() {
 /// without one). A later comm starts a new writer.
 pub fn finish() {
     write_file();
-    *STOP.lock() = true;
-    WAKE.notify_all();
+    *WRITER_STOP.lock() = true;
+    WRITER_WAKE.notify_all();
     if let Some(h) = WRITER.lock().take() {
         let _ = h.join();
     }
