@@ -14,13 +14,9 @@
 #   * an unreachable and a silent peer: a clear error within the --timeout bound;
 #   * the plugin's config INFO line in NCCL's spelling, the whole table only with
 #     NCCL_DEBUG_SUBSYS=ENV; the properties guid equal to ibv_devinfo's sys_image_guid bytes.
-# Addresses 127.0.65.x, under /tmp/ferroce-net.lock. Prints "N passed, M failed".
+# Addresses 127.0.65.x (its own: run-tests.sh runs the scripts one at a time). Prints
+# "N passed, M failed".
 set -u
-# Every part binds softroce or TCP ports on loopback addresses: hold the shared network lock.
-if [ -z "${FERROCE_NET_LOCKED:-}" ]; then
-    command -v flock >/dev/null || { echo "FAILED: flock missing (util-linux)"; echo "doctor: 0 passed, 1 failed"; exit 1; }
-    FERROCE_NET_LOCKED=1 exec flock /tmp/ferroce-net.lock "$0" "$@"
-fi
 cd "$(dirname "$0")/../.." || exit 1
 R=$PWD/target/release
 DOC=$R/ferroce-doctor
