@@ -108,10 +108,17 @@ pub fn to_ibv(plan: &WorkRequest, wr: &mut sys::ibv_send_wr, sge: &mut sys::ibv_
 pub unsafe fn post_chain(
     qp: &QueuePair,
     chain: &[WorkRequest],
-    wrs: &mut [sys::ibv_send_wr; MAX_CHAIN],
-    sges: &mut [sys::ibv_sge; MAX_CHAIN],
+    wrs: &mut [sys::ibv_send_wr],
+    sges: &mut [sys::ibv_sge],
 ) -> Result<()> {
-    let k = chain.len().min(MAX_CHAIN);
+    if chain.len() > wrs.len().min(sges.len()) {
+        return Err(Error::internal(format!(
+            "a chain of {} work requests for {} WR slots",
+            chain.len(),
+            wrs.len()
+        )));
+    }
+    let k = chain.len();
     if k == 0 {
         return Ok(());
     }
@@ -144,14 +151,17 @@ pub struct Driver {
     /// The last hang WARN of this comm.
     hang_warned: Option<Instant>,
     wcs: [WorkCompletion; POLL_BATCH],
-    wrs: [sys::ibv_send_wr; MAX_CHAIN],
-    sges: [sys::ibv_sge; MAX_CHAIN],
+    /// Scratch of the longest chain this end posts (a sender's group: MAX_CHAIN; a
+    /// receiver's CTS write: 1).
+    wrs: Box<[sys::ibv_send_wr]>,
+    sges: Box<[sys::ibv_sge]>,
 }
 
 impl Driver {
     /// The driver of a connection just set up (`kind`: "send" or "recv"): logs the
     /// connection's INFO line, as NCCL's IB transport does.
     pub fn new(conn: Conn, kind: &'static str) -> Driver {
+        let chain = if kind == "send" { MAX_CHAIN } else { 1 };
         crate::log_info!(crate::log::subsys::NET, "{}", describe_connection(&conn, kind));
         let devices = conn.devs.iter().map(|d| d.dev.label()).collect::<Vec<_>>().join("+");
         let qpns: Vec<u32> = conn.qps.iter().map(|q| q.qp.qpn()).collect();
@@ -168,9 +178,14 @@ impl Driver {
             hang_warned: None,
             wcs: std::array::from_fn(|_| WorkCompletion::default()),
             // SAFETY: plain data; zero is an empty value.
-            wrs: unsafe { std::mem::zeroed() },
-            // SAFETY: as above.
-            sges: unsafe { std::mem::zeroed() },
+            wrs: (0..chain).map(|_| unsafe { std::mem::zeroed() }).collect(),
+            sges: (0..chain)
+                .map(|_| sys::ibv_sge {
+                    addr: 0,
+                    length: 0,
+                    lkey: 0,
+                })
+                .collect(),
         }
     }
 

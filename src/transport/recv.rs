@@ -17,7 +17,6 @@ use super::proto::limits::{MAX_DEVS, MAX_RECVS};
 use super::proto::plan::{LocalBlock, Post, RemoteBlock, Sge, WorkRequest};
 use super::proto::recv::{Irecv, RecvBuf, RecvConfig, RecvCore};
 use super::proto::request::{ReqKind, Request, RECV_REQUESTS};
-use super::proto::split::MAX_CHAIN;
 use super::proto::time::Time;
 use super::ring_memory::RingMemory;
 use super::send::routes;
@@ -80,8 +79,8 @@ struct Flush {
     devs: Vec<FlushDev>,
     /// The scratch word of each device, as the core plans reads into it.
     scratch: Vec<Sge>,
-    wrs: [sys::ibv_send_wr; MAX_CHAIN],
-    sges: [sys::ibv_sge; MAX_CHAIN],
+    wrs: [sys::ibv_send_wr; 1],
+    sges: [sys::ibv_sge; 1],
 }
 
 /// One device's part of the flush path. Field order is drop order: the QP is destroyed before

@@ -110,8 +110,6 @@ pub struct SendCore {
     truncate_reported: bool,
     /// When the current group's stamp was first seen without consistent entries.
     landing_since: Option<Time>,
-    plan: [WrPlan; MAX_CHAIN],
-    chain: [WorkRequest; MAX_CHAIN],
 }
 
 impl SendCore {
@@ -135,8 +133,6 @@ impl SendCore {
             },
             truncate_reported: false,
             landing_since: None,
-            plan: [WrPlan::ZeroImm; MAX_CHAIN],
-            chain: [WorkRequest::EMPTY; MAX_CHAIN],
         }
     }
 
@@ -257,9 +253,12 @@ impl SendCore {
         let nq = self.cfg.qps_per_req;
         let nqps = self.qps();
         let ar_split = n == 1 && self.cfg.ar_threshold.is_some_and(|t| self.cur.len[0] > t);
+        // On the stack: a comm keeps no plan between calls (memory per connection).
+        let mut plan = [WrPlan::ZeroImm; MAX_CHAIN];
+        let mut chain = [WorkRequest::EMPTY; MAX_CHAIN];
         for j in 0..nq {
             let q = split::qp_for_chunk(id, nq, j, nqps);
-            let k = split::plan_chain(&self.cur.len[..n], nq, j, ar_split, &mut self.plan);
+            let k = split::plan_chain(&self.cur.len[..n], nq, j, ar_split, &mut plan);
             if usize::from(self.credits[q]) < k {
                 return Ok(());
             }
@@ -274,13 +273,13 @@ impl SendCore {
         }
         for j in 0..nq {
             let q = split::qp_for_chunk(id, nq, j, nqps);
-            let k = split::plan_chain(&self.cur.len[..n], nq, j, ar_split, &mut self.plan);
-            self.build_chain(q, k, pos);
+            let k = split::plan_chain(&self.cur.len[..n], nq, j, ar_split, &mut plan);
+            self.build_chain(q, &plan[..k], pos, &mut chain);
             // Taken before posting: a partly posted chain still counts against the queue.
             self.credits[q] -= k as u16;
             if let Err(e) = post(Post::Send {
                 qp: q,
-                chain: &self.chain[..k],
+                chain: &chain[..k],
             }) {
                 return Err(self.state.fail(e));
             }
@@ -296,8 +295,9 @@ impl SendCore {
         Ok(())
     }
 
-    /// Turn the `k` planned WRs of QP `q` into work requests in `self.chain`.
-    fn build_chain(&mut self, q: usize, k: usize, pos: usize) {
+    /// Turn the planned WRs of QP `q` into work requests in `chain`.
+    fn build_chain(&self, q: usize, plan: &[WrPlan], pos: usize, chain: &mut [WorkRequest; MAX_CHAIN]) {
+        let k = plan.len();
         let route = self.cfg.routes[q];
         let (ldev, rdev) = (route.dev.min(MAX_DEVS - 1), route.remote_dev.min(MAX_DEVS - 1));
         let n = self.cur.n;
@@ -305,7 +305,7 @@ impl SendCore {
         let completion_imm = self.cur.len[0] as u32;
         for x in 0..k {
             let cur = &self.cur;
-            self.chain[x] = match self.plan[x] {
+            chain[x] = match plan[x] {
                 WrPlan::Data { sub, off, len, imm } => {
                     let i = usize::from(sub);
                     let e = &cur.entries[i];
