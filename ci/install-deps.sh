@@ -2,7 +2,7 @@
 # Installs the Debian packages ferroce needs to build and test, only when missing, and a Rust
 # toolchain when none is on PATH. Safe to run repeatedly (make runs it every time).
 set -eu
-packages="build-essential pkg-config libclang-dev libibverbs-dev librdmacm-dev ibverbs-utils perftest tshark iperf3 iproute2 binutils valgrind python3 shellcheck"
+packages="build-essential pkg-config libclang-dev libibverbs-dev librdmacm-dev ibverbs-utils perftest tshark iperf3 iproute2 binutils valgrind python3 shellcheck libcap2-bin"
 missing=""
 for p in $packages; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -120,6 +120,36 @@ else
     ko "prefix pitfall (rc=$rc)" "$tmp/prefix"
 fi
 
+echo "--- a port DOWN (SOFTROCE_PORT_STATE=DOWN: ibv_query_port says PORT_DOWN, as a NIC with its link down)"
+SOFTROCE_PORT_STATE=DOWN SOFTROCE_ADDR=127.0.65.5 doc "${JOB[@]}" >"$tmp/down" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && grep -q '^warn  softroce0:1 state  *DOWN: the plugin skips this port' "$tmp/down" &&
+    grep -q '^fail  plugin devices .*port state is DOWN' "$tmp/down"; then
+    ok "port DOWN: the port is flagged and the plugin has no device, exit 1"
+else
+    ko "port DOWN (rc=$rc)" "$tmp/down"
+fi
+
+echo "--- registrations against RLIMIT_MEMLOCK (softroce pins like the kernel: without CAP_IPC_LOCK)"
+command -v capsh >/dev/null || { ko "capsh missing (libcap2-bin)"; }
+H=$R/harness
+memlock_run() { # LIMIT_KIB SIZE ADDR-BASE OUT
+    capsh --drop=cap_ipc_lock -- -c "ulimit -l $1 && LD_LIBRARY_PATH=$R/softroce:$R NCCL_SOCKET_IFNAME=lo exec timeout 60 $H/sendrecv_perf -N 2 -b $2 -e $2 -n 2 -w 1 --addr-base $3" >"$4" 2>&1
+}
+memlock_run 256 1M 127.0.65 "$tmp/reg-enomem"
+rc=$?
+if [ $rc -ne 0 ] && grep -q 'NET/ferroce regMr: .*Cannot allocate memory.*RLIMIT_MEMLOCK, now 256 KiB (hard 256 KiB)\. Raise it: `ulimit -l unlimited`' "$tmp/reg-enomem"; then
+    ok "ulimit -l 256, 1 MiB buffers: registration fails with ENOMEM and the WARN names the limit and the fix"
+else
+    ko "memlock enforcement (rc=$rc)" "$tmp/reg-enomem"
+fi
+memlock_run 8192 64K 127.0.65 "$tmp/reg-ok"
+if grep -q '# Out of bounds values : 0 OK' "$tmp/reg-ok"; then
+    ok "ulimit -l 8192, 64 KiB buffers: the same run fits and passes"
+else
+    ko "memlock within the limit" "$tmp/reg-ok"
+fi
+
 echo "--- limits against the job size"
 (ulimit -l 64 && SOFTROCE_ADDR=127.0.65.3 doc --conns 64 --reg-mib 4) >"$tmp/memlock" 2>&1
 rc=$?

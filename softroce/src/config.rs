@@ -54,6 +54,14 @@ pub fn icrc_check() -> bool {
     *V.get_or_init(|| env("SOFTROCE_ICRC_CHECK").map(|s| s.trim() != "0").unwrap_or(true))
 }
 
+/// `SOFTROCE_PORT_STATE` (default `ACTIVE`): `DOWN` makes every port of the process report
+/// IBV_PORT_DOWN (physical state Disabled) from `ibv_query_port`, as a NIC whose link is down:
+/// for tests of what applications and ferroce-doctor say about it. Traffic is not affected.
+pub fn port_down() -> bool {
+    static V: OnceLock<bool> = OnceLock::new();
+    *V.get_or_init(|| env("SOFTROCE_PORT_STATE").is_some_and(|s| s.trim().eq_ignore_ascii_case("DOWN")))
+}
+
 /// `SOFTROCE_LOSS` (default 0): probability in [0,1] that a received packet is dropped.
 pub fn loss() -> f64 {
     static V: OnceLock<f64> = OnceLock::new();

@@ -28,6 +28,7 @@ pub mod idle;
 pub mod instances;
 pub mod limits;
 pub mod mem;
+pub mod pinned;
 pub mod qp;
 pub mod rng;
 pub mod srq;

@@ -322,7 +322,11 @@ unsafe extern "C" fn query_device_ex(
 fn fill_port_attr(dev: &Device, a: &mut ibv_port_attr) {
     // SAFETY: plain data.
     *a = unsafe { std::mem::zeroed() };
-    a.state = rdma_sys::ibv_port_state::IBV_PORT_ACTIVE;
+    a.state = if crate::config::port_down() {
+        rdma_sys::ibv_port_state::IBV_PORT_DOWN
+    } else {
+        rdma_sys::ibv_port_state::IBV_PORT_ACTIVE
+    };
     // Path MTUs up to this are accepted (as rxe checks against max_mtu).
     a.max_mtu = dev.active_mtu;
     a.active_mtu = dev.active_mtu;
@@ -338,7 +342,7 @@ fn fill_port_attr(dev: &Device, a: &mut ibv_port_attr) {
     a.max_vl_num = 1;
     a.active_width = 2; // 4X
     a.active_speed = 32; // 25 Gb/s (EDR)
-    a.phys_state = 5; // LinkUp
+    a.phys_state = if crate::config::port_down() { 3 } else { 5 }; // Disabled / LinkUp
     a.link_layer = 2; // IBV_LINK_LAYER_ETHERNET
 }
 

@@ -9,6 +9,7 @@ use super::ctx::Context;
 use super::{ffi_guard, int_err, null_err};
 use crate::driver::device::Device;
 use crate::driver::mem::MrInfo;
+use crate::driver::pinned;
 use crate::proto::mem::access as ibv_access;
 
 /// `struct ibv_pd` plus nothing else (the context pointer leads to the device).
@@ -74,6 +75,8 @@ pub struct Mr {
     dev: Arc<Device>,
     /// (base, len) of an mmap of a dmabuf fd, unmapped at deregistration.
     map: Option<(usize, usize)>,
+    /// Locked-memory bytes this registration counts (user memory only; given back at dereg).
+    pinned: u64,
 }
 
 const ACCESS_MW_BIND: u32 = ibv_access_flags::IBV_ACCESS_MW_BIND.0;
@@ -120,6 +123,13 @@ fn register(
     if (host as u64).checked_add(len as u64).is_none() || iova.checked_add(len as u64).is_none() {
         return Err(libc::EINVAL);
     }
+    // User memory is pinned against RLIMIT_MEMLOCK, as the kernel does; a DMA-BUF is not.
+    let pinned = if map.is_none() {
+        pinned::page_bytes(host, len)
+    } else {
+        0
+    };
+    pinned::pin(pinned)?;
     let dev = &p.dev;
     let key = dev.alloc_key();
     let mr = Box::new(Mr {
@@ -134,6 +144,7 @@ fn register(
         },
         dev: dev.clone(),
         map,
+        pinned,
     });
     dev.mrs.write().insert(
         key,
@@ -267,6 +278,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         // SAFETY: mr came from one of our registration functions; freed once.
         let m = unsafe { Box::from_raw(mr as *mut Mr) };
         m.dev.mrs.write().remove(&m.ibv.lkey);
+        pinned::unpin(m.pinned);
         if let Some((base, len)) = m.map {
             // SAFETY: unmaps the mapping this MR owns.
             unsafe { libc::munmap(base as *mut c_void, len) };
@@ -330,6 +342,16 @@ pub unsafe extern "C" fn ibv_rereg_mr(
                     return ERR_INPUT;
                 }
             }
+        }
+        if flags & 1 != 0 {
+            // The new range is pinned before the old one is let go, as the kernel does.
+            let bytes = pinned::page_bytes(addr as usize, length);
+            if let Err(e) = pinned::pin(bytes) {
+                super::set_errno(e);
+                return ERR_CMD;
+            }
+            pinned::unpin(m.pinned);
+            m.pinned = bytes;
         }
         guard.insert(m.ibv.lkey, ni);
         if flags & 1 != 0 {
