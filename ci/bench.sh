@@ -202,7 +202,7 @@ hv() {
     fi
 }
 median() { tr ' ' '\n' | grep -E '^[0-9.]+$' | sort -g | awk '{v[NR] = $1} END {if (NR) print v[int((NR + 1) / 2)]}'; }
-W_BW="" O_BW="" W_LAT="" P_LAT="" S64="" A64=""
+W_BW="" O_BW="" W_LAT="" P_LAT="" S64="" A64="" P_LAT_ST="" O_BW_ST=""
 echo
 echo "== ratio rounds ($ROUNDS): ib_write_bw 4M | plugin one-way 4 MiB | ib_write_lat 8 | plugin ping-pong 8 | sendrecv 64M | all_reduce 64M"
 for r in $(seq "$ROUNDS"); do
@@ -219,6 +219,11 @@ for r in $(seq "$ROUNDS"); do
     S64="$S64 ${HV:--}"
     hv r_all_reduce 67108864 8 "$H/all_reduce_perf" -N 2 -b 64M -e 64M -n 12 -w 1 -c 0
     A64="$A64 ${HV:--}"
+    # The cost of the plugin's statistics (FERROCE_STATS): the same two runs with them on.
+    hv r_pingpong_stats 8 6 env FERROCE_STATS="$OUT/stats" "$H/sendrecv_perf" -N 2 -P -b 8 -e 8 -n 2000 -w 100 -c 0
+    P_LAT_ST="$P_LAT_ST ${HV:--}"
+    hv r_oneway_stats 4194304 8 env FERROCE_STATS="$OUT/stats" "$H/sendrecv_perf" -N 2 -O --chunk 4M -b 4M -e 4M -n 256 -w 4 -c 0
+    O_BW_ST="$O_BW_ST ${HV:--}"
     echo "   round $r: $(echo $W_BW | awk '{print $NF}') | $(echo $O_BW | awk '{print $NF}') GB/s | $(echo $W_LAT | awk '{print $NF}') | $(echo $P_LAT | awk '{print $NF}') us | $(echo $S64 | awk '{print $NF}') | $(echo $A64 | awk '{print $NF}') GB/s"
 done
 wbw=$(echo $W_BW | median)
@@ -263,6 +268,8 @@ say "# ratios: median over the rounds of each round's ratio"
 ratio P1 "$O_BW" "$W_BW" ">=" 0.97 "plugin one-way throughput / ib_write_bw"
 ratio P2 "$P_LAT" "$W_LAT" "<=" 1.25 "plugin 8-byte half round trip / ib_write_lat"
 ratio P3 "$A64" "$S64" ">=" 0.90 "all_reduce busbw 64 MiB / sendrecv 64 MiB"
+ratio S1 "$P_LAT_ST" "$P_LAT" "<=" 1.10 "ping-pong 8 B, statistics on / off"
+ratio S2 "$O_BW_ST" "$O_BW" ">=" 0.95 "one-way 4 MiB, statistics on / off"
 say "    context: sendrecv two-way best >= 4 MiB ${sr_best:-n/a} GB/s vs ib_write_bw -b ${wbwb:-n/a} GB/s per direction"
 
 # ---- 3b. where the time goes (one run each) ---------------------------------------------------
