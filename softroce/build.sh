@@ -22,6 +22,8 @@ sed "s/IBVERBS_PRIVATE_34/$node/g" softroce/libibverbs.map > "$out/libibverbs.ma
     -Wl,-z,nodelete \
     -lpthread -ldl -lm -lgcc_s -lc
 mv "$out/libibverbs.so.1.tmp" "$out/libibverbs.so.1"
+# The fault-control tool (softroce-ctl ADDR port-down|port-up|gid-change|blackhole PEER|heal|status).
+cp -f target/release/softroce-ctl "$out/softroce-ctl"
 # Sanity: every symbol of the map must be exported with its version.
 want=$(grep -cE '^\s+[A-Za-z_][A-Za-z0-9_]*;' "$out/libibverbs.map")
 have=$(objdump -T "$out/libibverbs.so.1" | grep -cE ' (IBVERBS_[0-9.]+|'"$node"')\s')

@@ -4,9 +4,14 @@
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+
+use rdma_sys::ibv_event_type;
 
 use super::addr::ipv4_mapped_gid;
 use super::engine_state::Engine;
+use super::event::AsyncQueue;
+use super::faults::Command;
 use super::mem::MrTable;
 use super::udp::UdpSocket;
 
@@ -35,6 +40,9 @@ pub struct Device {
     next_handle: AtomicU32,
     next_qpn: AtomicU32,
     pub engine: Engine,
+    /// The asynchronous-event queues of the contexts opened on this device (port events go
+    /// to every one, as the kernel sends them to every open context).
+    async_queues: Mutex<Vec<Weak<AsyncQueue>>>,
 }
 
 impl Device {
@@ -54,6 +62,63 @@ impl Device {
             next_handle: AtomicU32::new(1),
             next_qpn: AtomicU32::new(0x11),
             engine: Engine::new(),
+            async_queues: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A context opened on this device: it gets the port's events from now on.
+    pub fn watch_events(&self, q: &Arc<AsyncQueue>) {
+        if let Ok(mut v) = self.async_queues.lock() {
+            v.retain(|w| w.strong_count() > 0);
+            v.push(Arc::downgrade(q));
+        }
+    }
+
+    /// An event of port 1 to every open context.
+    fn port_event(&self, ev: ibv_event_type) {
+        let queues: Vec<Arc<AsyncQueue>> = match self.async_queues.lock() {
+            Ok(v) => v.iter().filter_map(Weak::upgrade).collect(),
+            Err(_) => return,
+        };
+        for q in queues {
+            q.push(ev, 1);
+        }
+    }
+
+    /// Carry out a fault command (`softroce-ctl`, `SOFTROCE_FAULTS`); the answer in words.
+    pub fn apply(&self, cmd: Command) -> String {
+        let f = &self.sock.faults;
+        match cmd {
+            Command::PortDown => {
+                if f.set_down(true) {
+                    self.port_event(ibv_event_type::IBV_EVENT_PORT_ERR);
+                }
+                format!("{} port 1 DOWN", self.name)
+            }
+            Command::PortUp => {
+                if f.set_down(false) {
+                    self.port_event(ibv_event_type::IBV_EVENT_PORT_ACTIVE);
+                }
+                format!("{} port 1 ACTIVE", self.name)
+            }
+            Command::GidChange => {
+                f.change_gids();
+                self.port_event(ibv_event_type::IBV_EVENT_GID_CHANGE);
+                format!(
+                    "{} GID table changed: IPv4 GIDs {}",
+                    self.name,
+                    if f.ipv4_gids_gone() { "removed" } else { "restored" }
+                )
+            }
+            Command::Blackhole(peer) => {
+                f.blackhole(peer);
+                format!("{}: packets to and from {peer} are dropped", self.name)
+            }
+            Command::Heal => {
+                f.heal();
+                format!("{}: every blackhole healed", self.name)
+            }
+            Command::Status => format!("{} ({}): {}", self.name, self.addr, f.describe()),
         }
     }
 
@@ -67,7 +132,7 @@ impl Device {
                 g[8..].copy_from_slice(&self.guid.to_be_bytes());
                 Some(g)
             }
-            2 | 3 => Some(ipv4_mapped_gid(self.addr)),
+            2 | 3 if !self.sock.faults.ipv4_gids_gone() => Some(ipv4_mapped_gid(self.addr)),
             _ => None,
         }
     }

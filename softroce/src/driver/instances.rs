@@ -31,6 +31,7 @@ pub fn instance(index: usize) -> std::io::Result<Arc<Device>> {
         guid_for(addr),
     ));
     engine::start(dev.clone())?;
+    super::ctl::start(&dev);
     v[index] = Some(dev.clone());
     Ok(dev)
 }

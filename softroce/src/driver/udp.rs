@@ -13,6 +13,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::faults::PortFaults;
 use crate::wire::ROCEV2_UDP_PORT;
 
 /// Largest single RoCE packet we accept (a 4096-byte MTU packet is 4096 + 60; jumbo slack).
@@ -28,6 +29,8 @@ pub struct UdpSocket {
     fd: RawFd,
     pub local: Ipv4Addr,
     gso: AtomicBool,
+    /// The port's injected faults: a packet they drop is lost on the wire, silently.
+    pub faults: PortFaults,
 }
 
 /// Per-packet IPv4 header fields from the address vector (0 = kernel default).
@@ -101,6 +104,7 @@ impl UdpSocket {
             fd,
             local: addr,
             gso: AtomicBool::new(false),
+            faults: PortFaults::default(),
         };
         setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)?;
         for (opt, v) in [(libc::SO_RCVBUF, 4 << 20), (libc::SO_SNDBUF, 4 << 20)] {
@@ -152,6 +156,9 @@ impl UdpSocket {
     /// Sends `buf` to `dst:4791`, as GSO segments of `seg` bytes when given
     /// (and `buf` is longer), with the IPv4 TTL / TOS of `ip` when non-zero.
     pub fn send(&self, buf: &[u8], seg: Option<usize>, dst: Ipv4Addr, ip: Ip) -> io::Result<()> {
+        if self.faults.drops(dst) {
+            return Ok(());
+        }
         let seg = seg.filter(|&s| buf.len() > s);
         let mut sa = sockaddr(dst, ROCEV2_UDP_PORT);
         let mut iov = libc::iovec {
@@ -292,7 +299,23 @@ impl UdpSocket {
                 seg,
             };
         }
-        Ok(r)
+        Ok(self.drop_faulted(r, bufs, meta))
+    }
+
+    /// Keep the first `n` datagrams the port's faults let through, in order; their count.
+    fn drop_faulted(&self, n: usize, bufs: &mut [Vec<u8>], meta: &mut [RecvMeta]) -> usize {
+        let mut kept = 0;
+        for i in 0..n {
+            if self.faults.drops(*meta[i].src.ip()) {
+                continue;
+            }
+            if kept != i {
+                bufs.swap(kept, i);
+                meta[kept] = meta[i];
+            }
+            kept += 1;
+        }
+        kept
     }
 }
 

@@ -175,6 +175,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
             Ok(q) => Arc::new(q),
             Err(e) => return null_err(e.raw_os_error().unwrap_or(libc::EMFILE)),
         };
+        inst.watch_events(&async_q);
         // SAFETY: verbs_context is plain data (pointers, Option<fn>, ints,
         // an opaque pthread mutex) for which all-zero is valid (and is
         // PTHREAD_MUTEX_INITIALIZER on glibc).
@@ -322,7 +323,7 @@ unsafe extern "C" fn query_device_ex(
 fn fill_port_attr(dev: &Device, a: &mut ibv_port_attr) {
     // SAFETY: plain data.
     *a = unsafe { std::mem::zeroed() };
-    a.state = if crate::config::port_down() {
+    a.state = if crate::config::port_down() || dev.sock.faults.is_down() {
         rdma_sys::ibv_port_state::IBV_PORT_DOWN
     } else {
         rdma_sys::ibv_port_state::IBV_PORT_ACTIVE
@@ -342,7 +343,11 @@ fn fill_port_attr(dev: &Device, a: &mut ibv_port_attr) {
     a.max_vl_num = 1;
     a.active_width = 2; // 4X
     a.active_speed = 32; // 25 Gb/s (EDR)
-    a.phys_state = if crate::config::port_down() { 3 } else { 5 }; // Disabled / LinkUp
+    a.phys_state = if crate::config::port_down() || dev.sock.faults.is_down() {
+        3
+    } else {
+        5
+    }; // Disabled / LinkUp
     a.link_layer = 2; // IBV_LINK_LAYER_ETHERNET
 }
 

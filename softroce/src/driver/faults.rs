@@ -1,0 +1,201 @@
+//! Faults a test injects into a device, as a real NIC or network fails: the port goes down and
+//! comes back, the GID table changes, a peer becomes unreachable without any event (a broken
+//! path) and is healed. Commands come from `softroce-ctl` over the device's control socket
+//! ([`super::ctl`]) or from the `SOFTROCE_FAULTS` schedule.
+//!
+//! * `port-down`: `IBV_EVENT_PORT_ERR` to every context of the device; `ibv_query_port` says
+//!   DOWN; nothing is sent or received, so work requests in flight retry and complete with
+//!   `IBV_WC_RETRY_EXC_ERR`, moving their QP to the error state, as on hardware.
+//! * `port-up`: traffic flows again; `IBV_EVENT_PORT_ACTIVE`.
+//! * `gid-change`: the IPv4-mapped GIDs (indices 2 and 3) disappear, as when the interface loses
+//!   its address, or come back on the next one; `IBV_EVENT_GID_CHANGE` each time.
+//! * `blackhole PEER`: packets to and from that IPv4 address vanish, with no event; `heal`
+//!   ends every blackhole.
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// A fault command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    PortDown,
+    PortUp,
+    GidChange,
+    Blackhole(Ipv4Addr),
+    Heal,
+    Status,
+}
+
+impl Command {
+    /// `port-down`, `port-up`, `gid-change`, `blackhole A.B.C.D` (or `blackhole=A.B.C.D`),
+    /// `heal`, `status`.
+    pub fn parse(text: &str) -> Result<Command, String> {
+        let t = text.trim();
+        let (word, arg) = match t.split_once([' ', '=']) {
+            Some((w, a)) => (w, Some(a.trim())),
+            None => (t, None),
+        };
+        let no_arg = |c: Command| match arg {
+            None => Ok(c),
+            Some(a) => Err(format!("`{word}` takes no argument (got `{a}`)")),
+        };
+        match word {
+            "port-down" => no_arg(Command::PortDown),
+            "port-up" => no_arg(Command::PortUp),
+            "gid-change" => no_arg(Command::GidChange),
+            "heal" => no_arg(Command::Heal),
+            "status" => no_arg(Command::Status),
+            "blackhole" => match arg.map(str::parse::<Ipv4Addr>) {
+                Some(Ok(ip)) => Ok(Command::Blackhole(ip)),
+                Some(Err(_)) | None => Err("blackhole needs the peer's IPv4 address".into()),
+            },
+            _ => Err(format!(
+                "unknown command `{word}` (port-down, port-up, gid-change, blackhole PEER_ADDR, heal, status)"
+            )),
+        }
+    }
+}
+
+/// `SOFTROCE_FAULTS`: comma-separated `COMMAND@TIME` (TIME in seconds since the device came up,
+/// e.g. `port-down@2s,port-up@3.5s,blackhole=127.0.0.2@1`), sorted by time.
+pub fn parse_schedule(spec: &str) -> Result<Vec<(Duration, Command)>, String> {
+    let mut out = Vec::new();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (cmd, at) = item
+            .rsplit_once('@')
+            .ok_or_else(|| format!("`{item}`: want COMMAND@SECONDS"))?;
+        let secs: f64 = at
+            .trim()
+            .trim_end_matches('s')
+            .parse()
+            .map_err(|_| format!("`{item}`: `{at}` is not a time in seconds"))?;
+        if !(secs.is_finite() && secs >= 0.0) {
+            return Err(format!("`{item}`: the time must be ≥ 0"));
+        }
+        out.push((Duration::from_secs_f64(secs), Command::parse(cmd)?));
+    }
+    out.sort_by_key(|(t, _)| *t);
+    Ok(out)
+}
+
+/// The fault state of one device's port, read on every packet (two relaxed loads when healthy).
+#[derive(Default)]
+pub struct PortFaults {
+    down: AtomicBool,
+    any_blackhole: AtomicBool,
+    blackholed: Mutex<Vec<Ipv4Addr>>,
+    /// Odd: the IPv4-mapped GIDs are gone.
+    gid_generation: AtomicU32,
+}
+
+impl PortFaults {
+    /// Whether a packet to or from `peer` is lost.
+    pub fn drops(&self, peer: Ipv4Addr) -> bool {
+        self.down.load(Ordering::Relaxed)
+            || (self.any_blackhole.load(Ordering::Relaxed)
+                && self.blackholed.lock().map(|v| v.contains(&peer)).unwrap_or(false))
+    }
+
+    pub fn is_down(&self) -> bool {
+        self.down.load(Ordering::Relaxed)
+    }
+
+    /// Set the port down or up; true when that changed it.
+    pub fn set_down(&self, down: bool) -> bool {
+        self.down.swap(down, Ordering::Relaxed) != down
+    }
+
+    pub fn blackhole(&self, peer: Ipv4Addr) {
+        if let Ok(mut v) = self.blackholed.lock() {
+            if !v.contains(&peer) {
+                v.push(peer);
+            }
+            self.any_blackhole.store(true, Ordering::Relaxed);
+        }
+    }
+
+    pub fn heal(&self) {
+        if let Ok(mut v) = self.blackholed.lock() {
+            v.clear();
+            self.any_blackhole.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Change the GID table (the IPv4-mapped entries go, or come back).
+    pub fn change_gids(&self) {
+        self.gid_generation.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Whether the IPv4-mapped GIDs are absent now.
+    pub fn ipv4_gids_gone(&self) -> bool {
+        self.gid_generation.load(Ordering::Relaxed) % 2 == 1
+    }
+
+    /// One line for `softroce-ctl status`.
+    pub fn describe(&self) -> String {
+        let holes = self.blackholed.lock().map(|v| v.clone()).unwrap_or_default();
+        format!(
+            "port {}; IPv4 GIDs {}; blackholed peers: {}",
+            if self.is_down() { "DOWN" } else { "ACTIVE" },
+            if self.ipv4_gids_gone() { "absent" } else { "present" },
+            if holes.is_empty() {
+                "none".to_string()
+            } else {
+                holes.iter().map(|a| a.to_string()).collect::<Vec<_>>().join(" ")
+            }
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_parse_and_bad_ones_say_why() {
+        assert_eq!(Command::parse("port-down"), Ok(Command::PortDown));
+        assert_eq!(Command::parse(" port-up\n"), Ok(Command::PortUp));
+        assert_eq!(
+            Command::parse("blackhole 127.0.0.2"),
+            Ok(Command::Blackhole(Ipv4Addr::new(127, 0, 0, 2)))
+        );
+        assert_eq!(
+            Command::parse("blackhole=10.1.2.3"),
+            Ok(Command::Blackhole(Ipv4Addr::new(10, 1, 2, 3)))
+        );
+        assert!(Command::parse("blackhole").unwrap_err().contains("IPv4"));
+        assert!(Command::parse("port-down now").unwrap_err().contains("no argument"));
+        assert!(Command::parse("reboot").unwrap_err().contains("unknown command"));
+    }
+
+    #[test]
+    fn schedules_are_sorted_and_checked() {
+        let s = parse_schedule("port-up@3.5s, port-down@2s,blackhole=127.0.0.9@0").unwrap();
+        assert_eq!(s[0], (Duration::ZERO, Command::Blackhole(Ipv4Addr::new(127, 0, 0, 9))));
+        assert_eq!(s[1], (Duration::from_secs(2), Command::PortDown));
+        assert_eq!(s[2], (Duration::from_millis(3500), Command::PortUp));
+        assert!(parse_schedule("port-down").is_err());
+        assert!(parse_schedule("port-down@soon").is_err());
+        assert!(parse_schedule("port-down@-1").is_err());
+    }
+
+    #[test]
+    fn a_port_down_drops_everything_a_blackhole_one_peer() {
+        let f = PortFaults::default();
+        let (a, b) = (Ipv4Addr::new(127, 0, 0, 1), Ipv4Addr::new(127, 0, 0, 2));
+        assert!(!f.drops(a));
+        f.blackhole(b);
+        assert!(!f.drops(a) && f.drops(b));
+        f.heal();
+        assert!(!f.drops(b));
+        assert!(f.set_down(true) && !f.set_down(true));
+        assert!(f.drops(a) && f.drops(b));
+        assert!(f.set_down(false));
+        f.change_gids();
+        assert!(f.ipv4_gids_gone());
+        f.change_gids();
+        assert!(!f.ipv4_gids_gone());
+    }
+}
