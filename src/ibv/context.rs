@@ -71,14 +71,31 @@ impl QpFailures {
     }
 }
 
+/// Ports per device whose events are counted one by one (a NIC has 1 or 2).
+pub const MAX_PORTS: usize = 8;
+
+/// What a non-fatal async event means, in words.
+fn event_words(kind: sys::ibv_event_type, text: &str) -> String {
+    use sys::ibv_event_type::*;
+    match kind {
+        IBV_EVENT_PORT_ACTIVE => format!("the port is up ('{text}'); new connections can use it"),
+        IBV_EVENT_GID_CHANGE => format!("the GID table changed ('{text}'): an address was added to or removed from the interface; connections made before keep the GIDs they have, new ones pick again"),
+        IBV_EVENT_LID_CHANGE | IBV_EVENT_SM_CHANGE | IBV_EVENT_CLIENT_REREGISTER => format!("the subnet manager changed the port's addressing ('{text}')"),
+        _ => format!("async event '{text}'"),
+    }
+}
+
 /// An open device (`ibv_context`) with its async-event thread.
 pub struct Context {
     pub verbs: Arc<Verbs>,
     raw: *mut sys::ibv_context,
     pub info: DeviceInfo,
-    /// Device-level fatal async events seen (device fatal, port error, CQ/SRQ error): every
-    /// comm on the device fails once this moves.
+    /// Device-level fatal async events seen (device fatal, CQ/SRQ error): every comm on the
+    /// device fails once this moves.
     pub fatal_events: Arc<AtomicU32>,
+    /// Per port (index = port number, up to [`MAX_PORTS`]): `IBV_EVENT_PORT_ERR`s seen. A comm
+    /// fails when the count of the port it uses moves; the device's other ports go on.
+    pub port_errors: Arc<[AtomicU32; MAX_PORTS + 1]>,
     /// QP-level fatal events (QP fatal, request error, access error), attributed to QP numbers.
     pub qp_failures: Arc<QpFailures>,
     stop: Arc<AtomicBool>,
@@ -141,6 +158,7 @@ impl Context {
             raw,
             info,
             fatal_events: Arc::new(AtomicU32::new(0)),
+            port_errors: Arc::new(std::array::from_fn(|_| AtomicU32::new(0))),
             qp_failures: Arc::new(QpFailures::default()),
             stop: Arc::new(AtomicBool::new(false)),
             events_thread: Mutex::new(None),
@@ -267,6 +285,7 @@ impl Context {
         let verbs = self.verbs.clone();
         let stop = self.stop.clone();
         let fatal = self.fatal_events.clone();
+        let port_errors = self.port_errors.clone();
         let qp_failures = self.qp_failures.clone();
         let name = self.info.name.clone();
         let raw = SendPtr(self.raw);
@@ -288,21 +307,35 @@ impl Context {
                 let kind = ev.event_type;
                 use sys::ibv_event_type::*;
                 let is_qp_event = matches!(kind, IBV_EVENT_QP_FATAL | IBV_EVENT_QP_REQ_ERR | IBV_EVENT_QP_ACCESS_ERR);
-                // SAFETY: for QP events the element is the QP, alive until the event is acked.
-                let qpn = if is_qp_event { unsafe { (*ev.element.qp).qp_num } } else { 0 };
+                let is_port_event = matches!(
+                    kind,
+                    IBV_EVENT_PORT_ERR | IBV_EVENT_PORT_ACTIVE | IBV_EVENT_GID_CHANGE | IBV_EVENT_LID_CHANGE
+                        | IBV_EVENT_PKEY_CHANGE | IBV_EVENT_SM_CHANGE | IBV_EVENT_CLIENT_REREGISTER
+                );
+                // SAFETY: for QP events the element is the QP, alive until the event is acked;
+                // for port events it is the port number.
+                let (qpn, port) = unsafe {
+                    (
+                        if is_qp_event { (*ev.element.qp).qp_num } else { 0 },
+                        if is_port_event { ev.element.port_num } else { 0 },
+                    )
+                };
                 // SAFETY: ev was filled by ibv_get_async_event and is acked exactly once.
                 unsafe { (verbs.ibv_ack_async_event)(&mut ev) };
-                let device_fatal =
-                    matches!(kind, IBV_EVENT_DEVICE_FATAL | IBV_EVENT_PORT_ERR | IBV_EVENT_CQ_ERR | IBV_EVENT_SRQ_ERR);
                 let text = verbs.event_type_str(kind as u32);
                 if is_qp_event {
                     qp_failures.record(qpn);
                     crate::log_warn!("device {name}: fatal async event '{text}' on QP {qpn} — the connection using it fails; the WARN of that connection says why");
-                } else if device_fatal {
+                } else if kind == IBV_EVENT_PORT_ERR {
+                    if let Some(c) = usize::try_from(port).ok().and_then(|p| port_errors.get(p)) {
+                        c.fetch_add(1, Ordering::AcqRel);
+                    }
+                    crate::log_warn!("device {name} port {port}: the port went down ('{text}'): its link is down or the switch port is disabled. Connections over this port fail; the device's other ports go on. Check `ibv_devinfo`, the cable and the switch port");
+                } else if matches!(kind, IBV_EVENT_DEVICE_FATAL | IBV_EVENT_CQ_ERR | IBV_EVENT_SRQ_ERR) {
                     fatal.fetch_add(1, Ordering::AcqRel);
-                    crate::log_warn!("device {name}: fatal async event '{text}' — the NIC or its port failed; every connection on it fails. Check the link (ibv_devinfo) and `dmesg`");
+                    crate::log_warn!("device {name}: fatal async event '{text}' — the NIC failed; every connection on it fails. Check the device (ibv_devinfo) and `dmesg`");
                 } else {
-                    crate::log_info!(crate::log::subsys::NET, "device {name}: async event '{text}'");
+                    crate::log_info!(crate::log::subsys::NET, "device {name}{}: {}", if is_port_event { format!(" port {port}") } else { String::new() }, event_words(kind, &text));
                 }
             }
         });

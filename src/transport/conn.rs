@@ -89,6 +89,8 @@ pub struct LocalDev {
     pub cq: Arc<CompletionQueue>,
     /// `fatal_events` of the context when the comm was made; more means the NIC failed.
     pub fatal_base: u32,
+    /// `port_errors` of the comm's port when the comm was made; more means the port went down.
+    pub port_error_base: u32,
     /// `qp_failures.count` when the comm was made; more means some QP of the device failed.
     pub qp_failure_base: u32,
 }
@@ -124,6 +126,14 @@ pub fn modify_retry(cfg: &Config) -> ModifyRetry {
     }
 }
 
+/// `IBV_EVENT_PORT_ERR`s seen so far on the port `dev` uses.
+fn port_errors(dev: &NetDevice) -> u32 {
+    dev.context
+        .port_errors
+        .get(usize::from(dev.port))
+        .map_or(0, |c| c.load(Ordering::Acquire))
+}
+
 /// Member devices with a CQ of `cqe_per_qp × (QPs on that device) + extra` entries.
 pub fn local_devs(members: &[Arc<NetDevice>], nqps: usize, cqe_per_qp: usize, extra: usize) -> Result<Vec<LocalDev>> {
     let nl = members.len();
@@ -137,6 +147,7 @@ pub fn local_devs(members: &[Arc<NetDevice>], nqps: usize, cqe_per_qp: usize, ex
                 dev: dev.clone(),
                 cq: CompletionQueue::new(dev.context.clone(), cqe)?,
                 fatal_base: dev.context.fatal_events.load(Ordering::Acquire),
+                port_error_base: port_errors(dev),
                 qp_failure_base: dev.context.qp_failures.count.load(Ordering::Acquire),
             })
         })
@@ -289,7 +300,8 @@ impl Conn {
     pub fn fatal_event(&self) -> Option<&LocalDev> {
         self.devs.iter().enumerate().find_map(|(i, d)| {
             let ctx = &d.dev.context;
-            let device_failed = ctx.fatal_events.load(Ordering::Relaxed) != d.fatal_base;
+            let device_failed =
+                ctx.fatal_events.load(Ordering::Relaxed) != d.fatal_base || port_errors(&d.dev) != d.port_error_base;
             let own_qp_failed = || {
                 ctx.qp_failures.count.load(Ordering::Relaxed) != d.qp_failure_base
                     && ctx
