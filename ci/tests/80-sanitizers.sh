@@ -5,7 +5,9 @@
 #     softroce, built with -Zsanitizer=address (target/asan);
 #   * softroce's own tests (sans-IO core, simulations, verbs through its C ABI), the same way;
 #   * c_shim/datapath_test.c built with -fsanitize=address,undefined, loading the plugin as NCCL
-#     does, over softroce: one-process and two-process transfers.
+#     does, over softroce: one-process and two-process transfers;
+#   * the same driver under valgrind memcheck (plugin and softroce uninstrumented, checked
+#     whole), on every run rather than opt-in.
 # The sanitizer runtime comes with this toolchain; RUSTC_BOOTSTRAP=1 enables -Z flags on stable
 # for this job only (never for the product build). Addresses 127.0.81.x.
 # Prints "N passed, M failed"; non-zero exit on any report or failure.
@@ -76,6 +78,21 @@ for args in "12 local -g 40 -b 4194304" "9 local -g 30 -c 3 -b 1048576" "6 local
     else
         tail -20 "$tmp/c"
         ko "datapath_test $args under ASan+UBSan"
+    fi
+done
+
+echo "--- valgrind memcheck: the C ABI driver over softroce (the plugin and softroce under memcheck)"
+command -v valgrind >/dev/null || ko "valgrind missing (install-deps installs it)"
+n=10
+for args in "12 local -g 30 -b 4194304" "9 local -g 30 -c 3 -b 1048576"; do
+    n=$((n + 1))
+    # shellcheck disable=SC2086
+    if NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1 SOFTROCE_ADDR=127.0.81.$n \
+        timeout 600 valgrind -q --error-exitcode=9 --leak-check=no "$R/c_shim/datapath_test" "$R/libnccl-net-ferroce.so" $args >"$tmp/vg" 2>&1; then
+        ok "valgrind datapath_test $args: $(tail -1 "$tmp/vg")"
+    else
+        tail -30 "$tmp/vg"
+        ko "datapath_test $args under valgrind"
     fi
 done
 
