@@ -46,7 +46,8 @@ pub struct PortInfo {
 pub struct QpFailures {
     /// Bumped after each recorded QP; comms compare it with the value they started with.
     pub count: AtomicU32,
-    qpns: Mutex<std::collections::VecDeque<u32>>,
+    /// (sequence number = `count` before the record, QP number), oldest first.
+    qpns: Mutex<std::collections::VecDeque<(u32, u32)>>,
 }
 
 impl QpFailures {
@@ -54,20 +55,26 @@ impl QpFailures {
     /// before that many other QPs of one device could fail.
     const KEPT: usize = 4096;
 
-    fn record(&self, qpn: u32) {
+    pub fn record(&self, qpn: u32) {
         let mut q = self.qpns.lock();
         if q.len() == Self::KEPT {
             q.pop_front();
         }
-        q.push_back(qpn);
-        drop(q);
-        self.count.fetch_add(1, Ordering::AcqRel);
+        let seq = self.count.load(Ordering::Acquire);
+        q.push_back((seq, qpn));
+        self.count.store(seq.wrapping_add(1), Ordering::Release);
     }
 
-    /// Whether a fatal event named any of `qpns`.
-    pub fn any_of(&self, qpns: impl IntoIterator<Item = u32>) -> bool {
+    /// Whether a fatal event recorded since `count` was `since` (a comm's start) named any
+    /// of `qpns`. An older failure of a QP whose number a new comm reuses does not count.
+    pub fn any_of_since(&self, since: u32, qpns: impl IntoIterator<Item = u32>) -> bool {
         let q = self.qpns.lock();
-        qpns.into_iter().any(|n| q.contains(&n))
+        let recent: Vec<u32> = q
+            .iter()
+            .filter(|(seq, _)| seq.wrapping_sub(since) < u32::MAX / 2)
+            .map(|&(_, n)| n)
+            .collect();
+        qpns.into_iter().any(|n| recent.contains(&n))
     }
 }
 
@@ -462,6 +469,22 @@ pub fn read_roce_type(read: std::io::Result<String>) -> std::io::Result<Option<u
 
 #[cfg(test)]
 mod tests {
+
+    /// Regression (issue 14): a failed QP's number, reused by a comm made later, must not fail
+    /// that comm when some other QP fails afterwards.
+    #[test]
+    fn issue_14_a_reused_qp_number_is_not_failed_by_an_older_event() {
+        let f = QpFailures::default();
+        f.record(0x11);
+        let base = f.count.load(Ordering::Acquire);
+        assert!(!f.any_of_since(base, [0x11]), "the old failure predates the new comm");
+        f.record(0x99);
+        assert!(!f.any_of_since(base, [0x11]), "a later, unrelated failure");
+        f.record(0x11);
+        assert!(f.any_of_since(base, [0x11]), "its own QP failing now");
+        assert!(f.any_of_since(0, [0x99]));
+    }
+
     use super::*;
 
     #[test]

@@ -304,9 +304,10 @@ impl Conn {
                 ctx.fatal_events.load(Ordering::Relaxed) != d.fatal_base || port_errors(&d.dev) != d.port_error_base;
             let own_qp_failed = || {
                 ctx.qp_failures.count.load(Ordering::Relaxed) != d.qp_failure_base
-                    && ctx
-                        .qp_failures
-                        .any_of(self.qps.iter().filter(|q| q.dev == i).map(|q| q.qp.qpn()))
+                    && ctx.qp_failures.any_of_since(
+                        d.qp_failure_base,
+                        self.qps.iter().filter(|q| q.dev == i).map(|q| q.qp.qpn()),
+                    )
             };
             (device_failed || own_qp_failed()).then_some(d)
         })
