@@ -12,6 +12,9 @@
  *       -k N  (recv/send: die with SIGKILL after N completed groups; -e: expect an error instead
  *             of completing: exit 0 when the peer's death is reported within -t seconds)
  *       -t seconds (overall limit, default 120)
+ *       -H    (every single-buffer irecv is called with NCCL's 0x1 hint in *request, which must
+ *             never stay there: a request or NULL comes back; also checked on an error path)
+ *       -n NAME  (v12: the plugin must list exactly one device, named NAME: NCCL_IB_HCA checks)
  *
  * Both processes derive the same schedule from the seed: per group n buffers (1..8, distinct
  * tags in shuffled order, sizes 0..256 KiB, sometimes 0, sometimes up to -b bytes), receive
@@ -190,11 +193,12 @@ typedef struct {
 } group_t;
 
 static struct {
-  int groups, window, comms, no_dmabuf, kill_after, expect_error, max_recvs, fuse, dev;
+  int groups, window, comms, no_dmabuf, kill_after, expect_error, max_recvs, fuse, dev, hint;
   size_t big;
   uint64_t seed;
   double limit;
-} opt = {200, 32, 1, 0, -1, 0, 8, 0, 0, 64u << 20, 1, 120};
+  const char* dev_name;
+} opt = {200, 32, 1, 0, -1, 0, 8, 0, 0, 0, 64u << 20, 1, 120, NULL};
 
 static void gen_group(uint64_t seed, int comm, int g, group_t* G) {
   uint64_t s = seed * 1000003 + (uint64_t)comm * 7919 + (uint64_t)g;
@@ -311,8 +315,11 @@ static int recv_step(recv_t* R) {
       memset(R->b[w][i].p, 0xa5, R->b[w][i].len);
       data[i] = R->b[w][i].p, mhs[i] = R->b[w][i].mh;
     }
-    void* req = NULL;
+    /* NCCL_NET_OPTIONAL_RECV_COMPLETION (0x1): NCCL stores it in *request for single receives. */
+    void* req = opt.hint && G->n == 1 ? (void*)0x1 : NULL;
     int rc = n_irecv(n, R->rc, G->n, data, G->cap, G->tags, mhs, &req);
+    if (opt.hint && G->n == 1)
+      CHECK(req != (void*)0x1, "irecv left NCCL's 0x1 hint in *request (rc %d, group %d)", rc, R->posted);
     if (rc != 0) return R->err = rc, -1;
     if (!req) { /* out of slots: retry later */
       for (int i = 0; i < G->n; i++) buf_free(n, R->rc, &R->b[w][i]);
@@ -467,6 +474,12 @@ static net_t load(const char* path, int ver) {
     CHECK(rc2 == 0 && d >= nd, "makeVDevice of %d devices -> %d (rc %d)", opt.fuse, d, rc2);
     opt.dev = d;
   }
+  if (opt.dev_name) {
+    ferroce_net_properties_v12_t p;
+    int ok = ver == 12 && ((ferroce_net_v12_t*)n.tbl)->getProperties(0, &p) == 0;
+    CHECK(ok && nd == 1 && p.name && !strcmp(p.name, opt.dev_name), "devices: %d, device 0 named %s (want exactly %s)",
+          nd, ok && p.name ? p.name : "?", opt.dev_name);
+  }
   opt.max_recvs = n_max_recvs(&n);
   if (opt.max_recvs > MAXN) opt.max_recvs = MAXN;
   if (opt.max_recvs < 1) opt.max_recvs = 1;
@@ -503,6 +516,17 @@ static int run_local(net_t* n) {
   int C = opt.comms > 16 ? 16 : opt.comms;
   CHECK(connect_local(n, C, sc, rc) == 0, "connect %d comm(s) in one process", C);
   if (failed) return summary();
+  if (opt.hint) {
+    /* An irecv that fails (n = 0) must not leave the 0x1 hint behind either. */
+    void* req = (void*)0x1;
+    size_t sz = 8;
+    int tag = 1;
+    void* data = NULL;
+    void* mh = NULL;
+    int rc0 = n_irecv(n, rc[0], 0, &data, &sz, &tag, &mh, &req);
+    CHECK(rc0 != 0 && req == NULL, "irecv with n=0: an error (%d) and *request NULL (%p), not the 0x1 hint", rc0, req);
+    warns = 0; /* that error was WARNed on purpose */
+  }
   static recv_t R[16];
   static send_t S[16];
   for (int c = 0; c < C; c++) {
@@ -696,6 +720,8 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "-t")) opt.limit = atof(v), i++;
     else if (!strcmp(a, "-f")) opt.fuse = atoi(v), i++;
     else if (!strcmp(a, "-D")) opt.no_dmabuf = 1;
+    else if (!strcmp(a, "-H")) opt.hint = 1;
+    else if (!strcmp(a, "-n")) opt.dev_name = v, i++;
     else if (!strcmp(a, "-e")) opt.expect_error = 1;
     else {
       fprintf(stderr, "unknown option %s\n", a);

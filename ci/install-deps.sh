@@ -1,8 +1,11 @@
 #!/bin/sh
-# Installs the Debian packages ferroce needs to build and test, only when missing, and a Rust
-# toolchain when none is on PATH. Safe to run repeatedly (make runs it every time).
+# Installs the Debian packages ferroce needs to build and test, only when missing, a Rust
+# toolchain when none is on PATH, and cargo-fuzz (ci/tests/75-fuzz.sh) when missing. Safe to
+# run repeatedly (make runs it every time). A test whose tool is missing fails, so every tool a
+# test uses is listed here: iproute2 (20-softroce-netns), shellcheck, pyflakes3 and g++
+# (60-gpu-scripts).
 set -eu
-packages="build-essential pkg-config libclang-dev libibverbs-dev librdmacm-dev ibverbs-utils perftest tshark iperf3 iproute2 binutils valgrind python3 shellcheck libcap2-bin"
+packages="build-essential pkg-config libclang-dev libibverbs-dev librdmacm-dev ibverbs-utils perftest tshark iperf3 iproute2 binutils valgrind python3 pyflakes3 shellcheck g++ libcap2-bin"
 missing=""
 for p in $packages; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -26,4 +29,8 @@ if ! command -v cargo >/dev/null 2>&1; then
     fi
     echo "install-deps: run again with PATH=\$HOME/.cargo/bin:\$PATH" >&2
     exit 1
+fi
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "install-deps: installing cargo-fuzz (the fuzz targets in fuzz/)"
+    cargo install cargo-fuzz --locked >/dev/null
 fi

@@ -1,14 +1,20 @@
 #!/bin/sh
 # Runs every ci/tests/*.sh in name order (each is self-contained, time-bounded and cleans up),
-# and fails if any failed. Prints one summary line.
+# and fails if any failed. A script without its run bit is a failure, not a silent skip (a
+# `git add` without `chmod +x` would otherwise drop it from every run). Prints one summary line.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 pass=0
 fail=0
 failed=""
 for t in ci/tests/*.sh; do
-    [ -x "$t" ] || continue
     echo "=== $t"
+    if [ ! -x "$t" ]; then
+        fail=$((fail + 1))
+        failed="$failed $t"
+        echo "=== $t: FAILED (not executable: chmod +x it)"
+        continue
+    fi
     start=$(date +%s)
     if "$t"; then
         pass=$((pass + 1))

@@ -471,8 +471,8 @@ fn groups_of_8_until_the_ring_is_full() {
     close_all(ctx, s, r, [smh, rmh]);
 }
 
-/// iflush: NULL for all-empty receives, a completing request otherwise (softroce supports
-/// DMA-BUF, so the flush machinery is set up unless NCCL_GDR_FLUSH_DISABLE=1).
+/// iflush: NULL for all-empty receives, a request that reads and completes otherwise (softroce
+/// supports DMA-BUF, so flushing is on: a NULL there would mean nothing was flushed).
 #[test]
 fn flush_reads_back() {
     let Some(ctx) = setup() else { return };
@@ -485,13 +485,15 @@ fn flush_reads_back() {
     // SAFETY: live handles.
     let none = unsafe { api::iflush(&r, &[p], &[0], &[&mh]) }.unwrap();
     assert!(none.is_none(), "nothing to flush for empty receives");
+    assert_eq!(rcomm(&r).flushes_in_flight(), 0, "an empty flush reads nothing");
     // SAFETY: as above.
-    let q = unsafe { api::iflush(&r, &[p, p], &[100, 0], &[&mh, &mh]) }.unwrap();
-    if let Some(q) = q {
-        wait(q, &mut []);
-    } else {
-        eprintln!("flush disabled on this device (no DMA-BUF / peer memory)");
-    }
+    let q = unsafe { api::iflush(&r, &[p, p], &[100, 0], &[&mh, &mh]) }
+        .unwrap()
+        .expect("flushing is on over softroce (DMA-BUF): a non-empty flush is a request");
+    assert_eq!(rcomm(&r).flushes_in_flight(), 1, "the flush read is in flight");
+    assert_eq!(rcomm(&r).flush_qps(), device_of(&*r).members.len());
+    wait(q, &mut []);
+    assert_eq!(rcomm(&r).flushes_in_flight(), 0, "the flush read completed");
     close_all(ctx, s, r, [mh]);
 }
 
@@ -949,6 +951,34 @@ fn failed_flush_read_is_reported_by_test() {
     api::finalize(ctx).unwrap();
 }
 
+/// Runs the ignored test `child` alone in a child process of this test binary with `envs` (the
+/// plugin reads its configuration once per process) and its own softroce address `addr`;
+/// passes when the child passed and printed "`child`: ok" (so it really ran its checks).
+fn run_child(child: &str, addr: &str, envs: &[(&str, &str)]) {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([child, "--exact", "--ignored", "--nocapture", "--test-threads", "1"])
+        .envs(envs.iter().copied())
+        .env("FERROCE_TEST_CHILD", child)
+        .env("SOFTROCE_ADDR", addr)
+        .output()
+        .expect("run the child");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child {child} failed:\n{text}");
+    assert!(
+        text.contains(&format!("{child}: ok")),
+        "the child {child} did not run its checks:\n{text}"
+    );
+}
+
+/// Asserts that this process is the child [`run_child`] started for `child`.
+fn assert_child(child: &str) {
+    assert_eq!(
+        std::env::var("FERROCE_TEST_CHILD").as_deref(),
+        Ok(child),
+        "an ignored test that runs only in the child process its parent test starts"
+    );
+}
+
 /// NCCL_GDR_FLUSH_DISABLE=1 (read once per process, so checked in a child process of this
 /// test binary): iflush returns NULL (nothing to flush) and makes no QP.
 #[test]
@@ -957,34 +987,21 @@ fn gdr_flush_disable_gives_null_flushes() {
         return;
     }
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "gdr_flush_disable_child",
-            "--exact",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env("NCCL_GDR_FLUSH_DISABLE", "1")
-        .env("FERROCE_TEST_FLUSH_DISABLE_CHILD", "1")
-        .env("SOFTROCE_ADDR", "127.0.41.201")
-        .output()
-        .expect("run the child");
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "child failed:\n{text}");
-    assert!(
-        text.contains("flush-disable child: ok"),
-        "the child did not run its checks:\n{text}"
+    run_child(
+        "gdr_flush_disable_child",
+        "127.0.41.201",
+        &[("NCCL_GDR_FLUSH_DISABLE", "1")],
     );
 }
 
-/// The child of [`gdr_flush_disable_gives_null_flushes`]; does nothing on its own.
+/// The child of [`gdr_flush_disable_gives_null_flushes`], which runs it with `--ignored` in
+/// its own process. Ignored on its own, so that it is never counted as a test that passed
+/// without checking anything.
 #[test]
+#[ignore = "the child process of gdr_flush_disable_gives_null_flushes, which runs it"]
 fn gdr_flush_disable_child() {
-    if std::env::var("FERROCE_TEST_FLUSH_DISABLE_CHILD").ok().as_deref() != Some("1") {
-        return;
-    }
-    let Some(ctx) = setup() else { return };
+    assert_child("gdr_flush_disable_child");
+    let ctx = setup().expect("the parent runs with FERROCE_TEST_SOFTROCE=1");
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     assert_eq!(std::env::var("NCCL_GDR_FLUSH_DISABLE").as_deref(), Ok("1"));
     let before = live_objects();
@@ -1006,5 +1023,435 @@ fn gdr_flush_disable_child() {
     drop(r);
     assert_eq!(live_objects(), before);
     api::finalize(ctx).unwrap();
-    println!("flush-disable child: ok");
+    println!("gdr_flush_disable_child: ok");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sizes that disagree, comms that failed, closes mid-flight, messages past 2 GiB (issue 14 §5).
+
+/// A send larger than the posted receive (NCCL never does this; a peer that disagrees on sizes
+/// might): the sender moves only the posted bytes and its test() reports the posted size, the
+/// receiver's test() reports the posted size, and nothing past the posted buffer is written,
+/// although one registration covers the bytes after it (so an overrun would land, not fault).
+/// Single receives, and a group of three with one buffer overrun, one exact and one short.
+#[test]
+fn send_larger_than_the_posted_receive_is_truncated() {
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let (s, r) = pair(&ctx);
+    let slot = 16384;
+    let mut src = vec![0u8; 8 * slot];
+    fill(&mut src, 0x7a5c);
+    let mut dst = vec![0xeeu8; 8 * slot];
+    let (smh, rmh) = (reg(&*s, &src), reg(&*r, &dst));
+    // (posted, sent) for single receives.
+    for (k, &(posted, sent)) in [(1000usize, 5000usize), (4096, 3 * 4096), (1, 2)].iter().enumerate() {
+        let at = dst.as_mut_ptr() as usize + k * slot;
+        // SAFETY: live handles; the arena outlives the request.
+        let rq = unsafe { api::irecv(&r, &[at], &[posted], &[k as i32], &[&rmh], false) }
+            .unwrap()
+            .expect("a fresh comm takes a receive");
+        let sq = isend_retry(&s, src.as_ptr() as usize + k * slot, sent, k as i32, &smh);
+        let (mut ss, mut rs) = ([-1i32], [-1i32]);
+        wait(sq, &mut ss);
+        wait(rq, &mut rs);
+        assert_eq!(
+            ss[0] as usize, posted,
+            "sender of {sent} bytes into {posted}: reports what it moved"
+        );
+        assert_eq!(
+            rs[0] as usize, posted,
+            "receiver of {posted} bytes sent {sent}: reports the posted size"
+        );
+        assert_received(
+            &dst[k * slot..(k + 1) * slot],
+            &src[k * slot..k * slot + posted],
+            format_args!("receive {k} ({posted} posted, {sent} sent)"),
+        );
+    }
+    // A group: tags 10, 11, 12; posted 100, 3000, 7000; sent 200, 3000, 6000.
+    let base = 4;
+    let posted = [100usize, 3000, 7000];
+    let sent = [200usize, 3000, 6000];
+    let tags = [10, 11, 12];
+    let data: Vec<usize> = (0..3).map(|i| dst.as_mut_ptr() as usize + (base + i) * slot).collect();
+    // SAFETY: as above.
+    let rq = unsafe { api::irecv(&r, &data, &posted, &tags, &[&*rmh; 3], false) }
+        .unwrap()
+        .expect("room for a group of 3");
+    let sqs: Vec<_> = (0..3)
+        .rev()
+        .map(|i| {
+            (
+                i,
+                isend_retry(&s, src.as_ptr() as usize + (base + i) * slot, sent[i], tags[i], &smh),
+            )
+        })
+        .collect();
+    for (i, q) in sqs {
+        let mut ss = [-1i32];
+        wait(q, &mut ss);
+        assert_eq!(ss[0] as usize, sent[i].min(posted[i]), "grouped send {i}");
+    }
+    let mut rs = [-1i32; 3];
+    wait(rq, &mut rs);
+    for i in 0..3 {
+        let want = sent[i].min(posted[i]);
+        assert_eq!(
+            rs[i] as usize, want,
+            "grouped receive {i}: posted {}, sent {}",
+            posted[i], sent[i]
+        );
+        let off = (base + i) * slot;
+        assert_received(
+            &dst[off..off + slot],
+            &src[off..off + want],
+            format_args!("grouped receive {i}"),
+        );
+    }
+    // The comm still works after the truncations.
+    transfer(&s, &r, 5000, 8192, 77);
+    close_all(ctx, s, r, [smh, rmh]);
+}
+
+/// Calls `step` until it returns an error (bounded by the test deadline).
+fn first_error(
+    what: &str,
+    mut step: impl FnMut() -> Option<nccl_net_ferroce::error::Error>,
+) -> nccl_net_ferroce::error::Error {
+    let end = deadline();
+    loop {
+        if let Some(e) = step() {
+            return e;
+        }
+        assert!(Instant::now() < end, "{what}: no error before the deadline");
+    }
+}
+
+/// Receiver side: a comm that failed (a flush read outside its registration) answers every
+/// later irecv, iflush and test with its error, the same one, and takes no request; a receive
+/// that was in flight when it failed reports that error; closing it with that receive never
+/// completed frees every QP, CQ and MR.
+#[test]
+fn every_call_on_a_failed_recv_comm_returns_its_error() {
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let before = live_objects();
+    let (s, r) = pair(&ctx);
+    let buf = vec![5u8; 4096];
+    let other = vec![6u8; 1 << 20];
+    let mh = reg(&*r, &buf);
+    let p = buf.as_ptr() as usize;
+    // SAFETY: live handles; `buf` outlives the comm.
+    let pending = unsafe { api::irecv(&r, &[p], &[4096], &[1], &[&mh], false) }
+        .unwrap()
+        .expect("a fresh comm takes a receive");
+    let bad = flush(&r, other.as_ptr() as usize + (1 << 19), 1, &mh);
+    let failure = first_error("the bad flush", || {
+        // SAFETY: a flush request not reported done.
+        match unsafe { api::test(bad, std::ptr::null_mut()) } {
+            Ok(false) => None,
+            Ok(true) => panic!("a read outside the registration completed"),
+            Err(e) => Some(e),
+        }
+    });
+    let in_flight = rcomm(&r).in_flight();
+    let mut sizes = [-1i32];
+    // SAFETY: the receive posted before the failure, not reported done.
+    let e = unsafe { api::test(pending, sizes.as_mut_ptr()) }.expect_err("test of a receive in flight at the failure");
+    assert_eq!(e.message, failure.message, "test: the comm's error");
+    assert_eq!(sizes[0], -1, "no size written on error");
+    // SAFETY: live handles.
+    let e = unsafe { api::irecv(&r, &[p], &[4096], &[2], &[&mh], false) }.expect_err("irecv on a failed comm");
+    assert_eq!(e.message, failure.message, "irecv: the comm's error");
+    // SAFETY: live handles.
+    let e = unsafe { api::iflush(&r, &[p], &[10], &[&mh]) }.expect_err("iflush on a failed comm");
+    assert_eq!(e.message, failure.message, "iflush: the comm's error");
+    assert!(rcomm(&r).in_flight() <= in_flight, "a failed comm takes no request");
+    api::dereg_mr(mh).unwrap();
+    drop(r);
+    drop(s);
+    assert_eq!(
+        live_objects(),
+        before,
+        "(QPs, CQs, MRs) left after closing a failed comm"
+    );
+    api::finalize(ctx).unwrap();
+}
+
+/// Sender side: the receiver closes while a 32 MiB send is in flight; the sender's comm fails
+/// (its test, or a later isend, reports the error), and from then on every isend and test
+/// returns that error; closing the failed comm frees everything. A posted send to a closed
+/// receiver fails when its transport retries run out, so the child runs with short ones
+/// (NCCL_IB_TIMEOUT=14, NCCL_IB_RETRY_CNT=3: about 0.3 s, instead of about 35 s by default).
+#[test]
+fn every_call_on_a_failed_send_comm_returns_its_error() {
+    if setup().is_none() {
+        return;
+    }
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    run_child(
+        "failed_send_comm_child",
+        "127.0.41.202",
+        &[("NCCL_IB_TIMEOUT", "14"), ("NCCL_IB_RETRY_CNT", "3")],
+    );
+}
+
+/// The child of [`every_call_on_a_failed_send_comm_returns_its_error`].
+#[test]
+#[ignore = "the child process of every_call_on_a_failed_send_comm_returns_its_error, which runs it"]
+fn failed_send_comm_child() {
+    assert_child("failed_send_comm_child");
+    let ctx = setup().expect("the parent runs with FERROCE_TEST_SOFTROCE=1");
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let before = live_objects();
+    let (s, r) = pair(&ctx);
+    let size = 32 << 20;
+    let src = vec![3u8; size];
+    let dst = vec![0u8; size];
+    let (smh, rmh) = (reg(&*s, &src), reg(&*r, &dst));
+    // Two receives: the second one's CTS lets a second isend start after the first failed.
+    for tag in [1, 2] {
+        // SAFETY: live handles; `dst` outlives the comm.
+        unsafe { api::irecv(&r, &[dst.as_ptr() as usize], &[size], &[tag], &[&rmh], false) }
+            .unwrap()
+            .expect("a fresh comm takes two receives");
+    }
+    let sq = isend_retry(&s, src.as_ptr() as usize, size, 1, &smh);
+    drop(r);
+    api::dereg_mr(rmh).unwrap();
+    let mut done = false;
+    let failure = first_error("the send to a closed receiver", || {
+        if !done {
+            // SAFETY: a send request not reported done.
+            match unsafe { api::test(sq, std::ptr::null_mut()) } {
+                Ok(false) => return None,
+                Ok(true) => done = true, // it landed before the close: the next send fails
+                Err(e) => return Some(e),
+            }
+        }
+        // SAFETY: live handle; `src` is registered in `smh`.
+        match unsafe { api::isend(&s, src.as_ptr() as usize, size, 2, &smh) } {
+            Ok(None) => None,
+            Ok(Some(q)) => {
+                let mut e = None;
+                let end = deadline();
+                while e.is_none() {
+                    // SAFETY: a send request not reported done.
+                    match unsafe { api::test(q, std::ptr::null_mut()) } {
+                        Ok(false) => assert!(Instant::now() < end, "the second send neither completed nor failed"),
+                        Ok(true) => panic!("a send to a closed receiver completed"),
+                        Err(x) => e = Some(x),
+                    }
+                }
+                e
+            }
+            Err(e) => Some(e),
+        }
+    });
+    // Retries exhausted (the data write) or the side channel closed: either names the peer.
+    assert!(failure.message.contains("peer"), "{}", failure.message);
+    for tag in [2, 3] {
+        // SAFETY: as above.
+        let e = unsafe { api::isend(&s, src.as_ptr() as usize, 100, tag, &smh) }.expect_err("isend on a failed comm");
+        assert_eq!(e.message, failure.message, "isend: the comm's error");
+    }
+    api::dereg_mr(smh).unwrap();
+    drop(s);
+    assert_eq!(
+        live_objects(),
+        before,
+        "(QPs, CQs, MRs) left after closing a failed send comm"
+    );
+    api::finalize(ctx).unwrap();
+    println!("failed_send_comm_child: ok");
+}
+
+/// Both ends closed at once with requests in flight on each: 8 sends of 1 MiB matched to 8
+/// receives, and 4 more receives no send matches, none ever tested. No hang, no crash, and
+/// every QP, CQ, MR and fd is freed.
+#[test]
+fn close_with_requests_in_flight_on_both_sides() {
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let fds = || std::fs::read_dir("/proc/self/fd").unwrap().count();
+    // Warm up (the first comm opens long-lived fds).
+    {
+        let (s, r) = pair(&ctx);
+        transfer(&s, &r, 10, 10, 1);
+    }
+    let (before, fds_before) = (live_objects(), fds());
+    for round in 0..3 {
+        let (s, r) = pair(&ctx);
+        let size = 1 << 20;
+        let src = vec![round as u8; 12 * size];
+        let dst = vec![0u8; 12 * size];
+        let (smh, rmh) = (reg(&*s, &src), reg(&*r, &dst));
+        for k in 0..12 {
+            // SAFETY: live handles; `dst` outlives the comm.
+            unsafe {
+                api::irecv(
+                    &r,
+                    &[dst.as_ptr() as usize + k * size],
+                    &[size],
+                    &[k as i32],
+                    &[&rmh],
+                    false,
+                )
+            }
+            .unwrap()
+            .expect("a fresh comm takes 12 receives");
+        }
+        for k in 0..8 {
+            isend_retry(&s, src.as_ptr() as usize + k * size, size, k as i32, &smh);
+        }
+        assert!(rcomm(&r).in_flight() == 12, "12 receives in flight at the close");
+        if round % 2 == 0 {
+            drop(s);
+            drop(r);
+        } else {
+            drop(r);
+            drop(s);
+        }
+        api::dereg_mr(smh).unwrap();
+        api::dereg_mr(rmh).unwrap();
+    }
+    assert_eq!(
+        live_objects(),
+        before,
+        "(QPs, CQs, MRs) left after closing both ends mid-flight"
+    );
+    assert_eq!(fds(), fds_before, "fds left after closing both ends mid-flight");
+    api::finalize(ctx).unwrap();
+}
+
+/// `len` bytes of anonymous memory that reserve no swap (MAP_NORESERVE): pages are only made
+/// when written, and read as zeros before.
+struct Sparse {
+    p: *mut u8,
+    len: usize,
+}
+
+impl Sparse {
+    fn new(len: usize) -> Sparse {
+        // SAFETY: a fresh private anonymous mapping; no existing memory is touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED, "mmap of {len} bytes");
+        Sparse { p: p.cast(), len }
+    }
+    fn addr(&self) -> usize {
+        self.p as usize
+    }
+    fn byte(&self, off: usize) -> u8 {
+        assert!(off < self.len);
+        // SAFETY: inside the mapping.
+        unsafe { self.p.add(off).read_volatile() }
+    }
+    fn set(&self, off: usize, v: u8) {
+        assert!(off < self.len);
+        // SAFETY: inside the mapping, which only this test uses.
+        unsafe { self.p.add(off).write_volatile(v) }
+    }
+}
+
+impl Drop for Sparse {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.p.cast(), self.len) };
+    }
+}
+
+/// Messages past 2 GiB and past 4 GiB (2.5 GiB and 4.5 GiB, one at a time, sparse memory: only
+/// the probe bytes of the source are ever written; softroce copies every byte, so the receive
+/// buffer is made for real, 4.5 GiB at most). The properties advertise maxP2pBytes of 1 TiB, so
+/// both must go through: irecv and isend accept them, every probe byte (one per MiB, plus the
+/// last byte) lands, and each end's test() reports the size, saturated to i32::MAX where an int
+/// cannot hold it (as the receiver already does), never a negative or wrapped one.
+#[test]
+#[ignore = "fails on main (issue 14 §5): a 2.5 GiB send is one RDMA write past the device's max_msg_sz (2 GiB, as mlx5) and fails with a local length error; irecv refuses buffers over 4 GiB although maxP2pBytes is 1 TiB; the sender's test() reports `u32 as i32`. Needs 5 GiB of free memory"]
+fn messages_of_2_5_and_4_5_gib() {
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut failures = vec![];
+    for size in [(5usize << 30) / 2, (9usize << 30) / 2] {
+        // A comm of its own per size: a failure of one does not hide the other's.
+        let (s, r) = pair(&ctx);
+        let src = Sparse::new(size);
+        let dst = Sparse::new(size);
+        let probes: Vec<usize> = (0..size).step_by(1 << 20).chain([size - 1]).collect();
+        for (i, &off) in probes.iter().enumerate() {
+            src.set(off, (i as u8) | 1);
+        }
+        let smh = api::reg_mr(&device_of(&*s), src.addr(), size, 1, None).expect("regMr of the source");
+        let rmh = api::reg_mr(&device_of(&*r), dst.addr(), size, 1, None).expect("regMr of the destination");
+        // SAFETY: live handles; the mappings outlive the requests.
+        let rq = match unsafe { api::irecv(&r, &[dst.addr()], &[size], &[9], &[&rmh], false) } {
+            Ok(Some(q)) => q,
+            Ok(None) => panic!("a fresh comm refused a receive"),
+            Err(e) => {
+                failures.push(format!("irecv of {size} bytes: {}", e.message));
+                api::dereg_mr(smh).unwrap();
+                api::dereg_mr(rmh).unwrap();
+                continue;
+            }
+        };
+        let sq = isend_retry(&s, src.addr(), size, 9, &smh);
+        let (mut ss, mut rs) = ([-1i32], [-1i32]);
+        // Bounded by softroce's copy rate, not a fixed number of polls.
+        let end = Instant::now() + Duration::from_secs(300);
+        let mut failed = false;
+        for (q, out, end_name) in [(sq, &mut ss, "sender"), (rq, &mut rs, "receiver")] {
+            // SAFETY: requests not reported done; `out` has room for one size.
+            loop {
+                match unsafe { api::test(q, out.as_mut_ptr()) } {
+                    Ok(true) => break,
+                    Ok(false) => assert!(Instant::now() < end, "{size}-byte message did not complete"),
+                    Err(e) => {
+                        failures.push(format!("{end_name} of {size} bytes: test() failed: {}", e.message));
+                        failed = true;
+                        break;
+                    }
+                }
+            }
+            if failed {
+                break;
+            }
+        }
+        if failed {
+            api::dereg_mr(smh).unwrap();
+            api::dereg_mr(rmh).unwrap();
+            continue;
+        }
+        let want = size.min(i32::MAX as usize) as i32;
+        if ss[0] != want {
+            failures.push(format!("sender of {size} bytes reports {} (want {want})", ss[0]));
+        }
+        if rs[0] != want {
+            failures.push(format!("receiver of {size} bytes reports {} (want {want})", rs[0]));
+        }
+        let wrong = probes
+            .iter()
+            .enumerate()
+            .filter(|&(i, &off)| dst.byte(off) != (i as u8) | 1)
+            .count();
+        if wrong > 0 {
+            failures.push(format!(
+                "{wrong} of {} probe bytes of the {size}-byte message wrong",
+                probes.len()
+            ));
+        }
+        api::dereg_mr(smh).unwrap();
+        api::dereg_mr(rmh).unwrap();
+    }
+    api::finalize(ctx).unwrap();
+    assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -7,12 +7,10 @@ S="SOFTROCE_ADDR=127.0.20.3"
 C="SOFTROCE_ADDR=127.0.20.4"
 # A result row: "#bytes #iterations <numbers...>"
 RE='^ *[0-9]+ +[0-9]+ +[0-9]+\.[0-9]+'
-port=28440
 run() {
     local name=$1
     shift
-    pair "$name" $port "$S" "$C" 127.0.20.3 "$RE" "$@"
-    port=$((port + 1))
+    pair "$name" "$S" "$C" 127.0.20.3 "$RE" "$@"
 }
 run write_bw ib_write_bw -d softroce0 -n 2000
 run read_bw ib_read_bw -d softroce0 -n 1000
@@ -34,14 +32,12 @@ run send_bw_srq ib_send_bw -d softroce0 --use-srq -q 4 -n 1000
 run send_lat_srq ib_send_lat -d softroce0 --use-srq -n 1000
 
 # The second device of a two-device process (its own address).
-pair write_bw_device1 $port "SOFTROCE_DEVICES=2 SOFTROCE_ADDR=127.0.20.5,127.0.20.6" \
+pair write_bw_device1 "SOFTROCE_DEVICES=2 SOFTROCE_ADDR=127.0.20.5,127.0.20.6" \
     "SOFTROCE_DEVICES=2 SOFTROCE_ADDR=127.0.20.7,127.0.20.8" 127.0.20.3 "$RE" \
     ib_write_bw -d softroce1 -n 1000
-port=$((port + 1))
 
 # GSO on one side only (the receiver's GRO keeps segment IP IDs known).
-pair write_bw_mixed_gso $port "$S SOFTROCE_GSO=0" "$C SOFTROCE_GSO=1" 127.0.20.3 "$RE" ib_write_bw -d softroce0 -n 1000
-port=$((port + 1))
+pair write_bw_mixed_gso "$S SOFTROCE_GSO=0" "$C SOFTROCE_GSO=1" 127.0.20.3 "$RE" ib_write_bw -d softroce0 -n 1000
 
 # Again with 1% of received packets dropped on both sides.
 S="$S SOFTROCE_LOSS=0.01 SOFTROCE_SEED=7"

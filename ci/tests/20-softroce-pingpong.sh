@@ -6,26 +6,25 @@ set -u
 S="SOFTROCE_ADDR=127.0.20.1"
 C="SOFTROCE_ADDR=127.0.20.2"
 RE='[0-9]+ iters in [0-9.]+ seconds'
-port=28410
 for size in 1 64 1024 4096 65536; do
-    pair "pingpong-g0-s$size" $port "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 0 -s $size -n 500
-    port=$((port + 1))
+    pair "pingpong-g0-s$size" "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 0 -s $size -n 500
 done
-pair pingpong-g3 $port "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 3 -s 4096 -n 500; port=$((port + 1))
-pair pingpong-g3-mtu4096 $port "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 3 -m 4096 -s 20000 -n 300; port=$((port + 1))
-pair pingpong-wr-api $port "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 0 -N -s 4096 -n 300; port=$((port + 1))
-pair pingpong-cq-ex-timestamps $port "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 0 -t -N -s 1024 -n 300; port=$((port + 1))
-pair pingpong-events $port "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 0 -e -s 4096 -n 300; port=$((port + 1))
-pair pingpong-loss $port "$S SOFTROCE_LOSS=0.01 SOFTROCE_SEED=1" "$C SOFTROCE_LOSS=0.01 SOFTROCE_SEED=2" \
-    127.0.20.1 "$RE" ibv_rc_pingpong -g 0 -s 8192 -n 300; port=$((port + 1))
+pair pingpong-g3 "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 3 -s 4096 -n 500
+pair pingpong-g3-mtu4096 "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 3 -m 4096 -s 20000 -n 300
+pair pingpong-wr-api "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 0 -N -s 4096 -n 300
+pair pingpong-cq-ex-timestamps "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 0 -t -N -s 1024 -n 300
+pair pingpong-events "$S" "$C" 127.0.20.1 "$RE" ibv_rc_pingpong -g 0 -e -s 4096 -n 300
+pair pingpong-loss "$S SOFTROCE_LOSS=0.01 SOFTROCE_SEED=1" "$C SOFTROCE_LOSS=0.01 SOFTROCE_SEED=2" \
+    127.0.20.1 "$RE" ibv_rc_pingpong -g 0 -s 8192 -n 300
 # RoCE needs a GRH: without -g the RTR transition must fail as on a real RoCE port.
 echo "== pingpong-no-gid-fails"
-echo "   client: $C ibv_rc_pingpong (no -g) -p $port against a server"
-env LD_LIBRARY_PATH="$LIB" $S timeout 10 ibv_rc_pingpong -p $port >"$D/nogid.server" 2>&1 &
+port=$(free_port)
+echo "   client: $C ibv_rc_pingpong (no -g) -p "$port" against a server"
+env LD_LIBRARY_PATH="$LIB" $S timeout 10 ibv_rc_pingpong -p "$port" >"$D/nogid.server" 2>&1 &
 spid=$!
 PIDS="$PIDS $spid"
-wait_port $port
-env LD_LIBRARY_PATH="$LIB" $C timeout 10 ibv_rc_pingpong -p $port 127.0.20.1 >"$D/nogid.client" 2>&1
+wait_port "$port"
+env LD_LIBRARY_PATH="$LIB" $C timeout 10 ibv_rc_pingpong -p "$port" 127.0.20.1 >"$D/nogid.client" 2>&1
 crc=$?
 wait $spid 2>/dev/null
 src=$?

@@ -17,9 +17,9 @@ if [ ! -x "$CHECK" ]; then
 fi
 RE='^ *[0-9]+ +[0-9]+ +[0-9]+\.[0-9]+'
 
-# capture FILE PORTBASE ENV: run traffic between 127.0.20.41/.42 under tshark.
+# capture FILE LABEL ENV: run traffic between 127.0.20.41/.42 under tshark.
 capture() {
-    local cap=$1 port=$2 extra=$3
+    local cap=$1 label=$2 extra=$3
     local S="SOFTROCE_ADDR=127.0.20.41 $extra" C="SOFTROCE_ADDR=127.0.20.42 $extra"
     echo "== capture ($extra): tshark -i lo -f 'udp port 4791 and host 127.0.20.41' -w $cap"
     timeout 120 tshark -i lo -f 'udp port 4791 and host 127.0.20.41' -w "$cap" >"$cap.log" 2>&1 &
@@ -27,13 +27,13 @@ capture() {
     PIDS="$PIDS $tpid"
     for _ in $(seq 100); do grep -q "Capturing on" "$cap.log" && break; sleep 0.1; done
     sleep 0.5
-    pair "cap-pingpong-$port" $port "$S" "$C" 127.0.20.41 '[0-9]+ iters in' ibv_rc_pingpong -g 3 -s 3000 -n 20
-    pair "cap-write-$port" $((port + 1)) "$S" "$C" 127.0.20.41 "$RE" ib_write_bw -d softroce0 -s 100 -n 20
-    pair "cap-write64k-$port" $((port + 2)) "$S" "$C" 127.0.20.41 "$RE" ib_write_bw -d softroce0 -s 65536 -n 20
-    pair "cap-read-$port" $((port + 3)) "$S" "$C" 127.0.20.41 "$RE" ib_read_bw -d softroce0 -s 5000 -n 20
-    pair "cap-atomic-$port" $((port + 4)) "$S" "$C" 127.0.20.41 "$RE" ib_atomic_bw -d softroce0 -n 20
-    pair "cap-atomic-cs-$port" $((port + 5)) "$S" "$C" 127.0.20.41 "$RE" ib_atomic_bw -d softroce0 -n 20 -A CMP_AND_SWAP
-    pair "cap-tclass-$port" $((port + 6)) "$S" "$C" 127.0.20.41 "$RE" ib_write_bw -d softroce0 -n 20 --tclass=96
+    pair "cap-pingpong-$label" "$S" "$C" 127.0.20.41 '[0-9]+ iters in' ibv_rc_pingpong -g 3 -s 3000 -n 20
+    pair "cap-write-$label" "$S" "$C" 127.0.20.41 "$RE" ib_write_bw -d softroce0 -s 100 -n 20
+    pair "cap-write64k-$label" "$S" "$C" 127.0.20.41 "$RE" ib_write_bw -d softroce0 -s 65536 -n 20
+    pair "cap-read-$label" "$S" "$C" 127.0.20.41 "$RE" ib_read_bw -d softroce0 -s 5000 -n 20
+    pair "cap-atomic-$label" "$S" "$C" 127.0.20.41 "$RE" ib_atomic_bw -d softroce0 -n 20
+    pair "cap-atomic-cs-$label" "$S" "$C" 127.0.20.41 "$RE" ib_atomic_bw -d softroce0 -n 20 -A CMP_AND_SWAP
+    pair "cap-tclass-$label" "$S" "$C" 127.0.20.41 "$RE" ib_write_bw -d softroce0 -n 20 --tclass=96
     sleep 1
     kill -INT $tpid 2>/dev/null
     wait $tpid 2>/dev/null
@@ -55,7 +55,7 @@ icrc_check() {
 
 # 1. One packet per datagram (SOFTROCE_GSO=0): every packet decodes on its own.
 CAP=$D/roce.pcapng
-capture "$CAP" 28480 SOFTROCE_GSO=0
+capture "$CAP" nogso SOFTROCE_GSO=0
 echo "== decode: tshark -r CAP (all UDP/4791 frames must carry an InfiniBand layer)"
 nudp=$(tshark -r "$CAP" -Y 'udp.dstport == 4791' 2>/dev/null | wc -l)
 nib=$(tshark -r "$CAP" -Y 'infiniband.bth' 2>/dev/null | wc -l)
@@ -85,7 +85,7 @@ if ! "$CHECK" <"$D/bad" >/dev/null 2>&1; then ok icrc-detects-corruption; else k
 
 # 2. Default (UDP GSO): lo shows super-datagrams; segment i carries IP ID i.
 CAP2=$D/roce-gso.pcapng
-capture "$CAP2" 28490 SOFTROCE_GSO=1
+capture "$CAP2" gso SOFTROCE_GSO=1
 icrc_check icrc-correct-gso "$CAP2"
 
 # The address vector reaches the IP header: rc_pingpong's hop_limit 1 as TTL,

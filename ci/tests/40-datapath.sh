@@ -7,6 +7,8 @@
 #     message, 32 requests in flight, memfd-backed regMrDmaBuf registrations, iflush;
 #   * 1/2/4/8 QPs per connection in both split modes (one and two processes);
 #   * inline CTS, the adaptive-routing split, flush disabled; 16 comms at once (fd leak check);
+#   * the irecv 0x1 request hint (v8, v9, v12); NCCL_IB_HCA's name, port, exclude and exact
+#     forms over two softroce devices;
 #   * fused devices (makeVDevice), also fused against a single device;
 #   * the same with SOFTROCE_LOSS=0.01;
 #   * a peer killed mid-transfer (either side): the survivor gets an error, never a hang;
@@ -107,6 +109,19 @@ done
 local_case "inline CTS" "NCCL_IB_USE_INLINE=1" 12 -g 80
 local_case "adaptive-routing split (zero-length completion write)" "NCCL_IB_ADAPTIVE_ROUTING=1 NCCL_IB_AR_THRESHOLD=0" 12 -g 80
 local_case "flush disabled (iflush returns NULL)" "NCCL_GDR_FLUSH_DISABLE=1" 12 -g 40
+# NCCL's 0x1 hint in *request before a single-buffer irecv (v9+; v8 and older NCCL clears it):
+# never left there, on success, on "retry later" and on error.
+for v in 8 9 12; do
+    local_case "irecv with the 0x1 request hint" "" $v -g 60 -H
+done
+# NCCL_IB_HCA over two softroce devices: exact name, port form, exclude, exact with port; the
+# one device listed must be the chosen one, and data moves through it.
+for hca in softroce1 softroce1:1 ^softroce0 =softroce0:1; do
+    next_addr; h1=$A; next_addr; h2=$A
+    case $hca in *softroce0:1) want=softroce0 ;; *) want=softroce1 ;; esac
+    [ "$hca" = "^softroce0" ] && want=softroce1
+    local_case "NCCL_IB_HCA=$hca over softroce0,softroce1" "SOFTROCE_DEVICES=2 SOFTROCE_ADDR=$h1,$h2 NCCL_IB_HCA=$hca" 12 -g 40 -n $want
+done
 local_case "16 comms at once, no fd leak" "" 12 -c 16 -g 30
 local_case "16 comms at once, 4 QPs split" "NCCL_IB_QPS_PER_CONNECTION=4 NCCL_IB_SPLIT_DATA_ON_QPS=1" 9 -c 16 -g 20
 

@@ -106,9 +106,10 @@ if [ $RC -eq 0 ] && check_table "$D/sr3" $ROWS 1; then ok "sendrecv 3 ranks"; el
 run "sendrecv 2 ranks, grouped receives of 8 (softroce)" "$D/grp" $SOFT "$H/sendrecv_perf" -N 2 --group 8 --chunk 16K $SIZES -n 3 -w 1 --addr-base 127.0.56
 if [ $RC -eq 0 ] && check_table "$D/grp" $ROWS 1; then ok "sendrecv with grouped receives"; else ko "grouped receives (rc=$RC)" "$D/grp"; fi
 
-run "ping-pong and one-way (softroce)" "$D/pp" $SOFT "$H/sendrecv_perf" -N 2 -P -b 8 -e 64K -f 8 -n 20 -w 2 --addr-base 127.0.59
+run "ping-pong (softroce)" "$D/pp" $SOFT "$H/sendrecv_perf" -N 2 -P -b 8 -e 64K -f 8 -n 20 -w 2 --addr-base 127.0.59
+if [ $RC -eq 0 ] && check_table "$D/pp" 5 1 && grep -q "mode: ping-pong" "$D/pp"; then ok "ping-pong"; else ko "ping-pong (rc=$RC)" "$D/pp"; fi
 run "one-way (softroce)" "$D/ow" $SOFT "$H/sendrecv_perf" -N 2 -O -b 8 -e 1M -f 16 -n 3 -w 1 --addr-base 127.0.59
-if [ $RC -eq 0 ] && check_table "$D/pp" 5 1 && check_table "$D/ow" 5 1 && grep -q "mode: ping-pong" "$D/pp"; then ok "ping-pong, one-way"; else ko "ping-pong/one-way (rc=$RC)" "$D/pp"; cat "$D/ow" | tail -n 5; fi
+if [ $RC -eq 0 ] && check_table "$D/ow" 5 1 && grep -q "mode: one way" "$D/ow"; then ok "one-way"; else ko "one-way (rc=$RC)" "$D/ow"; fi
 
 # The harness alone, against its mock plugin (TCP): the v6 table, 4 ranks, outputs.
 MOCK="--plugin $H/libnccl-net-mock.so"

@@ -1,7 +1,7 @@
 #!/bin/bash
 # shellcheck disable=SC2015,SC2030,SC2031  # "[ test ] && ok || ko" is the idiom here; subshells scope the env on purpose
 # CPU-side checks of the GPU-host scripts (nccl-tests-harness/gpu/): everything that needs no GPU.
-#   syntax (bash -n, shellcheck when installed, py_compile, g++ syntax check of nccl_direct.cu's host
+#   syntax (bash -n, shellcheck, py_compile, pyflakes, g++ syntax check of nccl_direct.cu's host
 #   code against stub headers), torch_allreduce.py's pure functions and --dry-run, the proof-of-use
 #   log checks on sample NCCL logs (testdata/), the table parsing, RDMA-NIC detection, the transport
 #   environments, per-rank environments, argument parsing, the nvcc build script (fake nvcc), and
@@ -58,13 +58,15 @@ done
 if command -v shellcheck >/dev/null 2>&1; then
     expect "shellcheck (gpu scripts, this test)" 0 shellcheck -x "$G"/*.sh "$TD"/fake_*.sh "$SELF"
 else
-    echo "   (shellcheck not installed: skipped)"
+    ko "shellcheck not installed (ci/install-deps.sh installs it)"
 fi
 expect "py_compile torch_allreduce.py" 0 python3 -c "import py_compile, sys; py_compile.compile(sys.argv[1], cfile=sys.argv[2], doraise=True)" "$G/torch_allreduce.py" "$D/ta.pyc"
-if python3 -c 'import pyflakes' 2>/dev/null; then
-    expect "pyflakes torch_allreduce.py (undefined names, unused imports)" 0 python3 -m pyflakes "$G/torch_allreduce.py"
+# pyflakes3 (Debian's command) rather than `python3 -m pyflakes`: python3 on PATH may be another
+# interpreter than the one the package installed into.
+if command -v pyflakes3 >/dev/null 2>&1; then
+    expect "pyflakes torch_allreduce.py (undefined names, unused imports)" 0 pyflakes3 "$G/torch_allreduce.py"
 else
-    echo "   (pyflakes not installed: skipped)"
+    ko "pyflakes3 not installed (ci/install-deps.sh installs it)"
 fi
 if command -v g++ >/dev/null 2>&1; then
     sed -E 's/([A-Za-z_][A-Za-z0-9_]*)<<<([^>]*)>>>/(launch_config(\2), \1)/' "$G/nccl_direct.cu" >"$D/nccl_direct_host.cpp"
@@ -97,7 +99,7 @@ if command -v g++ >/dev/null 2>&1; then
         ko "nccl_direct.cu CPU build" "$D/out"
     fi
 else
-    echo "   (g++ not installed: nccl_direct.cu host-code checks skipped)"
+    ko "g++ not installed (ci/install-deps.sh installs it): nccl_direct.cu host code unchecked"
 fi
 
 echo "== torch_allreduce.py without torch"
@@ -425,7 +427,7 @@ if [ -x "$R/harness/all_reduce_perf" ] && [ -e "$R/libnccl-net-ferroce.so" ] && 
         ko "CPU harness in the GPU scripts' environment (rc=$rc)" "$D/out"
     fi
 else
-    echo "   (target/release harness or libraries not built: skipped)"
+    ko "target/release harness or libraries missing (run make build)"
 fi
 
 echo "$PASS passed, $FAIL failed"

@@ -1,8 +1,8 @@
 # Shared by the ci/tests/20-softroce-*.sh scripts (sourced, not run): the repository root,
 # the softroce library, a scratch directory and process list cleaned up on exit, PASS/FAIL
-# counters, and the helpers ok, ko, wait_port, pair and finish.
+# counters, and the helpers ok, ko, free_port, wait_port, pair and finish.
 # shellcheck shell=bash
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
 LIB=$ROOT/target/release/softroce
 if [ ! -e "$LIB/libibverbs.so.1" ]; then
@@ -33,6 +33,12 @@ ko() {
     done
 }
 
+# free_port: a TCP port nothing listens on now, chosen by the kernel (bind to port 0), so two
+# runs of these tests on one host never collide on a fixed port.
+free_port() {
+    python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
+}
+
 # wait_port PORT [NETNS]: until a TCP listener is on PORT (5 s).
 wait_port() {
     for _ in $(seq 100); do
@@ -46,13 +52,14 @@ wait_port() {
     return 1
 }
 
-# pair NAME PORT "SERVER_ENV" "CLIENT_ENV" SERVER_IP REGEX TOOL ARGS...
-# Runs TOOL as server (no host argument) and client (connecting to SERVER_IP),
-# both bounded by $T seconds; passes when both exit 0 and the client output
-# matches REGEX.
+# pair NAME "SERVER_ENV" "CLIENT_ENV" SERVER_IP REGEX TOOL ARGS...
+# Runs TOOL as server (no host argument) and client (connecting to SERVER_IP) on a free TCP
+# port, both bounded by $T seconds; passes when both exit 0 and the client output matches
+# REGEX.
 pair() {
-    local name=$1 port=$2 senv=$3 cenv=$4 sip=$5 re=$6
-    shift 6
+    local name=$1 senv=$2 cenv=$3 sip=$4 re=$5 port
+    shift 5
+    port=$(free_port)
     echo "== $name"
     echo "   server: $senv $* -p $port"
     echo "   client: $cenv $* -p $port $sip"
