@@ -1391,8 +1391,10 @@ fn messages_of_2_5_and_4_5_gib() {
         for (i, &off) in probes.iter().enumerate() {
             src.set(off, (i as u8) | 1);
         }
-        let smh = api::reg_mr(&device_of(&*s), src.addr(), size, 1, None).expect("regMr of the source");
-        let rmh = api::reg_mr(&device_of(&*r), dst.addr(), size, 1, None).expect("regMr of the destination");
+        let smh =
+            api::reg_mr(&device_of(&*s), src.addr(), size, api::MemKind::Host, None).expect("regMr of the source");
+        let rmh =
+            api::reg_mr(&device_of(&*r), dst.addr(), size, api::MemKind::Host, None).expect("regMr of the destination");
         // SAFETY: live handles; the mappings outlive the requests.
         let rq = match unsafe { api::irecv(&r, &[dst.addr()], &[size], &[9], &[&rmh], false) } {
             Ok(Some(q)) => q,

@@ -4,7 +4,7 @@
 //! wake or a signal, neither of which happens here), so it holds on any machine; the upper bound
 //! is the harness's: without the timeout this test never ends.
 
-use softroce::activity;
+use softroce::driver::activity;
 use std::time::{Duration, Instant};
 
 #[test]
