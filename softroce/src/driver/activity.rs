@@ -98,9 +98,4 @@ mod tests {
         }
         waiter.join().unwrap();
     }
-
-    #[test]
-    fn a_quiet_wait_comes_back_by_itself() {
-        wait(snapshot(), Duration::from_millis(2));
-    }
 }
