@@ -73,6 +73,18 @@ static int plugin_threads(void) {
   return n;
 }
 
+/* plugin_threads() once it equals `want`, waiting up to 2 s: a joined thread's task can stay in
+ * /proc/self/task for a moment after pthread_join returned (the join wakes at the thread's exit,
+ * before the kernel reaps it; under valgrind noticeably later). */
+static int plugin_threads_settled(int want) {
+  int n = plugin_threads();
+  for (int i = 0; i < 200 && n != want; i++) {
+    usleep(10000);
+    n = plugin_threads();
+  }
+  return n;
+}
+
 /* Whether a library whose path ends in `path`'s file name is still mapped (glibc keeps a DSO
  * mapped after dlclose while threads it registered thread-local destructors for are alive). */
 static int still_mapped(const char* path) {
@@ -150,7 +162,7 @@ static void check_no_device(const char* path) {
     CHECK(strstr(w, "NET/ferroce") && (strstr(w, "no RDMA device") || strstr(w, "libibverbs")) && strstr(w, "README"),
           "v%d: WARN does not say what is missing and where to look: %s", v, w);
     printf("v%d no-device: rc=%d WARN: %s\n", v, rc, w);
-    CHECK(plugin_threads() == before, "v%d: %d plugin threads left after a failed init", v, plugin_threads() - before);
+    CHECK(plugin_threads_settled(before) == before, "v%d: %d plugin threads left after a failed init", v, plugin_threads() - before);
     dlclose(h);
   }
 }
@@ -247,7 +259,7 @@ static void check_devices(const char* path) {
     CHECK(n->finalize(a) == 0, "reload round %d: finalize a", round);
     CHECK(n->devices(&nd) == 0 && nd >= 1, "reload round %d: devices still there for b", round);
     CHECK(n->finalize(b) == 0, "reload round %d: finalize b", round);
-    CHECK(plugin_threads() == baseline, "reload round %d: threads left", round);
+    CHECK(plugin_threads_settled(baseline) == baseline, "reload round %d: threads left", round);
     dlclose(h);
   }
 
@@ -325,13 +337,13 @@ static void check_devices(const char* path) {
     if (v >= 11) {
       rc = ((ferroce_net_v12_t*)t)->finalize(ctx);
       CHECK(rc == 0, "v%d finalize = %d", v, rc);
-      CHECK(plugin_threads() == baseline, "v%d: %d plugin threads left after finalize", v, plugin_threads() - baseline);
+      CHECK(plugin_threads_settled(baseline) == baseline, "v%d: %d plugin threads left after finalize", v, plugin_threads() - baseline);
     }
     dlclose(h);
     /* Pre-v11 NCCL unloads without finalize: if the library is really unmapped, its unload hook
      * must have stopped its threads (no code of it may run any more). */
     if (!still_mapped(path))
-      CHECK(plugin_threads() == baseline, "v%d: %d plugin threads left after the library was unmapped", v,
+      CHECK(plugin_threads_settled(baseline) == baseline, "v%d: %d plugin threads left after the library was unmapped", v,
             plugin_threads() - baseline);
   }
 
