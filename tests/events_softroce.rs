@@ -4,10 +4,12 @@
 //! WARN in words; the other comm goes on. Runs in a child process (its own devices, stderr
 //! captured), with FERROCE_TEST_SOFTROCE=1 after `make build`. Addresses 127.0.44.x.
 
-use nccl_net_ferroce::api::{self, CommContext, RecvHandle, SendHandle};
-use nccl_net_ferroce::transport::{MemHandle, MemKind};
+mod softroce_common;
+
+use nccl_net_ferroce::api;
+use softroce_common::{pair, transfer};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn root() -> &'static str {
     env!("CARGO_MANIFEST_DIR")
@@ -48,65 +50,8 @@ fn a_port_down_fails_only_the_comms_on_that_port() {
     );
 }
 
-fn pair(ctx: &CommContext, dev: i32) -> (Box<SendHandle>, Box<RecvHandle>) {
-    let mut handle = [0u8; 128];
-    let mut l = api::listen(ctx, dev, &mut handle).expect("listen");
-    let (mut s, mut r) = (None, None);
-    let end = Instant::now() + Duration::from_secs(30);
-    while s.is_none() || r.is_none() {
-        if s.is_none() {
-            s = api::connect(ctx, dev, &mut handle).expect("connect");
-        }
-        if r.is_none() {
-            r = api::accept(&mut l).expect("accept");
-        }
-        assert!(Instant::now() < end, "connection setup did not finish");
-    }
-    (s.expect("connected"), r.expect("accepted"))
-}
-
-fn reg<T>(h: &T, buf: &[u8]) -> Box<MemHandle> {
-    // SAFETY: h is a live handle of this test.
-    let dev = unsafe { api::comm_device(h as *const T as *mut std::ffi::c_void) }.clone();
-    api::reg_mr(&dev, buf.as_ptr() as usize, buf.len(), MemKind::Host, None).expect("regMr")
-}
-
-/// One 64 KiB message; Err with the first error of any call.
-fn transfer(s: &SendHandle, r: &RecvHandle, within: Duration) -> Result<(), String> {
-    let size = 64 * 1024;
-    let src = vec![7u8; size];
-    let mut dst = vec![0u8; size];
-    let (smh, rmh) = (reg(s, &src), reg(r, &dst));
-    let end = Instant::now() + within;
-    let result = (|| {
-        // SAFETY: live handles; buffers registered and alive until the requests are done or failed.
-        let rq = unsafe { api::irecv(r, &[dst.as_mut_ptr() as usize], &[size], &[1], &[&rmh], false) }
-            .map_err(|e| e.message)?
-            .ok_or("no receive slot")?;
-        let sq = loop {
-            // SAFETY: as above.
-            if let Some(q) = unsafe { api::isend(s, src.as_ptr() as usize, size, 1, &smh) }.map_err(|e| e.message)? {
-                break q;
-            }
-            if Instant::now() > end {
-                return Err("isend never matched".to_string());
-            }
-        };
-        for q in [sq, rq] {
-            let mut sz = [0i32];
-            // SAFETY: q is in flight until test says done or fails.
-            while !unsafe { api::test(q, sz.as_mut_ptr()) }.map_err(|e| e.message)? {
-                if Instant::now() > end {
-                    return Err("no completion and no error within the bound (a hang)".to_string());
-                }
-            }
-        }
-        Ok(())
-    })();
-    api::dereg_mr(smh).expect("deregMr");
-    api::dereg_mr(rmh).expect("deregMr");
-    result
-}
+/// No profiler handles.
+const NONE: (*mut std::ffi::c_void, *mut std::ffi::c_void) = (std::ptr::null_mut(), std::ptr::null_mut());
 
 #[test]
 fn port_down_child() {
@@ -116,8 +61,8 @@ fn port_down_child() {
     let ctx = api::init(None, -1, false).expect("init");
     let (s0, r0) = pair(&ctx, 0);
     let (s1, r1) = pair(&ctx, 1);
-    transfer(&s0, &r0, Duration::from_secs(10)).expect("softroce0 before");
-    transfer(&s1, &r1, Duration::from_secs(10)).expect("softroce1 before");
+    transfer(&s0, &r0, 64 * 1024, 7, NONE, Duration::from_secs(10)).expect("softroce0 before");
+    transfer(&s1, &r1, 64 * 1024, 7, NONE, Duration::from_secs(10)).expect("softroce1 before");
     let ctl = format!("{}/target/release/softroce/softroce-ctl", root());
     let said = Command::new(&ctl)
         .args(["127.0.44.1", "port-down"])
@@ -130,11 +75,13 @@ fn port_down_child() {
     );
     // The comm on the downed port fails (its liveness probe sees the port's event, or its
     // retries run out), within a bound, never a hang.
-    let err = transfer(&s0, &r0, Duration::from_secs(20)).expect_err("the comm on the downed port fails");
+    let err =
+        transfer(&s0, &r0, 64 * 1024, 7, NONE, Duration::from_secs(20)).expect_err("the comm on the downed port fails");
     assert!(!err.contains("a hang"), "{err}");
     // The comm on the other device's port goes on.
     for _ in 0..5 {
-        transfer(&s1, &r1, Duration::from_secs(10)).expect("softroce1 after softroce0's port went down");
+        transfer(&s1, &r1, 64 * 1024, 7, NONE, Duration::from_secs(10))
+            .expect("softroce1 after softroce0's port went down");
     }
     drop((s0, r0, s1, r1));
     api::finalize(ctx).expect("finalize");

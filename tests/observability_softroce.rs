@@ -5,8 +5,10 @@
 //!
 //! Runs with FERROCE_TEST_SOFTROCE=1 after `make build`; addresses 127.0.42.x.
 
-use nccl_net_ferroce::api::{self, CommContext, RecvHandle, SendHandle};
-use nccl_net_ferroce::transport::{MemHandle, MemKind};
+mod softroce_common;
+
+use nccl_net_ferroce::api;
+use softroce_common::{pair as pair_on, reg, transfer};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -42,29 +44,6 @@ fn child(name: &str, addr: &str, env: &[(&str, &str)]) -> String {
 
 fn is_child(name: &str) -> bool {
     std::env::var("OBSERVABILITY_CHILD").ok().as_deref() == Some(name)
-}
-
-fn pair(ctx: &CommContext) -> (Box<SendHandle>, Box<RecvHandle>) {
-    let mut handle = [0u8; 128];
-    let mut l = api::listen(ctx, 0, &mut handle).expect("listen");
-    let (mut s, mut r) = (None, None);
-    let end = Instant::now() + Duration::from_secs(30);
-    while s.is_none() || r.is_none() {
-        if s.is_none() {
-            s = api::connect(ctx, 0, &mut handle).expect("connect");
-        }
-        if r.is_none() {
-            r = api::accept(&mut l).expect("accept");
-        }
-        assert!(Instant::now() < end, "connection setup did not finish");
-    }
-    (s.expect("connected"), r.expect("accepted"))
-}
-
-fn reg<T>(h: &T, buf: &[u8]) -> Box<MemHandle> {
-    // SAFETY: h is a live SendHandle/RecvHandle of this test.
-    let dev = unsafe { api::comm_device(h as *const T as *mut std::ffi::c_void) }.clone();
-    api::reg_mr(&dev, buf.as_ptr() as usize, buf.len(), MemKind::Host, None).expect("regMr")
 }
 
 /// The hang report's WARN lines in a child's output.
@@ -116,7 +95,7 @@ fn sender_waits_for_a_cts() {
         return;
     }
     let ctx = api::init(None, -1, false).expect("init");
-    let (s, r) = pair(&ctx);
+    let (s, r) = pair_on(&ctx, 0);
     let src = vec![1u8; 4096];
     let mh = reg(&*s, &src);
     let end = Instant::now() + Duration::from_millis(2600);
@@ -158,7 +137,7 @@ fn receiver_waits_for_data() {
         return;
     }
     let ctx = api::init(None, -1, false).expect("init");
-    let (s, r) = pair(&ctx);
+    let (s, r) = pair_on(&ctx, 0);
     let mut dst = vec![0u8; 4096];
     let mh = reg(&*r, &dst);
     // SAFETY: live handle, registered buffer alive until the comm closes.
@@ -242,34 +221,10 @@ fn known_traffic() {
         return;
     }
     let ctx = api::init(None, -1, false).expect("init");
-    let (s, r) = pair(&ctx);
+    let (s, r) = pair_on(&ctx, 0);
     for (k, &size) in KNOWN_SIZES.iter().enumerate() {
-        let src = vec![k as u8; size.max(1)];
-        let mut dst = vec![0u8; size.max(1)];
-        let (smh, rmh) = (reg(&*s, &src), reg(&*r, &dst));
-        // SAFETY: live handles; buffers registered and alive until both requests are done.
-        let rq = unsafe { api::irecv(&r, &[dst.as_mut_ptr() as usize], &[size], &[3], &[&rmh], false) }
-            .expect("irecv")
-            .expect("slot");
-        let end = Instant::now() + Duration::from_secs(20);
-        let sq = loop {
-            // SAFETY: as above.
-            if let Some(q) = unsafe { api::isend(&s, src.as_ptr() as usize, size, 3, &smh) }.expect("isend") {
-                break q;
-            }
-            assert!(Instant::now() < end, "isend never matched");
-        };
-        for q in [sq, rq] {
-            let mut sz = [0i32];
-            // SAFETY: q is in flight until test says done.
-            while !unsafe { api::test(q, sz.as_mut_ptr()) }.expect("test") {
-                assert!(Instant::now() < end, "request did not complete");
-            }
-            assert_eq!(sz[0] as usize, size);
-        }
-        assert_eq!(dst[..size], src[..size]);
-        api::dereg_mr(smh).expect("deregMr");
-        api::dereg_mr(rmh).expect("deregMr");
+        let none = (std::ptr::null_mut(), std::ptr::null_mut());
+        transfer(&s, &r, size, k as u8, none, Duration::from_secs(20)).expect("transfer");
     }
     drop(s);
     drop(r);
@@ -364,11 +319,10 @@ fn profiled_traffic() {
     }
     api::set_profiler(Some(prof::callback));
     let ctx = api::init(None, -1, false).expect("init");
-    let (s, r) = pair(&ctx);
-    let size = 64 * 1024;
+    let (s, r) = pair_on(&ctx, 0);
     for k in 0..6usize {
         // Even rounds carry phandles (distinct per side and round), odd ones NULL (bootstrap).
-        let (sp, rp) = if k % 2 == 0 {
+        let phandles = if k % 2 == 0 {
             (
                 (0x1000 + k) as *mut std::ffi::c_void,
                 (0x2000 + k) as *mut std::ffi::c_void,
@@ -376,33 +330,7 @@ fn profiled_traffic() {
         } else {
             (std::ptr::null_mut(), std::ptr::null_mut())
         };
-        let src = vec![k as u8; size];
-        let mut dst = vec![0u8; size];
-        let (smh, rmh) = (reg(&*s, &src), reg(&*r, &dst));
-        // SAFETY: live handles; buffers registered and alive until both requests are done.
-        let rq = unsafe { api::irecv_profiled(&r, &[dst.as_mut_ptr() as usize], &[size], &[3], &[&rmh], false, &[rp]) }
-            .expect("irecv")
-            .expect("slot");
-        let end = Instant::now() + Duration::from_secs(20);
-        let sq = loop {
-            // SAFETY: as above.
-            if let Some(q) =
-                unsafe { api::isend_profiled(&s, src.as_ptr() as usize, size, 3, &smh, sp) }.expect("isend")
-            {
-                break q;
-            }
-            assert!(Instant::now() < end, "isend never matched");
-        };
-        for q in [sq, rq] {
-            let mut sz = [0i32];
-            // SAFETY: q is in flight until test says done.
-            while !unsafe { api::test(q, sz.as_mut_ptr()) }.expect("test") {
-                assert!(Instant::now() < end, "request did not complete");
-            }
-        }
-        assert_eq!(dst, src);
-        api::dereg_mr(smh).expect("deregMr");
-        api::dereg_mr(rmh).expect("deregMr");
+        transfer(&s, &r, 64 * 1024, k as u8, phandles, Duration::from_secs(20)).expect("transfer");
         let g = prof::SEEN.lock().unwrap_or_else(|e| e.into_inner());
         let open = g.as_ref().map_or(0, |s| s.open.len());
         assert_eq!(

@@ -1,0 +1,98 @@
+//! What the softroce-backed child-process tests share: a connected pair on a device, a
+//! registration, and one checked transfer through the API as NCCL drives it.
+#![allow(dead_code)]
+
+use nccl_net_ferroce::api::{self, CommContext, RecvHandle, SendHandle};
+use nccl_net_ferroce::transport::{MemHandle, MemKind};
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
+
+/// Connect a send/recv pair on device `dev`, driving connect and accept alternately on one
+/// thread (as NCCL's bootstrap does; any blocking would deadlock here).
+pub fn pair(ctx: &CommContext, dev: i32) -> (Box<SendHandle>, Box<RecvHandle>) {
+    let mut handle = [0u8; 128];
+    let mut l = api::listen(ctx, dev, &mut handle).expect("listen");
+    let (mut s, mut r) = (None, None);
+    let end = Instant::now() + Duration::from_secs(30);
+    while s.is_none() || r.is_none() {
+        if s.is_none() {
+            s = api::connect(ctx, dev, &mut handle).expect("connect");
+        }
+        if r.is_none() {
+            r = api::accept(&mut l).expect("accept");
+        }
+        assert!(Instant::now() < end, "connection setup did not finish");
+    }
+    (s.expect("connected"), r.expect("accepted"))
+}
+
+/// Register `buf` on the device of comm `h`.
+pub fn reg<T>(h: &T, buf: &[u8]) -> Box<MemHandle> {
+    // SAFETY: h is a live SendHandle/RecvHandle of the calling test.
+    let dev = unsafe { api::comm_device(h as *const T as *mut c_void) }.clone();
+    api::reg_mr(&dev, buf.as_ptr() as usize, buf.len(), MemKind::Host, None).expect("regMr")
+}
+
+/// One message of `size` bytes (filled with `fill`) from `s` to `r` under the profiler handles
+/// `phandles` (send, receive; NULL for none): both requests must be reported done with `size`
+/// and the bytes must arrive, within `within`. Err with the first error a call returned, or
+/// with "a hang" when nothing completed or failed in time.
+pub fn transfer(
+    s: &SendHandle,
+    r: &RecvHandle,
+    size: usize,
+    fill: u8,
+    phandles: (*mut c_void, *mut c_void),
+    within: Duration,
+) -> Result<(), String> {
+    let src = vec![fill; size.max(1)];
+    let mut dst = vec![0u8; size.max(1)];
+    let (smh, rmh) = (reg(s, &src), reg(r, &dst));
+    let end = Instant::now() + within;
+    let result = (|| {
+        // SAFETY: live handles; buffers registered and alive until both requests are done or
+        // the comm failed.
+        let rq = unsafe {
+            api::irecv_profiled(
+                r,
+                &[dst.as_mut_ptr() as usize],
+                &[size],
+                &[3],
+                &[&rmh],
+                false,
+                &[phandles.1],
+            )
+        }
+        .map_err(|e| e.message)?
+        .ok_or("no receive slot")?;
+        let sq = loop {
+            // SAFETY: as above.
+            let q = unsafe { api::isend_profiled(s, src.as_ptr() as usize, size, 3, &smh, phandles.0) };
+            if let Some(q) = q.map_err(|e| e.message)? {
+                break q;
+            }
+            if Instant::now() > end {
+                return Err("isend never matched".to_string());
+            }
+        };
+        for q in [sq, rq] {
+            let mut sz = [0i32];
+            // SAFETY: q is in flight until test says done or fails.
+            while !unsafe { api::test(q, sz.as_mut_ptr()) }.map_err(|e| e.message)? {
+                if Instant::now() > end {
+                    return Err("no completion and no error within the bound (a hang)".to_string());
+                }
+            }
+            if sz[0] as usize != size {
+                return Err(format!("reported {} bytes of {size}", sz[0]));
+            }
+        }
+        if dst[..size] != src[..size] {
+            return Err("the bytes differ".to_string());
+        }
+        Ok(())
+    })();
+    api::dereg_mr(smh).expect("deregMr");
+    api::dereg_mr(rmh).expect("deregMr");
+    result
+}
