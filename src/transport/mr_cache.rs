@@ -1,6 +1,7 @@
 //! Process-wide, reference-counted registration cache per device (spec §8.4).
 //!
-//! Ranges are rounded out to pages; a registration fully covering a requested range is reused
+//! Ranges are rounded out to pages; a registration fully covering a requested range of the same
+//! backing ([`Backing`]: host memory, or one DMA-BUF at the same fd offsets) is reused
 //! (refcount + 1); the MR is deregistered when its last user releases it. The cache is behind
 //! its own mutex and is touched only by registration calls (NCCL's service thread): the data
 //! path uses the lkeys/rkeys copied into the [`MemHandle`](super::MemHandle), so it never waits
@@ -13,10 +14,20 @@ use crate::memory::{page_range, page_size, AlignedBuf};
 use parking_lot::Mutex;
 use std::sync::{Arc, Weak};
 
+/// What a registration maps: host (or peer) memory by address, or a DMA-BUF, whose byte at
+/// address `a` is fd offset `a + base` (wrapping). A host and a DMA-BUF registration of the same
+/// addresses never stand in for each other, nor do two DMA-BUF views that differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backing {
+    Host,
+    DmaBuf { fd: i32, base: u64 },
+}
+
 /// One cached registration.
 struct Entry<T> {
     start: usize,
     end: usize,
+    backing: Backing,
     refs: usize,
     value: Arc<T>,
 }
@@ -33,14 +44,20 @@ impl<T> Default for RangeCache<T> {
 }
 
 impl<T> RangeCache<T> {
-    /// Reuse an entry covering `[start, end)` or create one with `register`.
+    /// Reuse an entry of the same `backing` covering `[start, end)` or create one with
+    /// `register`.
     pub fn acquire<E>(
         &mut self,
         start: usize,
         end: usize,
+        backing: Backing,
         register: impl FnOnce() -> std::result::Result<T, E>,
     ) -> std::result::Result<Arc<T>, E> {
-        if let Some(e) = self.entries.iter_mut().find(|e| e.start <= start && end <= e.end) {
+        if let Some(e) = self
+            .entries
+            .iter_mut()
+            .find(|e| e.backing == backing && e.start <= start && end <= e.end)
+        {
             e.refs += 1;
             return Ok(e.value.clone());
         }
@@ -51,6 +68,7 @@ impl<T> RangeCache<T> {
             Entry {
                 start,
                 end,
+                backing,
                 refs: 1,
                 value: value.clone(),
             },
@@ -124,7 +142,7 @@ impl DeviceCache {
         let mut cache = self.cache.lock();
         let relaxed = crate::config::get().pci_relaxed_ordering != 0;
         match dmabuf {
-            None => cache.acquire(start, end, || {
+            None => cache.acquire(start, end, Backing::Host, || {
                 // SAFETY: NCCL registers memory it owns and deregisters it before freeing it
                 // (spec §7.4); the range is page-rounded like NCCL's IB transport does.
                 unsafe {
@@ -146,7 +164,11 @@ impl DeviceCache {
                 let back = (addr - start).min(offset as usize);
                 let (s, off) = (addr - back, offset - back as u64);
                 let l = len.max(1) + back;
-                cache.acquire(s, s + l, || {
+                let backing = Backing::DmaBuf {
+                    fd,
+                    base: off.wrapping_sub(s as u64),
+                };
+                cache.acquire(s, s + l, backing, || {
                     let has_iova2 = self.pd.context.verbs.ibv_reg_mr_iova2.is_some();
                     if relaxed && has_iova2 {
                         let ro = ACCESS_DATA | crate::ibv::mr::ACCESS_RELAXED_ORDERING;
@@ -204,10 +226,10 @@ mod tests {
             regs += 1;
             Ok(regs)
         };
-        let a = c.acquire(0x1000, 0x5000, &mut reg).unwrap();
-        let b = c.acquire(0x2000, 0x3000, &mut reg).unwrap(); // covered: reused
+        let a = c.acquire(0x1000, 0x5000, Backing::Host, &mut reg).unwrap();
+        let b = c.acquire(0x2000, 0x3000, Backing::Host, &mut reg).unwrap(); // covered: reused
         assert!(Arc::ptr_eq(&a, &b));
-        let d = c.acquire(0x4000, 0x6000, &mut reg).unwrap(); // not covered: new
+        let d = c.acquire(0x4000, 0x6000, Backing::Host, &mut reg).unwrap(); // not covered: new
         assert!(!Arc::ptr_eq(&a, &d));
         assert_eq!(c.len(), 2);
         assert!(!c.release(&a));
@@ -216,7 +238,41 @@ mod tests {
         assert!(c.is_empty());
         assert!(!c.release(&d), "unknown value is ignored");
         // Failed registration leaves nothing behind.
-        assert!(c.acquire(0, 0x1000, || Err::<u32, ()>(())).is_err());
+        assert!(c.acquire(0, 0x1000, Backing::Host, || Err::<u32, ()>(())).is_err());
         assert!(c.is_empty());
+    }
+
+    /// Regression (issue 14): the cache was keyed by address alone, so a DMA-BUF registration of
+    /// a range a host registration covers got the host MR (and the reverse).
+    #[test]
+    fn issue_14_host_and_dmabuf_registrations_of_one_range_never_alias() {
+        let mut c: RangeCache<u32> = RangeCache::default();
+        let mut next = 0;
+        let mut reg = || {
+            next += 1;
+            Ok::<u32, ()>(next)
+        };
+        let host = c.acquire(0x1000, 0x9000, Backing::Host, &mut reg).unwrap();
+        let buf = Backing::DmaBuf { fd: 7, base: 0 };
+        let dma = c.acquire(0x2000, 0x3000, buf, &mut reg).unwrap();
+        assert!(
+            !Arc::ptr_eq(&host, &dma),
+            "a DMA-BUF range inside a host registration is its own MR"
+        );
+        let again = c.acquire(0x2000, 0x2800, buf, &mut reg).unwrap();
+        assert!(Arc::ptr_eq(&dma, &again), "the same DMA-BUF view is reused");
+        let shifted = c
+            .acquire(0x2000, 0x2800, Backing::DmaBuf { fd: 7, base: 0x1000 }, &mut reg)
+            .unwrap();
+        assert!(
+            !Arc::ptr_eq(&dma, &shifted),
+            "other fd offsets for the same addresses: another MR"
+        );
+        let other_fd = c
+            .acquire(0x2000, 0x2800, Backing::DmaBuf { fd: 8, base: 0 }, &mut reg)
+            .unwrap();
+        assert!(!Arc::ptr_eq(&dma, &other_fd));
+        let host2 = c.acquire(0x2000, 0x3000, Backing::Host, &mut reg).unwrap();
+        assert!(Arc::ptr_eq(&host, &host2), "host memory still reuses the host MR");
     }
 }
