@@ -57,8 +57,9 @@ test: build
 	FERROCE_TEST_SOFTROCE=1 $(CARGO) test --release --workspace
 	ci/run-tests.sh
 
+# BASELINE_PLUGIN=/path/to/libnccl-net-X.so: also the side-by-side tables against that plugin.
 bench: build
-	ci/bench.sh
+	ci/bench.sh $(if $(BASELINE_PLUGIN),--baseline-plugin $(BASELINE_PLUGIN))
 
 clean:
 	$(CARGO) clean

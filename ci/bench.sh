@@ -19,7 +19,13 @@
 # Exit status: 0 when everything ran and every result was correct (targets missed are reported,
 # not failed); 1 when a part could not run or a result was wrong.
 set -u
-cd "$(dirname "$0")/.."
+# --baseline-plugin PATH: afterwards, ferroce against that plugin side by side (bench-compare.sh).
+BASELINE=""
+if [ "${1:-}" = --baseline-plugin ]; then
+    BASELINE=${2:?--baseline-plugin needs a path}
+    BASELINE=$(cd "$(dirname "$BASELINE")" && pwd)/$(basename "$BASELINE")
+fi
+cd "$(dirname "$0")/.." || exit 1
 ROOT=$PWD
 REL=$ROOT/target/release
 H=$REL/harness
@@ -321,6 +327,15 @@ if [ "${BENCH_SCALE:-1}" != 0 ] && [ "$PLUGIN_OK" = 1 ]; then
     # the same with every recv comm in rank 0 and every send comm in rank 1: each side's cost
     if run_harness scale_split 240 "$H/scale_bench" -N 2 -O --conns 1024; then
         grep '^scale_bench ' "$OUT/scale_split.txt" >>"$SUMMARY"
+    fi
+fi
+
+if [ -n "$BASELINE" ]; then
+    echo
+    if ci/bench-compare.sh --baseline-plugin "$BASELINE" --rounds "$ROUNDS" --max "$MAX" --out "$OUT"; then
+        cat "$OUT/compare.txt" >>"$SUMMARY"
+    else
+        problem "the comparison with $BASELINE (ci/bench-compare.sh) failed"
     fi
 fi
 
