@@ -47,7 +47,8 @@ fi
 # run_failing NAME ADDR_S ADDR_C ACTION TOOL ARGS...: server and client in the background, ACTION
 # (a softroce-ctl command line, or "" when the fault is scheduled) after 1 s; the client must exit
 # non-zero within 20 s naming a failed work completion, and the server too unless SERVER_MAY_WAIT=1
-# (a ping-pong server with no send in flight waits for a message, as on hardware).
+# (a ping-pong server with no send in flight when the fault hits waits for a message that never
+# comes, as on hardware: a port error fails only the work requests it finds).
 run_failing() {
     local name=$1 s=$2 c=$3 action=$4
     shift 4
@@ -76,7 +77,7 @@ run_failing() {
     fi
 }
 CENV=""
-run_failing pingpong-port-down 127.0.22.2 127.0.22.3 "127.0.22.2 port-down" ibv_rc_pingpong -g 3 -s 4096 -n 100000000
+SERVER_MAY_WAIT=1 run_failing pingpong-port-down 127.0.22.2 127.0.22.3 "127.0.22.2 port-down" ibv_rc_pingpong -g 3 -s 4096 -n 100000000
 CENV="SOFTROCE_FAULTS=port-down@1.5s"
 run_failing write_bw-scheduled-port-down 127.0.22.4 127.0.22.5 "" ib_write_bw -x 3 -s 65536 -D 30
 CENV=""
