@@ -15,6 +15,9 @@ use crate::proto::AsyncEvent;
 pub struct AsyncQueue {
     pub fd: c_int,
     q: Mutex<VecDeque<(ibv_event_type, usize)>>,
+    /// Events of elements (QPs) handed out by `pop_counted` and not yet acknowledged, per
+    /// element: their destroy waits for them, as rdma-core's does.
+    outstanding: Mutex<Vec<(usize, u32)>>,
 }
 
 impl AsyncQueue {
@@ -27,6 +30,7 @@ impl AsyncQueue {
         Ok(AsyncQueue {
             fd,
             q: Mutex::new(VecDeque::new()),
+            outstanding: Mutex::new(Vec::new()),
         })
     }
 
@@ -38,9 +42,43 @@ impl AsyncQueue {
         unsafe { libc::write(self.fd, &one as *const u64 as *const c_void, 8) };
     }
 
-    /// The oldest event (after a successful read of `fd` counted it down).
-    pub fn pop(&self) -> Option<(ibv_event_type, usize)> {
-        self.q.lock().unwrap().pop_front()
+    /// The oldest event (after a successful read of `fd` counted it down). With `counted`
+    /// (a QP event, whose element the application reads until it acknowledges it), the
+    /// element's destroy waits for [`Self::acked`].
+    pub fn pop_counted(&self, counted: impl Fn(ibv_event_type) -> bool) -> Option<(ibv_event_type, usize)> {
+        let mut q = self.q.lock().unwrap();
+        let ev = q.pop_front()?;
+        if counted(ev.0) {
+            let mut o = self.outstanding.lock().unwrap();
+            match o.iter_mut().find(|(e, _)| *e == ev.1) {
+                Some((_, n)) => *n += 1,
+                None => o.push((ev.1, 1)),
+            }
+        }
+        Some(ev)
+    }
+
+    /// The application acknowledged an event of `element` it got from `pop_counted`.
+    pub fn acked(&self, element: usize) {
+        let mut o = self.outstanding.lock().unwrap();
+        if let Some(i) = o.iter().position(|(e, _)| *e == element) {
+            o[i].1 -= 1;
+            if o[i].1 == 0 {
+                o.swap_remove(i);
+            }
+        }
+    }
+
+    /// `element` is being destroyed: drop its queued events (nobody may see a freed element)
+    /// and wait, at most `bound`, until the events of it the application holds are
+    /// acknowledged (rdma-core's ibv_destroy_qp waits for them the same way).
+    pub fn forget(&self, element: usize, bound: std::time::Duration) {
+        // (The eventfd keeps counting them: a reader then finds no event and gets EAGAIN.)
+        self.q.lock().unwrap().retain(|&(_, e)| e != element);
+        let end = std::time::Instant::now() + bound;
+        while self.outstanding.lock().unwrap().iter().any(|(e, _)| *e == element) && std::time::Instant::now() < end {
+            std::thread::sleep(std::time::Duration::from_micros(100));
+        }
     }
 }
 

@@ -587,7 +587,7 @@ pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut 
         if r != 8 {
             return -1;
         }
-        let Some((ty, elem)) = c.async_q.pop() else {
+        let Some((ty, elem)) = c.async_q.pop_counted(is_qp_event) else {
             return minus_one(libc::EAGAIN);
         };
         // SAFETY: event is a valid out-pointer; the union member we write
@@ -608,6 +608,21 @@ pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut 
         }
         0
     })
+}
+
+/// QP events: the application holds the QP pointer until it acknowledges them.
+fn is_qp_event(ty: ibv_event_type) -> bool {
+    matches!(
+        ty,
+        ibv_event_type::IBV_EVENT_QP_FATAL
+            | ibv_event_type::IBV_EVENT_QP_REQ_ERR
+            | ibv_event_type::IBV_EVENT_QP_ACCESS_ERR
+            | ibv_event_type::IBV_EVENT_COMM_EST
+            | ibv_event_type::IBV_EVENT_SQ_DRAINED
+            | ibv_event_type::IBV_EVENT_PATH_MIG
+            | ibv_event_type::IBV_EVENT_PATH_MIG_ERR
+            | ibv_event_type::IBV_EVENT_QP_LAST_WQE_REACHED
+    )
 }
 
 /// # Safety

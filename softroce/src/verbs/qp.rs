@@ -168,6 +168,11 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         if qp.is_null() {
             return int_err(libc::EINVAL);
         }
+        // SAFETY: qp came from ibv_create_qp and is live until the Box below frees it.
+        unsafe { &*(qp as *const Qp) }
+            .shared
+            .async_q
+            .forget(qp as usize, std::time::Duration::from_secs(2));
         // SAFETY: qp came from ibv_create_qp; freed once.
         let q = unsafe { Box::from_raw(qp as *mut Qp) };
         q.dev.engine.remove_qp(q.shared.qpn);
@@ -524,6 +529,8 @@ pub unsafe fn ack_async(qp: *mut ibv_qp) {
     if !qp.is_null() {
         // SAFETY: per the contract.
         unsafe { (*qp).events_completed += 1 };
+        // SAFETY: as above; its destroy waits for this (AsyncQueue::forget).
+        unsafe { &*(qp as *const Qp) }.shared.async_q.acked(qp as usize);
     }
 }
 
