@@ -11,7 +11,7 @@ mod sim_net;
 
 use nccl_net_ferroce::error::Error;
 use nccl_net_ferroce::transport::proto::fifo::{self, CtsEntry, RING, RING_BYTES};
-use nccl_net_ferroce::transport::proto::limits::MAX_DEVS;
+use nccl_net_ferroce::transport::proto::limits::{self, MAX_DEVS};
 use nccl_net_ferroce::transport::proto::plan::QpRoute;
 use nccl_net_ferroce::transport::proto::recv::{Irecv, RecvBuf, RecvConfig, RecvCore, CTS_DEPTH};
 use nccl_net_ferroce::transport::proto::request::{self, ReqKind};
@@ -39,6 +39,8 @@ struct Case {
     split: bool,
     ar_threshold: Option<usize>,
     inline_cts: bool,
+    /// `max_msg_sz` of both sides' devices: chunks past it go in several WRs.
+    wr_bytes: usize,
     groups: Vec<Vec<Msg>>,
     faults: Faults,
     /// Flush (one-byte read back) after this percentage of receives.
@@ -58,6 +60,7 @@ impl Case {
             split: false,
             ar_threshold: None,
             inline_cts: false,
+            wr_bytes: limits::MAX_WR_BYTES,
             groups,
             faults: Faults::default(),
             flush_percent: 0,
@@ -118,6 +121,7 @@ impl Run {
         let sroutes = routes(nqps, nl, nr);
         let rroutes = routes(nqps, nr, nl);
         let mut fab = Fabric::new(sroutes.clone(), rroutes.clone(), [SQ_DEPTH, CTS_DEPTH], case.faults);
+        fab.queues.max_msg = case.wr_bytes;
         let fifo = fab.register(Side::Sender, RING_BYTES, nl);
         let staging = fab.register(Side::Receiver, RING_BYTES, nr);
         let mut send_off = Vec::new();
@@ -157,6 +161,7 @@ impl Run {
                 qps_per_req,
                 ar_threshold: case.ar_threshold,
                 landing_timeout: Duration::from_millis(100),
+                wr_bytes: case.wr_bytes,
                 fifo: fab.local_block(fifo),
                 peer_records: fab.remote_block(staging, fifo::SIZES_IN_ENTRY as u64),
                 peer: "the simulated receiver".into(),
@@ -171,6 +176,7 @@ impl Run {
                 staging: fab.local_block(staging),
                 peer_fifo: fab.remote_block(fifo, 0),
                 cts_inline_max: [if case.inline_cts { 64 } else { 0 }; MAX_DEVS],
+                max_buffer_bytes: limits::max_buffer_bytes(case.wr_bytes),
             },
             fail_quietly,
         );
@@ -551,8 +557,9 @@ fn run_case(case: Case) -> Run {
 }
 
 /// A random case for `seed`: 1–3 devices each side, 1–4 QPs per connection, split or not,
-/// AR or not, inline CTS or not, groups of 1–8 with sizes from 0 to 64 KiB, some sends larger
-/// than their buffer, some repeated tags, torn writes and late completions.
+/// AR or not, inline CTS or not, devices whose WRs carry 9–16 KiB or 1 GiB, groups of 1–8 with
+/// sizes from 0 to 64 KiB, some sends larger than their buffer, some repeated tags, torn writes
+/// and late completions.
 fn random_case(seed: u64) -> Case {
     let mut rng = Rng(seed ^ 0x5eed_0000);
     let ngroups = rng.range(1, 40);
@@ -587,6 +594,13 @@ fn random_case(seed: u64) -> Case {
         split: rng.chance(50),
         ar_threshold: rng.chance(30).then(|| rng.range(0, 8192)),
         inline_cts: rng.chance(30),
+        // Devices whose WRs carry as little as 1/7 of the largest buffer (64 KiB): chunks go
+        // in up to 7 pieces, groups in chains of up to 57 WRs.
+        wr_bytes: if rng.chance(40) {
+            rng.range((64 << 10) / limits::PIECES_PER_BUFFER + 1, 16 << 10)
+        } else {
+            limits::MAX_WR_BYTES
+        },
         groups,
         faults: Faults {
             torn_writes: rng.below(30),
@@ -729,6 +743,50 @@ fn a_group_waits_for_send_queue_credits() {
     assert!(r.send.waiting(), "no completion came back yet");
     r.run();
     assert!(!r.send.waiting());
+}
+
+/// Messages past the devices' `max_msg_sz` (here 1 KiB) go in pieces: full groups of eight
+/// buffers at the largest size a receive takes (7 pieces each, chains of 57 WRs, beyond one
+/// post's batch), single messages of 1..7 pieces, over 1 and 3 QPs; every byte lands once and
+/// the simulated NIC refuses any WR past 1 KiB.
+#[test]
+fn messages_past_max_msg_sz_go_in_pieces() {
+    let max = limits::max_buffer_bytes(1024);
+    assert_eq!(max, 7 * 1024);
+    for (qps, split) in [(1, false), (3, true)] {
+        let full = || {
+            (0..8)
+                .map(|i| Msg {
+                    posted: max,
+                    sent: max,
+                    tag: i,
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut groups = vec![full(), single(max, max), single(max, 1025), full()];
+        groups.extend((1..=7).map(|p| single(max, p * 1024 - 1)));
+        let mut c = Case::simple(groups);
+        c.wr_bytes = 1024;
+        c.qps_per_conn = qps;
+        c.split = split;
+        run_case(c);
+    }
+}
+
+/// A receive takes buffers up to `max_buffer_bytes` of its devices (the `maxP2pBytes` they
+/// report), and refuses one byte more with an error that says so, changing nothing.
+#[test]
+fn a_receive_past_the_largest_message_is_refused() {
+    let max = limits::max_buffer_bytes(1024);
+    let mut at = Case::simple(vec![single(max, max)]);
+    at.wr_bytes = 1024;
+    run_case(at);
+    let mut past = Case::simple(vec![single(max + 1, 1), single(64, 64)]);
+    past.wr_bytes = 1024;
+    let mut r = Run::new(past);
+    let err = r.try_irecv().unwrap_err();
+    assert!(err.message.contains("larger than the 7168 bytes"), "{err}");
+    assert!(!r.recv.state.failed(), "a refused receive fails nothing");
 }
 
 /// A CTS entry whose stamp is there but whose seal never verifies is "landing" for a while,

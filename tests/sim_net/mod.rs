@@ -13,7 +13,7 @@
 
 use nccl_net_ferroce::error::Error;
 use nccl_net_ferroce::transport::proto::fifo::{self, CtsEntry, RING_BYTES};
-use nccl_net_ferroce::transport::proto::limits::MAX_DEVS;
+use nccl_net_ferroce::transport::proto::limits::{MAX_CHAIN, MAX_DEVS};
 use nccl_net_ferroce::transport::proto::plan::{LocalBlock, Op, Post, QpRoute, RemoteBlock, Sge, WorkRequest};
 use nccl_net_ferroce::transport::proto::recv::StagingRing;
 use nccl_net_ferroce::transport::proto::send::FifoRing;
@@ -143,6 +143,8 @@ pub struct Queues {
     qps: [Vec<Qp>; 2],
     /// `max_send_wr` of each side's QPs: posting past it is a bug the NIC would punish.
     sq_depth: [usize; 2],
+    /// `max_msg_sz` of every QP: a WR carrying more is a bug the NIC would punish.
+    pub max_msg: usize,
     flush_sq: VecDeque<(usize, WorkRequest)>,
 }
 
@@ -160,7 +162,17 @@ impl Queues {
                 let q = self.qps[side.index()]
                     .get_mut(qp)
                     .ok_or_else(|| Error::internal(format!("post on QP {qp} that does not exist")))?;
-                assert!(chain.len() <= 9, "a chain of {} WRs", chain.len());
+                assert!(chain.len() <= MAX_CHAIN, "a chain of {} WRs", chain.len());
+                if let Some(w) = chain
+                    .iter()
+                    .find(|w| w.local.is_some_and(|s| s.len as usize > self.max_msg))
+                {
+                    panic!(
+                        "{side:?} QP {qp}: a WR of {:?} bytes past max_msg_sz {}",
+                        w.local.map(|s| s.len),
+                        self.max_msg
+                    );
+                }
                 let depth = self.sq_depth[side.index()];
                 assert!(
                     q.unretired.len() + chain.len() <= depth,
@@ -217,6 +229,7 @@ impl Fabric {
                 qps: [(0..n).map(|_| Qp::new()).collect(), (0..n).map(|_| Qp::new()).collect()],
                 flush_sq: VecDeque::new(),
                 sq_depth,
+                max_msg: usize::MAX,
             },
             routes: [sender_routes, receiver_routes],
             cqs: [VecDeque::new(), VecDeque::new()],
