@@ -19,13 +19,47 @@ use nccl_net_ferroce::transport::proto::recv::StagingRing;
 use nccl_net_ferroce::transport::proto::send::FifoRing;
 use std::collections::VecDeque;
 
-pub struct Rng(pub u64);
+pub mod run;
+
+/// Every choice of a simulation: splitmix64 from a seed, or (for a fuzzer) the input's bytes
+/// first, 8 per draw, then splitmix64 from what they left, so any input ends in a full run.
+pub struct Rng {
+    state: u64,
+    steer: Vec<u8>,
+    used: usize,
+}
 
 impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng {
+            state: seed,
+            steer: Vec::new(),
+            used: 0,
+        }
+    }
+
+    /// Draws come from `bytes` (little-endian, 8 at a time) while they last.
+    pub fn steered(bytes: &[u8]) -> Rng {
+        Rng {
+            state: bytes.len() as u64,
+            steer: bytes.to_vec(),
+            used: 0,
+        }
+    }
+
     pub fn next(&mut self) -> u64 {
+        if self.used < self.steer.len() {
+            let end = (self.used + 8).min(self.steer.len());
+            let mut word = [0u8; 8];
+            word[..end - self.used].copy_from_slice(&self.steer[self.used..end]);
+            self.used = end;
+            let v = u64::from_le_bytes(word);
+            self.state ^= v;
+            return v;
+        }
         // splitmix64
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
