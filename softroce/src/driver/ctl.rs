@@ -103,6 +103,9 @@ fn answer(dev: &Device, stream: UnixStream) -> std::io::Result<()> {
     stream.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
     let mut line = String::new();
     BufReader::new(&stream).read_line(&mut line)?;
+    if let Some(counts) = super::counters::ctl_answer(dev, &line) {
+        return (&stream).write_all(format!("ok: {counts}\n").as_bytes());
+    }
     let reply = match Command::parse(&line) {
         Ok(cmd) => format!("ok: {}\n", dev.apply(cmd)),
         Err(e) => format!("error: {e}\n"),
