@@ -15,7 +15,6 @@
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::device::Device;
 use crate::proto::{SendWr, WrOpcode};
 
 /// Version of [`CountersRepr`]; bumped when a field is added (fields are only ever appended).
@@ -250,14 +249,6 @@ impl CountersRepr {
         }
         s
     }
-}
-
-/// The control socket's `counters` command for `dev` (`None`: `line` is another command).
-pub fn ctl_answer(dev: &Device, line: &str) -> Option<String> {
-    (line.trim() == "counters").then(|| {
-        let qps = dev.engine.all_qps();
-        report(qps.iter().map(|q| (q.qpn, &q.counters)))
-    })
 }
 
 /// `softroce-ctl ADDR counters`: the process totals, then `qp N: ...` for each live QP of the

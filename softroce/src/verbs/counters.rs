@@ -50,6 +50,7 @@ mod tests {
         assert_eq!(u32::from_ne_bytes(short[4..8].try_into().unwrap()), 16);
         // SAFETY: NULL and a too-short size are refused before any write.
         assert_eq!(unsafe { softroce_counters_get(std::ptr::null_mut(), 200) }, libc::EINVAL);
+        // SAFETY: as above.
         assert_eq!(unsafe { softroce_counters_get(short.as_mut_ptr() as *mut CountersRepr, 4) }, libc::EINVAL);
     }
 }
