@@ -94,6 +94,7 @@ mod tests {
         assert_eq!((t.version, t.size as usize), (FERROCE_STATS_TOTALS_VERSION, std::mem::size_of::<FerroceStatsTotals>()));
         // SAFETY: NULL and a short size are refused before any write.
         assert_ne!(unsafe { ferroce_stats_totals_get(std::ptr::null_mut(), 104) }, 0);
+        // SAFETY: as above.
         assert_ne!(unsafe { ferroce_stats_totals_get(&mut t, 4) }, 0);
     }
 }
