@@ -6,7 +6,7 @@
 use super::conn::Conn;
 use super::errors::{wc_error, WcErrorReport};
 use super::proto::plan::{Op, Post, WorkRequest};
-use super::proto::recv::RecvCore;
+use super::proto::recv::{RecvCore, RQ_BATCH};
 use super::proto::send::SendCore;
 use super::proto::state::CommState;
 use super::stats::{self, CommStats};
@@ -157,6 +157,8 @@ pub struct Driver {
     /// longer chains go in several posts), a receiver's CTS write (1).
     wrs: Box<[sys::ibv_send_wr]>,
     sges: Box<[sys::ibv_sge]>,
+    /// Scratch of one receive post (a receiver's batch of `recv::RQ_BATCH`; none for a sender).
+    recv_wrs: Box<[sys::ibv_recv_wr]>,
 }
 
 impl Driver {
@@ -188,6 +190,14 @@ impl Driver {
                     lkey: 0,
                 })
                 .collect(),
+            recv_wrs: (0..if kind == "send" { 0 } else { RQ_BATCH })
+                .map(|_| sys::ibv_recv_wr {
+                    wr_id: 0,
+                    next: std::ptr::null_mut(),
+                    sg_list: std::ptr::null_mut(),
+                    num_sge: 0,
+                })
+                .collect(),
         }
     }
 
@@ -207,18 +217,33 @@ impl Driver {
                 // SAFETY: as the caller guarantees.
                 unsafe { post_chain(q, chain, &mut self.wrs, &mut self.sges) }
             }
-            Post::Recv { qp, wr_id } => {
-                if let Some(s) = &self.stats {
-                    s.posted(qp, 1, 0);
+            Post::Recv { qp, wr_id, count } => {
+                let k = count;
+                if k == 0 || k > self.recv_wrs.len() {
+                    return Err(Error::internal(format!(
+                        "{count} receives planned in one post for a {} comm (at most {})",
+                        self.kind,
+                        self.recv_wrs.len()
+                    )));
                 }
-                let mut wr = sys::ibv_recv_wr {
-                    wr_id,
-                    next: std::ptr::null_mut(),
-                    sg_list: std::ptr::null_mut(),
-                    num_sge: 0,
-                };
-                // SAFETY: a zero-SGE receive names no memory; the WR is copied by the provider.
-                unsafe { Self::qp(&self.conn, qp)?.post_recv(&mut wr) }
+                if let Some(s) = &self.stats {
+                    s.posted(qp, k, 0);
+                }
+                for x in 0..k {
+                    let next: *mut sys::ibv_recv_wr = match self.recv_wrs.get_mut(x + 1) {
+                        Some(w) if x + 1 < k => w,
+                        _ => std::ptr::null_mut(),
+                    };
+                    self.recv_wrs[x] = sys::ibv_recv_wr {
+                        wr_id,
+                        next,
+                        sg_list: std::ptr::null_mut(),
+                        num_sge: 0,
+                    };
+                }
+                // SAFETY: zero-SGE receives name no memory; the chain lives in `recv_wrs` for
+                // the call and the provider copies it.
+                unsafe { Self::qp(&self.conn, qp)?.post_recv(&mut self.recv_wrs[0]) }
             }
             Post::Flush { .. } => Err(Error::internal("a flush read planned for a data QP")),
         }
