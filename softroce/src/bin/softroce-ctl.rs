@@ -1,6 +1,7 @@
 //! `softroce-ctl ADDR COMMAND`: inject a fault into the softroce device bound to ADDR in a
 //! running process, as a real NIC or network fails (`port-down`, `port-up`, `gid-change`,
-//! `blackhole PEER_ADDR`, `heal`, `status`). It talks to the device's control socket
+//! `blackhole PEER_ADDR`, `heal`, `status`, `device-fatal`, `qp-fatal QPN`, `qp-access-err QPN`,
+//! `cq-overrun QPN`). It talks to the device's control socket
 //! `${SOFTROCE_CTL_DIR:-/tmp/softroce}/ADDR.sock` and prints its answer; exit status 0 when the
 //! device carried the command out.
 
@@ -13,6 +14,7 @@ fn main() {
     if args.len() < 2 || args[0] == "-h" || args[0] == "--help" {
         eprintln!(
             "usage: softroce-ctl ADDR port-down | port-up | gid-change | blackhole PEER_ADDR | heal | status\n\
+             \x20                      | device-fatal | qp-fatal QPN | qp-access-err QPN | cq-overrun QPN\n\
              ADDR is the device's IPv4 address (SOFTROCE_ADDR of the process); sockets live in\n\
              ${{SOFTROCE_CTL_DIR:-/tmp/softroce}}"
         );
