@@ -1,6 +1,26 @@
 # Shared by the ci/tests/20-softroce-*.sh scripts (sourced, not run): the repository root,
 # the softroce library, a scratch directory and process list cleaned up on exit, PASS/FAIL
 # counters, and the helpers ok, ko, free_port, wait_port, pair and finish.
+#
+# Loopback ranges: every script and every softroce-using test binds its own 127.0.N.x, so two
+# of them never collide, whatever runs at once. One owner per N (check:
+#   grep -rhoE '127\.0\.[0-9]+\.' ci tests softroce/tests doctor | sort | uniq -c);
+# a new user takes a free N and adds its line here. TCP ports are always taken free (port 0 or
+# free_port) and netns/veth names carry $$.
+#   127.0.10  10-plugin-abi.sh              127.0.40  40-datapath.sh
+#   127.0.20  20-softroce-pingpong.sh       127.0.41  tests/transport_softroce.rs (run by 40)
+#   127.0.21  softroce/tests/verbs_*.rs     127.0.42  tests/observability_softroce.rs
+#             (one last octet per file)     127.0.44  tests/events_softroce.rs (two per child)
+#   127.0.22  20-softroce-faults.sh         127.0.45  tests/concurrency_softroce.rs
+#   127.0.23  20-softroce-devinfo.sh        127.0.50-51  ci/bench.sh
+#   127.0.24  20-softroce-tshark.sh         127.0.53  52-bench-compare.sh
+#   127.0.25  20-softroce-perftest.sh       127.0.54  55-memory.sh
+#   127.0.29  ci/bench-softroce.sh          127.0.55, 127.0.59  50-harness.sh
+#   127.0.61  doctor (its own tests)        127.0.65  65-doctor.sh
+#   127.0.66-67  66-stats.sh                127.0.77  60-gpu-scripts.sh (test data)
+#   127.0.81  80-sanitizers.sh              127.0.82  80-sanitizers.sh (ThreadSanitizer)
+# (20-softroce-netns.sh uses its own namespaces; 127.0.0.1 only for free ports and NCCL's
+# bootstrap.)
 # shellcheck shell=bash
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
