@@ -12,8 +12,8 @@ H=$ROOT/target/release/harness
 SR=$ROOT/target/release/softroce
 T=${HARNESS_TEST_TIMEOUT:-90}
 D=$(mktemp -d /tmp/harness-test.XXXXXX)
-PASS=0
-FAIL=0
+# shellcheck source=ci/tests/lib/checks.sh
+. ci/tests/lib/checks.sh
 PIDS=""
 cleanup() {
     for p in $PIDS; do kill -- "$p" 2>/dev/null; done
@@ -23,25 +23,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-ok() { PASS=$((PASS + 1)); echo "   PASS $1"; }
-ko() {
-    FAIL=$((FAIL + 1))
-    echo "   FAIL $1"
-    [ -n "${2:-}" ] && [ -e "$2" ] && tail -n 30 "$2" | sed 's/^/   | /'
-}
-finish() {
-    echo "$PASS passed, $FAIL failed"
-    [ "$FAIL" -eq 0 ]
-    exit $?
-}
-
-for f in "$H/all_reduce_perf" "$H/sendrecv_perf" "$H/libnccl-net-mock.so" "$ROOT/target/release/libnccl-net-ferroce.so" "$SR/libibverbs.so.1"; do
-    if [ ! -e "$f" ]; then
-        echo "missing $f (run make build)"
-        echo "0 passed, 1 failed"
-        exit 1
-    fi
-done
+need "$H/all_reduce_perf" "$H/sendrecv_perf" "$H/libnccl-net-mock.so" "$ROOT/target/release/libnccl-net-ferroce.so" "$SR/libibverbs.so.1"
 
 # run NAME OUTFILE PROGRAM ARGS...: bounded run in the background (so cleanup can kill it), rc in $RC
 run() {
