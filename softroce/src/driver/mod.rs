@@ -14,6 +14,7 @@
 //! * [`tx`] — the transmitter (ICRC, GSO batches); [`udp`] — the socket;
 //! * [`clock`], [`rng`], [`activity`] — the core's clock, the fault
 //!   injector's random numbers, the doorbell idle pollers wait on;
+//!   [`inject`] — the receive path's loss, reordering and duplication;
 //!   [`idle`] — what an empty CQ poll does (yield, receive inline, wait).
 
 pub mod activity;
@@ -27,6 +28,7 @@ pub mod engine_state;
 pub mod event;
 pub mod faults;
 pub mod idle;
+pub mod inject;
 pub mod instances;
 pub mod limits;
 pub mod mem;
