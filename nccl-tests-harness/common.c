@@ -1087,3 +1087,6 @@ void h_stats_report(hctx_t* h, const char* what) {
            100 * x[1] / x[0], x[2], 100 * x[2] / x[0], x[3], x[4], x[5], x[6], x[7], x[8], 100 * x[8] / x[0]);
   }
 }
+
+/* For programs with their own launcher (soak): the plugin path h_main would use. */
+void h_resolve_plugin(hopts_t* o) { resolve_plugin(o); }

@@ -230,4 +230,8 @@ void h_idle(hctx_t* h);
 /* size sweep helper: next size after `s` per -f / -i */
 size_t h_next_size(const hopts_t* o, size_t s);
 
+/* The plugin path h_main resolves (--plugin, NCCL_NET_PLUGIN, next to the harness), for programs
+ * with their own launcher. */
+void h_resolve_plugin(hopts_t* o);
+
 #endif
