@@ -327,12 +327,15 @@ impl Context {
                         if is_port_event { ev.element.port_num } else { 0 },
                     )
                 };
-                // SAFETY: ev was filled by ibv_get_async_event and is acked exactly once.
-                unsafe { (verbs.ibv_ack_async_event)(&mut ev) };
                 let text = verbs.event_type_str(kind as u32);
                 if is_qp_event {
                     qp_failures.record(qpn);
-                    crate::log_warn!("device {name}: fatal async event '{text}' on QP {qpn} — the connection using it fails; the WARN of that connection says why");
+                    let hint = if kind == IBV_EVENT_QP_ACCESS_ERR {
+                        " (an access error: the peer wrote into memory of ours that is not registered, e.g. a buffer deregistered while a receive into it was in flight, as when a comm is aborted)"
+                    } else {
+                        ""
+                    };
+                    crate::log_warn!("device {name}: fatal async event '{text}' on QP {qpn}{hint} — the connection using it fails; the WARN of that connection says why, if it is used again");
                 } else if kind == IBV_EVENT_PORT_ERR {
                     if let Some(c) = usize::try_from(port).ok().and_then(|p| port_errors.get(p)) {
                         c.fetch_add(1, Ordering::AcqRel);
@@ -344,6 +347,10 @@ impl Context {
                 } else {
                     crate::log_info!(crate::log::subsys::NET, "device {name}{}: {}", if is_port_event { format!(" port {port}") } else { String::new() }, event_words(kind, &text));
                 }
+                // Acked after the log line: ibv_destroy_qp waits for the acks of its QP's
+                // events, so the WARN about a QP comes before the close that destroys it returns.
+                // SAFETY: ev was filled by ibv_get_async_event and is acked exactly once.
+                unsafe { (verbs.ibv_ack_async_event)(&mut ev) };
             }
         });
         match spawned {
