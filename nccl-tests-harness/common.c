@@ -1090,3 +1090,7 @@ void h_stats_report(hctx_t* h, const char* what) {
 
 /* For programs with their own launcher (soak): the plugin path h_main would use. */
 void h_resolve_plugin(hopts_t* o) { resolve_plugin(o); }
+
+/* For programs with their own launcher (soak): the rank the plugin's log lines are named by
+ * (h_main sets it for its ranks). */
+void h_log_as(hctx_t* h) { g_h = h; }
