@@ -20,7 +20,8 @@ SOAK=$ROOT/target/release/harness/soak
 for f in "$SOAK" "$ROOT/target/release/libnccl-net-ferroce.so" "$ROOT/target/release/softroce/libibverbs.so.1"; do
     [ -e "$f" ] || { echo "soak: missing $f (run make build)"; exit 1; }
 done
-D=$(mktemp -d /tmp/ferroce-soak.XXXXXX)
+# SOAK_LOGDIR=DIR (empty or new) keeps the rank logs there, for `soak --scan-logs DIR`
+if [ -n "${SOAK_LOGDIR:-}" ]; then D=$SOAK_LOGDIR; mkdir -p "$D" || exit 1; else D=$(mktemp -d /tmp/ferroce-soak.XXXXXX); fi
 mkdir -p "$D/faults"
 # the whole run, bounded: the cycles stop after N minutes; a cycle in progress may need the
 # hang bound (20 s) and the teardown a little more
@@ -41,4 +42,4 @@ if [ "$rc" -ne 0 ]; then
     echo "soak: logs kept in $D"
     exit 1
 fi
-[ -n "${SOAK_KEEP_LOGS:-}" ] && echo "soak: logs in $D" || rm -rf "$D"
+if [ -n "${SOAK_KEEP_LOGS:-}${SOAK_LOGDIR:-}" ]; then echo "soak: logs in $D"; else rm -rf "$D"; fi
