@@ -1257,3 +1257,10 @@ void h_work_report(hctx_t* h, size_t bytes, double steps) {
              x[W_POST_RECV] * x[W_MSGS] / steps, x[W_POLLS] * x[W_MSGS] / steps, x[W_CTS] * x[W_RECVS] / steps);
   }
 }
+
+/* For programs with their own launcher (soak): the plugin path h_main would use. */
+void h_resolve_plugin(hopts_t* o) { resolve_plugin(o); }
+
+/* For programs with their own launcher (soak): the rank the plugin's log lines are named by
+ * (h_main sets it for its ranks). */
+void h_log_as(hctx_t* h) { g_h = h; }

@@ -236,4 +236,10 @@ void h_idle(hctx_t* h);
 /* size sweep helper: next size after `s` per -f / -i */
 size_t h_next_size(const hopts_t* o, size_t s);
 
+/* The plugin path h_main resolves (--plugin, NCCL_NET_PLUGIN, next to the harness), for programs
+ * with their own launcher. */
+void h_resolve_plugin(hopts_t* o);
+/* The context whose rank names the plugin's WARN/INFO lines (h_main sets it), for the same. */
+void h_log_as(hctx_t* h);
+
 #endif

@@ -65,13 +65,38 @@ pub fn port_down() -> bool {
 /// `SOFTROCE_LOSS` (default 0): probability in [0,1] that a received packet is dropped.
 pub fn loss() -> f64 {
     static V: OnceLock<f64> = OnceLock::new();
-    *V.get_or_init(|| {
-        env("SOFTROCE_LOSS")
-            .and_then(|s| s.trim().parse::<f64>().ok())
-            .filter(|p| p.is_finite())
-            .map(|p| p.clamp(0.0, 1.0))
-            .unwrap_or(0.0)
-    })
+    *V.get_or_init(|| probability("SOFTROCE_LOSS"))
+}
+
+/// A probability in [0,1] from `name` (default 0; out-of-range values are clamped).
+fn probability(name: &str) -> f64 {
+    env(name)
+        .and_then(|s| s.trim().parse::<f64>().ok())
+        .filter(|p| p.is_finite())
+        .map(|p| p.clamp(0.0, 1.0))
+        .unwrap_or(0.0)
+}
+
+/// `SOFTROCE_REORDER` (default 0): probability that a received packet is held back and
+/// handled after the next one (the last packet of a receive batch is never held past it).
+pub fn reorder() -> f64 {
+    static V: OnceLock<f64> = OnceLock::new();
+    *V.get_or_init(|| probability("SOFTROCE_REORDER"))
+}
+
+/// `SOFTROCE_DUP` (default 0): probability that a received packet is handled twice.
+pub fn dup() -> f64 {
+    static V: OnceLock<f64> = OnceLock::new();
+    *V.get_or_init(|| probability("SOFTROCE_DUP"))
+}
+
+/// `SOFTROCE_FAULT_COUNTS` (default unset): directory where the process keeps
+/// `softroce-faults-<pid>.txt`, the packets its fault injector dropped, reordered and
+/// duplicated so far (rewritten at most twice a second while it injects).
+pub fn fault_counts_dir() -> Option<std::path::PathBuf> {
+    static V: OnceLock<Option<std::path::PathBuf>> = OnceLock::new();
+    V.get_or_init(|| env("SOFTROCE_FAULT_COUNTS").map(std::path::PathBuf::from))
+        .clone()
 }
 
 /// `SOFTROCE_SEED` (default: derived from pid and time): seed of the fault injector.

@@ -346,12 +346,15 @@ impl Context {
                         if kind == IBV_EVENT_CQ_ERR { ev.element.cq as usize as u64 } else { 0 },
                     )
                 };
-                // SAFETY: ev was filled by ibv_get_async_event and is acked exactly once.
-                unsafe { (verbs.ibv_ack_async_event)(&mut ev) };
                 let text = verbs.event_type_str(kind as u32);
                 if is_qp_event {
                     qp_failures.record(u64::from(qpn));
-                    crate::log_warn!("device {name}: fatal async event '{text}' on QP {qpn:#x} — the connection using it fails; the WARN of that connection says why");
+                    let hint = if kind == IBV_EVENT_QP_ACCESS_ERR {
+                        " (an access error: the peer wrote into memory of ours that is not registered, e.g. a buffer deregistered while a receive into it was in flight, as when a comm is aborted)"
+                    } else {
+                        ""
+                    };
+                    crate::log_warn!("device {name}: fatal async event '{text}' on QP {qpn:#x}{hint} — the connection using it fails; the WARN of that connection says why, if it is used again");
                 } else if kind == IBV_EVENT_PORT_ERR {
                     if let Some(c) = usize::try_from(port).ok().and_then(|p| port_errors.get(p)) {
                         c.fetch_add(1, Ordering::AcqRel);
@@ -365,9 +368,15 @@ impl Context {
                     crate::log_warn!("device {name}: fatal async event '{text}' — the NIC failed; every connection on it fails. Check the device (ibv_devinfo) and `dmesg`");
                 } else {
                     crate::log_info!(crate::log::subsys::NET, "device {name}{}: {}", if is_port_event { format!(" port {port}") } else { String::new() }, event_words(kind, &text));
-                    continue;
                 }
-                generation.fetch_add(1, Ordering::Release);
+                if is_qp_event || matches!(kind, IBV_EVENT_PORT_ERR | IBV_EVENT_CQ_ERR | IBV_EVENT_DEVICE_FATAL | IBV_EVENT_SRQ_ERR) {
+                    // The comms' data paths look at their devices' failures when this moves.
+                    generation.fetch_add(1, Ordering::Release);
+                }
+                // Acked after the log line: ibv_destroy_qp waits for the acks of its QP's
+                // events, so the WARN about a QP comes before the close that destroys it returns.
+                // SAFETY: ev was filled by ibv_get_async_event and is acked exactly once.
+                unsafe { (verbs.ibv_ack_async_event)(&mut ev) };
             }
         });
         match spawned {

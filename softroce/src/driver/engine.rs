@@ -26,6 +26,7 @@ use super::cq::Wc;
 use super::device::Device;
 use super::engine_state::{Rx, RX_BATCH};
 use super::event::ibv_event_of;
+use super::inject::Fate;
 use super::mem::PdMemory;
 use super::qp::QpShared;
 use super::tx::Tx;
@@ -408,7 +409,6 @@ fn engine_receive(dev: &Device) -> Option<Instant> {
 
 /// What the receive path needs per packet, read once per batch.
 struct RxConfig {
-    loss: f64,
     check: bool,
     debug: bool,
 }
@@ -421,7 +421,6 @@ struct RxConfig {
 fn receive(dev: &Device, rx: &mut Rx, max_batches: usize, by_engine: bool) -> (usize, Option<Instant>) {
     let eng = &dev.engine;
     let cfg = RxConfig {
-        loss: config::loss(),
         check: config::icrc_check(),
         debug: config::debug(),
     };
@@ -441,6 +440,9 @@ fn receive(dev: &Device, rx: &mut Rx, max_batches: usize, by_engine: bool) -> (u
         for i in 0..n {
             landed_write |= handle_datagram(dev, rx, i, t, &cfg);
         }
+        if let Some(held) = rx.inject.take_held() {
+            landed_write |= deliver(dev, &mut rx.touched, t, &held);
+        }
         // Drain after each batch: ACKs coalesce across the batch.
         let t = now();
         let Rx { touched, tx, .. } = &mut *rx;
@@ -459,6 +461,9 @@ fn receive(dev: &Device, rx: &mut Rx, max_batches: usize, by_engine: bool) -> (u
             break;
         }
     }
+    if handled > 0 {
+        rx.inject.report_if_due(now().as_nanos());
+    }
     (handled, next)
 }
 
@@ -470,7 +475,7 @@ fn handle_datagram(dev: &Device, rx: &mut Rx, i: usize, t: Instant, cfg: &RxConf
     let Rx {
         bufs,
         meta,
-        rng,
+        inject,
         touched,
         bad_icrc,
         ..
@@ -482,7 +487,7 @@ fn handle_datagram(dev: &Device, rx: &mut Rx, i: usize, t: Instant, cfg: &RxConf
     let coalesced = m.len > m.seg;
     let mut landed_write = false;
     for (j, pkt) in bufs[i][..m.len].chunks(m.seg).enumerate() {
-        if cfg.loss > 0.0 && rng.next_f64() < cfg.loss {
+        if inject.lose() {
             continue;
         }
         if pkt.len() < crate::wire::bth::HEADER_LEN + icrc::ICRC_LEN {
@@ -508,18 +513,37 @@ fn handle_datagram(dev: &Device, rx: &mut Rx, i: usize, t: Instant, cfg: &RxConf
         } else {
             &pkt[..pkt.len() - icrc::ICRC_LEN]
         };
-        let Ok(bth) = BthPacket::new_checked(body) else {
-            continue;
-        };
-        landed_write |= matches!(bth.opcode(), OpCode::WriteLast | OpCode::WriteOnly);
-        let qpn = bth.dest_qp();
-        let Some(qp) = dev.engine.qp(qpn) else { continue };
-        qp.lock_core().handle_packet(t, body, &mut memory_of(dev, &qp));
-        if !touched.iter().any(|q| q.qpn == qpn) {
-            touched.push(qp);
+        match inject.fate() {
+            Fate::Hold => {
+                inject.hold(body);
+                continue;
+            }
+            Fate::Twice => {
+                landed_write |= deliver(dev, touched, t, body);
+                landed_write |= deliver(dev, touched, t, body);
+            }
+            Fate::Deliver => landed_write |= deliver(dev, touched, t, body),
+        }
+        if let Some(held) = inject.take_held() {
+            landed_write |= deliver(dev, touched, t, &held);
         }
     }
     landed_write
+}
+
+/// Hands one checked packet (ICRC stripped) to its QP, which joins `touched`;
+/// returns whether it ended an inbound RDMA WRITE.
+fn deliver(dev: &Device, touched: &mut Vec<Arc<QpShared>>, t: Instant, body: &[u8]) -> bool {
+    let Ok(bth) = BthPacket::new_checked(body) else {
+        return false;
+    };
+    let qpn = bth.dest_qp();
+    let Some(qp) = dev.engine.qp(qpn) else { return false };
+    qp.lock_core().handle_packet(t, body, &mut memory_of(dev, &qp));
+    if !touched.iter().any(|q| q.qpn == qpn) {
+        touched.push(qp);
+    }
+    matches!(bth.opcode(), OpCode::WriteLast | OpCode::WriteOnly)
 }
 
 /// Sends what posting threads left for the engine (deferred small messages);

@@ -7,11 +7,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use super::inject::Injector;
 use super::qp::QpShared;
-use super::rng::Rng;
 use super::tx::Tx;
 use super::udp::{RecvMeta, MAX_DGRAM};
-use crate::config;
 use crate::proto::Instant;
 
 /// Datagrams per `recvmmsg`.
@@ -45,7 +44,7 @@ pub struct Rx {
     pub bufs: Vec<Vec<u8>>,
     pub meta: [RecvMeta; RX_BATCH],
     pub tx: Tx,
-    pub rng: Rng,
+    pub inject: Injector,
     pub touched: Vec<Arc<QpShared>>,
     pub bad_icrc: u64,
 }
@@ -72,7 +71,7 @@ impl Engine {
                 bufs: (0..RX_BATCH).map(|_| vec![0u8; MAX_DGRAM]).collect(),
                 meta: [RecvMeta::default(); RX_BATCH],
                 tx: Tx::new(),
-                rng: Rng::new(config::seed()),
+                inject: Injector::new(),
                 touched: Vec::new(),
                 bad_icrc: 0,
             }),

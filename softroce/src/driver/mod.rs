@@ -15,6 +15,7 @@
 //! * [`counters`] — the verbs work an application asks for, per process and per QP;
 //! * [`clock`], [`rng`], [`activity`] — the core's clock, the fault
 //!   injector's random numbers, the doorbell idle pollers wait on;
+//!   [`inject`] — the receive path's loss, reordering and duplication;
 //!   [`idle`] — what an empty CQ poll does (yield, receive inline, wait).
 
 pub mod activity;
@@ -29,6 +30,7 @@ pub mod engine_state;
 pub mod event;
 pub mod faults;
 pub mod idle;
+pub mod inject;
 pub mod instances;
 pub mod limits;
 pub mod mem;

@@ -100,6 +100,22 @@ impl Buf {
             .map(|i| unsafe { std::ptr::read_volatile(self.mem.as_ptr().add(i)) })
             .collect()
     }
+    /// Volatile read of `len` bytes at `off`.
+    pub fn read_range(&self, off: usize, len: usize) -> Vec<u8> {
+        assert!(off + len <= self.mem.len());
+        (off..off + len)
+            // SAFETY: test code: in bounds (checked above), the buffer is alive.
+            .map(|i| unsafe { std::ptr::read_volatile(self.mem.as_ptr().add(i)) })
+            .collect()
+    }
+    /// Volatile write of `f(0..len)` at `off`.
+    pub fn fill_range(&mut self, off: usize, len: usize, f: impl Fn(usize) -> u8) {
+        assert!(off + len <= self.mem.len());
+        for i in 0..len {
+            // SAFETY: test code: in bounds (checked above), the buffer is alive.
+            unsafe { std::ptr::write_volatile(self.mem.as_mut_ptr().add(off + i), f(i)) };
+        }
+    }
     pub fn fill(&mut self, f: impl Fn(usize) -> u8) {
         for i in 0..self.mem.len() {
             // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
