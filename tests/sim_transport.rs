@@ -751,6 +751,66 @@ fn a_corrupt_cts_entry_fails_the_comm_after_the_landing_timeout() {
     assert!(r.try_isend().is_err(), "a failed comm stays failed");
 }
 
+/// Write `e` (host order) over the sender's FIFO entry at ring position `pos`, as a lying
+/// receiver's CTS write would.
+fn write_fifo_entry(r: &mut Run, pos: usize, e: &CtsEntry) {
+    let fifo = r.fifo;
+    let at = pos * fifo::ENTRY_BYTES;
+    r.fab.regions[fifo].bytes[at..at + fifo::ENTRY_BYTES].copy_from_slice(&sim_net::entry_to_bytes(&e.to_wire()));
+}
+
+/// A well-sealed CTS entry stamped for a posting counter the sender does not expect at its
+/// head, from the future (garbage) or an old one written over what was there (a replay), is no
+/// "not posted yet": it is bounded like a landing entry and then fails the comm, naming the
+/// peer and the counter it claimed. Left untouched, an old lap's entry is never an error.
+#[test]
+fn issue_14_a_stale_or_future_cts_stamp_at_the_head_fails_the_comm() {
+    // A counter from the future at the head of a fresh ring.
+    let mut r = Run::new(Case::simple(vec![single(64, 64)]));
+    write_fifo_entry(&mut r, 0, &CtsEntry::new(0x1234, 64, [1; MAX_DEVS], 1, 1, 5));
+    assert_eq!(r.try_isend().unwrap(), Some(Isend::NoBuffer));
+    r.now = r.now + Duration::from_millis(50);
+    assert_eq!(r.try_isend().unwrap(), Some(Isend::NoBuffer), "bounded, not failed at once");
+    r.now = r.now + Duration::from_millis(60);
+    let err = r.try_isend().unwrap_err();
+    assert!(
+        err.message.contains("posting counter 5") && err.message.contains("the simulated receiver"),
+        "{err}"
+    );
+    assert!(r.send.state.failed());
+
+    // A replay: after one lap the sender owes group 64 at entry 0, where group 0's entry was
+    // left. Left alone it is no error; group 0's (well-sealed) entry written there again, with
+    // another buffer, is a lie.
+    let mut r = Run::new(Case::simple((0..RING).map(|_| single(64, 64)).collect()));
+    r.run();
+    for _ in 0..3 {
+        assert_eq!(probe_isend(&mut r).unwrap(), Isend::NoBuffer);
+        r.now = r.now + Duration::from_millis(60);
+    }
+    assert!(!r.send.state.failed(), "the entry left from the last lap is no error");
+    write_fifo_entry(&mut r, 0, &CtsEntry::new(0x9999, 64, [1; MAX_DEVS], 1, 1, 0));
+    assert_eq!(probe_isend(&mut r).unwrap(), Isend::NoBuffer);
+    r.now = r.now + Duration::from_millis(150);
+    let err = probe_isend(&mut r).unwrap_err();
+    assert!(err.message.contains("posting counter 0") && err.message.contains("owes group 64"), "{err}");
+}
+
+/// One isend of 8 bytes with tag 1 straight into the sender's core (past the case's own).
+fn probe_isend(r: &mut Run) -> Result<Isend, Error> {
+    let send = SendBuf {
+        data: r.fab.base(r.send_data) as usize,
+        size: 8,
+        tag: 1,
+        lkeys: r.fab.keys(r.send_data),
+    };
+    let (now, fifo) = (r.now, r.fifo);
+    let Run { fab, send: core, .. } = r;
+    let Fabric { regions, queues, .. } = fab;
+    let mut view = RingView { regions, region: fifo };
+    core.isend(&mut view, || now, send, &mut |p| queues.post(Side::Sender, p))
+}
+
 /// Flushes: up to 32 in flight, each reads the last non-empty buffer on every device; one
 /// more is an error.
 #[test]

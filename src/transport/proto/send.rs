@@ -108,8 +108,12 @@ pub struct SendCore {
     credits: Box<[u16]>,
     cur: CurGroup,
     truncate_reported: bool,
-    /// When the current group's stamp was first seen without consistent entries.
+    /// When the current group's stamp was first seen without consistent entries, or an
+    /// impossible entry at the head ([`fifo::impossible_head_entry`]).
     landing_since: Option<Time>,
+    /// (head, the entry first seen at its position, wire order): what an honest receiver
+    /// leaves there until it posts the group the sender expects.
+    head_left_over: Option<(u64, CtsEntry)>,
 }
 
 impl SendCore {
@@ -133,6 +137,7 @@ impl SendCore {
             },
             truncate_reported: false,
             landing_since: None,
+            head_left_over: None,
         }
     }
 
@@ -172,10 +177,7 @@ impl SendCore {
                 self.cur.matched = 0;
                 Ok(true)
             }
-            GroupState::NotPosted => {
-                self.landing_since = None;
-                Ok(false)
-            }
+            GroupState::NotPosted => self.check_unposted_head(ring, now),
             GroupState::Landing => {
                 // Still being written; a seal that never verifies means a broken peer.
                 let now = now();
@@ -192,6 +194,35 @@ impl SendCore {
                 Ok(false)
             }
         }
+    }
+
+    /// The head entry does not announce the expected group: not posted yet, or (when its stamp
+    /// or seal is one no honest receiver leaves there, [`fifo::impossible_head_entry`]) a stale,
+    /// replayed or garbage CTS write. That is bounded like a landing group (a word read while
+    /// the receiver's NIC stores it may look impossible for a moment) and then fails the comm.
+    fn check_unposted_head(&mut self, ring: &impl FifoRing, now: impl FnOnce() -> Time) -> Result<bool> {
+        let pos = fifo::ring_pos(self.head);
+        let entry = ring.load_entry(pos);
+        let left_over = match self.head_left_over {
+            Some((head, e)) if head == self.head => e,
+            _ => self.head_left_over.insert((self.head, entry)).1,
+        };
+        let Some(idx) = fifo::impossible_head_entry(&entry, &left_over, self.counter) else {
+            self.landing_since = None;
+            return Ok(false);
+        };
+        let now = now();
+        let since = *self.landing_since.get_or_insert(now);
+        let waited = now.saturating_since(since);
+        if waited > self.cfg.landing_timeout {
+            return Err(self.state.fail(Error::remote(format!(
+                "the receiver {} wrote a CTS entry stamped for posting counter {} into FIFO entry {pos}, where it owes group {} (stale, replayed or garbage for {waited:?}): a corrupt or lying peer",
+                self.cfg.peer,
+                idx.wrapping_sub(1),
+                self.counter,
+            ))));
+        }
+        Ok(false)
     }
 
     /// Start a send of `size` bytes at `data` (lkeys per member device) to the buffer with
