@@ -770,7 +770,11 @@ fn issue_14_a_stale_or_future_cts_stamp_at_the_head_fails_the_comm() {
     write_fifo_entry(&mut r, 0, &CtsEntry::new(0x1234, 64, [1; MAX_DEVS], 1, 1, 5));
     assert_eq!(r.try_isend().unwrap(), Some(Isend::NoBuffer));
     r.now = r.now + Duration::from_millis(50);
-    assert_eq!(r.try_isend().unwrap(), Some(Isend::NoBuffer), "bounded, not failed at once");
+    assert_eq!(
+        r.try_isend().unwrap(),
+        Some(Isend::NoBuffer),
+        "bounded, not failed at once"
+    );
     r.now = r.now + Duration::from_millis(60);
     let err = r.try_isend().unwrap_err();
     assert!(
@@ -793,7 +797,10 @@ fn issue_14_a_stale_or_future_cts_stamp_at_the_head_fails_the_comm() {
     assert_eq!(probe_isend(&mut r).unwrap(), Isend::NoBuffer);
     r.now = r.now + Duration::from_millis(150);
     let err = probe_isend(&mut r).unwrap_err();
-    assert!(err.message.contains("posting counter 0") && err.message.contains("owes group 64"), "{err}");
+    assert!(
+        err.message.contains("posting counter 0") && err.message.contains("owes group 64"),
+        "{err}"
+    );
 }
 
 /// One isend of 8 bytes with tag 1 straight into the sender's core (past the case's own).
