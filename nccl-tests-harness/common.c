@@ -6,12 +6,14 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <ferroce/ferroce_abi.h>
 #include <ferroce/nccl_net.h>
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <sched.h>
+#include <softroce_counters.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -32,7 +34,7 @@
 static hctx_t* g_h; /* the rank's context, for the logger */
 /* Whole-run totals of this rank (never reset), printed at h_net_close when FERROCE_STATS is
  * set, so tests can compare them with the plugin's statistics file. */
-static long h_run_sends;
+static long h_run_sends, h_run_recvs;
 static double h_run_bytes_sent;
 
 double h_now(void) {
@@ -110,7 +112,10 @@ static void usage(const char* test_name, const char* extra, int rc) {
           "      --csv FILE           also write the rows as CSV\n"
           "      --json FILE          also write the rows as JSON\n"
           "      --stats              after the table: CPU time of each rank's threads and time inside\n"
-          "                           isend/irecv/test during the timed iterations of the largest size\n"
+          "                           isend/irecv/test during the timed iterations of the largest size;\n"
+          "                           for every size, #work lines: verbs work per message (softroce's\n"
+          "                           counters; the plugin's, with FERROCE_STATS set: posts, signaled\n"
+          "                           completions, CTS writes per side)\n"
           "%s"
           "Environment: NCCL_DEBUG=INFO prints the plugin's INFO lines (WARNs are always printed).\n",
           test_name, H_MAX_CHANNELS, extra ? extra : "");
@@ -978,6 +983,7 @@ int hq_post_recvn(hctx_t* h, hq_t* q, int n, void** data, size_t* capacity, size
   if (rc) h_die(h, "irecv(n=%d, %zu bytes) = %d", n, capacity[0], rc);
   if (!req) return 0;
   h_stats.recvs++;
+  h_run_recvs++;
   int s = (int)(q->posted % H_MAX_INFLIGHT);
   q->req[s] = req, q->n[s] = n;
   for (int i = 0; i < n; i++) q->expect[s][i] = expect[i];
@@ -1085,5 +1091,119 @@ void h_stats_report(hctx_t* h, const char* what) {
     double* x = all + 9 * r;
     printf("#   rank %d: %.2f | %.2f (%.0f%%) | %.2f (%.0f%%) | %.3f/%.3f/%.3f | %.0f | %.0f | %.3f (%.0f%%)\n", r, x[0], x[1],
            100 * x[1] / x[0], x[2], 100 * x[2] / x[0], x[3], x[4], x[5], x[6], x[7], x[8], 100 * x[8] / x[0]);
+  }
+}
+
+/* ---- verbs work per message (--stats) ----
+ * Two sources, snapshotted around the timed iterations of each size:
+ *  - softroce's process counters (softroce_counters_get in libibverbs.so.1; absent on a real
+ *    NIC): every post call, WR, signaled WR, inline byte, CQ poll and packet of the process,
+ *    both roles together;
+ *  - the plugin's own statistics (ferroce_stats_totals_get; kept when FERROCE_STATS or
+ *    NCCL_DEBUG=INFO is set), split by side: the send side's posts and signaled completions per
+ *    isend, the receive side's posts and CTS writes per irecv. CTS writes come from here (a CTS
+ *    is an RDMA WRITE like the sender's data, so softroce cannot tell them apart). */
+_Static_assert(sizeof(struct softroce_counters) == 160, "struct softroce_counters: 160 bytes (layout_tests.rs)");
+_Static_assert(offsetof(struct softroce_counters, retransmits) == 152, "softroce_counters.retransmits at 152");
+_Static_assert(sizeof(ferroce_rs_FerroceStatsTotals) == 104, "FerroceStatsTotals: 104 bytes (src/abi/stats.rs)");
+
+typedef int (*ferroce_stats_totals_get_fn)(ferroce_rs_FerroceStatsTotals*, size_t);
+static softroce_counters_get_fn g_sr_get;
+static ferroce_stats_totals_get_fn g_pl_get;
+static int g_work_looked;
+static struct softroce_counters g_sr0;
+static ferroce_rs_FerroceStatsTotals g_pl0;
+static long g_sends0, g_recvs0;
+static double g_bytes0;
+
+static int sr_snapshot(struct softroce_counters* c) {
+  memset(c, 0, sizeof *c);
+  return g_sr_get && g_sr_get(c, sizeof *c) == 0 && c->size == sizeof *c;
+}
+
+static int pl_snapshot(ferroce_rs_FerroceStatsTotals* t) {
+  memset(t, 0, sizeof *t);
+  return g_pl_get && g_pl_get(t, sizeof *t) == 0 && t->size == sizeof *t && t->enabled;
+}
+
+void h_work_begin(hctx_t* h) {
+  if (!g_work_looked) {
+    g_work_looked = 1;
+    void* ibv = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (ibv) *(void**)&g_sr_get = dlsym(ibv, "softroce_counters_get");
+    *(void**)&g_pl_get = dlsym(g_dl, "ferroce_stats_totals_get");
+    ferroce_rs_FerroceStatsTotals t;
+    if (h->rank == 0) {
+      if (!g_sr_get)
+        printf("# verbs work: no softroce counters (libibverbs.so.1 %s softroce_counters_get: a real NIC); plugin figures only\n",
+               ibv ? "has no" : "not loaded, no");
+      if (!g_pl_get)
+        printf("# verbs work: the plugin exports no ferroce_stats_totals_get: no per-side or CTS figures\n");
+      else if (!pl_snapshot(&t))
+        printf("# verbs work: the plugin keeps no statistics (set FERROCE_STATS=DIR): no per-side or CTS figures\n");
+      printf("# verbs work per message, averaged over the timed iterations (per rank: msgs = its isends or irecvs, whichever more,\n"
+             "#   msg_bytes = the bytes of its average isend;\n"
+             "#   softroce figures count both roles of the process; send_* per isend, recv_* and cts per irecv, from the plugin)\n");
+    }
+  }
+  sr_snapshot(&g_sr0);
+  pl_snapshot(&g_pl0);
+  g_sends0 = h_run_sends, g_recvs0 = h_run_recvs, g_bytes0 = h_run_bytes_sent;
+}
+
+enum { W_MSGS, W_MSG_BYTES, W_SENDS, W_RECVS, W_SR, W_PL, W_POST_SEND, W_WRS, W_SIGNALED, W_INLINE_B, W_POST_RECV, W_POLLS, W_EMPTY, W_CQES,
+       W_PACKETS, W_RESP, W_RETX, W_SEND_POSTS, W_SEND_WRS, W_SEND_SIGNALED, W_RECV_POSTS, W_CTS, W_N };
+
+void h_work_report(hctx_t* h, size_t bytes, double steps) {
+  struct softroce_counters c;
+  ferroce_rs_FerroceStatsTotals t;
+  double v[W_N] = {0};
+  v[W_SR] = sr_snapshot(&c);
+  v[W_PL] = pl_snapshot(&t);
+  v[W_SENDS] = (double)(h_run_sends - g_sends0), v[W_RECVS] = (double)(h_run_recvs - g_recvs0);
+  v[W_MSGS] = v[W_SENDS] > v[W_RECVS] ? v[W_SENDS] : v[W_RECVS];
+  v[W_MSG_BYTES] = v[W_SENDS] > 0 ? (h_run_bytes_sent - g_bytes0) / v[W_SENDS] : 0;
+  double m = v[W_MSGS] > 0 ? v[W_MSGS] : 1, ns = v[W_SENDS] > 0 ? v[W_SENDS] : 1, nr = v[W_RECVS] > 0 ? v[W_RECVS] : 1;
+  if (v[W_SR]) {
+    v[W_POST_SEND] = (double)(c.post_send_calls - g_sr0.post_send_calls) / m;
+    v[W_WRS] = (double)(c.send_wrs - g_sr0.send_wrs) / m;
+    v[W_SIGNALED] = (double)(c.signaled_wrs - g_sr0.signaled_wrs) / m;
+    v[W_INLINE_B] = (double)(c.inline_bytes - g_sr0.inline_bytes) / m;
+    v[W_POST_RECV] = (double)(c.post_recv_calls - g_sr0.post_recv_calls) / m;
+    v[W_POLLS] = (double)(c.poll_cq_calls - g_sr0.poll_cq_calls) / m;
+    v[W_EMPTY] = (double)(c.poll_cq_empty - g_sr0.poll_cq_empty) / m;
+    v[W_CQES] = (double)(c.cqes - g_sr0.cqes) / m;
+    v[W_PACKETS] = (double)(c.tx_packets - g_sr0.tx_packets) / m;
+    v[W_RESP] = (double)(c.tx_responses - g_sr0.tx_responses) / m;
+    v[W_RETX] = (double)(c.retransmits - g_sr0.retransmits) / m;
+  }
+  if (v[W_PL]) {
+    v[W_SEND_POSTS] = (double)(t.send_post_calls - g_pl0.send_post_calls) / ns;
+    v[W_SEND_WRS] = (double)(t.send_wrs - g_pl0.send_wrs) / ns;
+    v[W_SEND_SIGNALED] = (double)(t.send_completions - g_pl0.send_completions) / ns;
+    v[W_RECV_POSTS] = (double)(t.recv_post_calls - g_pl0.recv_post_calls) / nr;
+    v[W_CTS] = (double)(t.cts_writes - g_pl0.cts_writes) / nr;
+  }
+  double all[W_N * 256];
+  h_allgather(h, v, sizeof v, all);
+  if (h->rank != 0) return;
+  for (int r = 0; r < h->nranks; r++) {
+    double* x = all + W_N * r;
+    char sr[320] = "softroce=absent", pl[200] = "plugin=absent";
+    if (x[W_SR])
+      snprintf(sr, sizeof sr,
+               "post_send=%.3f wrs=%.3f signaled=%.3f inline_bytes=%.1f post_recv=%.3f polls=%.2f empty_polls=%.2f cqes=%.3f "
+               "packets=%.3f responses=%.3f retransmits=%.4f",
+               x[W_POST_SEND], x[W_WRS], x[W_SIGNALED], x[W_INLINE_B], x[W_POST_RECV], x[W_POLLS], x[W_EMPTY], x[W_CQES],
+               x[W_PACKETS], x[W_RESP], x[W_RETX]);
+    if (x[W_PL])
+      snprintf(pl, sizeof pl, "send_posts=%.3f send_wrs=%.3f send_signaled=%.3f recv_posts=%.3f cts=%.3f", x[W_SEND_POSTS],
+               x[W_SEND_WRS], x[W_SEND_SIGNALED], x[W_RECV_POSTS], x[W_CTS]);
+    printf("#work bytes=%zu rank=%d msgs=%.0f isends=%.0f irecvs=%.0f msg_bytes=%.0f %s %s\n", bytes, r, x[W_MSGS], x[W_SENDS],
+           x[W_RECVS], x[W_MSG_BYTES], sr, pl);
+    if (steps > 0 && x[W_SR])
+      printf("#work-step bytes=%zu rank=%d steps=%.0f post_send=%.3f wrs=%.3f signaled=%.3f post_recv=%.3f polls=%.2f cts=%.3f\n",
+             bytes, r, steps, x[W_POST_SEND] * x[W_MSGS] / steps, x[W_WRS] * x[W_MSGS] / steps, x[W_SIGNALED] * x[W_MSGS] / steps,
+             x[W_POST_RECV] * x[W_MSGS] / steps, x[W_POLLS] * x[W_MSGS] / steps, x[W_CTS] * x[W_RECVS] / steps);
   }
 }

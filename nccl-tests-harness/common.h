@@ -84,7 +84,7 @@ typedef struct {
   const char* csv;             /* --csv FILE */
   const char* json;            /* --json FILE */
   int conns;                   /* scale_bench --conns: connections between the two ranks */
-  int stats;                   /* --stats: CPU and plugin-call time of the largest size */
+  int stats;                   /* --stats: CPU and plugin-call time of the largest size, verbs work of each */
   int quiet_log;               /* only WARNs from the plugin (default), 0 = INFO too */
 } hopts_t;
 
@@ -190,6 +190,10 @@ typedef struct {
 extern hstats_t h_stats;
 void h_stats_begin(hctx_t* h);
 void h_stats_report(hctx_t* h, const char* what); /* collective; rank 0 prints */
+/* --stats: the verbs work of each size's timed iterations per message (softroce's counters and
+ * the plugin's statistics, see common.c); steps > 0 also prints it per collective step. */
+void h_work_begin(hctx_t* h);
+void h_work_report(hctx_t* h, size_t bytes, double steps); /* collective; rank 0 prints */
 
 /* ---- results ---- */
 typedef struct {

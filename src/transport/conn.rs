@@ -290,6 +290,17 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// The most bytes one RDMA WRITE of this connection carries: the smallest `max_msg_sz` of
+    /// our member devices, at most [`limits::MAX_WR_BYTES`].
+    pub fn wr_bytes(&self) -> usize {
+        self.devs
+            .iter()
+            .map(|d| d.dev.max_msg_bytes)
+            .min()
+            .unwrap_or(0)
+            .clamp(1, limits::MAX_WR_BYTES)
+    }
+
     /// The device index and paired peer device of the QP with this number (for WARNs).
     pub fn qp_by_num(&self, qpn: u32) -> Option<&ConnQp> {
         self.qps.iter().find(|q| q.qp.qpn() == qpn)

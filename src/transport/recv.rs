@@ -13,7 +13,7 @@ use super::driver::{self, Driver};
 use super::errors::{wc_error, WcErrorReport};
 use super::mr_cache::{self, DeviceCache, FlushScratch};
 use super::proto::fifo;
-use super::proto::limits::{MAX_DEVS, MAX_RECVS};
+use super::proto::limits::{self, MAX_DEVS, MAX_RECVS};
 use super::proto::plan::{LocalBlock, Post, RemoteBlock, Sge, WorkRequest};
 use super::proto::recv::{Irecv, RecvBuf, RecvConfig, RecvCore};
 use super::proto::request::{ReqKind, Request, RECV_REQUESTS};
@@ -247,6 +247,7 @@ impl RecvDp {
                 rkeys: peer_rkeys,
             },
             cts_inline_max,
+            max_buffer_bytes: limits::max_buffer_bytes(conn.wr_bytes()),
         };
         // SAFETY: the staging block is RING_BYTES, page-aligned, and lives in the same RecvDp.
         let ring = unsafe { RingMemory::new(&bufs) };

@@ -13,19 +13,53 @@
 
 use nccl_net_ferroce::error::Error;
 use nccl_net_ferroce::transport::proto::fifo::{self, CtsEntry, RING_BYTES};
-use nccl_net_ferroce::transport::proto::limits::MAX_DEVS;
+use nccl_net_ferroce::transport::proto::limits::{MAX_CHAIN, MAX_DEVS};
 use nccl_net_ferroce::transport::proto::plan::{LocalBlock, Op, Post, QpRoute, RemoteBlock, Sge, WorkRequest};
 use nccl_net_ferroce::transport::proto::recv::StagingRing;
 use nccl_net_ferroce::transport::proto::send::FifoRing;
 use std::collections::VecDeque;
 
-pub struct Rng(pub u64);
+pub mod run;
+
+/// Every choice of a simulation: splitmix64 from a seed, or (for a fuzzer) the input's bytes
+/// first, 8 per draw, then splitmix64 from what they left, so any input ends in a full run.
+pub struct Rng {
+    state: u64,
+    steer: Vec<u8>,
+    used: usize,
+}
 
 impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng {
+            state: seed,
+            steer: Vec::new(),
+            used: 0,
+        }
+    }
+
+    /// Draws come from `bytes` (little-endian, 8 at a time) while they last.
+    pub fn steered(bytes: &[u8]) -> Rng {
+        Rng {
+            state: bytes.len() as u64,
+            steer: bytes.to_vec(),
+            used: 0,
+        }
+    }
+
     pub fn next(&mut self) -> u64 {
+        if self.used < self.steer.len() {
+            let end = (self.used + 8).min(self.steer.len());
+            let mut word = [0u8; 8];
+            word[..end - self.used].copy_from_slice(&self.steer[self.used..end]);
+            self.used = end;
+            let v = u64::from_le_bytes(word);
+            self.state ^= v;
+            return v;
+        }
         // splitmix64
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
@@ -143,6 +177,8 @@ pub struct Queues {
     qps: [Vec<Qp>; 2],
     /// `max_send_wr` of each side's QPs: posting past it is a bug the NIC would punish.
     sq_depth: [usize; 2],
+    /// `max_msg_sz` of every QP: a WR carrying more is a bug the NIC would punish.
+    pub max_msg: usize,
     flush_sq: VecDeque<(usize, WorkRequest)>,
 }
 
@@ -160,7 +196,17 @@ impl Queues {
                 let q = self.qps[side.index()]
                     .get_mut(qp)
                     .ok_or_else(|| Error::internal(format!("post on QP {qp} that does not exist")))?;
-                assert!(chain.len() <= 9, "a chain of {} WRs", chain.len());
+                assert!(chain.len() <= MAX_CHAIN, "a chain of {} WRs", chain.len());
+                if let Some(w) = chain
+                    .iter()
+                    .find(|w| w.local.is_some_and(|s| s.len as usize > self.max_msg))
+                {
+                    panic!(
+                        "{side:?} QP {qp}: a WR of {:?} bytes past max_msg_sz {}",
+                        w.local.map(|s| s.len),
+                        self.max_msg
+                    );
+                }
                 let depth = self.sq_depth[side.index()];
                 assert!(
                     q.unretired.len() + chain.len() <= depth,
@@ -217,6 +263,7 @@ impl Fabric {
                 qps: [(0..n).map(|_| Qp::new()).collect(), (0..n).map(|_| Qp::new()).collect()],
                 flush_sq: VecDeque::new(),
                 sq_depth,
+                max_msg: usize::MAX,
             },
             routes: [sender_routes, receiver_routes],
             cqs: [VecDeque::new(), VecDeque::new()],

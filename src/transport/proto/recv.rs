@@ -73,6 +73,9 @@ pub struct RecvConfig {
     pub peer_fifo: RemoteBlock,
     /// Per local device: CTS writes of up to this many bytes are posted inline (0: never).
     pub cts_inline_max: [u32; MAX_DEVS],
+    /// The largest buffer a receive takes: [`super::limits::max_buffer_bytes`] of our devices,
+    /// the `maxP2pBytes` the properties report.
+    pub max_buffer_bytes: usize,
 }
 
 /// One buffer of a grouped receive.
@@ -145,7 +148,7 @@ impl RecvCore {
         self.cts_posted[d] + writes - self.cts_retired[d] <= CTS_DEPTH as u64
     }
 
-    /// Post a grouped receive of `bufs` (1..=8 buffers of ≤ 4 GiB each).
+    /// Post a grouped receive of `bufs` (1..=8 buffers of ≤ `max_buffer_bytes` each).
     pub fn irecv(
         &mut self,
         ring: &mut impl StagingRing,
@@ -159,10 +162,10 @@ impl RecvCore {
                 "irecv: a group of {n} buffers (1..={MAX_RECVS})"
             )));
         }
-        if let Some(b) = bufs.iter().find(|b| b.size > u32::MAX as usize) {
+        if let Some(b) = bufs.iter().find(|b| b.size > self.cfg.max_buffer_bytes) {
             return Err(Error::internal(format!(
-                "irecv: buffer of {} bytes (at most 4 GiB per buffer)",
-                b.size
+                "irecv: a buffer of {} bytes is larger than the {} bytes this device takes in one message (the maxP2pBytes it reports)",
+                b.size, self.cfg.max_buffer_bytes
             )));
         }
         // Everything that can say "retry later" is checked before anything changes. NCCL
