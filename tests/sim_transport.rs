@@ -267,6 +267,20 @@ fn issue_14_a_stale_or_future_cts_stamp_at_the_head_fails_the_comm() {
         err.message.contains("posting counter 0") && err.message.contains("owes group 64"),
         "{err}"
     );
+
+    // A replay that lands before the sender looks at the entry: group 0 (one entry) was sent,
+    // then its entry is written again at entry 1, where group 1 is owed, before any isend
+    // reads entry 1. What the sender consumed there is nothing (zeroed memory): a lie too.
+    let mut r = Run::new(Case::simple(vec![single(64, 64)]));
+    r.run();
+    write_fifo_entry(&mut r, 1, &CtsEntry::new(0x9999, 64, [1; MAX_DEVS], 1, 1, 0));
+    assert_eq!(probe_isend(&mut r).unwrap(), Isend::NoBuffer);
+    r.now = r.now + Duration::from_millis(150);
+    let err = probe_isend(&mut r).unwrap_err();
+    assert!(
+        err.message.contains("posting counter 0") && err.message.contains("owes group 1"),
+        "{err}"
+    );
 }
 
 /// One isend of 8 bytes with tag 1 straight into the sender's core (past the case's own).

@@ -224,7 +224,7 @@ pub fn check_group(entries: &[CtsEntry], counter: u64) -> GroupState {
 
 /// Whether the head entry, whose stamp does not announce group `counter`, can have been left
 /// there by an honest receiver. Until the receiver writes group `counter` itself the entry
-/// keeps what it held when the sender's head got to it (`left_over`: zeroed memory, or the
+/// keeps what it held when the sender consumed it last (`left_over`: zeroed memory, or the
 /// entry of the group that had it one lap earlier, always an older counter): no other group
 /// takes this entry while the sender expects `counter` there (the receiver reuses an entry only
 /// after its group's receive completed). So a counter from the future, or any change of the

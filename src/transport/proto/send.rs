@@ -114,9 +114,12 @@ pub struct SendCore {
     /// When the current group's stamp was first seen without consistent entries, or an
     /// impossible entry at the head ([`fifo::impossible_head_entry`]).
     landing_since: Option<Time>,
-    /// (head, the entry first seen at its position, wire order): what an honest receiver
-    /// leaves there until it posts the group the sender expects.
-    head_left_over: Option<(u64, CtsEntry)>,
+    /// Per ring position, the stamp and seal words (wire order) of the entry this side last
+    /// consumed there (zero: never, the memory is as allocated): what an honest receiver
+    /// leaves there until it posts the group the sender expects. Kept from the consumption,
+    /// not sampled when the head gets there, so a rewrite that lands before the sender looks
+    /// is caught too.
+    consumed: [(u64, u32); fifo::RING],
 }
 
 impl SendCore {
@@ -140,7 +143,7 @@ impl SendCore {
             },
             truncate_reported: false,
             landing_since: None,
-            head_left_over: None,
+            consumed: [(0, 0); fifo::RING],
         }
     }
 
@@ -174,6 +177,10 @@ impl SendCore {
         match st {
             GroupState::Ready(n) => {
                 self.landing_since = None;
+                for (i, e) in es.iter().enumerate().take(n) {
+                    let w = e.to_wire();
+                    self.consumed[fifo::ring_pos(self.head.wrapping_add(i as u64))] = (w.stamp, w.seal);
+                }
                 self.cur.active = true;
                 self.cur.n = n;
                 self.cur.entries = es;
@@ -206,9 +213,11 @@ impl SendCore {
     fn check_unposted_head(&mut self, ring: &impl FifoRing, now: impl FnOnce() -> Time) -> Result<bool> {
         let pos = fifo::ring_pos(self.head);
         let entry = ring.load_entry(pos);
-        let left_over = match self.head_left_over {
-            Some((head, e)) if head == self.head => e,
-            _ => self.head_left_over.insert((self.head, entry)).1,
+        let (stamp, seal) = self.consumed[pos];
+        let left_over = CtsEntry {
+            stamp,
+            seal,
+            ..CtsEntry::default()
         };
         let Some(idx) = fifo::impossible_head_entry(&entry, &left_over, self.counter) else {
             self.landing_since = None;
