@@ -13,7 +13,7 @@ mod sim_net;
 use nccl_net_ferroce::error::Error;
 use nccl_net_ferroce::transport::proto::fifo::{self, CtsEntry, RING};
 use nccl_net_ferroce::transport::proto::limits::{self, MAX_DEVS};
-use nccl_net_ferroce::transport::proto::recv::{Irecv, RecvCore};
+use nccl_net_ferroce::transport::proto::recv::{Irecv, Oversized, RecvCore};
 use nccl_net_ferroce::transport::proto::request::{self, ReqKind};
 use nccl_net_ferroce::transport::proto::send::{Isend, SendBuf};
 use sim_net::run::{random_case, run_case, Case, Msg, Run};
@@ -412,8 +412,10 @@ fn receive_and_flush_requests_are_told_apart() {
     assert_eq!(r.recv.kind_of(idx), Some(ReqKind::Free));
 }
 
-/// A peer that claims more bytes than were posted (its completion record lies) gets the
-/// posted size reported, never more.
+/// A peer that claims more bytes than were posted (its completion record lies, and it wrote
+/// a larger size over the staged entry too, which it can: the staging block is remotely
+/// writable) gets the posted size reported, never more, and the first such claim of the comm
+/// is reported for the WARN; a later one is clamped without a second report.
 #[test]
 fn sizes_a_peer_claims_beyond_the_posted_buffer_are_clamped() {
     let group = vec![
@@ -428,7 +430,7 @@ fn sizes_a_peer_claims_beyond_the_posted_buffer_are_clamped() {
             tag: 2,
         },
     ];
-    let mut r = Run::new(Case::simple(vec![group]));
+    let mut r = Run::new(Case::simple(vec![group, single(10, 10)]));
     let Some(Irecv::Started(idx)) = r.try_irecv().unwrap() else {
         panic!("irecv")
     };
@@ -437,6 +439,8 @@ fn sizes_a_peer_claims_beyond_the_posted_buffer_are_clamped() {
     let staging = r.staging;
     r.fab.regions[staging].bytes[at..at + 4].copy_from_slice(&1_000_000u32.to_le_bytes());
     r.fab.regions[staging].bytes[at + 4..at + 8].copy_from_slice(&7u32.to_le_bytes());
+    // The staged entry's size (bytes 8..16 of entry 0), rewritten by the peer.
+    r.fab.regions[staging].bytes[8..16].copy_from_slice(&u64::MAX.to_ne_bytes());
     // Every receive the core posted completes, as if the sender's writes had landed.
     for wr_id in r.fab.queues.take_receives(Side::Receiver) {
         r.recv.handle_completion(wr_id, Some(0));
@@ -447,6 +451,75 @@ fn sizes_a_peer_claims_beyond_the_posted_buffer_are_clamped() {
     };
     let done = r.recv.test(&view, idx).unwrap().expect("all receives completed");
     assert_eq!(&done.sizes[..2], &[100, 7], "clamped to the posted 100; 7 ≤ 50 stands");
+    assert_eq!(
+        done.oversized,
+        Some(Oversized {
+            buffer: 0,
+            n: 2,
+            claimed: 1_000_000,
+            posted: 100
+        })
+    );
+
+    // A single receive of 10 bytes whose immediate claims 99: clamped, not reported again.
+    let Some(Irecv::Started(idx)) = r.try_irecv().unwrap() else {
+        panic!("irecv")
+    };
+    for wr_id in r.fab.queues.take_receives(Side::Receiver) {
+        r.recv.handle_completion(wr_id, Some(99));
+    }
+    let view = RingView {
+        regions: &mut r.fab.regions,
+        region: staging,
+    };
+    let done = r.recv.test(&view, idx).unwrap().expect("the receive completed");
+    assert_eq!((done.n, done.sizes[0], done.oversized), (1, 10, None));
+}
+
+/// A grouped receive's immediate names the ring position of its completion record; one that
+/// names another group's (a replayed or forged completion) fails the comm, naming the peer
+/// and what it claimed, instead of completing the request with another group's sizes.
+#[test]
+fn issue_14_a_grouped_receive_completed_with_another_groups_immediate_fails_the_comm() {
+    let pair = || {
+        [1, 2]
+            .map(|tag| Msg {
+                posted: 64,
+                sent: 64,
+                tag,
+            })
+            .to_vec()
+    };
+    let mut r = Run::new(Case::simple(vec![pair(), pair()]));
+    let mut receives = Vec::new();
+    for _ in 0..2 {
+        let Some(Irecv::Started(idx)) = r.try_irecv().unwrap() else {
+            panic!("irecv")
+        };
+        receives.push((idx, r.fab.queues.take_receives(Side::Receiver)));
+    }
+    // Group 0 (record at entry 0) completes with its own position: no error.
+    for &wr_id in &receives[0].1 {
+        r.recv.handle_completion(wr_id, Some(0));
+    }
+    assert!(!r.recv.state.failed());
+    // Group 1's record is at entry 2; the peer completes it with group 0's position again.
+    for &wr_id in &receives[1].1 {
+        r.recv.handle_completion(wr_id, Some(0));
+    }
+    let staging = r.staging;
+    let view = RingView {
+        regions: &mut r.fab.regions,
+        region: staging,
+    };
+    let err = r.recv.test(&view, receives[1].0).unwrap_err();
+    assert!(
+        err.message.contains("the simulated sender")
+            && err.message.contains("staging entry 2")
+            && err.message.contains("immediate 0"),
+        "{err}"
+    );
+    assert!(r.recv.test(&view, receives[0].0).is_err(), "the whole comm failed");
 }
 
 /// A flush read the NIC refuses (a key of no registration) fails the comm: its test reports
