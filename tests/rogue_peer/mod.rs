@@ -27,6 +27,9 @@ pub const WAIT: Duration = Duration::from_secs(20);
 /// completion records in the first 4 KiB and its receive buffer after them).
 pub const BLOCK: usize = 3 * RING_BYTES;
 
+/// The `wr_id` of the rogue's writes (its receives are numbered from 0).
+const WRITE_WR_ID: u64 = 0x0dd;
+
 /// The rogue's end of a connection: QPs in RTS against ferroce's, and its registered block.
 pub struct Rogue {
     pub stream: TcpStream,
@@ -116,9 +119,10 @@ pub fn rogue_accept(l: &TcpListener, pump: &mut dyn FnMut()) -> TcpStream {
 }
 
 /// Be the receiving end ferroce's sender connects to: answer its ConnectReq honestly (our QPs
-/// in RTS, our completion records at the start of our block) and take its Ready. `pump`
-/// drives ferroce's connect.
-pub fn rogue_receiver(members: &[Arc<NetDevice>], l: &TcpListener, pump: &mut dyn FnMut()) -> Rogue {
+/// in RTS, our completion records at the start of our block, `recvs_per_qp` receives posted
+/// on each QP for ferroce's writes with immediate) and take its Ready. `pump` drives
+/// ferroce's connect.
+pub fn rogue_receiver(members: &[Arc<NetDevice>], l: &TcpListener, recvs_per_qp: u64, pump: &mut dyn FnMut()) -> Rogue {
     let mut stream = rogue_accept(l, pump);
     let Message::ConnectReq(req) = read_msg(&mut stream, pump) else {
         panic!("ferroce's first message is not ConnectReq")
@@ -138,7 +142,7 @@ pub fn rogue_receiver(members: &[Arc<NetDevice>], l: &TcpListener, pump: &mut dy
     let qps = conn::bring_up(&devs, qps, &req, req.tc, req.sl, config::get()).expect("rogue RTS");
     // ferroce's writes with immediate each take a receive (else RNR: they would never end).
     for q in &qps {
-        for i in 0..32 {
+        for i in 0..recvs_per_qp {
             // SAFETY: zeroed ibv_recv_wr is valid: no SGE (a write with immediate needs none).
             let mut wr: sys::ibv_recv_wr = unsafe { std::mem::zeroed() };
             wr.wr_id = i;
@@ -211,9 +215,14 @@ impl Rogue {
 
     /// Write `len` bytes of our block from `off` to `remote` (with `imm`: write with
     /// immediate) on QP 0, and wait for its completion: Ok, or Err(status).
+    ///
+    /// Other completions on our CQ are passed over: the receives we posted for ferroce's
+    /// writes, which a refused write flushes (the QP goes to error), and which the NIC may
+    /// queue before the write's own error completion (the order of send and receive queue
+    /// completions on one CQ is not defined).
     pub fn write(&self, off: usize, len: usize, remote: Remote, imm: Option<u32>) -> Result<(), u32> {
         let plan = WorkRequest {
-            wr_id: 0x0dd,
+            wr_id: WRITE_WR_ID,
             op: imm.map_or(Op::Write, Op::WriteImm),
             local: (len > 0).then(|| self.local(off, len)),
             remote,
@@ -231,7 +240,7 @@ impl Rogue {
         let mut wcs: [WorkCompletion; 4] = Default::default();
         loop {
             let got = self.devs[0].cq.poll(&mut wcs).expect("rogue poll");
-            if let Some(wc) = got.first() {
+            if let Some(wc) = got.iter().find(|wc| wc.wr_id() == WRITE_WR_ID) {
                 return wc.result().map(|_| ()).map_err(|f| f.status);
             }
             assert!(Instant::now() < end, "the rogue's write never completed");
