@@ -105,6 +105,9 @@ static void usage(const char* test_name, const char* extra, int rc) {
           "                           <harness dir>/../libnccl-net-ferroce.so)\n"
           "      --net-version N      use ncclNetPlugin_vN (default: newest exported, v12..v6)\n"
           "      --dev N              plugin device (default 0)\n"
+          "      --vdev K             each rank runs over a fused device (makeVDevice, v9+) of K members:\n"
+          "                           plugin devices dev..dev+K-1; over softroce each rank gets K\n"
+          "                           softroce devices on addresses of its own (printed at start)\n"
           "      --softroce 0|1       give each rank SOFTROCE_ADDR=<addr-base>.<rank+1> (default:\n"
           "                           when the libibverbs.so.1 first on LD_LIBRARY_PATH is softroce's)\n"
           "      --addr-base A.B.C    loopback prefix for softroce ranks (default 127.0.50)\n"
@@ -168,7 +171,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
   const char* dbg = getenv("NCCL_DEBUG");
   if (dbg && (strcasecmp(dbg, "INFO") == 0 || strcasecmp(dbg, "TRACE") == 0)) o->quiet_log = 0;
 
-  enum { O_INPLACE = 1000, O_CHUNK, O_STEPS, O_PLUGIN, O_NETV, O_DEV, O_SOFTROCE, O_ADDR, O_TIMEOUT, O_CSV, O_JSON, O_CONNS, O_STATS, O_GROUP, O_DIRECT, O_COMPUTE, O_CHUNKSTEPS, O_SLICESTEPS };
+  enum { O_INPLACE = 1000, O_CHUNK, O_STEPS, O_PLUGIN, O_NETV, O_DEV, O_SOFTROCE, O_ADDR, O_TIMEOUT, O_CSV, O_JSON, O_CONNS, O_STATS, O_GROUP, O_DIRECT, O_COMPUTE, O_CHUNKSTEPS, O_SLICESTEPS, O_VDEV };
   static const struct option longs[] = {
       {"minbytes", required_argument, 0, 'b'}, {"maxbytes", required_argument, 0, 'e'},
       {"stepfactor", required_argument, 0, 'f'}, {"stepbytes", required_argument, 0, 'i'},
@@ -178,7 +181,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
       {"average", required_argument, 0, 'a'}, {"pingpong", no_argument, 0, 'P'}, {"oneway", no_argument, 0, 'O'},
       {"inplace", required_argument, 0, O_INPLACE}, {"chunk", required_argument, 0, O_CHUNK},
       {"steps", required_argument, 0, O_STEPS}, {"plugin", required_argument, 0, O_PLUGIN},
-      {"net-version", required_argument, 0, O_NETV}, {"dev", required_argument, 0, O_DEV},
+      {"net-version", required_argument, 0, O_NETV}, {"dev", required_argument, 0, O_DEV}, {"vdev", required_argument, 0, O_VDEV},
       {"softroce", required_argument, 0, O_SOFTROCE}, {"addr-base", required_argument, 0, O_ADDR},
       {"timeout", required_argument, 0, O_TIMEOUT}, {"csv", required_argument, 0, O_CSV},
       {"json", required_argument, 0, O_JSON}, {"conns", required_argument, 0, O_CONNS}, {"stats", no_argument, 0, O_STATS}, {"group", required_argument, 0, O_GROUP}, {"direct", required_argument, 0, O_DIRECT}, {"compute", required_argument, 0, O_COMPUTE}, {"chunksteps", required_argument, 0, O_CHUNKSTEPS}, {"slicesteps", required_argument, 0, O_SLICESTEPS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
@@ -203,6 +206,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
       case O_PLUGIN: o->plugin = optarg; break;
       case O_NETV: o->net_version = atoi(optarg); break;
       case O_DEV: o->dev = atoi(optarg); break;
+      case O_VDEV: o->vdev = atoi(optarg); break;
       case O_SOFTROCE: o->softroce = atoi(optarg); break;
       case O_ADDR: snprintf(o->addr_base, sizeof o->addr_base, "%s", optarg); break;
       case O_TIMEOUT: o->timeout_s = atoi(optarg); break;
@@ -238,6 +242,11 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
   if (o->average < 0 || o->average > 3) h_die(NULL, "-a: 0..3");
   if (o->net_version && (o->net_version < 6 || o->net_version > 12)) h_die(NULL, "--net-version: 6..12");
   if (o->softroce < 0) o->softroce = softroce_on_path();
+  if (o->vdev < 0 || o->vdev == 1 || o->vdev > FERROCE_NET_MAX_DEVS_PER_NIC_V9)
+    h_die(NULL, "--vdev K: 2..%d members (0: no fusion)", FERROCE_NET_MAX_DEVS_PER_NIC_V9);
+  if (o->vdev && o->net_version && o->net_version < 9) h_die(NULL, "--vdev needs ncclNetPlugin_v9 or newer (makeVDevice)");
+  if (o->vdev && o->softroce && o->nranks * o->vdev > 254)
+    h_die(NULL, "--vdev %d with %d ranks: more softroce addresses than %s.1..254 holds", o->vdev, o->nranks, o->addr_base);
   if ((o->pingpong || o->oneway) && o->nranks != 2) h_die(NULL, "-P (ping-pong) and -O (one way) need exactly 2 ranks");
   if (o->pingpong && o->oneway) h_die(NULL, "-P and -O exclude each other");
 }
@@ -535,9 +544,14 @@ int h_main(int argc, char** argv, const char* test_name, hbody_t body, const cha
       for (int i = 0; i < r; i++) close(fds[i]);
       close(sv[0]);
       if (o.softroce) {
-        char addr[64];
-        snprintf(addr, sizeof addr, "%s.%d", o.addr_base, r + 1);
+        char addr[512];
+        h_softroce_addrs(&o, r, addr, sizeof addr);
         setenv("SOFTROCE_ADDR", addr, 1);
+        if (o.vdev) {
+          char n[16];
+          snprintf(n, sizeof n, "%d", o.vdev);
+          setenv("SOFTROCE_DEVICES", n, 1);
+        }
       }
       static hctx_t h;
       memset(&h, 0, sizeof h);
@@ -584,6 +598,36 @@ static void h_logger(int level, unsigned long flags, const char* file, int line,
 }
 
 #define T(v) ((ferroce_net_v##v##_t*)g_tab)
+
+/* The softroce addresses of rank r: <base>.<r+1>, or with --vdev K its K addresses
+ * <base>.<rK+1>,...,<base>.<rK+K> (SOFTROCE_ADDR's list form). */
+void h_softroce_addrs(const hopts_t* o, int r, char* out, size_t len) {
+  int k = o->vdev ? o->vdev : 1;
+  size_t at = 0;
+  out[0] = 0;
+  for (int i = 0; i < k && at < len; i++)
+    at += (size_t)snprintf(out + at, len - at, "%s%s.%d", i ? "," : "", o->addr_base, r * k + i + 1);
+}
+
+/* --vdev K: fuse plugin devices dev..dev+K-1 with makeVDevice and use the fused device. */
+static void h_fuse(hctx_t* h, int ndev) {
+  int k = h->o->vdev, first = h->o->dev;
+  if (g_ver < 9) h_die(h, "--vdev: ncclNetPlugin_v%d has no makeVDevice (v9+)", g_ver);
+  if (first + k > ndev)
+    h_die(h, "--vdev %d from --dev %d: the plugin has only %d devices (over softroce each rank gets K; else check NCCL_IB_HCA)", k, first, ndev);
+  int d = -1, rc;
+  if (g_ver >= 12) {
+    ferroce_vdevice_props_v12_t vp = {k, {0}};
+    for (int i = 0; i < k; i++) vp.devs[i] = first + i;
+    rc = T(12)->makeVDevice(&d, &vp);
+  } else {
+    ferroce_vdevice_props_v9_t vp = {k, {0}};
+    for (int i = 0; i < k; i++) vp.devs[i] = first + i;
+    rc = T(9)->makeVDevice(&d, &vp);
+  }
+  if (rc || d < 0) h_die(h, "makeVDevice of devices %d..%d = %d (see the WARN above)", first, first + k - 1, rc);
+  h->dev = d;
+}
 
 static int w_init(void** ctx) {
   ferroce_net_comm_config_t cfg = {-1};
@@ -693,6 +737,7 @@ void h_net_open(hctx_t* h) {
   if (rc || ndev < 1) h_die(h, "plugin devices() = %d, %d devices", rc, ndev);
   if (h->o->dev >= ndev) h_die(h, "--dev %d: the plugin has %d devices", h->o->dev, ndev);
   h->dev = h->o->dev;
+  if (h->o->vdev) h_fuse(h, ndev);
   hnet_props_t p;
   rc = n->get_props(h->dev, &p);
   if (rc) h_die(h, "getProperties(%d) = %d", h->dev, rc);
@@ -704,7 +749,12 @@ void h_net_open(hctx_t* h) {
     printf("# device %d of %d: %s, speed %d Mbps, maxRecvs %d, maxComms %d%s%s\n", h->dev, ndev, p.name, p.speed,
            p.max_recvs, p.max_comms, h->o->softroce ? ", softroce SOFTROCE_ADDR=" : "",
            h->o->softroce ? h->o->addr_base : "");
-    if (h->o->softroce) printf("#   (ranks use %s.1 .. %s.%d)\n", h->o->addr_base, h->o->addr_base, h->nranks);
+    if (h->o->softroce && !h->o->vdev) printf("#   (ranks use %s.1 .. %s.%d)\n", h->o->addr_base, h->o->addr_base, h->nranks);
+    for (int r = 0; h->o->softroce && h->o->vdev && r < h->nranks; r++) {
+      char addr[512];
+      h_softroce_addrs(h->o, r, addr, sizeof addr);
+      printf("#   rank %d: fused device of %d softroce devices on %s\n", r, h->o->vdev, addr);
+    }
   }
 }
 

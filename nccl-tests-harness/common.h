@@ -77,6 +77,7 @@ typedef struct {
   int slice_steps;             /* all_reduce_perf --slicesteps: steps per message (ALLREDUCE_SLICESTEPS 2) */
   int net_version;             /* --net-version N: use ncclNetPlugin_vN (default newest) */
   int dev;                     /* --dev: plugin device index */
+  int vdev;                    /* --vdev K: fuse devices dev..dev+K-1 with makeVDevice (0: off) */
   int softroce;                /* -1 auto (LD_LIBRARY_PATH), 0 no, 1 yes */
   char addr_base[32];          /* --addr-base 127.0.50 */
   int timeout_s;               /* --timeout: the launcher kills the ranks after this long */
@@ -227,6 +228,7 @@ static inline float h_pattern(int r, size_t i) {
 
 /* "ring", "pingpong" or "oneway" */
 const char* h_mode(const hopts_t* o);
+void h_softroce_addrs(const hopts_t* o, int r, char* out, size_t len);
 
 /* When a polling loop made no progress: let softroce's threads run (this host may have few cores). */
 void h_idle(hctx_t* h);

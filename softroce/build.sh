@@ -22,7 +22,7 @@ sed "s/IBVERBS_PRIVATE_34/$node/g" softroce/libibverbs.map > "$out/libibverbs.ma
     -Wl,-z,nodelete \
     -lpthread -ldl -lm -lgcc_s -lc
 mv "$out/libibverbs.so.1.tmp" "$out/libibverbs.so.1"
-# The fault-control tool (softroce-ctl ADDR port-down|port-up|gid-change|blackhole PEER|heal|status).
+# The fault-control tool (softroce-ctl ADDR COMMAND: port-down, device-fatal, qp-fatal QPN, ...).
 cp -f target/release/softroce-ctl "$out/softroce-ctl"
 # Sanity: every symbol of the map must be exported with its version.
 want=$(grep -cE '^\s+[A-Za-z_][A-Za-z0-9_]*;' "$out/libibverbs.map")

@@ -39,7 +39,7 @@ pub const MAX_VIRTUAL_DEVICES: usize = 256;
 pub use crate::transport::MAX_RECVS;
 /// `maxP2pBytes` NCCL accepts at most (spec §1.4); a device reports what its data path
 /// carries, below this: as many pieces as one chain holds, each at most the port's `max_msg_sz`
-/// (`transport::proto::limits::max_buffer_bytes`).
+/// (`transport::proto::split::max_buffer_bytes`).
 pub const MAX_P2P_BYTES: usize = 1 << 40;
 /// `maxCollBytes`, as NCCL's IB transport.
 pub const MAX_COLL_BYTES: usize = 512 << 20;
@@ -261,7 +261,7 @@ pub fn properties(dev: i32) -> Result<Properties> {
         max_p2p_bytes: vdev
             .members
             .iter()
-            .map(|d| transport::proto::limits::max_buffer_bytes(d.max_msg_bytes))
+            .map(|d| transport::proto::split::max_buffer_bytes(d.max_msg_bytes))
             .min()
             .unwrap_or(0)
             .clamp(1, MAX_P2P_BYTES),

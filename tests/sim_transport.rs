@@ -12,10 +12,11 @@ mod sim_net;
 
 use nccl_net_ferroce::error::Error;
 use nccl_net_ferroce::transport::proto::fifo::{self, CtsEntry, RING};
-use nccl_net_ferroce::transport::proto::limits::{self, MAX_DEVS};
+use nccl_net_ferroce::transport::proto::limits::MAX_DEVS;
 use nccl_net_ferroce::transport::proto::recv::{Irecv, Oversized, RecvCore};
 use nccl_net_ferroce::transport::proto::request::{self, ReqKind};
 use nccl_net_ferroce::transport::proto::send::{Isend, SendBuf};
+use nccl_net_ferroce::transport::proto::split;
 use sim_net::run::{random_case, run_case, Case, Msg, Run};
 use sim_net::{Fabric, Faults, RingView, Side};
 use std::time::Duration;
@@ -159,7 +160,7 @@ fn a_group_waits_for_send_queue_credits() {
 /// the simulated NIC refuses any WR past 1 KiB.
 #[test]
 fn messages_past_max_msg_sz_go_in_pieces() {
-    let max = limits::max_buffer_bytes(1024);
+    let max = split::max_buffer_bytes(1024);
     assert_eq!(max, 7 * 1024);
     for (qps, split) in [(1, false), (3, true)] {
         let full = || {
@@ -185,7 +186,7 @@ fn messages_past_max_msg_sz_go_in_pieces() {
 /// report), and refuses one byte more with an error that says so, changing nothing.
 #[test]
 fn a_receive_past_the_largest_message_is_refused() {
-    let max = limits::max_buffer_bytes(1024);
+    let max = split::max_buffer_bytes(1024);
     let mut at = Case::simple(vec![single(max, max)]);
     at.wr_bytes = 1024;
     run_case(at);
@@ -195,6 +196,41 @@ fn a_receive_past_the_largest_message_is_refused() {
     let err = r.try_irecv().unwrap_err();
     assert!(err.message.contains("larger than the 7168 bytes"), "{err}");
     assert!(!r.recv.state.failed(), "a refused receive fails nothing");
+}
+
+/// Receives are posted ahead in batches: 64 messages cost 4 `ibv_post_recv` calls per QP they
+/// use (not one per message per QP), on one QP and split over three.
+#[test]
+fn receives_are_posted_sixteen_at_a_time() {
+    use nccl_net_ferroce::transport::proto::recv::RQ_BATCH;
+    for (qps, split) in [(1, false), (3, true)] {
+        let mut c = Case::simple((0..64).map(|_| single(300, 300)).collect());
+        c.qps_per_conn = qps;
+        c.split = split;
+        let r = run_case(c);
+        assert_eq!(
+            r.fab.queues.recv_posts[Side::Receiver.index()],
+            qps * 64 / RQ_BATCH,
+            "{qps} QPs"
+        );
+    }
+}
+
+/// A completion on a QP that no posted receive waits for (a replayed or forged write with
+/// immediate) fails the comm, naming the QP; the owed completion before it counts normally.
+#[test]
+fn a_completion_no_receive_waits_for_fails_the_comm() {
+    let mut r = Run::new(Case::simple(vec![single(64, 64)]));
+    let Some(Irecv::Started(_)) = r.try_irecv().unwrap() else {
+        panic!("irecv")
+    };
+    let wr_ids = r.fab.queues.take_receives(Side::Receiver, 2);
+    r.recv.handle_completion(wr_ids[0], Some(64));
+    assert!(!r.recv.state.failed(), "the owed completion is fine");
+    r.recv.handle_completion(wr_ids[1], Some(64));
+    assert!(r.recv.state.failed(), "a second completion for one receive");
+    let err = r.recv.state.check().unwrap_err();
+    assert!(err.message.contains("no posted receive waits for"), "{err}");
 }
 
 /// A CTS entry whose stamp is there but whose seal never verifies is "landing" for a while,
@@ -441,8 +477,8 @@ fn sizes_a_peer_claims_beyond_the_posted_buffer_are_clamped() {
     r.fab.regions[staging].bytes[at + 4..at + 8].copy_from_slice(&7u32.to_le_bytes());
     // The staged entry's size (bytes 8..16 of entry 0), rewritten by the peer.
     r.fab.regions[staging].bytes[8..16].copy_from_slice(&u64::MAX.to_ne_bytes());
-    // Every receive the core posted completes, as if the sender's writes had landed.
-    for wr_id in r.fab.queues.take_receives(Side::Receiver) {
+    // The group's receive (one QP) completes, as if the sender's writes had landed.
+    for wr_id in r.fab.queues.take_receives(Side::Receiver, 1) {
         r.recv.handle_completion(wr_id, Some(0));
     }
     let view = RingView {
@@ -465,7 +501,7 @@ fn sizes_a_peer_claims_beyond_the_posted_buffer_are_clamped() {
     let Some(Irecv::Started(idx)) = r.try_irecv().unwrap() else {
         panic!("irecv")
     };
-    for wr_id in r.fab.queues.take_receives(Side::Receiver) {
+    for wr_id in r.fab.queues.take_receives(Side::Receiver, 1) {
         r.recv.handle_completion(wr_id, Some(99));
     }
     let view = RingView {
@@ -491,35 +527,34 @@ fn issue_14_a_grouped_receive_completed_with_another_groups_immediate_fails_the_
             .to_vec()
     };
     let mut r = Run::new(Case::simple(vec![pair(), pair()]));
-    let mut receives = Vec::new();
+    let mut groups = Vec::new();
     for _ in 0..2 {
         let Some(Irecv::Started(idx)) = r.try_irecv().unwrap() else {
             panic!("irecv")
         };
-        receives.push((idx, r.fab.queues.take_receives(Side::Receiver)));
+        groups.push(idx);
     }
+    // One QP: its receives complete the groups in posting order.
+    let wr_ids = r.fab.queues.take_receives(Side::Receiver, 2);
+    assert_eq!(wr_ids.len(), 2);
     // Group 0 (record at entry 0) completes with its own position: no error.
-    for &wr_id in &receives[0].1 {
-        r.recv.handle_completion(wr_id, Some(0));
-    }
+    r.recv.handle_completion(wr_ids[0], Some(0));
     assert!(!r.recv.state.failed());
     // Group 1's record is at entry 2; the peer completes it with group 0's position again.
-    for &wr_id in &receives[1].1 {
-        r.recv.handle_completion(wr_id, Some(0));
-    }
+    r.recv.handle_completion(wr_ids[1], Some(0));
     let staging = r.staging;
     let view = RingView {
         regions: &mut r.fab.regions,
         region: staging,
     };
-    let err = r.recv.test(&view, receives[1].0).unwrap_err();
+    let err = r.recv.test(&view, groups[1]).unwrap_err();
     assert!(
         err.message.contains("the simulated sender")
             && err.message.contains("staging entry 2")
             && err.message.contains("immediate 0"),
         "{err}"
     );
-    assert!(r.recv.test(&view, receives[0].0).is_err(), "the whole comm failed");
+    assert!(r.recv.test(&view, groups[0]).is_err(), "the whole comm failed");
 }
 
 /// A flush read the NIC refuses (a key of no registration) fails the comm: its test reports

@@ -22,16 +22,16 @@ check() {
 }
 
 L="env LD_LIBRARY_PATH=$LIB"
-check devices 'softroce0\s+[0-9a-f]{16}' -- $L SOFTROCE_ADDR=127.0.20.9 ibv_devices
+check devices 'softroce0\s+[0-9a-f]{16}' -- $L SOFTROCE_ADDR=127.0.23.9 ibv_devices
 check devinfo 'hca_id:\s+softroce0' 'transport:\s+InfiniBand \(0\)' 'state:\s+PORT_ACTIVE \(4\)' \
     'active_mtu:\s+4096 \(5\)' 'link_layer:\s+Ethernet' 'vendor_id:\s+0x[1-9a-f]' \
-    -- $L SOFTROCE_ADDR=127.0.20.9 ibv_devinfo
+    -- $L SOFTROCE_ADDR=127.0.23.9 ibv_devinfo
 check devinfo-gids 'GID\[ *0\]:\s+fe80:.*RoCE v1' 'GID\[ *1\]:\s+fe80:.*RoCE v2' \
-    'GID\[ *2\]:\s+.*ffff:7f00:1409, RoCE v1' 'GID\[ *3\]:\s+::ffff:127\.0\.20\.9, RoCE v2' \
-    'max_qp_rd_atom:\s+[1-9]' -- $L SOFTROCE_ADDR=127.0.20.9 ibv_devinfo -v
-check devinfo-two-devices 'hca_id:\s+softroce0' 'hca_id:\s+softroce1' 'GID\[ *3\]:\s+::ffff:127\.0\.20\.11, RoCE v2' \
-    -- $L SOFTROCE_DEVICES=2 SOFTROCE_ADDR=127.0.20.10,127.0.20.11 ibv_devinfo -v
-check devinfo-mtu 'active_mtu:\s+1024 \(3\)' -- $L SOFTROCE_ADDR=127.0.20.9 SOFTROCE_MTU=1024 ibv_devinfo
+    'GID\[ *2\]:\s+.*ffff:7f00:1709, RoCE v1' 'GID\[ *3\]:\s+::ffff:127\.0\.23\.9, RoCE v2' \
+    'max_qp_rd_atom:\s+[1-9]' -- $L SOFTROCE_ADDR=127.0.23.9 ibv_devinfo -v
+check devinfo-two-devices 'hca_id:\s+softroce0' 'hca_id:\s+softroce1' 'GID\[ *3\]:\s+::ffff:127\.0\.23\.11, RoCE v2' \
+    -- $L SOFTROCE_DEVICES=2 SOFTROCE_ADDR=127.0.23.10,127.0.23.11 ibv_devinfo -v
+check devinfo-mtu 'active_mtu:\s+1024 \(3\)' -- $L SOFTROCE_ADDR=127.0.23.9 SOFTROCE_MTU=1024 ibv_devinfo
 # A C program built against the installed <infiniband/verbs.h>: the header's
 # inline verbs dispatch through our objects; dlopen(RTLD_NOW) + dlvsym of
 # versioned symbols; plain and with ASAN/UBSan.
@@ -45,7 +45,7 @@ for v in plain asan; do
         ko "abi-smoke-$v (compile)" "$D/cc_$v.out"
         continue
     fi
-    if env LD_LIBRARY_PATH="$LIB" SOFTROCE_ADDR=127.0.20.90 ASAN_OPTIONS=detect_leaks=0 \
+    if env LD_LIBRARY_PATH="$LIB" SOFTROCE_ADDR=127.0.23.90 ASAN_OPTIONS=detect_leaks=0 \
         timeout "$T" "$D/abi_smoke_$v" "$LIB/libibverbs.so.1" >"$D/smoke_$v.out" 2>&1; then
         sed 's/^/   > /' "$D/smoke_$v.out"
         ok "abi-smoke-$v"

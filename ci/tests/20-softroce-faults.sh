@@ -3,8 +3,10 @@
 # tools as on hardware whose link or path fails: port-down/up and gid-change give the port
 # events to ibv_asyncwatch; a port going down under ibv_rc_pingpong and ib_write_bw makes them
 # fail (retries exhausted, flushed WRs) instead of hang; a blackholed peer fails a ping-pong with
-# no event, and after heal the same pair works again; status, an unknown command and an
-# address with no device give clear answers. Addresses 127.0.22.x; ports taken free.
+# no event, and after heal the same pair works again; device-fatal reaches ibv_asyncwatch and
+# fails a ping-pong on the dead device (flushed WRs, failed posts); qp-fatal on the ping-pong's
+# own QP fails it; status, an unknown command and an address with no device give clear
+# answers. Addresses 127.0.22.x; ports taken free.
 set -u
 # shellcheck source-path=SCRIPTDIR source=lib/softroce.sh
 . "$(dirname "$0")/lib/softroce.sh"
@@ -44,9 +46,27 @@ else
     ko "softroce-ctl against ibv_asyncwatch" "$D/watch" "$D/ctl1"
 fi
 
+echo "== device-fatal reaches ibv_asyncwatch; the device then says DEAD"
+env LD_LIBRARY_PATH="$LIB" SOFTROCE_ADDR=127.0.22.11 timeout 20 ibv_asyncwatch >"$D/fatal.watch" 2>&1 &
+wpid=$!
+PIDS="$PIDS $wpid"
+if wait_sock 127.0.22.11 && "$CTL" 127.0.22.11 device-fatal >"$D/fatal.ctl" && "$CTL" 127.0.22.11 status >>"$D/fatal.ctl"; then
+    sleep 0.5
+    kill "$wpid" 2>/dev/null
+    wait "$wpid" 2>/dev/null
+    if grep -q "IBV_EVENT_DEVICE_FATAL (8)" "$D/fatal.watch" && grep -q "device DEAD" "$D/fatal.ctl"; then
+        ok "DEVICE_FATAL delivered; status said DEAD"
+    else
+        ko "device-fatal event" "$D/fatal.watch" "$D/fatal.ctl"
+    fi
+else
+    ko "softroce-ctl device-fatal against ibv_asyncwatch" "$D/fatal.watch" "$D/fatal.ctl"
+fi
+
 # run_failing NAME ADDR_S ADDR_C ACTION TOOL ARGS...: server and client in the background, ACTION
-# (a softroce-ctl command line, or "" when the fault is scheduled) after 1 s; both must exit
-# non-zero, one naming a failed work completion. With SERVER_MAY_WAIT=1 one of a ping-pong's two
+# (a softroce-ctl command line, or "" when the fault is scheduled; @QPN@ in it becomes the
+# client's QP number from its output) after 1 s; both must exit
+# non-zero, one naming a failed work completion or a refused post. With SERVER_MAY_WAIT=1 one of a ping-pong's two
 # ends may be left waiting (timeout) for a message that never comes, as on hardware: a fault
 # fails only the work requests it finds, and the end with none in flight just waits.
 run_failing() {
@@ -59,12 +79,19 @@ run_failing() {
     local spid=$!
     PIDS="$PIDS $spid"
     wait_port "$port" || { ko "$name (no server)" "$D/$name.server"; return; }
-    env LD_LIBRARY_PATH="$LIB" SOFTROCE_ADDR="$c" $CENV timeout 20 "$@" -p "$port" "$s" >"$D/$name.client" 2>&1 &
+    # Line-buffered, so the QP number is in the file while it runs.
+    env LD_LIBRARY_PATH="$LIB" SOFTROCE_ADDR="$c" $CENV stdbuf -oL timeout 20 "$@" -p "$port" "$s" >"$D/$name.client" 2>&1 &
     local cpid=$!
     PIDS="$PIDS $cpid"
     sleep 1
-    # shellcheck disable=SC2086
-    [ -n "$action" ] && "$CTL" $action >"$D/$name.ctl" 2>&1
+    local ctlrc=0
+    if [ -n "$action" ]; then
+        # ibv_rc_pingpong prints "local address:  LID 0x0000, QPN 0x000011, ...".
+        local qpn
+        qpn=$(sed -n 's/.*local address:.*QPN \(0x[0-9a-fA-F]*\).*/\1/p' "$D/$name.client" | head -n 1)
+        # shellcheck disable=SC2086
+        "$CTL" ${action//@QPN@/$qpn} >"$D/$name.ctl" 2>&1 || ctlrc=$?
+    fi
     wait "$cpid"
     local crc=$?
     wait "$spid"
@@ -74,11 +101,11 @@ run_failing() {
     local failed=0
     [ $crc -ne 0 ] && [ $crc -ne 124 ] && failed=$((failed + 1))
     [ $src -ne 0 ] && [ $src -ne 124 ] && failed=$((failed + 1))
-    if [ $crc -ne 0 ] && [ $src -ne 0 ] && { [ $failed -eq 2 ] || { [ $failed -eq 1 ] && [ "${SERVER_MAY_WAIT:-0}" = 1 ]; }; } &&
-        grep -qiE "Failed status|completion.*error|status.*(12|5)\b|Retry|Flush" "$D/$name.client" "$D/$name.server"; then
-        ok "$name: client rc=$crc, server rc=$src (124: left waiting), a failed completion reported"
+    if [ $ctlrc -eq 0 ] && [ $crc -ne 0 ] && [ $src -ne 0 ] && { [ $failed -eq 2 ] || { [ $failed -eq 1 ] && [ "${SERVER_MAY_WAIT:-0}" = 1 ]; }; } &&
+        grep -qiE "Failed status|completion.*error|status.*(12|5)\b|Retry|Flush|post send|post receive" "$D/$name.client" "$D/$name.server"; then
+        ok "$name: client rc=$crc, server rc=$src (124: left waiting), a failed completion or post reported"
     else
-        ko "$name (client rc=$crc, server rc=$src)" "$D/$name.client" "$D/$name.server" "$D/$name.ctl"
+        ko "$name (softroce-ctl rc=$ctlrc, client rc=$crc, server rc=$src)" "$D/$name.client" "$D/$name.server" "$D/$name.ctl"
     fi
 }
 CENV=""
@@ -87,6 +114,9 @@ CENV="SOFTROCE_FAULTS=port-down@1.5s"
 run_failing write_bw-scheduled-port-down 127.0.22.4 127.0.22.5 "" ib_write_bw -x 3 -s 65536 -D 30
 CENV=""
 SERVER_MAY_WAIT=1 run_failing pingpong-blackhole 127.0.22.6 127.0.22.7 "127.0.22.7 blackhole 127.0.22.6" ibv_rc_pingpong -g 3 -s 1024 -n 100000000
+
+SERVER_MAY_WAIT=1 run_failing pingpong-device-fatal 127.0.22.12 127.0.22.13 "127.0.22.13 device-fatal" ibv_rc_pingpong -g 3 -s 4096 -n 100000000
+SERVER_MAY_WAIT=1 run_failing pingpong-qp-fatal 127.0.22.14 127.0.22.15 "127.0.22.15 qp-fatal @QPN@" ibv_rc_pingpong -g 3 -s 4096 -n 100000000
 
 echo "== heal: a blackholed pair works again"
 port=$(free_port)

@@ -1,16 +1,16 @@
 #!/bin/bash
-# softroce: unmodified perftest 4.5 tools between two processes on loopback (distinct 127.0.20.x addresses).
+# softroce: unmodified perftest 4.5 tools between two processes on loopback (distinct 127.0.25.x addresses).
 set -u
 # shellcheck source-path=SCRIPTDIR source=lib/softroce.sh
 . "$(dirname "$0")/lib/softroce.sh"
-S="SOFTROCE_ADDR=127.0.20.3"
-C="SOFTROCE_ADDR=127.0.20.4"
+S="SOFTROCE_ADDR=127.0.25.3"
+C="SOFTROCE_ADDR=127.0.25.4"
 # A result row: "#bytes #iterations <numbers...>"
 RE='^ *[0-9]+ +[0-9]+ +[0-9]+\.[0-9]+'
 run() {
     local name=$1
     shift
-    pair "$name" "$S" "$C" 127.0.20.3 "$RE" "$@"
+    pair "$name" "$S" "$C" 127.0.25.3 "$RE" "$@"
 }
 run write_bw ib_write_bw -d softroce0 -n 2000
 run read_bw ib_read_bw -d softroce0 -n 1000
@@ -32,12 +32,12 @@ run send_bw_srq ib_send_bw -d softroce0 --use-srq -q 4 -n 1000
 run send_lat_srq ib_send_lat -d softroce0 --use-srq -n 1000
 
 # The second device of a two-device process (its own address).
-pair write_bw_device1 "SOFTROCE_DEVICES=2 SOFTROCE_ADDR=127.0.20.5,127.0.20.6" \
-    "SOFTROCE_DEVICES=2 SOFTROCE_ADDR=127.0.20.7,127.0.20.8" 127.0.20.3 "$RE" \
+pair write_bw_device1 "SOFTROCE_DEVICES=2 SOFTROCE_ADDR=127.0.25.5,127.0.25.6" \
+    "SOFTROCE_DEVICES=2 SOFTROCE_ADDR=127.0.25.7,127.0.25.8" 127.0.25.3 "$RE" \
     ib_write_bw -d softroce1 -n 1000
 
 # GSO on one side only (the receiver's GRO keeps segment IP IDs known).
-pair write_bw_mixed_gso "$S SOFTROCE_GSO=0" "$C SOFTROCE_GSO=1" 127.0.20.3 "$RE" ib_write_bw -d softroce0 -n 1000
+pair write_bw_mixed_gso "$S SOFTROCE_GSO=0" "$C SOFTROCE_GSO=1" 127.0.25.3 "$RE" ib_write_bw -d softroce0 -n 1000
 
 # Again with 1% of received packets dropped on both sides.
 S="$S SOFTROCE_LOSS=0.01 SOFTROCE_SEED=7"

@@ -17,23 +17,23 @@ if [ ! -x "$CHECK" ]; then
 fi
 RE='^ *[0-9]+ +[0-9]+ +[0-9]+\.[0-9]+'
 
-# capture FILE LABEL ENV: run traffic between 127.0.20.41/.42 under tshark.
+# capture FILE LABEL ENV: run traffic between 127.0.24.41/.42 under tshark.
 capture() {
     local cap=$1 label=$2 extra=$3
-    local S="SOFTROCE_ADDR=127.0.20.41 $extra" C="SOFTROCE_ADDR=127.0.20.42 $extra"
-    echo "== capture ($extra): tshark -i lo -f 'udp port 4791 and host 127.0.20.41' -w $cap"
-    timeout 120 tshark -i lo -f 'udp port 4791 and host 127.0.20.41' -w "$cap" >"$cap.log" 2>&1 &
+    local S="SOFTROCE_ADDR=127.0.24.41 $extra" C="SOFTROCE_ADDR=127.0.24.42 $extra"
+    echo "== capture ($extra): tshark -i lo -f 'udp port 4791 and host 127.0.24.41' -w $cap"
+    timeout 120 tshark -i lo -f 'udp port 4791 and host 127.0.24.41' -w "$cap" >"$cap.log" 2>&1 &
     local tpid=$!
     PIDS="$PIDS $tpid"
     for _ in $(seq 100); do grep -q "Capturing on" "$cap.log" && break; sleep 0.1; done
     sleep 0.5
-    pair "cap-pingpong-$label" "$S" "$C" 127.0.20.41 '[0-9]+ iters in' ibv_rc_pingpong -g 3 -s 3000 -n 20
-    pair "cap-write-$label" "$S" "$C" 127.0.20.41 "$RE" ib_write_bw -d softroce0 -s 100 -n 20
-    pair "cap-write64k-$label" "$S" "$C" 127.0.20.41 "$RE" ib_write_bw -d softroce0 -s 65536 -n 20
-    pair "cap-read-$label" "$S" "$C" 127.0.20.41 "$RE" ib_read_bw -d softroce0 -s 5000 -n 20
-    pair "cap-atomic-$label" "$S" "$C" 127.0.20.41 "$RE" ib_atomic_bw -d softroce0 -n 20
-    pair "cap-atomic-cs-$label" "$S" "$C" 127.0.20.41 "$RE" ib_atomic_bw -d softroce0 -n 20 -A CMP_AND_SWAP
-    pair "cap-tclass-$label" "$S" "$C" 127.0.20.41 "$RE" ib_write_bw -d softroce0 -n 20 --tclass=96
+    pair "cap-pingpong-$label" "$S" "$C" 127.0.24.41 '[0-9]+ iters in' ibv_rc_pingpong -g 3 -s 3000 -n 20
+    pair "cap-write-$label" "$S" "$C" 127.0.24.41 "$RE" ib_write_bw -d softroce0 -s 100 -n 20
+    pair "cap-write64k-$label" "$S" "$C" 127.0.24.41 "$RE" ib_write_bw -d softroce0 -s 65536 -n 20
+    pair "cap-read-$label" "$S" "$C" 127.0.24.41 "$RE" ib_read_bw -d softroce0 -s 5000 -n 20
+    pair "cap-atomic-$label" "$S" "$C" 127.0.24.41 "$RE" ib_atomic_bw -d softroce0 -n 20
+    pair "cap-atomic-cs-$label" "$S" "$C" 127.0.24.41 "$RE" ib_atomic_bw -d softroce0 -n 20 -A CMP_AND_SWAP
+    pair "cap-tclass-$label" "$S" "$C" 127.0.24.41 "$RE" ib_write_bw -d softroce0 -n 20 --tclass=96
     sleep 1
     kill -INT $tpid 2>/dev/null
     wait $tpid 2>/dev/null

@@ -14,21 +14,9 @@ SR=$ROOT/target/release/softroce
 D=$(mktemp -d /tmp/counters-test.XXXXXX)
 BG=""
 trap '[ -n "$BG" ] && kill "$BG" 2>/dev/null; wait 2>/dev/null; rm -rf "$D"' EXIT
-PASS=0
-FAIL=0
-ok() { PASS=$((PASS + 1)); echo "   PASS $1"; }
-ko() {
-    FAIL=$((FAIL + 1))
-    echo "   FAIL $1"
-    [ -n "${2:-}" ] && [ -e "$2" ] && tail -n 30 "$2" | sed 's/^/   | /'
-}
-for f in "$H/sendrecv_perf" "$H/all_reduce_perf" "$SR/libibverbs.so.1" "$SR/softroce-ctl" "$ROOT/target/release/libnccl-net-ferroce.so"; do
-    if [ ! -e "$f" ]; then
-        echo "missing $f (run make build)"
-        echo "0 passed, 1 failed"
-        exit 1
-    fi
-done
+# shellcheck source=ci/tests/lib/checks.sh
+. ci/tests/lib/checks.sh
+need "$H/sendrecv_perf" "$H/all_reduce_perf" "$SR/libibverbs.so.1" "$SR/softroce-ctl" "$ROOT/target/release/libnccl-net-ferroce.so"
 export LD_LIBRARY_PATH=$SR:$ROOT/target/release NCCL_SOCKET_IFNAME=lo SOFTROCE_CTL_DIR=$D/ctl
 export NCCL_IB_QPS_PER_CONNECTION=1 QPS=1
 
@@ -84,5 +72,4 @@ else
     ko "softroce-ctl counters" "$D/ctl.log"
 fi
 
-echo "$PASS passed, $FAIL failed"
-[ "$FAIL" -eq 0 ]
+finish

@@ -18,7 +18,7 @@ use libfuzzer_sys::fuzz_target;
 #[path = "../../tests/sim_net/mod.rs"]
 mod sim_net;
 
-use nccl_net_ferroce::transport::proto::limits;
+use nccl_net_ferroce::transport::proto::{limits, split};
 use sim_net::run::{case_from, Run};
 use sim_net::Rng;
 
@@ -34,7 +34,7 @@ fuzz_target!(|data: &[u8]| {
     if case.wr_bytes < limits::MAX_WR_BYTES {
         case.wr_bytes /= 8;
     }
-    let max = MAX_BYTES.min(limits::max_buffer_bytes(case.wr_bytes));
+    let max = MAX_BYTES.min(split::max_buffer_bytes(case.wr_bytes));
     for m in case.groups.iter_mut().flatten() {
         m.posted = m.posted.min(max);
         m.sent = m.sent.min(max + 100);

@@ -90,8 +90,14 @@ mod tests {
         assert_eq!(std::mem::offset_of!(FerroceStatsTotals, cts_writes), 96);
         let mut t = FerroceStatsTotals::default();
         // SAFETY: a valid struct of its own size.
-        assert_eq!(unsafe { ferroce_stats_totals_get(&mut t, std::mem::size_of::<FerroceStatsTotals>()) }, 0);
-        assert_eq!((t.version, t.size as usize), (FERROCE_STATS_TOTALS_VERSION, std::mem::size_of::<FerroceStatsTotals>()));
+        assert_eq!(
+            unsafe { ferroce_stats_totals_get(&mut t, std::mem::size_of::<FerroceStatsTotals>()) },
+            0
+        );
+        assert_eq!(
+            (t.version, t.size as usize),
+            (FERROCE_STATS_TOTALS_VERSION, std::mem::size_of::<FerroceStatsTotals>())
+        );
         // SAFETY: NULL and a short size are refused before any write.
         assert_ne!(unsafe { ferroce_stats_totals_get(std::ptr::null_mut(), 104) }, 0);
         // SAFETY: as above.

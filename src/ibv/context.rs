@@ -43,40 +43,45 @@ pub struct PortInfo {
     pub link_layer: u8,
 }
 
-/// QP numbers named by fatal QP events, so only the comm owning the QP fails (as NCCL does).
+/// Elements named by fatal affiliated async events — QP numbers (QP fatal, request and access
+/// errors) or CQ addresses (CQ error) — so only the comm owning the element fails.
 #[derive(Default)]
-pub struct QpFailures {
-    /// Bumped after each recorded QP; comms compare it with the value they started with.
+pub struct ElementFailures {
+    /// Bumped after each recorded element; comms compare it with the value they started with.
     pub count: AtomicU32,
-    /// (sequence number = `count` before the record, QP number), oldest first.
-    qpns: Mutex<std::collections::VecDeque<(u32, u32)>>,
+    /// (sequence number = `count` before the record, element), oldest first.
+    elements: Mutex<std::collections::VecDeque<(u32, u64)>>,
 }
 
-impl QpFailures {
-    /// Keeps the newest this many QP numbers; a comm checks within its probe interval, long
-    /// before that many other QPs of one device could fail.
+impl ElementFailures {
+    /// Keeps the newest this many elements; a comm checks on every test() and within its probe
+    /// interval, long before that many other elements of one device could fail.
     const KEPT: usize = 4096;
 
-    pub fn record(&self, qpn: u32) {
-        let mut q = self.qpns.lock();
+    pub fn record(&self, element: u64) {
+        let mut q = self.elements.lock();
         if q.len() == Self::KEPT {
             q.pop_front();
         }
         let seq = self.count.load(Ordering::Acquire);
-        q.push_back((seq, qpn));
+        q.push_back((seq, element));
         self.count.store(seq.wrapping_add(1), Ordering::Release);
     }
 
     /// Whether a fatal event recorded since `count` was `since` (a comm's start) named any
-    /// of `qpns`. An older failure of a QP whose number a new comm reuses does not count.
-    pub fn any_of_since(&self, since: u32, qpns: impl IntoIterator<Item = u32>) -> bool {
-        let q = self.qpns.lock();
-        let recent: Vec<u32> = q
+    /// of `elements`. An older failure of a QP number (or CQ address) that a new comm reuses
+    /// does not count.
+    pub fn any_of_since(&self, since: u32, elements: impl IntoIterator<Item = u64>) -> bool {
+        if self.count.load(Ordering::Acquire) == since {
+            return false;
+        }
+        let q = self.elements.lock();
+        let recent: Vec<u64> = q
             .iter()
             .filter(|(seq, _)| seq.wrapping_sub(since) < u32::MAX / 2)
             .map(|&(_, n)| n)
             .collect();
-        qpns.into_iter().any(|n| recent.contains(&n))
+        elements.into_iter().any(|n| recent.contains(&n))
     }
 }
 
@@ -99,14 +104,19 @@ pub struct Context {
     pub verbs: Arc<Verbs>,
     raw: *mut sys::ibv_context,
     pub info: DeviceInfo,
-    /// Device-level fatal async events seen (device fatal, CQ/SRQ error): every comm on the
+    /// Device-level fatal async events seen (device fatal, SRQ error): every comm on the
     /// device fails once this moves.
     pub fatal_events: Arc<AtomicU32>,
     /// Per port (index = port number, up to [`MAX_PORTS`]): `IBV_EVENT_PORT_ERR`s seen. A comm
     /// fails when the count of the port it uses moves; the device's other ports go on.
     pub port_errors: Arc<[AtomicU32; MAX_PORTS + 1]>,
     /// QP-level fatal events (QP fatal, request error, access error), attributed to QP numbers.
-    pub qp_failures: Arc<QpFailures>,
+    pub qp_failures: Arc<ElementFailures>,
+    /// `IBV_EVENT_CQ_ERR` (a CQ overran), attributed to the CQ's address.
+    pub cq_failures: Arc<ElementFailures>,
+    /// Bumped (Release) after any of the four above moved: the data path loads only this on
+    /// every test() and looks closer when it changed.
+    pub fatal_generation: Arc<AtomicU32>,
     stop: Arc<AtomicBool>,
     events_thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -168,7 +178,9 @@ impl Context {
             info,
             fatal_events: Arc::new(AtomicU32::new(0)),
             port_errors: Arc::new(std::array::from_fn(|_| AtomicU32::new(0))),
-            qp_failures: Arc::new(QpFailures::default()),
+            qp_failures: Arc::new(ElementFailures::default()),
+            cq_failures: Arc::new(ElementFailures::default()),
+            fatal_generation: Arc::new(AtomicU32::new(0)),
             stop: Arc::new(AtomicBool::new(false)),
             events_thread: Mutex::new(None),
         });
@@ -297,6 +309,8 @@ impl Context {
         let fatal = self.fatal_events.clone();
         let port_errors = self.port_errors.clone();
         let qp_failures = self.qp_failures.clone();
+        let cq_failures = self.cq_failures.clone();
+        let generation = self.fatal_generation.clone();
         let name = self.info.name.clone();
         let raw = SendPtr(self.raw);
         let spawned = std::thread::Builder::new().name(format!("ferroce-ev-{name}")).spawn(move || {
@@ -323,30 +337,37 @@ impl Context {
                         | IBV_EVENT_PKEY_CHANGE | IBV_EVENT_SM_CHANGE | IBV_EVENT_CLIENT_REREGISTER
                 );
                 // SAFETY: for QP events the element is the QP, alive until the event is acked;
-                // for port events it is the port number.
-                let (qpn, port) = unsafe {
+                // for port events it is the port number; for a CQ error the CQ (only its
+                // address is kept).
+                let (qpn, port, cq) = unsafe {
                     (
                         if is_qp_event { (*ev.element.qp).qp_num } else { 0 },
                         if is_port_event { ev.element.port_num } else { 0 },
+                        if kind == IBV_EVENT_CQ_ERR { ev.element.cq as usize as u64 } else { 0 },
                     )
                 };
                 // SAFETY: ev was filled by ibv_get_async_event and is acked exactly once.
                 unsafe { (verbs.ibv_ack_async_event)(&mut ev) };
                 let text = verbs.event_type_str(kind as u32);
                 if is_qp_event {
-                    qp_failures.record(qpn);
-                    crate::log_warn!("device {name}: fatal async event '{text}' on QP {qpn} — the connection using it fails; the WARN of that connection says why");
+                    qp_failures.record(u64::from(qpn));
+                    crate::log_warn!("device {name}: fatal async event '{text}' on QP {qpn:#x} — the connection using it fails; the WARN of that connection says why");
                 } else if kind == IBV_EVENT_PORT_ERR {
                     if let Some(c) = usize::try_from(port).ok().and_then(|p| port_errors.get(p)) {
                         c.fetch_add(1, Ordering::AcqRel);
                     }
                     crate::log_warn!("device {name} port {port}: the port went down ('{text}'): its link is down or the switch port is disabled. Connections over this port fail; the device's other ports go on. Check `ibv_devinfo`, the cable and the switch port");
-                } else if matches!(kind, IBV_EVENT_DEVICE_FATAL | IBV_EVENT_CQ_ERR | IBV_EVENT_SRQ_ERR) {
+                } else if kind == IBV_EVENT_CQ_ERR {
+                    cq_failures.record(cq);
+                    crate::log_warn!("device {name}: fatal async event '{text}': a completion queue overran (more completions than its size were left unpolled), so completions may be lost — the connection using that CQ fails; the others go on. If it repeats, report it: ferroce sizes each CQ for every work request it can have in flight");
+                } else if matches!(kind, IBV_EVENT_DEVICE_FATAL | IBV_EVENT_SRQ_ERR) {
                     fatal.fetch_add(1, Ordering::AcqRel);
                     crate::log_warn!("device {name}: fatal async event '{text}' — the NIC failed; every connection on it fails. Check the device (ibv_devinfo) and `dmesg`");
                 } else {
                     crate::log_info!(crate::log::subsys::NET, "device {name}{}: {}", if is_port_event { format!(" port {port}") } else { String::new() }, event_words(kind, &text));
+                    continue;
                 }
+                generation.fetch_add(1, Ordering::Release);
             }
         });
         match spawned {
@@ -477,7 +498,7 @@ mod tests {
     /// that comm when some other QP fails afterwards.
     #[test]
     fn issue_14_a_reused_qp_number_is_not_failed_by_an_older_event() {
-        let f = QpFailures::default();
+        let f = ElementFailures::default();
         f.record(0x11);
         let base = f.count.load(Ordering::Acquire);
         assert!(!f.any_of_since(base, [0x11]), "the old failure predates the new comm");

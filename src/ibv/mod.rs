@@ -16,7 +16,7 @@ use std::ffi::{c_char, c_int, c_void, CStr, CString};
 pub use rdma_sys;
 
 mod context;
-pub use context::{check_rc, Context, DeviceInfo, PortInfo, ProtectionDomain, QpFailures};
+pub use context::{check_rc, Context, DeviceInfo, ElementFailures, PortInfo, ProtectionDomain};
 
 pub mod cq;
 pub mod mr;

@@ -99,6 +99,11 @@ pub struct LocalDev {
     pub port_error_base: u32,
     /// `qp_failures.count` when the comm was made; more means some QP of the device failed.
     pub qp_failure_base: u32,
+    /// `cq_failures.count` when the comm was made; more means some CQ of the device overran.
+    pub cq_failure_base: u32,
+    /// `fatal_generation` when [`Conn::fatal_event`] last looked (the data path compares it
+    /// on every test()).
+    pub seen_generation: u32,
 }
 
 /// One QP of the connection and where its peer QP lives.
@@ -149,12 +154,17 @@ pub fn local_devs(members: &[Arc<NetDevice>], nqps: usize, cqe_per_qp: usize, ex
         .map(|(d, dev)| {
             let qps_here = (d..nqps).step_by(nl).count();
             let cqe = (qps_here * cqe_per_qp + extra).min(i32::MAX as usize) as i32;
+            let ctx = &dev.context;
+            // The generation first: an event racing with the bases below is looked at again.
+            let seen_generation = ctx.fatal_generation.load(Ordering::Acquire);
             Ok(LocalDev {
                 dev: dev.clone(),
-                cq: CompletionQueue::new(dev.context.clone(), cqe)?,
-                fatal_base: dev.context.fatal_events.load(Ordering::Acquire),
+                cq: CompletionQueue::new(ctx.clone(), cqe)?,
+                fatal_base: ctx.fatal_events.load(Ordering::Acquire),
                 port_error_base: port_errors(dev),
-                qp_failure_base: dev.context.qp_failures.count.load(Ordering::Acquire),
+                qp_failure_base: ctx.qp_failures.count.load(Ordering::Acquire),
+                cq_failure_base: ctx.cq_failures.count.load(Ordering::Acquire),
+                seen_generation,
             })
         })
         .collect()
@@ -307,26 +317,54 @@ impl Conn {
             .clamp(1, limits::MAX_WR_BYTES)
     }
 
+    /// The local QP numbers, in QP order.
+    pub fn qp_numbers(&self) -> Vec<u32> {
+        self.qps.iter().map(|q| q.qp.qpn()).collect()
+    }
+
     /// The device index and paired peer device of the QP with this number (for WARNs).
     pub fn qp_by_num(&self, qpn: u32) -> Option<&ConnQp> {
         self.qps.iter().find(|q| q.qp.qpn() == qpn)
     }
 
-    /// A fatal async event hit one of our devices, or one of our own QPs, since the comm was
-    /// made. Another comm's QP failing on the same device does not fail this one.
+    /// A fatal async event hit one of our devices or its port, one of our own QPs or our
+    /// CQ since the comm was made. Another comm's QP or CQ failing on the same device does
+    /// not fail this one.
     pub fn fatal_event(&self) -> Option<&LocalDev> {
         self.devs.iter().enumerate().find_map(|(i, d)| {
             let ctx = &d.dev.context;
             let device_failed =
-                ctx.fatal_events.load(Ordering::Relaxed) != d.fatal_base || port_errors(&d.dev) != d.port_error_base;
+                ctx.fatal_events.load(Ordering::Acquire) != d.fatal_base || port_errors(&d.dev) != d.port_error_base;
             let own_qp_failed = || {
-                ctx.qp_failures.count.load(Ordering::Relaxed) != d.qp_failure_base
-                    && ctx.qp_failures.any_of_since(
-                        d.qp_failure_base,
-                        self.qps.iter().filter(|q| q.dev == i).map(|q| q.qp.qpn()),
-                    )
+                ctx.qp_failures.any_of_since(
+                    d.qp_failure_base,
+                    self.qps.iter().filter(|q| q.dev == i).map(|q| u64::from(q.qp.qpn())),
+                )
             };
-            (device_failed || own_qp_failed()).then_some(d)
+            let own_cq_failed = || {
+                ctx.cq_failures
+                    .any_of_since(d.cq_failure_base, [d.cq.as_ptr() as usize as u64])
+            };
+            (device_failed || own_qp_failed() || own_cq_failed()).then_some(d)
         })
+    }
+
+    /// The cheap check the data path makes on every call: whether any device of the comm had
+    /// a fatal event since the last look (one load per member device); if so, the full
+    /// [`Self::fatal_event`].
+    pub fn new_fatal_event(&mut self) -> Option<&LocalDev> {
+        let mut moved = false;
+        for d in &mut self.devs {
+            let g = d.dev.context.fatal_generation.load(Ordering::Acquire);
+            if g != d.seen_generation {
+                d.seen_generation = g;
+                moved = true;
+            }
+        }
+        if moved {
+            self.fatal_event()
+        } else {
+            None
+        }
     }
 }

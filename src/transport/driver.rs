@@ -6,7 +6,7 @@
 use super::conn::Conn;
 use super::errors::{wc_error, WcErrorReport};
 use super::proto::plan::{Op, Post, WorkRequest};
-use super::proto::recv::RecvCore;
+use super::proto::recv::{RecvCore, RQ_BATCH};
 use super::proto::send::SendCore;
 use super::proto::state::CommState;
 use super::stats::{self, CommStats};
@@ -157,6 +157,8 @@ pub struct Driver {
     /// longer chains go in several posts), a receiver's CTS write (1).
     wrs: Box<[sys::ibv_send_wr]>,
     sges: Box<[sys::ibv_sge]>,
+    /// Scratch of one receive post (a receiver's batch of `recv::RQ_BATCH`; none for a sender).
+    recv_wrs: Box<[sys::ibv_recv_wr]>,
 }
 
 impl Driver {
@@ -188,6 +190,14 @@ impl Driver {
                     lkey: 0,
                 })
                 .collect(),
+            recv_wrs: (0..if kind == "send" { 0 } else { RQ_BATCH })
+                .map(|_| sys::ibv_recv_wr {
+                    wr_id: 0,
+                    next: std::ptr::null_mut(),
+                    sg_list: std::ptr::null_mut(),
+                    num_sge: 0,
+                })
+                .collect(),
         }
     }
 
@@ -205,23 +215,46 @@ impl Driver {
                     s.posted(qp, chain.len(), chain.iter().map(|w| w.len() as u64).sum());
                 }
                 // SAFETY: as the caller guarantees.
-                unsafe { post_chain(q, chain, &mut self.wrs, &mut self.sges) }
+                let posted = unsafe { post_chain(q, chain, &mut self.wrs, &mut self.sges) };
+                posted.map_err(|e| self.post_failure(e))
             }
-            Post::Recv { qp, wr_id } => {
-                if let Some(s) = &self.stats {
-                    s.posted(qp, 1, 0);
+            Post::Recv { qp, wr_id, count } => {
+                let k = count;
+                if k == 0 || k > self.recv_wrs.len() {
+                    return Err(Error::internal(format!(
+                        "{count} receives planned in one post for a {} comm (at most {})",
+                        self.kind,
+                        self.recv_wrs.len()
+                    )));
                 }
-                let mut wr = sys::ibv_recv_wr {
-                    wr_id,
-                    next: std::ptr::null_mut(),
-                    sg_list: std::ptr::null_mut(),
-                    num_sge: 0,
-                };
-                // SAFETY: a zero-SGE receive names no memory; the WR is copied by the provider.
-                unsafe { Self::qp(&self.conn, qp)?.post_recv(&mut wr) }
+                if let Some(s) = &self.stats {
+                    s.posted(qp, k, 0);
+                }
+                for x in 0..k {
+                    let next: *mut sys::ibv_recv_wr = match self.recv_wrs.get_mut(x + 1) {
+                        Some(w) if x + 1 < k => w,
+                        _ => std::ptr::null_mut(),
+                    };
+                    self.recv_wrs[x] = sys::ibv_recv_wr {
+                        wr_id,
+                        next,
+                        sg_list: std::ptr::null_mut(),
+                        num_sge: 0,
+                    };
+                }
+                // SAFETY: zero-SGE receives name no memory; the chain lives in `recv_wrs` for
+                // the call and the provider copies it.
+                let posted = unsafe { Self::qp(&self.conn, qp)?.post_recv(&mut self.recv_wrs[0]) };
+                posted.map_err(|e| self.post_failure(e))
             }
             Post::Flush { .. } => Err(Error::internal("a flush read planned for a data QP")),
         }
+    }
+
+    /// A post the provider refused: a dead NIC refuses every post (EIO), and its async event
+    /// says why better than the errno does.
+    fn post_failure(&mut self, e: Error) -> Error {
+        flush_cause_event(&mut self.conn).unwrap_or(e)
     }
 
     fn qp(conn: &Conn, i: usize) -> Result<&QueuePair> {
@@ -235,8 +268,14 @@ impl Driver {
     /// whether anything completed; a failed completion fails the comm.
     pub fn poll(&mut self, core: &mut impl CompletionSink) -> Result<bool> {
         core.state().check()?;
+        // Busy or idle, a comm notices a fatal event at its next call (one load per device
+        // while nothing happened), even while its completions keep coming (a CQ overrun).
+        if let Some(e) = fatal_event_error(&mut self.conn) {
+            return Err(core.state().fail(e));
+        }
         let mut progressed = false;
         let mut error: Option<Error> = None;
+        let mut only_flushed = false;
         {
             let Driver {
                 conn,
@@ -271,7 +310,10 @@ impl Driver {
                                 let mut e = report(conn, &f, op, bytes);
                                 if f.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
                                     // A flushed WR is a consequence; look for the cause.
-                                    e = root_cause(conn, wcs, core).unwrap_or(e);
+                                    match root_cause(conn, wcs, core) {
+                                        Some(cause) => e = cause,
+                                        None => only_flushed = true,
+                                    }
                                 }
                                 error = Some(e);
                                 break 'devs;
@@ -284,7 +326,12 @@ impl Driver {
                 }
             }
         }
-        if let Some(e) = error {
+        if let Some(mut e) = error {
+            if only_flushed {
+                // No error completion: the NIC moved the QP to ERR by itself (QP fatal, device
+                // fatal); its async event says why.
+                e = flush_cause_event(&mut self.conn).unwrap_or(e);
+            }
             return Err(core.state().fail(e));
         }
         if progressed {
@@ -294,8 +341,8 @@ impl Driver {
         Ok(progressed)
     }
 
-    /// Called when a request is not done yet: every so often, check that no fatal NIC event
-    /// happened and whether the peer's side channel is still open. Returns `Ok(true)` when
+    /// Called when a request is not done yet: every so often, check whether the peer's side
+    /// channel is still open (fatal NIC events are looked for on every [`Driver::poll`]). Returns `Ok(true)` when
     /// the peer is gone; the caller polls once more (completions that raced with the peer's
     /// exit still count) and then calls [`Driver::fail_peer_gone`]. When nothing completed
     /// for FERROCE_HANG_WARN_SEC, WARNs (once per interval) what the comm waits for, in the
@@ -312,16 +359,6 @@ impl Driver {
         }
         self.last_probe = now;
         self.check_hang(now, waiting_for);
-        if crate::config::get().return_async_events {
-            if let Some(d) = self.conn.fatal_event() {
-                let e = Error::system(format!(
-                    "device {} reported a fatal asynchronous event for this connection or the whole NIC (see the WARN above); the connection to {} cannot continue",
-                    d.dev.label(),
-                    self.conn.chan.peer
-                ));
-                return Err(state.fail(e));
-            }
-        }
         Ok(self.conn.chan.peer_gone())
     }
 
@@ -413,6 +450,41 @@ fn describe_connection(c: &Conn, kind: &str) -> String {
         c.peer.tc,
         c.peer.sl,
     )
+}
+
+/// The comm's error when a fatal async event hit one of its devices, ports, QPs or CQs since
+/// it last looked (NCCL_IB_RETURN_ASYNC_EVENTS=0: never).
+fn fatal_event_error(conn: &mut Conn) -> Option<Error> {
+    if !crate::config::get().return_async_events {
+        return None;
+    }
+    let peer = conn.chan.peer.to_string();
+    conn.new_fatal_event().map(|d| {
+        Error::system(format!(
+            "device {} reported a fatal asynchronous event for this connection, its port or the whole NIC (see the WARN above); the connection to {peer} cannot continue",
+            d.dev.label()
+        ))
+    })
+}
+
+/// How long a flushed WR with no error completion (or a refused post) waits for the async
+/// event that explains it (the NIC raises the event and flushes the QP at about the same time).
+const FLUSH_EVENT_WAIT: Duration = Duration::from_millis(200);
+
+/// After WRs flushed with no error completion among them, or a post the provider refused: the
+/// NIC may have moved the QP to ERR or died by itself; wait briefly for the async event saying
+/// why, and report that.
+fn flush_cause_event(conn: &mut Conn) -> Option<Error> {
+    let end = Instant::now() + FLUSH_EVENT_WAIT;
+    loop {
+        if let Some(e) = fatal_event_error(conn) {
+            return Some(e);
+        }
+        if Instant::now() >= end {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// After a flushed WR: drain the CQs (bounded) for the error that moved the QP to ERR.

@@ -92,6 +92,11 @@ impl SendComm {
     pub fn in_flight(&self) -> usize {
         self.dp.in_flight()
     }
+
+    /// The connection's local QP numbers, as its INFO line prints them (for tests and tools).
+    pub fn qp_numbers(&self) -> Vec<u32> {
+        self.dp.io.conn.qp_numbers()
+    }
 }
 
 impl RecvComm {
@@ -112,6 +117,11 @@ impl RecvComm {
     /// `None` = nothing to flush (flush disabled or every size is 0).
     pub fn iflush(&mut self, data: &[usize], sizes: &[i32], mhs: &[&MemHandle]) -> Result<Option<*mut Request>> {
         self.dp.iflush(data, sizes, mhs)
+    }
+
+    /// The connection's local data QP numbers, as its INFO line prints them (for tests and tools).
+    pub fn qp_numbers(&self) -> Vec<u32> {
+        self.dp.io.conn.qp_numbers()
     }
 
     /// Whether iflush issues RDMA reads (peer memory / DMA-BUF and NCCL_GDR_FLUSH_DISABLE=0).

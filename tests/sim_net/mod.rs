@@ -15,7 +15,7 @@ use nccl_net_ferroce::error::Error;
 use nccl_net_ferroce::transport::proto::fifo::{self, CtsEntry, RING_BYTES};
 use nccl_net_ferroce::transport::proto::limits::{MAX_CHAIN, MAX_DEVS};
 use nccl_net_ferroce::transport::proto::plan::{LocalBlock, Op, Post, QpRoute, RemoteBlock, Sge, WorkRequest};
-use nccl_net_ferroce::transport::proto::recv::StagingRing;
+use nccl_net_ferroce::transport::proto::recv::{StagingRing, RQ_DEPTH};
 use nccl_net_ferroce::transport::proto::send::FifoRing;
 use std::collections::VecDeque;
 
@@ -93,7 +93,7 @@ impl Side {
             Side::Receiver => Side::Sender,
         }
     }
-    fn index(self) -> usize {
+    pub fn index(self) -> usize {
         self as usize
     }
 }
@@ -179,14 +179,22 @@ pub struct Queues {
     sq_depth: [usize; 2],
     /// `max_msg_sz` of every QP: a WR carrying more is a bug the NIC would punish.
     pub max_msg: usize,
+    /// Receive posts (`ibv_post_recv` calls) per side.
+    pub recv_posts: [usize; 2],
     flush_sq: VecDeque<(usize, WorkRequest)>,
 }
 
 impl Queues {
-    /// Take every posted receive of `side` (their wr_ids), as a test that completes them by
-    /// hand does.
-    pub fn take_receives(&mut self, side: Side) -> Vec<u64> {
-        self.qps[side.index()].iter_mut().flat_map(|q| q.rq.drain(..)).collect()
+    /// Take the oldest `per_qp` posted receives of every QP of `side` (their wr_ids), as a test
+    /// that completes them by hand does.
+    pub fn take_receives(&mut self, side: Side, per_qp: usize) -> Vec<u64> {
+        self.qps[side.index()]
+            .iter_mut()
+            .flat_map(|q| {
+                let n = per_qp.min(q.rq.len());
+                q.rq.drain(..n)
+            })
+            .collect()
     }
 
     /// Queue what a core planned on `side`.
@@ -217,11 +225,17 @@ impl Queues {
                 q.unretired.extend(chain.iter().map(|w| w.signaled));
                 q.sq.extend(chain.iter().copied());
             }
-            Post::Recv { qp, wr_id } => {
+            Post::Recv { qp, wr_id, count } => {
                 let q = self.qps[side.index()]
                     .get_mut(qp)
                     .ok_or_else(|| Error::internal(format!("receive on QP {qp} that does not exist")))?;
-                q.rq.push_back(wr_id);
+                assert!(
+                    q.rq.len() + count <= RQ_DEPTH,
+                    "{side:?} QP {qp}: receive queue overflow ({} posted + {count} > max_recv_wr {RQ_DEPTH})",
+                    q.rq.len()
+                );
+                q.rq.extend(std::iter::repeat_n(wr_id, count));
+                self.recv_posts[side.index()] += 1;
             }
             Post::Flush { dev, wr } => {
                 assert_eq!(side, Side::Receiver, "only the receiver flushes");
@@ -264,6 +278,7 @@ impl Fabric {
                 flush_sq: VecDeque::new(),
                 sq_depth,
                 max_msg: usize::MAX,
+                recv_posts: [0; 2],
             },
             routes: [sender_routes, receiver_routes],
             cqs: [VecDeque::new(), VecDeque::new()],

@@ -11,7 +11,7 @@ use nccl_net_ferroce::error::Error;
 use nccl_net_ferroce::transport::proto::fifo::{self, RING_BYTES};
 use nccl_net_ferroce::transport::proto::limits::{self, MAX_DEVS};
 use nccl_net_ferroce::transport::proto::plan::QpRoute;
-use nccl_net_ferroce::transport::proto::recv::{Irecv, RecvBuf, RecvConfig, RecvCore, CTS_DEPTH};
+use nccl_net_ferroce::transport::proto::recv::{Irecv, RecvBuf, RecvConfig, RecvCore, CTS_DEPTH, RQ_BATCH};
 use nccl_net_ferroce::transport::proto::request;
 use nccl_net_ferroce::transport::proto::send::{Isend, SendBuf, SendConfig, SendCore, SQ_DEPTH};
 use nccl_net_ferroce::transport::proto::split;
@@ -178,7 +178,7 @@ impl Run {
                 staging: fab.local_block(staging),
                 peer_fifo: fab.remote_block(fifo, 0),
                 cts_inline_max: [if case.inline_cts { 64 } else { 0 }; MAX_DEVS],
-                max_buffer_bytes: limits::max_buffer_bytes(case.wr_bytes),
+                max_buffer_bytes: split::max_buffer_bytes(case.wr_bytes),
                 peer: "the simulated sender".into(),
             },
             fail_quietly,
@@ -533,8 +533,12 @@ impl Run {
         assert!(!self.fab.busy(), "seed {seed}: the NIC still has work");
         assert_eq!(
             self.fab.posted_receives(Side::Receiver),
-            0,
-            "seed {seed}: receives left posted"
+            self.recv.spare_receives(),
+            "seed {seed}: receives left posted besides the ones posted ahead"
+        );
+        assert!(
+            self.recv.spare_receives() < self.case.nqps() * RQ_BATCH,
+            "seed {seed}: fewer than a batch posted ahead per QP"
         );
         let r = &self.fab.regions[self.recv_data];
         assert!(r.writes.iter().all(|&w| w <= 1), "seed {seed}: a byte written twice");

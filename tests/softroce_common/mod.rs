@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use nccl_net_ferroce::api::{self, CommContext, RecvHandle, SendHandle};
+use nccl_net_ferroce::error::Error;
 use nccl_net_ferroce::transport::{MemHandle, MemKind};
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
@@ -35,8 +36,9 @@ pub fn reg<T>(h: &T, buf: &[u8]) -> Box<MemHandle> {
 
 /// One message of `size` bytes (filled with `fill`) from `s` to `r` under the profiler handles
 /// `phandles` (send, receive; NULL for none): both requests must be reported done with `size`
-/// and the bytes must arrive, within `within`. Err with the first error a call returned, or
-/// with "a hang" when nothing completed or failed in time.
+/// and the bytes must arrive, within `within`. Err with the first error a call returned (its
+/// kind is the `ncclResult_t` NCCL gets), or an internal error saying "a hang" when nothing
+/// completed or failed in time.
 pub fn transfer(
     s: &SendHandle,
     r: &RecvHandle,
@@ -44,7 +46,7 @@ pub fn transfer(
     fill: u8,
     phandles: (*mut c_void, *mut c_void),
     within: Duration,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let src = vec![fill; size.max(1)];
     let mut dst = vec![0u8; size.max(1)];
     let (smh, rmh) = (reg(s, &src), reg(r, &dst));
@@ -62,33 +64,32 @@ pub fn transfer(
                 false,
                 &[phandles.1],
             )
-        }
-        .map_err(|e| e.message)?
-        .ok_or("no receive slot")?;
+        }?
+        .ok_or_else(|| Error::internal("no receive slot"))?;
         let sq = loop {
             // SAFETY: as above.
             let q = unsafe { api::isend_profiled(s, src.as_ptr() as usize, size, 3, &smh, phandles.0) };
-            if let Some(q) = q.map_err(|e| e.message)? {
+            if let Some(q) = q? {
                 break q;
             }
             if Instant::now() > end {
-                return Err("isend never matched".to_string());
+                return Err(Error::internal("isend never matched (a hang)"));
             }
         };
         for q in [sq, rq] {
             let mut sz = [0i32];
             // SAFETY: q is in flight until test says done or fails.
-            while !unsafe { api::test(q, sz.as_mut_ptr()) }.map_err(|e| e.message)? {
+            while !unsafe { api::test(q, sz.as_mut_ptr()) }? {
                 if Instant::now() > end {
-                    return Err("no completion and no error within the bound (a hang)".to_string());
+                    return Err(Error::internal("no completion and no error within the bound (a hang)"));
                 }
             }
             if sz[0] as usize != size {
-                return Err(format!("reported {} bytes of {size}", sz[0]));
+                return Err(Error::internal(format!("reported {} bytes of {size}", sz[0])));
             }
         }
         if dst[..size] != src[..size] {
-            return Err("the bytes differ".to_string());
+            return Err(Error::internal("the bytes differ"));
         }
         Ok(())
     })();

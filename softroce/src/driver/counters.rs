@@ -299,11 +299,20 @@ mod tests {
         q.retransmits_now(5);
         let s = q.snapshot();
         assert_eq!((s.post_send_calls, s.send_wrs, s.signaled_wrs), (2, 3, 2));
-        assert_eq!((s.write_wrs, s.write_imm_wrs, s.read_wrs, s.send_op_wrs, s.atomic_wrs), (1, 1, 1, 0, 0));
+        assert_eq!(
+            (s.write_wrs, s.write_imm_wrs, s.read_wrs, s.send_op_wrs, s.atomic_wrs),
+            (1, 1, 1, 0, 0)
+        );
         assert_eq!((s.inline_wrs, s.inline_bytes), (1, 24));
         assert_eq!((s.post_recv_calls, s.recv_wrs), (1, 3));
-        assert_eq!((s.tx_packets, s.tx_bytes, s.tx_responses, s.retransmits), (2, 120, 1, 5));
-        assert_eq!((s.version, s.size as usize), (COUNTERS_VERSION, std::mem::size_of::<CountersRepr>()));
+        assert_eq!(
+            (s.tx_packets, s.tx_bytes, s.tx_responses, s.retransmits),
+            (2, 120, 1, 5)
+        );
+        assert_eq!(
+            (s.version, s.size as usize),
+            (COUNTERS_VERSION, std::mem::size_of::<CountersRepr>())
+        );
     }
 
     #[test]

@@ -94,16 +94,26 @@ impl CqInner {
             self.len.store(q.len(), Ordering::Release);
             q.len()
         };
-        if n > self.cqe.load(Ordering::Relaxed) as usize && !self.overflowed.swap(true, Ordering::AcqRel) {
-            // A real CQ would have overrun: report it once. No completion is
-            // dropped (the queue grows), so the application can still drain it.
-            self.async_q.push(
-                rdma_sys::ibv_event_type::IBV_EVENT_CQ_ERR,
-                self.ibv_ptr.load(Ordering::Relaxed),
-            );
+        if n > self.cqe.load(Ordering::Relaxed) as usize {
+            self.overrun();
         }
         self.maybe_fire(wcs.iter().any(|w| w.solicited || w.status != 0));
         activity::ring();
+    }
+
+    /// The CQ overran (more completions than its size left unpolled, or `softroce-ctl
+    /// cq-overrun`): `IBV_EVENT_CQ_ERR`, once per CQ, as the NIC reports it. No completion is
+    /// dropped (the queue grows), so the application can still drain it; the event is what
+    /// tells it the CQ can no longer be trusted. True when this call reported it.
+    pub fn overrun(&self) -> bool {
+        if self.overflowed.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        self.async_q.push(
+            rdma_sys::ibv_event_type::IBV_EVENT_CQ_ERR,
+            self.ibv_ptr.load(Ordering::Relaxed),
+        );
+        true
     }
 
     fn maybe_fire(&self, solicited: bool) {

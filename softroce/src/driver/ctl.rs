@@ -6,7 +6,11 @@
 //! device's start. Both run on a thread of their own, never on the data path.
 
 use super::device::Device;
+use super::engine;
 use super::faults::{parse_schedule, Command};
+use super::qp::QpShared;
+use crate::proto::AsyncEvent;
+use rdma_sys::ibv_event_type;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
@@ -109,7 +113,10 @@ fn answer(dev: &Device, stream: UnixStream) -> std::io::Result<()> {
         return (&stream).write_all(format!("ok: {counts}\n").as_bytes());
     }
     let reply = match Command::parse(&line) {
-        Ok(cmd) => format!("ok: {}\n", dev.apply(cmd)),
+        Ok(cmd) => match apply(dev, cmd) {
+            Ok(said) => format!("ok: {said}\n"),
+            Err(e) => format!("error: {e}\n"),
+        },
         Err(e) => format!("error: {e}\n"),
     };
     (&stream).write_all(reply.as_bytes())
@@ -124,16 +131,102 @@ fn spawn_schedule(dev: Arc<Device>, plan: Vec<(std::time::Duration, Command)>) {
                 if let Some(wait) = at.checked_sub(t0.elapsed()) {
                     std::thread::sleep(wait);
                 }
-                let said = dev.apply(cmd);
-                if crate::config::debug() {
-                    eprintln!(
-                        "softroce: SOFTROCE_FAULTS at {:.3} s: {said}",
-                        t0.elapsed().as_secs_f64()
-                    );
+                let at = t0.elapsed().as_secs_f64();
+                match apply(&dev, cmd) {
+                    Ok(said) if crate::config::debug() => eprintln!("softroce: SOFTROCE_FAULTS at {at:.3} s: {said}"),
+                    Ok(_) => {}
+                    Err(e) => eprintln!("softroce: SOFTROCE_FAULTS at {at:.3} s: {e}"),
                 }
             }
         });
     if let Err(e) = spawned {
         eprintln!("softroce: SOFTROCE_FAULTS not run: {e}");
     }
+}
+
+/// `device-fatal`: the event first (as the kernel raises it before the provider flushes),
+/// then every QP to ERR; the dead flag makes every later post fail and every packet vanish.
+fn die(dev: &Device) -> String {
+    if dev.sock.faults.kill() {
+        dev.device_event(ibv_event_type::IBV_EVENT_DEVICE_FATAL, 0);
+        for qp in dev.engine.all_qps() {
+            engine::fail_qp(dev, &qp, None);
+        }
+    }
+    format!(
+        "{} DEAD (device fatal): every QP flushed, posts fail with EIO",
+        dev.name
+    )
+}
+
+/// `qp-fatal`, `qp-access-err`, `cq-overrun`: the QP `qpn` of this device, or why not.
+fn qp_fault(dev: &Device, qpn: u32, what: &str, act: impl FnOnce(&QpShared) -> String) -> Result<String, String> {
+    match dev.engine.qp(qpn) {
+        Some(qp) => Ok(act(&qp)),
+        None => Err(format!("{}: no QP {qpn:#x} on this device, no {what}", dev.name)),
+    }
+}
+
+/// Carry out a fault command (`softroce-ctl`, `SOFTROCE_FAULTS`) on `dev`; the answer in
+/// words, or why it could not be carried out.
+pub fn apply(dev: &Device, cmd: Command) -> Result<String, String> {
+    let f = &dev.sock.faults;
+    let said = match cmd {
+        Command::PortDown => {
+            if f.set_down(true) {
+                dev.device_event(ibv_event_type::IBV_EVENT_PORT_ERR, 1);
+            }
+            format!("{} port 1 DOWN", dev.name)
+        }
+        Command::PortUp => {
+            if f.set_down(false) {
+                dev.device_event(ibv_event_type::IBV_EVENT_PORT_ACTIVE, 1);
+            }
+            format!("{} port 1 ACTIVE", dev.name)
+        }
+        Command::GidChange => {
+            f.change_gids();
+            dev.device_event(ibv_event_type::IBV_EVENT_GID_CHANGE, 1);
+            format!(
+                "{} GID table changed: IPv4 GIDs {}",
+                dev.name,
+                if f.ipv4_gids_gone() { "removed" } else { "restored" }
+            )
+        }
+        Command::Blackhole(peer) => {
+            f.blackhole(peer);
+            format!("{}: packets to and from {peer} are dropped", dev.name)
+        }
+        Command::Heal => {
+            f.heal();
+            format!("{}: every blackhole healed", dev.name)
+        }
+        Command::Status => format!("{} ({}): {}", dev.name, dev.addr, f.describe()),
+        Command::DeviceFatal => die(dev),
+        Command::QpFatal(qpn) => {
+            return qp_fault(dev, qpn, "QP fatal", |qp| {
+                engine::fail_qp(dev, qp, Some(AsyncEvent::QpFatal));
+                format!("{} QP {qpn:#x} in ERR (QP fatal)", dev.name)
+            })
+        }
+        Command::QpAccessErr(qpn) => {
+            return qp_fault(dev, qpn, "access error", |qp| {
+                engine::fail_qp(dev, qp, Some(AsyncEvent::QpAccessError));
+                format!("{} QP {qpn:#x} in ERR (access error)", dev.name)
+            })
+        }
+        Command::CqOverrun(qpn) => {
+            return qp_fault(dev, qpn, "CQ overrun", |qp| {
+                // The send and receive CQ may be one: it overruns once.
+                let send = qp.send_cq.overrun();
+                let recv = !Arc::ptr_eq(&qp.send_cq, &qp.recv_cq) && qp.recv_cq.overrun();
+                format!(
+                    "{} CQs of QP {qpn:#x} overran: {} CQ_ERR event(s) raised",
+                    dev.name,
+                    u32::from(send) + u32::from(recv)
+                )
+            });
+        }
+    };
+    Ok(said)
 }

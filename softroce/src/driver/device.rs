@@ -11,7 +11,6 @@ use rdma_sys::ibv_event_type;
 use super::addr::ipv4_mapped_gid;
 use super::engine_state::Engine;
 use super::event::AsyncQueue;
-use super::faults::Command;
 use super::mem::MrTable;
 use super::udp::UdpSocket;
 
@@ -74,51 +73,15 @@ impl Device {
         }
     }
 
-    /// An event of port 1 to every open context.
-    fn port_event(&self, ev: ibv_event_type) {
+    /// An unaffiliated event (`element`: the port number, or 0) to every open context, as the
+    /// kernel sends port and device events to every context.
+    pub fn device_event(&self, ev: ibv_event_type, element: usize) {
         let queues: Vec<Arc<AsyncQueue>> = match self.async_queues.lock() {
             Ok(v) => v.iter().filter_map(Weak::upgrade).collect(),
             Err(_) => return,
         };
         for q in queues {
-            q.push(ev, 1);
-        }
-    }
-
-    /// Carry out a fault command (`softroce-ctl`, `SOFTROCE_FAULTS`); the answer in words.
-    pub fn apply(&self, cmd: Command) -> String {
-        let f = &self.sock.faults;
-        match cmd {
-            Command::PortDown => {
-                if f.set_down(true) {
-                    self.port_event(ibv_event_type::IBV_EVENT_PORT_ERR);
-                }
-                format!("{} port 1 DOWN", self.name)
-            }
-            Command::PortUp => {
-                if f.set_down(false) {
-                    self.port_event(ibv_event_type::IBV_EVENT_PORT_ACTIVE);
-                }
-                format!("{} port 1 ACTIVE", self.name)
-            }
-            Command::GidChange => {
-                f.change_gids();
-                self.port_event(ibv_event_type::IBV_EVENT_GID_CHANGE);
-                format!(
-                    "{} GID table changed: IPv4 GIDs {}",
-                    self.name,
-                    if f.ipv4_gids_gone() { "removed" } else { "restored" }
-                )
-            }
-            Command::Blackhole(peer) => {
-                f.blackhole(peer);
-                format!("{}: packets to and from {peer} are dropped", self.name)
-            }
-            Command::Heal => {
-                f.heal();
-                format!("{}: every blackhole healed", self.name)
-            }
-            Command::Status => format!("{} ({}): {}", self.name, self.addr, f.describe()),
+            q.push(ev, element);
         }
     }
 

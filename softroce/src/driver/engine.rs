@@ -182,6 +182,14 @@ pub fn modify_qp(
     Ok(())
 }
 
+/// The NIC found an error on `qp` (a fault command): the QP enters ERR raising `event` (none
+/// when the whole device died), and its flushed work requests complete at once.
+pub fn fail_qp(dev: &Device, qp: &QpShared, event: Option<proto::AsyncEvent>) {
+    let mut core = qp.lock_core();
+    core.enter_error(event);
+    drain_and_note(dev, qp, core, now());
+}
+
 /// Messages up to this size may be left to the engine when the QP is busy.
 const DEFER_MAX_LEN: u64 = 4096;
 
@@ -189,6 +197,9 @@ const DEFER_MAX_LEN: u64 = 4096;
 /// transmits what became due (or leaves small messages on a busy QP to the
 /// engine). Returns 0 or the errno and the index of the refused WR.
 pub fn post_send(dev: &Device, qp: &Arc<QpShared>, wrs: impl IntoIterator<Item = Result<SendWr, i32>>) -> (i32, usize) {
+    if dev.sock.faults.is_dead() {
+        return (libc::EIO, 0); // as mlx5 in the fatal state
+    }
     let t = now();
     let mut core = qp.lock_core();
     let busy = core.poll_timeout().is_some();
@@ -221,6 +232,9 @@ pub fn post_send(dev: &Device, qp: &Arc<QpShared>, wrs: impl IntoIterator<Item =
 /// what became due (in ERR they complete at once, flushed). Returns 0 or
 /// the errno and the index of the refused WR.
 pub fn post_recv(dev: &Device, qp: &QpShared, wrs: impl IntoIterator<Item = Result<RecvWr, i32>>) -> (i32, usize) {
+    if dev.sock.faults.is_dead() {
+        return (libc::EIO, 0);
+    }
     let mut core = qp.lock_core();
     let mut res = (0, 0);
     for (i, w) in wrs.into_iter().enumerate() {

@@ -11,6 +11,17 @@
 //!   its address, or come back on the next one; `IBV_EVENT_GID_CHANGE` each time.
 //! * `blackhole PEER`: packets to and from that IPv4 address vanish, with no event; `heal`
 //!   ends every blackhole.
+//! * `device-fatal`: the NIC dies (a firmware or PCIe failure): `IBV_EVENT_DEVICE_FATAL` to every
+//!   context of the device, every QP to ERR with its work requests flushed
+//!   (`IBV_WC_WR_FLUSH_ERR`), and from then on posts fail with EIO and nothing is sent or
+//!   received, as rdma-core with mlx5 behaves in the fatal state. Only a new process (on
+//!   hardware: a device reset) brings it back.
+//! * `qp-fatal QPN` / `qp-access-err QPN`: that QP enters ERR as if the NIC had found a local
+//!   or transport error (`IBV_EVENT_QP_FATAL`) or a remote access violation
+//!   (`IBV_EVENT_QP_ACCESS_ERR`) on it; its work requests flush; the other QPs go on.
+//! * `cq-overrun QPN`: the CQs of that QP overrun, exactly as when more completions than the
+//!   CQ's size are left unpolled (which the device detects by itself): `IBV_EVENT_CQ_ERR`
+//!   once per CQ.
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -26,11 +37,30 @@ pub enum Command {
     Blackhole(Ipv4Addr),
     Heal,
     Status,
+    DeviceFatal,
+    QpFatal(u32),
+    QpAccessErr(u32),
+    CqOverrun(u32),
+}
+
+/// A QP number as `ibv_devinfo` and the logs print it: decimal or `0x` hex, 24 bits.
+fn parse_qpn(word: &str, arg: Option<&str>) -> Result<u32, String> {
+    let want = || format!("{word} needs a QP number (decimal or 0x hex)");
+    let a = arg.ok_or_else(want)?;
+    let n = match a.strip_prefix("0x").or_else(|| a.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => a.parse(),
+    }
+    .map_err(|_| want())?;
+    if n > 0x00ff_ffff {
+        return Err(format!("{word}: {a} is not a 24-bit QP number"));
+    }
+    Ok(n)
 }
 
 impl Command {
     /// `port-down`, `port-up`, `gid-change`, `blackhole A.B.C.D` (or `blackhole=A.B.C.D`),
-    /// `heal`, `status`.
+    /// `heal`, `status`, `device-fatal`, `qp-fatal QPN`, `qp-access-err QPN`, `cq-overrun QPN`.
     pub fn parse(text: &str) -> Result<Command, String> {
         let t = text.trim();
         let (word, arg) = match t.split_once([' ', '=']) {
@@ -47,12 +77,16 @@ impl Command {
             "gid-change" => no_arg(Command::GidChange),
             "heal" => no_arg(Command::Heal),
             "status" => no_arg(Command::Status),
+            "device-fatal" => no_arg(Command::DeviceFatal),
+            "qp-fatal" => parse_qpn(word, arg).map(Command::QpFatal),
+            "qp-access-err" => parse_qpn(word, arg).map(Command::QpAccessErr),
+            "cq-overrun" => parse_qpn(word, arg).map(Command::CqOverrun),
             "blackhole" => match arg.map(str::parse::<Ipv4Addr>) {
                 Some(Ok(ip)) => Ok(Command::Blackhole(ip)),
                 Some(Err(_)) | None => Err("blackhole needs the peer's IPv4 address".into()),
             },
             _ => Err(format!(
-                "unknown command `{word}` (port-down, port-up, gid-change, blackhole PEER_ADDR, heal, status)"
+                "unknown command `{word}` (port-down, port-up, gid-change, blackhole PEER_ADDR, heal, status, device-fatal, qp-fatal QPN, qp-access-err QPN, cq-overrun QPN)"
             )),
         }
     }
@@ -84,6 +118,8 @@ pub fn parse_schedule(spec: &str) -> Result<Vec<(Duration, Command)>, String> {
 #[derive(Default)]
 pub struct PortFaults {
     down: AtomicBool,
+    /// `device-fatal` happened: the device is dead for the rest of the process.
+    dead: AtomicBool,
     any_blackhole: AtomicBool,
     blackholed: Mutex<Vec<Ipv4Addr>>,
     /// Odd: the IPv4-mapped GIDs are gone.
@@ -94,12 +130,24 @@ impl PortFaults {
     /// Whether a packet to or from `peer` is lost.
     pub fn drops(&self, peer: Ipv4Addr) -> bool {
         self.down.load(Ordering::Relaxed)
+            || self.dead.load(Ordering::Relaxed)
             || (self.any_blackhole.load(Ordering::Relaxed)
                 && self.blackholed.lock().map(|v| v.contains(&peer)).unwrap_or(false))
     }
 
+    /// The port is down, by `port-down` or because the device died.
     pub fn is_down(&self) -> bool {
-        self.down.load(Ordering::Relaxed)
+        self.down.load(Ordering::Relaxed) || self.is_dead()
+    }
+
+    /// Whether `device-fatal` happened.
+    pub fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Relaxed)
+    }
+
+    /// The device dies; true the first time.
+    pub fn kill(&self) -> bool {
+        !self.dead.swap(true, Ordering::Relaxed)
     }
 
     /// Set the port down or up; true when that changed it.
@@ -137,7 +185,12 @@ impl PortFaults {
     pub fn describe(&self) -> String {
         let holes = self.blackholed.lock().map(|v| v.clone()).unwrap_or_default();
         format!(
-            "port {}; IPv4 GIDs {}; blackholed peers: {}",
+            "{}port {}; IPv4 GIDs {}; blackholed peers: {}",
+            if self.is_dead() {
+                "device DEAD (device-fatal); "
+            } else {
+                ""
+            },
             if self.is_down() { "DOWN" } else { "ACTIVE" },
             if self.ipv4_gids_gone() { "absent" } else { "present" },
             if holes.is_empty() {
@@ -168,6 +221,14 @@ mod tests {
         assert!(Command::parse("blackhole").unwrap_err().contains("IPv4"));
         assert!(Command::parse("port-down now").unwrap_err().contains("no argument"));
         assert!(Command::parse("reboot").unwrap_err().contains("unknown command"));
+        assert_eq!(Command::parse("device-fatal"), Ok(Command::DeviceFatal));
+        assert_eq!(Command::parse("qp-fatal 0x11"), Ok(Command::QpFatal(0x11)));
+        assert_eq!(Command::parse("qp-access-err 18"), Ok(Command::QpAccessErr(18)));
+        assert_eq!(Command::parse("cq-overrun=0x1A"), Ok(Command::CqOverrun(0x1a)));
+        assert!(Command::parse("qp-fatal").unwrap_err().contains("QP number"));
+        assert!(Command::parse("qp-fatal 0xzz").unwrap_err().contains("QP number"));
+        assert!(Command::parse("qp-fatal 0x1000000").unwrap_err().contains("24-bit"));
+        assert!(Command::parse("device-fatal now").unwrap_err().contains("no argument"));
     }
 
     #[test]
@@ -197,5 +258,8 @@ mod tests {
         assert!(f.ipv4_gids_gone());
         f.change_gids();
         assert!(!f.ipv4_gids_gone());
+        assert!(f.kill() && !f.kill());
+        assert!(f.is_dead() && f.is_down() && f.drops(a));
+        assert!(f.describe().contains("DEAD"));
     }
 }

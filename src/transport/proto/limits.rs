@@ -15,9 +15,3 @@ pub const MAX_WR_BYTES: usize = 1 << 30;
 pub const PIECES_PER_BUFFER: usize = 7;
 /// Most WRs in one chain: every piece of every buffer of a group, and the completion write.
 pub const MAX_CHAIN: usize = MAX_RECVS * PIECES_PER_BUFFER + 1;
-
-/// The largest buffer one isend or irecv takes on a device whose work requests carry at most
-/// `wr_bytes` (the `maxP2pBytes` the properties report): [`PIECES_PER_BUFFER`] pieces.
-pub fn max_buffer_bytes(wr_bytes: usize) -> usize {
-    PIECES_PER_BUFFER.saturating_mul(wr_bytes.clamp(1, MAX_WR_BYTES))
-}

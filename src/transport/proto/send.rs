@@ -349,7 +349,7 @@ impl SendCore {
         Error::internal(format!(
             "a send of {largest} bytes to {} needs more than {MAX_CHAIN} RDMA writes on one QP: this side carries at most {} bytes per message (maxP2pBytes: {} pieces of {} bytes, the devices' max_msg_sz); the receiver posted a larger buffer — check that both sides run the same ferroce and NICs with the same max_msg_sz",
             self.cfg.peer,
-            limits::max_buffer_bytes(self.cfg.wr_bytes),
+            split::max_buffer_bytes(self.cfg.wr_bytes),
             limits::PIECES_PER_BUFFER,
             split::piece_bytes(self.cfg.wr_bytes),
         ))

@@ -60,7 +60,7 @@ pub enum WrPlan {
     SizesImm,
 }
 
-use super::limits::MAX_CHAIN;
+use super::limits::{MAX_CHAIN, PIECES_PER_BUFFER};
 
 /// The longest piece one WR carries when the device's WRs take at most `wr_bytes`: a multiple
 /// of [`CHUNK_ALIGN`] (so pieces keep the flag lines whole too), at least one.
@@ -68,12 +68,20 @@ pub fn piece_bytes(wr_bytes: usize) -> usize {
     (wr_bytes.min(super::limits::MAX_WR_BYTES) / CHUNK_ALIGN).max(1) * CHUNK_ALIGN
 }
 
+/// The largest buffer one isend or irecv takes on a device whose work requests carry at most
+/// `wr_bytes` (the `maxP2pBytes` the properties report): [`PIECES_PER_BUFFER`] pieces of
+/// [`piece_bytes`] — of the aligned piece, not of `wr_bytes` itself, or a buffer could need one
+/// piece more than a chain holds.
+pub fn max_buffer_bytes(wr_bytes: usize) -> usize {
+    PIECES_PER_BUFFER * piece_bytes(wr_bytes)
+}
+
 /// The chain for QP number `j` (0-based, of `qps_per_req`) of a group whose buffers carry
 /// `lens` bytes, each chunk cut into pieces of at most [`piece_bytes`]`(wr_bytes)`. Every
 /// chain ends with exactly one completion-carrying write, so the receiver sees one immediate
 /// per QP used. Empty data writes are left out except when the write carries the immediate.
 /// Returns the number of entries written to `out`, or `None` when the chain would need more
-/// than [`MAX_CHAIN`] WRs (a buffer larger than [`super::limits::max_buffer_bytes`]).
+/// than [`MAX_CHAIN`] WRs (a buffer larger than [`max_buffer_bytes`]).
 pub fn plan_chain(
     lens: &[usize],
     qps_per_req: usize,
@@ -299,7 +307,7 @@ mod tests {
         );
         // The limit: every buffer of a full group at PIECES_PER_BUFFER pieces fits one chain,
         // one byte more on each does not.
-        use super::super::limits::{max_buffer_bytes, MAX_RECVS};
+        use super::super::limits::MAX_RECVS;
         let max = max_buffer_bytes(1024);
         assert_eq!(
             plan_wr(&[max; MAX_RECVS], 1, 0, false, 1024).map(|p| p.len()),
@@ -311,6 +319,24 @@ mod tests {
         assert_eq!(p.len(), 5);
         assert_eq!(piece_bytes(1000), 896);
         assert_eq!(piece_bytes(usize::MAX), 1 << 30);
+    }
+
+    /// Found by the transport_core fuzz target: with a `max_msg_sz` off the 128-byte grid
+    /// (1266 bytes: pieces of 1152) the largest buffer was computed from the raw size (7 × 1266
+    /// = 8862), so an 8192-byte buffer took 8 pieces and its group could never be posted (the
+    /// comm failed). It must come from the aligned piece: every buffer at the limit fits.
+    #[test]
+    fn issue_14_fuzz_a_max_msg_sz_off_the_128_byte_grid() {
+        use super::super::limits::MAX_RECVS;
+        for wr in [1266, 1000, 129, 4095, (1 << 31) - 1] {
+            let max = max_buffer_bytes(wr);
+            assert_eq!(max % CHUNK_ALIGN, 0);
+            assert!(
+                plan_wr(&[max; MAX_RECVS], 1, 0, false, wr).is_some(),
+                "{wr}: {max} fits"
+            );
+            assert!(plan_wr(&[max + 1], 1, 0, false, wr).unwrap().len() > PIECES_PER_BUFFER);
+        }
     }
 
     #[test]
