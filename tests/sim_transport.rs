@@ -13,12 +13,12 @@ mod sim_net;
 use nccl_net_ferroce::error::Error;
 use nccl_net_ferroce::transport::proto::fifo::{self, CtsEntry, RING};
 use nccl_net_ferroce::transport::proto::limits::MAX_DEVS;
-use nccl_net_ferroce::transport::proto::recv::{Irecv, RecvCore};
+use nccl_net_ferroce::transport::proto::recv::{Irecv, Oversized, RecvCore};
 use nccl_net_ferroce::transport::proto::request::{self, ReqKind};
-use nccl_net_ferroce::transport::proto::send::Isend;
+use nccl_net_ferroce::transport::proto::send::{Isend, SendBuf};
 use nccl_net_ferroce::transport::proto::split;
 use sim_net::run::{random_case, run_case, Case, Msg, Run};
-use sim_net::{Faults, RingView, Side};
+use sim_net::{Fabric, Faults, RingView, Side};
 use std::time::Duration;
 
 #[test]
@@ -253,6 +253,87 @@ fn a_corrupt_cts_entry_fails_the_comm_after_the_landing_timeout() {
     assert!(r.try_isend().is_err(), "a failed comm stays failed");
 }
 
+/// Write `e` (host order) over the sender's FIFO entry at ring position `pos`, as a lying
+/// receiver's CTS write would.
+fn write_fifo_entry(r: &mut Run, pos: usize, e: &CtsEntry) {
+    let fifo = r.fifo;
+    let at = pos * fifo::ENTRY_BYTES;
+    r.fab.regions[fifo].bytes[at..at + fifo::ENTRY_BYTES].copy_from_slice(&sim_net::entry_to_bytes(&e.to_wire()));
+}
+
+/// A well-sealed CTS entry stamped for a posting counter the sender does not expect at its
+/// head, from the future (garbage) or an old one written over what was there (a replay), is no
+/// "not posted yet": it is bounded like a landing entry and then fails the comm, naming the
+/// peer and the counter it claimed. Left untouched, an old lap's entry is never an error.
+#[test]
+fn issue_14_a_stale_or_future_cts_stamp_at_the_head_fails_the_comm() {
+    // A counter from the future at the head of a fresh ring.
+    let mut r = Run::new(Case::simple(vec![single(64, 64)]));
+    write_fifo_entry(&mut r, 0, &CtsEntry::new(0x1234, 64, [1; MAX_DEVS], 1, 1, 5));
+    assert_eq!(r.try_isend().unwrap(), Some(Isend::NoBuffer));
+    r.now = r.now + Duration::from_millis(50);
+    assert_eq!(
+        r.try_isend().unwrap(),
+        Some(Isend::NoBuffer),
+        "bounded, not failed at once"
+    );
+    r.now = r.now + Duration::from_millis(60);
+    let err = r.try_isend().unwrap_err();
+    assert!(
+        err.message.contains("posting counter 5") && err.message.contains("the simulated receiver"),
+        "{err}"
+    );
+    assert!(r.send.state.failed());
+
+    // A replay: after one lap the sender owes group 64 at entry 0, where group 0's entry was
+    // left. Left alone it is no error; group 0's (well-sealed) entry written there again, with
+    // another buffer, is a lie.
+    let mut r = Run::new(Case::simple((0..RING).map(|_| single(64, 64)).collect()));
+    r.run();
+    for _ in 0..3 {
+        assert_eq!(probe_isend(&mut r).unwrap(), Isend::NoBuffer);
+        r.now = r.now + Duration::from_millis(60);
+    }
+    assert!(!r.send.state.failed(), "the entry left from the last lap is no error");
+    write_fifo_entry(&mut r, 0, &CtsEntry::new(0x9999, 64, [1; MAX_DEVS], 1, 1, 0));
+    assert_eq!(probe_isend(&mut r).unwrap(), Isend::NoBuffer);
+    r.now = r.now + Duration::from_millis(150);
+    let err = probe_isend(&mut r).unwrap_err();
+    assert!(
+        err.message.contains("posting counter 0") && err.message.contains("owes group 64"),
+        "{err}"
+    );
+
+    // A replay that lands before the sender looks at the entry: group 0 (one entry) was sent,
+    // then its entry is written again at entry 1, where group 1 is owed, before any isend
+    // reads entry 1. What the sender consumed there is nothing (zeroed memory): a lie too.
+    let mut r = Run::new(Case::simple(vec![single(64, 64)]));
+    r.run();
+    write_fifo_entry(&mut r, 1, &CtsEntry::new(0x9999, 64, [1; MAX_DEVS], 1, 1, 0));
+    assert_eq!(probe_isend(&mut r).unwrap(), Isend::NoBuffer);
+    r.now = r.now + Duration::from_millis(150);
+    let err = probe_isend(&mut r).unwrap_err();
+    assert!(
+        err.message.contains("posting counter 0") && err.message.contains("owes group 1"),
+        "{err}"
+    );
+}
+
+/// One isend of 8 bytes with tag 1 straight into the sender's core (past the case's own).
+fn probe_isend(r: &mut Run) -> Result<Isend, Error> {
+    let send = SendBuf {
+        data: r.fab.base(r.send_data) as usize,
+        size: 8,
+        tag: 1,
+        lkeys: r.fab.keys(r.send_data),
+    };
+    let (now, fifo) = (r.now, r.fifo);
+    let Run { fab, send: core, .. } = r;
+    let Fabric { regions, queues, .. } = fab;
+    let mut view = RingView { regions, region: fifo };
+    core.isend(&mut view, || now, send, &mut |p| queues.post(Side::Sender, p))
+}
+
 /// Flushes: up to 32 in flight, each reads the last non-empty buffer on every device; one
 /// more is an error.
 #[test]
@@ -367,8 +448,10 @@ fn receive_and_flush_requests_are_told_apart() {
     assert_eq!(r.recv.kind_of(idx), Some(ReqKind::Free));
 }
 
-/// A peer that claims more bytes than were posted (its completion record lies) gets the
-/// posted size reported, never more.
+/// A peer that claims more bytes than were posted (its completion record lies, and it wrote
+/// a larger size over the staged entry too, which it can: the staging block is remotely
+/// writable) gets the posted size reported, never more, and the first such claim of the comm
+/// is reported for the WARN; a later one is clamped without a second report.
 #[test]
 fn sizes_a_peer_claims_beyond_the_posted_buffer_are_clamped() {
     let group = vec![
@@ -383,7 +466,7 @@ fn sizes_a_peer_claims_beyond_the_posted_buffer_are_clamped() {
             tag: 2,
         },
     ];
-    let mut r = Run::new(Case::simple(vec![group]));
+    let mut r = Run::new(Case::simple(vec![group, single(10, 10)]));
     let Some(Irecv::Started(idx)) = r.try_irecv().unwrap() else {
         panic!("irecv")
     };
@@ -392,6 +475,8 @@ fn sizes_a_peer_claims_beyond_the_posted_buffer_are_clamped() {
     let staging = r.staging;
     r.fab.regions[staging].bytes[at..at + 4].copy_from_slice(&1_000_000u32.to_le_bytes());
     r.fab.regions[staging].bytes[at + 4..at + 8].copy_from_slice(&7u32.to_le_bytes());
+    // The staged entry's size (bytes 8..16 of entry 0), rewritten by the peer.
+    r.fab.regions[staging].bytes[8..16].copy_from_slice(&u64::MAX.to_ne_bytes());
     // The group's receive (one QP) completes, as if the sender's writes had landed.
     for wr_id in r.fab.queues.take_receives(Side::Receiver, 1) {
         r.recv.handle_completion(wr_id, Some(0));
@@ -402,6 +487,74 @@ fn sizes_a_peer_claims_beyond_the_posted_buffer_are_clamped() {
     };
     let done = r.recv.test(&view, idx).unwrap().expect("all receives completed");
     assert_eq!(&done.sizes[..2], &[100, 7], "clamped to the posted 100; 7 ≤ 50 stands");
+    assert_eq!(
+        done.oversized,
+        Some(Oversized {
+            buffer: 0,
+            n: 2,
+            claimed: 1_000_000,
+            posted: 100
+        })
+    );
+
+    // A single receive of 10 bytes whose immediate claims 99: clamped, not reported again.
+    let Some(Irecv::Started(idx)) = r.try_irecv().unwrap() else {
+        panic!("irecv")
+    };
+    for wr_id in r.fab.queues.take_receives(Side::Receiver, 1) {
+        r.recv.handle_completion(wr_id, Some(99));
+    }
+    let view = RingView {
+        regions: &mut r.fab.regions,
+        region: staging,
+    };
+    let done = r.recv.test(&view, idx).unwrap().expect("the receive completed");
+    assert_eq!((done.n, done.sizes[0], done.oversized), (1, 10, None));
+}
+
+/// A grouped receive's immediate names the ring position of its completion record; one that
+/// names another group's (a replayed or forged completion) fails the comm, naming the peer
+/// and what it claimed, instead of completing the request with another group's sizes.
+#[test]
+fn issue_14_a_grouped_receive_completed_with_another_groups_immediate_fails_the_comm() {
+    let pair = || {
+        [1, 2]
+            .map(|tag| Msg {
+                posted: 64,
+                sent: 64,
+                tag,
+            })
+            .to_vec()
+    };
+    let mut r = Run::new(Case::simple(vec![pair(), pair()]));
+    let mut groups = Vec::new();
+    for _ in 0..2 {
+        let Some(Irecv::Started(idx)) = r.try_irecv().unwrap() else {
+            panic!("irecv")
+        };
+        groups.push(idx);
+    }
+    // One QP: its receives complete the groups in posting order.
+    let wr_ids = r.fab.queues.take_receives(Side::Receiver, 2);
+    assert_eq!(wr_ids.len(), 2);
+    // Group 0 (record at entry 0) completes with its own position: no error.
+    r.recv.handle_completion(wr_ids[0], Some(0));
+    assert!(!r.recv.state.failed());
+    // Group 1's record is at entry 2; the peer completes it with group 0's position again.
+    r.recv.handle_completion(wr_ids[1], Some(0));
+    let staging = r.staging;
+    let view = RingView {
+        regions: &mut r.fab.regions,
+        region: staging,
+    };
+    let err = r.recv.test(&view, groups[1]).unwrap_err();
+    assert!(
+        err.message.contains("the simulated sender")
+            && err.message.contains("staging entry 2")
+            && err.message.contains("immediate 0"),
+        "{err}"
+    );
+    assert!(r.recv.test(&view, groups[0]).is_err(), "the whole comm failed");
 }
 
 /// A flush read the NIC refuses (a key of no registration) fails the comm: its test reports

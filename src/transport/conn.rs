@@ -43,10 +43,11 @@ pub fn setup_timeout() -> Duration {
     Duration::from_secs(config::get().connect_timeout_sec.max(1))
 }
 
-/// Access of the buffers the peer writes or reads (CTS FIFO, completion records).
+/// Access of the buffers the peer writes (CTS FIFO, CTS staging with the completion records).
+/// The peer never reads them, so they are not remotely readable.
 pub fn remote_access() -> u32 {
     use crate::ibv::sys::ibv_access_flags as A;
-    A::IBV_ACCESS_LOCAL_WRITE.0 | A::IBV_ACCESS_REMOTE_WRITE.0 | A::IBV_ACCESS_REMOTE_READ.0
+    A::IBV_ACCESS_LOCAL_WRITE.0 | A::IBV_ACCESS_REMOTE_WRITE.0
 }
 
 /// A comm spans 1..=MAX_DEVS member devices (the CTS entry has one rkey per member).
@@ -68,12 +69,17 @@ pub struct RegBuf {
 }
 
 impl RegBuf {
+    /// `len` bytes registered on every device: exactly `len`, not the whole pages allocated
+    /// for them, so that a remotely writable block (the 4 KiB FIFO) ends where the NIC refuses
+    /// the peer's writes also where pages are larger than the block (64 KiB on some arm64
+    /// kernels).
     pub fn new(devs: &[LocalDev], len: usize, access: u32) -> Result<RegBuf> {
         let buf = AlignedBuf::new(len)?;
         let mut mrs = Vec::with_capacity(devs.len());
         for d in devs {
-            // SAFETY: `buf` is owned by the same RegBuf and outlives the MRs (dropped after them).
-            mrs.push(unsafe { MemoryRegion::register(d.dev.pd.clone(), buf.addr(), buf.len(), access)? });
+            // SAFETY: `buf` holds at least `len` bytes, is owned by the same RegBuf and outlives
+            // the MRs (dropped after them).
+            mrs.push(unsafe { MemoryRegion::register(d.dev.pd.clone(), buf.addr(), len.max(1), access)? });
         }
         Ok(RegBuf { mrs, buf })
     }

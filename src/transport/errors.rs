@@ -9,7 +9,7 @@ pub fn hint(st: u32) -> &'static str {
     match st {
         S::IBV_WC_RETRY_EXC_ERR => "the peer did not acknowledge (transport retries exhausted): the peer process may have died, or the path is broken — check the GID index (NCCL_IB_GID_INDEX), IP routing/VLAN between the GIDs, MTU, and raise NCCL_IB_TIMEOUT/NCCL_IB_RETRY_CNT on lossy fabrics",
         S::IBV_WC_RNR_RETRY_EXC_ERR => "receiver not ready: the peer did not post receives in time (peer stuck or dead)",
-        S::IBV_WC_REM_ACCESS_ERR => "the peer refused the RDMA access: a remote buffer was not registered (or was deregistered) or the rkey is stale — check memory registration on the peer",
+        S::IBV_WC_REM_ACCESS_ERR => "the peer refused the RDMA access: the address and rkey it advertised (for a data write, in its CTS entry) are no registration of its — a bad or stale rkey, an address outside its registered buffer, or a buffer deregistered while in use; check memory registration on the peer",
         S::IBV_WC_LOC_PROT_ERR | S::IBV_WC_LOC_ACCESS_ERR => "a local buffer is not covered by its registration (wrong mhandle or buffer freed/deregistered while in use)",
         S::IBV_WC_LOC_LEN_ERR => "a local length error: the message does not fit the posted receive (sender and receiver disagree on sizes)",
         S::IBV_WC_REM_INV_REQ_ERR => "the peer rejected the request as invalid: sizes, opcode or QP configuration mismatch between the two ends",

@@ -150,7 +150,7 @@ fn refuse(mut chan: Channel, r: Refusal) {
         SetupError::TimedOut {
             state: "AwaitRequest",
             after,
-        } => crate::log_warn!("listener: {peer} connected but sent nothing for {after:?}; dropped"),
+        } => crate::log_warn!("listener: {peer} connected but sent no complete connection request within {after:?} (nothing, or part of one); dropped"),
         SetupError::TimedOut { after, .. } => {
             crate::log_warn!("listener: {peer} did not finish the handshake within {after:?}; dropped")
         }

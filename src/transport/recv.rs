@@ -248,6 +248,7 @@ impl RecvDp {
             },
             cts_inline_max,
             max_buffer_bytes: split::max_buffer_bytes(conn.wr_bytes()),
+            peer: conn.chan.peer.to_string(),
         };
         // SAFETY: the staging block is RING_BYTES, page-aligned, and lives in the same RecvDp.
         let ring = unsafe { RingMemory::new(&bufs) };
@@ -476,6 +477,16 @@ impl RecvDp {
         }
         if let Some(pr) = self.prof.as_mut() {
             pr.events.stop_request(idx);
+        }
+        if let Some(o) = done.and_then(|d| d.oversized) {
+            crate::log_warn!(
+                "the sender {} claimed {} bytes for buffer {} of a receive of {} buffer(s), posted with {} bytes: no honest sender claims more than the posted size (it truncates to it); reported the posted size (once per comm) — check the peer's version and health",
+                self.io.conn.chan.peer,
+                o.claimed,
+                o.buffer,
+                o.n,
+                o.posted
+            );
         }
         if let (Some(d), Some(s), Some(started)) = (done, &self.io.stats, &self.started) {
             if d.n > 0 {

@@ -69,9 +69,4 @@ impl StagingRing for RingMemory {
         // reclaimed.
         u32::from_le(unsafe { std::ptr::read_volatile(at.add(i % MAX_RECVS)) })
     }
-
-    fn load_posted_size(&self, pos: usize) -> u64 {
-        // SAFETY: an entry of the block; we wrote it at irecv, nobody else writes bytes 8..16.
-        u64::from_le(unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*self.entry(pos)).size)) })
-    }
 }

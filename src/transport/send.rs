@@ -313,7 +313,7 @@ impl SendDp {
             } else if open {
                 "the other sends of a grouped receive (NCCL has not issued them yet)".to_string()
             } else {
-                format!("completions of {in_flight} posted send(s): the network or the peer's NIC does not answer (check the link and the GID; NCCL_IB_TIMEOUT x NCCL_IB_RETRY_CNT bounds the wait)")
+                format!("completions of {in_flight} posted send(s). Likely cause: receiver-not-ready (RNR) — the peer's NIC answers but the peer posted no receive for the write with immediate, which the NIC retries without end (rnr_retry 7, as NCCL sets it): is the peer a ferroce or NCCL receiver, and alive? Else the network or the peer's NIC does not answer (check the link and the GID; NCCL_IB_TIMEOUT x NCCL_IB_RETRY_CNT bounds that wait, and then the send fails)")
             }
         })?;
         Ok(false)

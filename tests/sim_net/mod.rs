@@ -663,9 +663,6 @@ impl StagingRing for RingView<'_> {
     fn load_record(&self, pos: usize, i: usize) -> u32 {
         self.u32_at(self.at(pos) + fifo::SIZES_IN_ENTRY + 4 * (i % 8))
     }
-    fn load_posted_size(&self, pos: usize) -> u64 {
-        self.u64_at(self.at(pos) + 8)
-    }
 }
 
 /// A scratch word per device for flush reads.

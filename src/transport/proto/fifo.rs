@@ -222,6 +222,21 @@ pub fn check_group(entries: &[CtsEntry], counter: u64) -> GroupState {
     GroupState::Ready(n)
 }
 
+/// Whether the head entry, whose stamp does not announce group `counter`, can have been left
+/// there by an honest receiver. Until the receiver writes group `counter` itself the entry
+/// keeps what it held when the sender consumed it last (`left_over`: zeroed memory, or the
+/// entry of the group that had it one lap earlier, always an older counter): no other group
+/// takes this entry while the sender expects `counter` there (the receiver reuses an entry only
+/// after its group's receive completed). So a counter from the future, or any change of the
+/// stamp or seal word to another entry, is a stale, replayed or garbage write: `Some(the
+/// counter + 1 it announces)`. `None`: not posted yet. Entries are compared in wire order.
+pub fn impossible_head_entry(wire: &CtsEntry, left_over: &CtsEntry, counter: u64) -> Option<u64> {
+    let idx = u64::from_le(wire.stamp) & IDX_MASK;
+    let expected = stamp(counter);
+    let changed = (wire.stamp, wire.seal) != (left_over.stamp, left_over.seal);
+    (idx != expected && (idx > expected || changed)).then_some(idx)
+}
+
 /// The sender's read of group `counter`, expected at absolute entry `head` of its ring.
 /// `load_stamp(pos)` loads the raw (wire-order) stamp word of the entry at ring position `pos`
 /// alone; only when it announces `counter` are the group's entries loaded with `load(pos)`

@@ -62,15 +62,14 @@ fn cts_wr_id(d: usize, seq: u64) -> u64 {
 
 /// The receiver's CTS staging ring (the source of CTS writes), where the sender's NIC also
 /// writes a grouped receive's sizes (its completion record, [`fifo::SIZES_IN_ENTRY`] of the
-/// group's first entry). The driver implements it with volatile accesses.
+/// group's first entry). The driver implements it with volatile accesses. The whole block is
+/// remotely writable, so nothing the core trusts is read back from it but the records (the
+/// posted sizes it clamps them to are kept in the core).
 pub trait StagingRing {
     /// Store the wire-order entry at ring position `pos` (< RING).
     fn store_entry(&mut self, pos: usize, wire: &CtsEntry);
     /// Size `i` (< 8) of the completion record of the group at `pos`, host order.
     fn load_record(&self, pos: usize, i: usize) -> u32;
-    /// The posted size of the staged entry at `pos` (bytes 8..16, which the record never
-    /// touches), host order.
-    fn load_posted_size(&self, pos: usize) -> u64;
 }
 
 /// What the receiver needs to know of its connection.
@@ -92,6 +91,8 @@ pub struct RecvConfig {
     /// The largest buffer a receive takes: [`super::split::max_buffer_bytes`] of our devices,
     /// the `maxP2pBytes` the properties report.
     pub max_buffer_bytes: usize,
+    /// The peer as messages name it (its side-channel address).
+    pub peer: String,
 }
 
 /// One buffer of a grouped receive.
@@ -121,6 +122,20 @@ pub struct RecvDone {
     /// Sizes reported (buffers of a receive; 0 for a flush).
     pub n: usize,
     pub sizes: [u32; MAX_RECVS],
+    /// The first time in this comm the sender claimed more than a buffer's posted size (the
+    /// driver WARNs it once; the size reported is the posted one).
+    pub oversized: Option<Oversized>,
+}
+
+/// A size the sender claimed past what the buffer posted: no honest sender does that (it
+/// truncates to the posted size itself), so the peer is lying or corrupt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Oversized {
+    /// Buffer `buffer` of a group of `n`.
+    pub buffer: usize,
+    pub n: usize,
+    pub claimed: u32,
+    pub posted: u64,
 }
 
 /// The receiver's state machine.
@@ -140,6 +155,11 @@ pub struct RecvCore {
     cts_retired: [u64; MAX_DEVS],
     /// Per QP of the connection: its posted receives and the requests they are for.
     rqs: Box<[ReceiveQueue]>,
+    /// The posted size of the buffer at each ring position (kept here, not read back from the
+    /// staging block, which the peer can write).
+    posted: [u64; fifo::RING],
+    /// A claim past a posted size was reported (once per comm).
+    oversized_reported: bool,
 }
 
 /// One QP's receive side: the requests owed a completion on it, oldest first (each in flight,
@@ -199,6 +219,8 @@ impl RecvCore {
             flushes_in_flight: 0,
             cts_posted: [0; MAX_DEVS],
             cts_retired: [0; MAX_DEVS],
+            posted: [0; fifo::RING],
+            oversized_reported: false,
             rqs: vec![ReceiveQueue::EMPTY; cfg.routes.len()].into_boxed_slice(),
             cfg,
         }
@@ -316,7 +338,9 @@ impl RecvCore {
             // The ring gave these entries to this group: the group that had them before
             // completed and was reported (its CTS write was read by the NIC, its completion
             // record by us).
-            ring.store_entry(fifo::ring_pos(start + i as u64), &e.to_wire());
+            let pos = fifo::ring_pos(start + i as u64);
+            ring.store_entry(pos, &e.to_wire());
+            self.posted[pos] = b.size as u64;
         }
         let rdev = self.cfg.routes.get(d).map_or(0, |r| r.remote_dev).min(MAX_DEVS - 1);
         for (pos, len) in fifo::pieces(start, n) {
@@ -421,21 +445,43 @@ impl RecvCore {
 
     /// A successful completion on a data CQ: a receive (with the sender's immediate) or a
     /// signaled CTS write (it and every CTS write before it on that QP are retired).
+    ///
+    /// The immediate of a single receive is its size; a grouped receive's names the ring
+    /// position of the group's completion record, which must be the group's own: anything else
+    /// is a replayed or forged completion (an honest sender's receives complete in posting
+    /// order on each QP), and fails the comm.
     pub fn handle_completion(&mut self, wr_id: u64, imm: Option<u32>) {
         match wr_id >> KIND_SHIFT {
             KIND_RECV => {
                 let qp = (wr_id & 0xffff) as usize;
                 let Some(idx) = self.rqs.get_mut(qp).and_then(ReceiveQueue::pop) else {
                     self.state.fail(Error::remote(format!(
-                        "the sender completed a message on QP {qp} that no posted receive waits for (an RDMA write with immediate it was not asked for: a replayed, duplicated or forged completion)"
+                        "the sender {} completed a message on QP {qp} that no posted receive waits for (an RDMA write with immediate it was not asked for: a replayed, duplicated or forged completion)",
+                        self.cfg.peer
                     )));
                     return;
                 };
-                if let Some(r) = self.state.pool.get_mut(idx) {
-                    if r.kind() == ReqKind::Recv {
-                        if let Some(imm) = imm {
-                            r.size = imm;
-                        }
+                let Some(r) = self.state.pool.get_mut(idx) else {
+                    return;
+                };
+                if r.kind() != ReqKind::Recv {
+                    return;
+                }
+                let (n, pos) = (r.n(), r.pos());
+                match imm {
+                    Some(imm) if n > 1 && imm as usize != pos => {
+                        let e = Error::remote(format!(
+                            "the sender {} completed a grouped receive of {n} buffers (completion record at staging entry {pos}) with the immediate {imm}, which names another group's record: a replayed or forged completion from a corrupt or lying peer",
+                            self.cfg.peer
+                        ));
+                        // The comm's error from now on (state.check returns it).
+                        self.state.fail(e);
+                    }
+                    Some(imm) => {
+                        r.size = imm;
+                        r.complete_one();
+                    }
+                    None => {
                         r.complete_one();
                     }
                 }
@@ -488,12 +534,22 @@ impl RecvCore {
         let mut done = RecvDone {
             n: 0,
             sizes: [0; MAX_RECVS],
+            oversized: None,
         };
         if kind == ReqKind::Recv {
             let (n, pos) = (r.n(), r.pos());
             for i in 0..n {
                 let got = if n == 1 { r.size } else { ring.load_record(pos, i) };
-                let posted = ring.load_posted_size(fifo::ring_pos((pos + i) as u64));
+                let posted = self.posted[fifo::ring_pos((pos + i) as u64)];
+                if u64::from(got) > posted && !self.oversized_reported {
+                    self.oversized_reported = true;
+                    done.oversized = Some(Oversized {
+                        buffer: i,
+                        n,
+                        claimed: got,
+                        posted,
+                    });
+                }
                 done.sizes[i] = u64::from(got).min(posted) as u32;
             }
             done.n = n;

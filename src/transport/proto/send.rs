@@ -111,8 +111,15 @@ pub struct SendCore {
     credits: Box<[u16]>,
     cur: CurGroup,
     truncate_reported: bool,
-    /// When the current group's stamp was first seen without consistent entries.
+    /// When the current group's stamp was first seen without consistent entries, or an
+    /// impossible entry at the head ([`fifo::impossible_head_entry`]).
     landing_since: Option<Time>,
+    /// Per ring position, the stamp and seal words (wire order) of the entry this side last
+    /// consumed there (zero: never, the memory is as allocated): what an honest receiver
+    /// leaves there until it posts the group the sender expects. Kept from the consumption,
+    /// not sampled when the head gets there, so a rewrite that lands before the sender looks
+    /// is caught too.
+    consumed: [(u64, u32); fifo::RING],
 }
 
 impl SendCore {
@@ -136,6 +143,7 @@ impl SendCore {
             },
             truncate_reported: false,
             landing_since: None,
+            consumed: [(0, 0); fifo::RING],
         }
     }
 
@@ -169,16 +177,17 @@ impl SendCore {
         match st {
             GroupState::Ready(n) => {
                 self.landing_since = None;
+                for (i, e) in es.iter().enumerate().take(n) {
+                    let w = e.to_wire();
+                    self.consumed[fifo::ring_pos(self.head.wrapping_add(i as u64))] = (w.stamp, w.seal);
+                }
                 self.cur.active = true;
                 self.cur.n = n;
                 self.cur.entries = es;
                 self.cur.matched = 0;
                 Ok(true)
             }
-            GroupState::NotPosted => {
-                self.landing_since = None;
-                Ok(false)
-            }
+            GroupState::NotPosted => self.check_unposted_head(ring, now),
             GroupState::Landing => {
                 // Still being written; a seal that never verifies means a broken peer.
                 let now = now();
@@ -195,6 +204,37 @@ impl SendCore {
                 Ok(false)
             }
         }
+    }
+
+    /// The head entry does not announce the expected group: not posted yet, or (when its stamp
+    /// or seal is one no honest receiver leaves there, [`fifo::impossible_head_entry`]) a stale,
+    /// replayed or garbage CTS write. That is bounded like a landing group (a word read while
+    /// the receiver's NIC stores it may look impossible for a moment) and then fails the comm.
+    fn check_unposted_head(&mut self, ring: &impl FifoRing, now: impl FnOnce() -> Time) -> Result<bool> {
+        let pos = fifo::ring_pos(self.head);
+        let entry = ring.load_entry(pos);
+        let (stamp, seal) = self.consumed[pos];
+        let left_over = CtsEntry {
+            stamp,
+            seal,
+            ..CtsEntry::default()
+        };
+        let Some(idx) = fifo::impossible_head_entry(&entry, &left_over, self.counter) else {
+            self.landing_since = None;
+            return Ok(false);
+        };
+        let now = now();
+        let since = *self.landing_since.get_or_insert(now);
+        let waited = now.saturating_since(since);
+        if waited > self.cfg.landing_timeout {
+            return Err(self.state.fail(Error::remote(format!(
+                "the receiver {} wrote a CTS entry stamped for posting counter {} into FIFO entry {pos}, where it owes group {} (stale, replayed or garbage for {waited:?}): a corrupt or lying peer",
+                self.cfg.peer,
+                idx.wrapping_sub(1),
+                self.counter,
+            ))));
+        }
+        Ok(false)
     }
 
     /// Start a send of `size` bytes at `data` (lkeys per member device) to the buffer with
