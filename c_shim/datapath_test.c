@@ -6,6 +6,7 @@
  *   datapath_test <plugin.so> <version> recv <handle-file> [opts]   receiving process
  *   datapath_test <plugin.so> <version> send <handle-file> [opts]   sending process
  *   datapath_test <plugin.so> <version> garbage                     junk on the listen port first
+ *   datapath_test <plugin.so> <version> large SIZE                  one SIZE-byte message (GiBs)
  *
  * opts: -g groups  -b max-big-bytes  -s seed  -c comms  -w window  -D (no dmabuf)
  *       -f N  (v9+: fuse devices 0..N-1 with makeVDevice and use the fused device)
@@ -170,6 +171,17 @@ static int n_max_recvs(net_t* n) {
     case 10: { ferroce_net_properties_v10_t p; return T(10)->getProperties(0, &p) ? 1 : p.maxRecvs; }
     case 11: { ferroce_net_properties_v11_t p; return T(11)->getProperties(0, &p) ? 1 : p.maxRecvs; }
     default: { ferroce_net_properties_v12_t p; return T(12)->getProperties(0, &p) ? 1 : p.maxRecvs; }
+  }
+}
+
+/* maxP2pBytes of device 0 (v9+; older tables have no such field: 0). */
+static size_t n_max_p2p(net_t* n) {
+  switch (n->ver) {
+    case 9: { ferroce_net_properties_v9_t p; return T(9)->getProperties(0, &p) ? 0 : p.maxP2pBytes; }
+    case 10: { ferroce_net_properties_v10_t p; return T(10)->getProperties(0, &p) ? 0 : p.maxP2pBytes; }
+    case 11: { ferroce_net_properties_v11_t p; return T(11)->getProperties(0, &p) ? 0 : p.maxP2pBytes; }
+    case 12: { ferroce_net_properties_v12_t p; return T(12)->getProperties(0, &p) ? 0 : p.maxP2pBytes; }
+    default: return 0;
   }
 }
 
@@ -561,6 +573,93 @@ static int run_local(net_t* n) {
   return summary();
 }
 
+/* Sparse memory for messages of gigabytes: nothing is reserved, pages appear as written. */
+static uint8_t* sparse_new(size_t len) {
+  void* p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+static uint8_t probe_byte(size_t i) { return (uint8_t)(i * 7 + 1) | 1; }
+
+/* One message of `size` bytes (past 2 GiB and past one WR's max_msg_sz on v9+; INT_MAX, the most
+ * an int carries, on v6-v8): one probe byte per MiB and the last byte must land, and both ends'
+ * test() must report the size, saturated at INT_MAX where an int cannot hold it. v9+: maxP2pBytes
+ * covers the size, and a receive one byte past maxP2pBytes is refused with ncclInternalError.
+ * v6-v8: a size past INT_MAX reaches the plugin as a negative int, which isend refuses. */
+static int run_large(net_t* n, size_t size) {
+  void* sc[1];
+  void* rc[1];
+  CHECK(connect_local(n, 1, sc, rc) == 0, "connect one comm in one process");
+  if (failed) return summary();
+  uint8_t* src = sparse_new(size);
+  uint8_t* dst = sparse_new(size);
+  CHECK(src && dst, "mmap two sparse buffers of %zu bytes", size);
+  if (failed) return summary();
+  size_t nprobes = 0;
+  for (size_t off = 0; off < size; off += 1 << 20) src[off] = probe_byte(nprobes++);
+  src[size - 1] = 0x5a;
+  void *smh = NULL, *rmh = NULL;
+  int tag = 9;
+  if (n->ver >= 9) {
+    size_t max = n_max_p2p(n);
+    CHECK(max >= size, "v%d maxP2pBytes %zu covers a %zu-byte message", n->ver, max, size);
+    /* regMr covers the whole mapping; one byte past maxP2pBytes is refused by irecv itself. */
+    uint8_t* past = sparse_new(max + 1);
+    void* pmh = NULL;
+    CHECK(past && n_regmr(n, rc[0], past, max + 1, FERROCE_PTR_HOST, &pmh) == 0, "regMr of %zu bytes", max + 1);
+    size_t psz = max + 1;
+    void* pdata = past;
+    void* preq = NULL;
+    warns = 0;
+    int prc = n_irecv(n, rc[0], 1, &pdata, &psz, &tag, &pmh, &preq);
+    CHECK(prc == FERROCE_NCCL_INTERNAL_ERROR && preq == NULL && warns > 0, "irecv of maxP2pBytes + 1 bytes: ncclInternalError (%d), no request, a WARN", prc);
+    if (pmh) CHECK(n_deregmr(n, rc[0], pmh) == 0, "deregMr");
+    if (past) munmap(past, max + 1);
+    warns = 0;
+  } else if (size > (size_t)INT32_MAX) {
+    CHECK(n_regmr(n, sc[0], src, (size_t)INT32_MAX, FERROCE_PTR_HOST, &smh) == 0, "regMr");
+    void* req = NULL;
+    int rc0 = n_isend(n, sc[0], src, size, tag, smh, &req);
+    CHECK(rc0 == FERROCE_NCCL_INTERNAL_ERROR && req == NULL, "v%d isend of %zu bytes (a negative int): ncclInternalError (%d)", n->ver, size, rc0);
+    warns = 0;
+    CHECK(n_deregmr(n, sc[0], smh) == 0, "deregMr");
+    munmap(src, size), munmap(dst, size);
+    CHECK(n_close_send(n, sc[0]) == 0 && n_close_recv(n, rc[0]) == 0, "close");
+    return summary();
+  }
+  CHECK(n_regmr(n, sc[0], src, size, FERROCE_PTR_HOST, &smh) == 0, "regMr of the %zu-byte source", size);
+  CHECK(n_regmr(n, rc[0], dst, size, FERROCE_PTR_HOST, &rmh) == 0, "regMr of the %zu-byte destination", size);
+  if (failed) return summary();
+  void* rreq = NULL;
+  void* sreq = NULL;
+  void* ddata = dst;
+  size_t dsz = size;
+  CHECK(n_irecv(n, rc[0], 1, &ddata, &dsz, &tag, &rmh, &rreq) == 0 && rreq, "irecv of %zu bytes", size);
+  double end = now_s() + opt.limit;
+  int src0 = 0, trc = 0;
+  while (!sreq && src0 == 0 && now_s() < end) src0 = n_isend(n, sc[0], src, size, tag, smh, &sreq);
+  CHECK(src0 == 0 && sreq, "isend of %zu bytes (%d)", size, src0);
+  int sdone = 0, rdone = 0, ssize = -1, rsize = -1;
+  while (trc == 0 && sreq && rreq && (!sdone || !rdone) && now_s() < end) {
+    if (!sdone) trc = n_test(n, sreq, &sdone, &ssize);
+    if (!rdone && trc == 0) trc = n_test(n, rreq, &rdone, &rsize);
+  }
+  CHECK(trc == 0, "test() of the %zu-byte message (%d)", size, trc);
+  CHECK(sdone && rdone, "the %zu-byte message completed within %.0f s", size, opt.limit);
+  int want = size > (size_t)INT32_MAX ? INT32_MAX : (int)size;
+  CHECK(ssize == want && rsize == want, "test() sizes: sender %d, receiver %d (want %d)", ssize, rsize, want);
+  size_t wrong = 0, i = 0;
+  for (size_t off = 0; off < size; off += 1 << 20) wrong += dst[off] != probe_byte(i++);
+  wrong += dst[size - 1] != 0x5a;
+  CHECK(wrong == 0, "%zu of %zu probe bytes wrong", wrong, nprobes + 1);
+  CHECK(n_deregmr(n, sc[0], smh) == 0 && n_deregmr(n, rc[0], rmh) == 0, "deregMr");
+  munmap(src, size), munmap(dst, size);
+  CHECK(n_close_send(n, sc[0]) == 0 && n_close_recv(n, rc[0]) == 0, "close");
+  CHECK(warns == 0, "no WARN on a clean run (%d, last: %s)", warns, last_warn);
+  CHECK(n_finalize(n) == 0, "finalize");
+  printf("v%d: a %zu-byte message, %zu probe bytes right, test() sizes %d/%d\n", n->ver, size, nprobes + 1, ssize, rsize);
+  return summary();
+}
+
 static int write_handle(const char* file, const char* h) {
   char tmp[4096];
   snprintf(tmp, sizeof tmp, "%s.tmp", file);
@@ -704,9 +803,14 @@ int main(int argc, char** argv) {
   const char* mode = argv[3];
   int argi = 4;
   const char* file = NULL;
+  size_t large = 0;
   if (!strcmp(mode, "recv") || !strcmp(mode, "send")) {
     if (argc < 5) return 2;
     file = argv[argi++];
+  } else if (!strcmp(mode, "large")) {
+    if (argc < 5) return 2;
+    large = strtoull(argv[argi++], NULL, 0);
+    if (large == 0) return 2;
   }
   for (int i = argi; i < argc; i++) {
     const char* a = argv[i];
@@ -733,6 +837,7 @@ int main(int argc, char** argv) {
   net_t n = load(path, ver);
   if (!strcmp(mode, "local")) return run_local(&n);
   if (!strcmp(mode, "garbage")) return run_garbage(&n);
+  if (!strcmp(mode, "large")) return run_large(&n, large);
   if (!strcmp(mode, "recv")) return run_remote(&n, 0, file);
   if (!strcmp(mode, "send")) return run_remote(&n, 1, file);
   fprintf(stderr, "unknown mode %s\n", mode);

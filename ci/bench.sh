@@ -8,6 +8,9 @@
 #        for that reason alone (the NIC's copies miss the cache)
 #   P2 = plugin 8-byte half round trip (ping-pong median) / ib_write_lat       target <= 1.25
 #   P3 = all_reduce busbw at 64 MiB / sendrecv busbw at 64 MiB (2 ranks)       target >= 0.90
+# and the verbs work per message (issue 13): post calls, WRs, signaled completions, CQ polls,
+# packets, CTS writes, with the targets <= 1 post call per QP a message uses (each side), <= 1
+# signaled completion per QP per send, <= 1 CTS write per irecv (ci/work-counts.py)
 # BENCH_ROUNDS (7) rounds each run the plugin and perftest back to back; a ratio is the median of
 # the rounds' ratios, so that load from other processes (which drifts) hits both sides alike.
 # Fabric: the real RDMA devices `ibv_devices` lists, else softroce (each process its own
@@ -124,6 +127,18 @@ run_harness all_reduce 300 "$H/all_reduce_perf" -N 2 -b 8 -e "$MAX" -f 2 -n "$IT
 # one way (rank 0 -> rank 1), 4 MiB messages as ib_write_bw -s 4M sends them
 run_harness sendrecv_oneway 120 "$H/sendrecv_perf" -N 2 -O --chunk 4M -b 4M -e "$MAX" -f 2 -n "$ITERS" -w 2 --csv "$OUT/sendrecv_oneway.csv"
 run_harness pingpong 120 "$H/sendrecv_perf" -N 2 -P -b 8 -e 8 -n 2000 -w 100
+
+# ---- 1b. verbs work per message (issue 13 item 1): softroce's counters and the plugin's own
+# statistics (FERROCE_STATS) around each size's timed iterations; the targets are PASS/FAIL lines
+# with their figure (a FAIL is reported, not an error of the bench)
+for w in sendrecv all_reduce; do
+    if FERROCE_STATS=$OUT/work-stats run_harness "work_$w" 180 "$H/${w}_perf" -N 2 -b 4 -e 4M -f 16 -n "$ITERS" -w 2 --stats; then
+        say "# verbs work, $w 2 ranks, NCCL_IB_QPS_PER_CONNECTION=${NCCL_IB_QPS_PER_CONNECTION:-1}"
+        python3 "$ROOT/ci/work-counts.py" table "$w" "$OUT/work_$w.txt" | tee -a "$SUMMARY"
+        QPS=${NCCL_IB_QPS_PER_CONNECTION:-1} python3 "$ROOT/ci/work-counts.py" targets "$w" "$OUT/work_$w.txt" | tee -a "$SUMMARY" ||
+            problem "work_$w: no plugin figures in $OUT/work_$w.txt"
+    fi
+done
 
 # ---- 2. perftest over the same fabric ---------------------------------------------------------
 # perftest PORT NAME TOOL ARGS...: server in the background, client in front, both bounded.

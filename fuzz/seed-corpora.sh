@@ -5,6 +5,8 @@
 #     length seen in a capture of ibv_rc_pingpong and perftest's write/read/atomic over softroce;
 #   handshake: the side-channel TCP payloads of a real connection (datapath_test, two
 #     processes) and the 128-byte handle its listener wrote.
+#   transport_core: the choice streams of the simulation's seeded cases 0..63 (the 8-byte draws
+#     sim_transport's `seeded` makes for them), so the fuzzer starts from whole passing runs.
 # cts_fifo and softroce_proto take structured inputs: their corpora are grown by the fuzzer.
 set -eu
 cd "$(dirname "$0")/.."
@@ -80,4 +82,20 @@ for line in sys.stdin:
     n += 1
 open("fuzz/corpus/handshake/stream", "wb").write(stream)
 print("handshake seeds:", n, "frames and their concatenation")
+'
+# transport_core: splitmix64 from seed ^ 0x5eed0000 (tests/sim_net/run.rs random_case), 96 draws.
+mkdir -p fuzz/corpus/transport_core
+python3 -c '
+import struct
+M = (1 << 64) - 1
+for seed in range(64):
+    st, out = seed ^ 0x5EED0000, b""
+    for _ in range(96):
+        st = (st + 0x9E3779B97F4A7C15) & M
+        z = st
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
+        out += struct.pack("<Q", z ^ (z >> 31))
+    open("fuzz/corpus/transport_core/seed-%02d" % seed, "wb").write(out)
+print("transport_core seeds: 64")
 '

@@ -268,9 +268,12 @@ static int body(hctx_t* h) {
       h_barrier(h);
       int stats = o->stats && p == 0 && h_next_size(o, s) > o->max_bytes;
       if (stats) h_stats_begin(h);
+      if (o->stats && p == 0) h_work_begin(h);
       double t0 = h_now();
       for (int i = 0; i < o->iters; i++) run_allreduce(h, A, src, out);
       double dt = (h_now() - t0) / o->iters;
+      /* ring steps of the timed iterations: 2(n-1) per all_reduce (reduce-scatter, all-gather), per channel */
+      if (o->stats && p == 0) h_work_report(h, row->bytes, (double)o->iters * 2 * (h->nranks - 1) * h->nch);
       if (stats) h_stats_report(h, "the timed iterations of the largest size (out of place)");
       dt = h_allreduce_double(h, dt, o->average);
       long wrong = 0;

@@ -6,12 +6,14 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <ferroce/ferroce_abi.h>
 #include <ferroce/nccl_net.h>
 #include <getopt.h>
 #include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <sched.h>
+#include <softroce_counters.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -32,7 +34,7 @@
 static hctx_t* g_h; /* the rank's context, for the logger */
 /* Whole-run totals of this rank (never reset), printed at h_net_close when FERROCE_STATS is
  * set, so tests can compare them with the plugin's statistics file. */
-static long h_run_sends;
+static long h_run_sends, h_run_recvs;
 static double h_run_bytes_sent;
 
 double h_now(void) {
@@ -103,6 +105,9 @@ static void usage(const char* test_name, const char* extra, int rc) {
           "                           <harness dir>/../libnccl-net-ferroce.so)\n"
           "      --net-version N      use ncclNetPlugin_vN (default: newest exported, v12..v6)\n"
           "      --dev N              plugin device (default 0)\n"
+          "      --vdev K             each rank runs over a fused device (makeVDevice, v9+) of K members:\n"
+          "                           plugin devices dev..dev+K-1; over softroce each rank gets K\n"
+          "                           softroce devices on addresses of its own (printed at start)\n"
           "      --softroce 0|1       give each rank SOFTROCE_ADDR=<addr-base>.<rank+1> (default:\n"
           "                           when the libibverbs.so.1 first on LD_LIBRARY_PATH is softroce's)\n"
           "      --addr-base A.B.C    loopback prefix for softroce ranks (default 127.0.50)\n"
@@ -110,7 +115,10 @@ static void usage(const char* test_name, const char* extra, int rc) {
           "      --csv FILE           also write the rows as CSV\n"
           "      --json FILE          also write the rows as JSON\n"
           "      --stats              after the table: CPU time of each rank's threads and time inside\n"
-          "                           isend/irecv/test during the timed iterations of the largest size\n"
+          "                           isend/irecv/test during the timed iterations of the largest size;\n"
+          "                           for every size, #work lines: verbs work per message (softroce's\n"
+          "                           counters; the plugin's, with FERROCE_STATS set: posts, signaled\n"
+          "                           completions, CTS writes per side)\n"
           "%s"
           "Environment: NCCL_DEBUG=INFO prints the plugin's INFO lines (WARNs are always printed).\n",
           test_name, H_MAX_CHANNELS, extra ? extra : "");
@@ -163,7 +171,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
   const char* dbg = getenv("NCCL_DEBUG");
   if (dbg && (strcasecmp(dbg, "INFO") == 0 || strcasecmp(dbg, "TRACE") == 0)) o->quiet_log = 0;
 
-  enum { O_INPLACE = 1000, O_CHUNK, O_STEPS, O_PLUGIN, O_NETV, O_DEV, O_SOFTROCE, O_ADDR, O_TIMEOUT, O_CSV, O_JSON, O_CONNS, O_STATS, O_GROUP, O_DIRECT, O_COMPUTE, O_CHUNKSTEPS, O_SLICESTEPS };
+  enum { O_INPLACE = 1000, O_CHUNK, O_STEPS, O_PLUGIN, O_NETV, O_DEV, O_SOFTROCE, O_ADDR, O_TIMEOUT, O_CSV, O_JSON, O_CONNS, O_STATS, O_GROUP, O_DIRECT, O_COMPUTE, O_CHUNKSTEPS, O_SLICESTEPS, O_VDEV };
   static const struct option longs[] = {
       {"minbytes", required_argument, 0, 'b'}, {"maxbytes", required_argument, 0, 'e'},
       {"stepfactor", required_argument, 0, 'f'}, {"stepbytes", required_argument, 0, 'i'},
@@ -173,7 +181,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
       {"average", required_argument, 0, 'a'}, {"pingpong", no_argument, 0, 'P'}, {"oneway", no_argument, 0, 'O'},
       {"inplace", required_argument, 0, O_INPLACE}, {"chunk", required_argument, 0, O_CHUNK},
       {"steps", required_argument, 0, O_STEPS}, {"plugin", required_argument, 0, O_PLUGIN},
-      {"net-version", required_argument, 0, O_NETV}, {"dev", required_argument, 0, O_DEV},
+      {"net-version", required_argument, 0, O_NETV}, {"dev", required_argument, 0, O_DEV}, {"vdev", required_argument, 0, O_VDEV},
       {"softroce", required_argument, 0, O_SOFTROCE}, {"addr-base", required_argument, 0, O_ADDR},
       {"timeout", required_argument, 0, O_TIMEOUT}, {"csv", required_argument, 0, O_CSV},
       {"json", required_argument, 0, O_JSON}, {"conns", required_argument, 0, O_CONNS}, {"stats", no_argument, 0, O_STATS}, {"group", required_argument, 0, O_GROUP}, {"direct", required_argument, 0, O_DIRECT}, {"compute", required_argument, 0, O_COMPUTE}, {"chunksteps", required_argument, 0, O_CHUNKSTEPS}, {"slicesteps", required_argument, 0, O_SLICESTEPS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
@@ -198,6 +206,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
       case O_PLUGIN: o->plugin = optarg; break;
       case O_NETV: o->net_version = atoi(optarg); break;
       case O_DEV: o->dev = atoi(optarg); break;
+      case O_VDEV: o->vdev = atoi(optarg); break;
       case O_SOFTROCE: o->softroce = atoi(optarg); break;
       case O_ADDR: snprintf(o->addr_base, sizeof o->addr_base, "%s", optarg); break;
       case O_TIMEOUT: o->timeout_s = atoi(optarg); break;
@@ -233,6 +242,11 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
   if (o->average < 0 || o->average > 3) h_die(NULL, "-a: 0..3");
   if (o->net_version && (o->net_version < 6 || o->net_version > 12)) h_die(NULL, "--net-version: 6..12");
   if (o->softroce < 0) o->softroce = softroce_on_path();
+  if (o->vdev < 0 || o->vdev == 1 || o->vdev > FERROCE_NET_MAX_DEVS_PER_NIC_V9)
+    h_die(NULL, "--vdev K: 2..%d members (0: no fusion)", FERROCE_NET_MAX_DEVS_PER_NIC_V9);
+  if (o->vdev && o->net_version && o->net_version < 9) h_die(NULL, "--vdev needs ncclNetPlugin_v9 or newer (makeVDevice)");
+  if (o->vdev && o->softroce && o->nranks * o->vdev > 254)
+    h_die(NULL, "--vdev %d with %d ranks: more softroce addresses than %s.1..254 holds", o->vdev, o->nranks, o->addr_base);
   if ((o->pingpong || o->oneway) && o->nranks != 2) h_die(NULL, "-P (ping-pong) and -O (one way) need exactly 2 ranks");
   if (o->pingpong && o->oneway) h_die(NULL, "-P and -O exclude each other");
 }
@@ -530,9 +544,14 @@ int h_main(int argc, char** argv, const char* test_name, hbody_t body, const cha
       for (int i = 0; i < r; i++) close(fds[i]);
       close(sv[0]);
       if (o.softroce) {
-        char addr[64];
-        snprintf(addr, sizeof addr, "%s.%d", o.addr_base, r + 1);
+        char addr[512];
+        h_softroce_addrs(&o, r, addr, sizeof addr);
         setenv("SOFTROCE_ADDR", addr, 1);
+        if (o.vdev) {
+          char n[16];
+          snprintf(n, sizeof n, "%d", o.vdev);
+          setenv("SOFTROCE_DEVICES", n, 1);
+        }
       }
       static hctx_t h;
       memset(&h, 0, sizeof h);
@@ -579,6 +598,36 @@ static void h_logger(int level, unsigned long flags, const char* file, int line,
 }
 
 #define T(v) ((ferroce_net_v##v##_t*)g_tab)
+
+/* The softroce addresses of rank r: <base>.<r+1>, or with --vdev K its K addresses
+ * <base>.<rK+1>,...,<base>.<rK+K> (SOFTROCE_ADDR's list form). */
+void h_softroce_addrs(const hopts_t* o, int r, char* out, size_t len) {
+  int k = o->vdev ? o->vdev : 1;
+  size_t at = 0;
+  out[0] = 0;
+  for (int i = 0; i < k && at < len; i++)
+    at += (size_t)snprintf(out + at, len - at, "%s%s.%d", i ? "," : "", o->addr_base, r * k + i + 1);
+}
+
+/* --vdev K: fuse plugin devices dev..dev+K-1 with makeVDevice and use the fused device. */
+static void h_fuse(hctx_t* h, int ndev) {
+  int k = h->o->vdev, first = h->o->dev;
+  if (g_ver < 9) h_die(h, "--vdev: ncclNetPlugin_v%d has no makeVDevice (v9+)", g_ver);
+  if (first + k > ndev)
+    h_die(h, "--vdev %d from --dev %d: the plugin has only %d devices (over softroce each rank gets K; else check NCCL_IB_HCA)", k, first, ndev);
+  int d = -1, rc;
+  if (g_ver >= 12) {
+    ferroce_vdevice_props_v12_t vp = {k, {0}};
+    for (int i = 0; i < k; i++) vp.devs[i] = first + i;
+    rc = T(12)->makeVDevice(&d, &vp);
+  } else {
+    ferroce_vdevice_props_v9_t vp = {k, {0}};
+    for (int i = 0; i < k; i++) vp.devs[i] = first + i;
+    rc = T(9)->makeVDevice(&d, &vp);
+  }
+  if (rc || d < 0) h_die(h, "makeVDevice of devices %d..%d = %d (see the WARN above)", first, first + k - 1, rc);
+  h->dev = d;
+}
 
 static int w_init(void** ctx) {
   ferroce_net_comm_config_t cfg = {-1};
@@ -688,6 +737,7 @@ void h_net_open(hctx_t* h) {
   if (rc || ndev < 1) h_die(h, "plugin devices() = %d, %d devices", rc, ndev);
   if (h->o->dev >= ndev) h_die(h, "--dev %d: the plugin has %d devices", h->o->dev, ndev);
   h->dev = h->o->dev;
+  if (h->o->vdev) h_fuse(h, ndev);
   hnet_props_t p;
   rc = n->get_props(h->dev, &p);
   if (rc) h_die(h, "getProperties(%d) = %d", h->dev, rc);
@@ -699,7 +749,12 @@ void h_net_open(hctx_t* h) {
     printf("# device %d of %d: %s, speed %d Mbps, maxRecvs %d, maxComms %d%s%s\n", h->dev, ndev, p.name, p.speed,
            p.max_recvs, p.max_comms, h->o->softroce ? ", softroce SOFTROCE_ADDR=" : "",
            h->o->softroce ? h->o->addr_base : "");
-    if (h->o->softroce) printf("#   (ranks use %s.1 .. %s.%d)\n", h->o->addr_base, h->o->addr_base, h->nranks);
+    if (h->o->softroce && !h->o->vdev) printf("#   (ranks use %s.1 .. %s.%d)\n", h->o->addr_base, h->o->addr_base, h->nranks);
+    for (int r = 0; h->o->softroce && h->o->vdev && r < h->nranks; r++) {
+      char addr[512];
+      h_softroce_addrs(h->o, r, addr, sizeof addr);
+      printf("#   rank %d: fused device of %d softroce devices on %s\n", r, h->o->vdev, addr);
+    }
   }
 }
 
@@ -978,6 +1033,7 @@ int hq_post_recvn(hctx_t* h, hq_t* q, int n, void** data, size_t* capacity, size
   if (rc) h_die(h, "irecv(n=%d, %zu bytes) = %d", n, capacity[0], rc);
   if (!req) return 0;
   h_stats.recvs++;
+  h_run_recvs++;
   int s = (int)(q->posted % H_MAX_INFLIGHT);
   q->req[s] = req, q->n[s] = n;
   for (int i = 0; i < n; i++) q->expect[s][i] = expect[i];
@@ -1085,5 +1141,119 @@ void h_stats_report(hctx_t* h, const char* what) {
     double* x = all + 9 * r;
     printf("#   rank %d: %.2f | %.2f (%.0f%%) | %.2f (%.0f%%) | %.3f/%.3f/%.3f | %.0f | %.0f | %.3f (%.0f%%)\n", r, x[0], x[1],
            100 * x[1] / x[0], x[2], 100 * x[2] / x[0], x[3], x[4], x[5], x[6], x[7], x[8], 100 * x[8] / x[0]);
+  }
+}
+
+/* ---- verbs work per message (--stats) ----
+ * Two sources, snapshotted around the timed iterations of each size:
+ *  - softroce's process counters (softroce_counters_get in libibverbs.so.1; absent on a real
+ *    NIC): every post call, WR, signaled WR, inline byte, CQ poll and packet of the process,
+ *    both roles together;
+ *  - the plugin's own statistics (ferroce_stats_totals_get; kept when FERROCE_STATS or
+ *    NCCL_DEBUG=INFO is set), split by side: the send side's posts and signaled completions per
+ *    isend, the receive side's posts and CTS writes per irecv. CTS writes come from here (a CTS
+ *    is an RDMA WRITE like the sender's data, so softroce cannot tell them apart). */
+_Static_assert(sizeof(struct softroce_counters) == 160, "struct softroce_counters: 160 bytes (layout_tests.rs)");
+_Static_assert(offsetof(struct softroce_counters, retransmits) == 152, "softroce_counters.retransmits at 152");
+_Static_assert(sizeof(ferroce_rs_FerroceStatsTotals) == 104, "FerroceStatsTotals: 104 bytes (src/abi/stats.rs)");
+
+typedef int (*ferroce_stats_totals_get_fn)(ferroce_rs_FerroceStatsTotals*, size_t);
+static softroce_counters_get_fn g_sr_get;
+static ferroce_stats_totals_get_fn g_pl_get;
+static int g_work_looked;
+static struct softroce_counters g_sr0;
+static ferroce_rs_FerroceStatsTotals g_pl0;
+static long g_sends0, g_recvs0;
+static double g_bytes0;
+
+static int sr_snapshot(struct softroce_counters* c) {
+  memset(c, 0, sizeof *c);
+  return g_sr_get && g_sr_get(c, sizeof *c) == 0 && c->size == sizeof *c;
+}
+
+static int pl_snapshot(ferroce_rs_FerroceStatsTotals* t) {
+  memset(t, 0, sizeof *t);
+  return g_pl_get && g_pl_get(t, sizeof *t) == 0 && t->size == sizeof *t && t->enabled;
+}
+
+void h_work_begin(hctx_t* h) {
+  if (!g_work_looked) {
+    g_work_looked = 1;
+    void* ibv = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (ibv) *(void**)&g_sr_get = dlsym(ibv, "softroce_counters_get");
+    *(void**)&g_pl_get = dlsym(g_dl, "ferroce_stats_totals_get");
+    ferroce_rs_FerroceStatsTotals t;
+    if (h->rank == 0) {
+      if (!g_sr_get)
+        printf("# verbs work: no softroce counters (libibverbs.so.1 %s softroce_counters_get: a real NIC); plugin figures only\n",
+               ibv ? "has no" : "not loaded, no");
+      if (!g_pl_get)
+        printf("# verbs work: the plugin exports no ferroce_stats_totals_get: no per-side or CTS figures\n");
+      else if (!pl_snapshot(&t))
+        printf("# verbs work: the plugin keeps no statistics (set FERROCE_STATS=DIR): no per-side or CTS figures\n");
+      printf("# verbs work per message, averaged over the timed iterations (per rank: msgs = its isends or irecvs, whichever more,\n"
+             "#   msg_bytes = the bytes of its average isend;\n"
+             "#   softroce figures count both roles of the process; send_* per isend, recv_* and cts per irecv, from the plugin)\n");
+    }
+  }
+  sr_snapshot(&g_sr0);
+  pl_snapshot(&g_pl0);
+  g_sends0 = h_run_sends, g_recvs0 = h_run_recvs, g_bytes0 = h_run_bytes_sent;
+}
+
+enum { W_MSGS, W_MSG_BYTES, W_SENDS, W_RECVS, W_SR, W_PL, W_POST_SEND, W_WRS, W_SIGNALED, W_INLINE_B, W_POST_RECV, W_POLLS, W_EMPTY, W_CQES,
+       W_PACKETS, W_RESP, W_RETX, W_SEND_POSTS, W_SEND_WRS, W_SEND_SIGNALED, W_RECV_POSTS, W_CTS, W_N };
+
+void h_work_report(hctx_t* h, size_t bytes, double steps) {
+  struct softroce_counters c;
+  ferroce_rs_FerroceStatsTotals t;
+  double v[W_N] = {0};
+  v[W_SR] = sr_snapshot(&c);
+  v[W_PL] = pl_snapshot(&t);
+  v[W_SENDS] = (double)(h_run_sends - g_sends0), v[W_RECVS] = (double)(h_run_recvs - g_recvs0);
+  v[W_MSGS] = v[W_SENDS] > v[W_RECVS] ? v[W_SENDS] : v[W_RECVS];
+  v[W_MSG_BYTES] = v[W_SENDS] > 0 ? (h_run_bytes_sent - g_bytes0) / v[W_SENDS] : 0;
+  double m = v[W_MSGS] > 0 ? v[W_MSGS] : 1, ns = v[W_SENDS] > 0 ? v[W_SENDS] : 1, nr = v[W_RECVS] > 0 ? v[W_RECVS] : 1;
+  if (v[W_SR]) {
+    v[W_POST_SEND] = (double)(c.post_send_calls - g_sr0.post_send_calls) / m;
+    v[W_WRS] = (double)(c.send_wrs - g_sr0.send_wrs) / m;
+    v[W_SIGNALED] = (double)(c.signaled_wrs - g_sr0.signaled_wrs) / m;
+    v[W_INLINE_B] = (double)(c.inline_bytes - g_sr0.inline_bytes) / m;
+    v[W_POST_RECV] = (double)(c.post_recv_calls - g_sr0.post_recv_calls) / m;
+    v[W_POLLS] = (double)(c.poll_cq_calls - g_sr0.poll_cq_calls) / m;
+    v[W_EMPTY] = (double)(c.poll_cq_empty - g_sr0.poll_cq_empty) / m;
+    v[W_CQES] = (double)(c.cqes - g_sr0.cqes) / m;
+    v[W_PACKETS] = (double)(c.tx_packets - g_sr0.tx_packets) / m;
+    v[W_RESP] = (double)(c.tx_responses - g_sr0.tx_responses) / m;
+    v[W_RETX] = (double)(c.retransmits - g_sr0.retransmits) / m;
+  }
+  if (v[W_PL]) {
+    v[W_SEND_POSTS] = (double)(t.send_post_calls - g_pl0.send_post_calls) / ns;
+    v[W_SEND_WRS] = (double)(t.send_wrs - g_pl0.send_wrs) / ns;
+    v[W_SEND_SIGNALED] = (double)(t.send_completions - g_pl0.send_completions) / ns;
+    v[W_RECV_POSTS] = (double)(t.recv_post_calls - g_pl0.recv_post_calls) / nr;
+    v[W_CTS] = (double)(t.cts_writes - g_pl0.cts_writes) / nr;
+  }
+  double all[W_N * 256];
+  h_allgather(h, v, sizeof v, all);
+  if (h->rank != 0) return;
+  for (int r = 0; r < h->nranks; r++) {
+    double* x = all + W_N * r;
+    char sr[320] = "softroce=absent", pl[200] = "plugin=absent";
+    if (x[W_SR])
+      snprintf(sr, sizeof sr,
+               "post_send=%.3f wrs=%.3f signaled=%.3f inline_bytes=%.1f post_recv=%.3f polls=%.2f empty_polls=%.2f cqes=%.3f "
+               "packets=%.3f responses=%.3f retransmits=%.4f",
+               x[W_POST_SEND], x[W_WRS], x[W_SIGNALED], x[W_INLINE_B], x[W_POST_RECV], x[W_POLLS], x[W_EMPTY], x[W_CQES],
+               x[W_PACKETS], x[W_RESP], x[W_RETX]);
+    if (x[W_PL])
+      snprintf(pl, sizeof pl, "send_posts=%.3f send_wrs=%.3f send_signaled=%.3f recv_posts=%.3f cts=%.3f", x[W_SEND_POSTS],
+               x[W_SEND_WRS], x[W_SEND_SIGNALED], x[W_RECV_POSTS], x[W_CTS]);
+    printf("#work bytes=%zu rank=%d msgs=%.0f isends=%.0f irecvs=%.0f msg_bytes=%.0f %s %s\n", bytes, r, x[W_MSGS], x[W_SENDS],
+           x[W_RECVS], x[W_MSG_BYTES], sr, pl);
+    if (steps > 0 && x[W_SR])
+      printf("#work-step bytes=%zu rank=%d steps=%.0f post_send=%.3f wrs=%.3f signaled=%.3f post_recv=%.3f polls=%.2f cts=%.3f\n",
+             bytes, r, steps, x[W_POST_SEND] * x[W_MSGS] / steps, x[W_WRS] * x[W_MSGS] / steps, x[W_SIGNALED] * x[W_MSGS] / steps,
+             x[W_POST_RECV] * x[W_MSGS] / steps, x[W_POLLS] * x[W_MSGS] / steps, x[W_CTS] * x[W_RECVS] / steps);
   }
 }

@@ -77,6 +77,7 @@ typedef struct {
   int slice_steps;             /* all_reduce_perf --slicesteps: steps per message (ALLREDUCE_SLICESTEPS 2) */
   int net_version;             /* --net-version N: use ncclNetPlugin_vN (default newest) */
   int dev;                     /* --dev: plugin device index */
+  int vdev;                    /* --vdev K: fuse devices dev..dev+K-1 with makeVDevice (0: off) */
   int softroce;                /* -1 auto (LD_LIBRARY_PATH), 0 no, 1 yes */
   char addr_base[32];          /* --addr-base 127.0.50 */
   int timeout_s;               /* --timeout: the launcher kills the ranks after this long */
@@ -84,7 +85,7 @@ typedef struct {
   const char* csv;             /* --csv FILE */
   const char* json;            /* --json FILE */
   int conns;                   /* scale_bench --conns: connections between the two ranks */
-  int stats;                   /* --stats: CPU and plugin-call time of the largest size */
+  int stats;                   /* --stats: CPU and plugin-call time of the largest size, verbs work of each */
   int quiet_log;               /* only WARNs from the plugin (default), 0 = INFO too */
 } hopts_t;
 
@@ -190,6 +191,10 @@ typedef struct {
 extern hstats_t h_stats;
 void h_stats_begin(hctx_t* h);
 void h_stats_report(hctx_t* h, const char* what); /* collective; rank 0 prints */
+/* --stats: the verbs work of each size's timed iterations per message (softroce's counters and
+ * the plugin's statistics, see common.c); steps > 0 also prints it per collective step. */
+void h_work_begin(hctx_t* h);
+void h_work_report(hctx_t* h, size_t bytes, double steps); /* collective; rank 0 prints */
 
 /* ---- results ---- */
 typedef struct {
@@ -223,6 +228,7 @@ static inline float h_pattern(int r, size_t i) {
 
 /* "ring", "pingpong" or "oneway" */
 const char* h_mode(const hopts_t* o);
+void h_softroce_addrs(const hopts_t* o, int r, char* out, size_t len);
 
 /* When a polling loop made no progress: let softroce's threads run (this host may have few cores). */
 void h_idle(hctx_t* h);

@@ -174,6 +174,7 @@ static int body(hctx_t* h) {
     h_barrier(h);
     int last = h_next_size(o, s) > o->max_bytes;
     if (o->stats && last) h_stats_begin(h);
+    if (o->stats) h_work_begin(h);
     double dt;
     if (o->pingpong) {
       /* the median round trip / 2 on rank 0, as ib_write_lat's t_typical */
@@ -188,6 +189,7 @@ static int body(hctx_t* h) {
       dt = (h_now() - t0) / o->iters;
       dt = h_allreduce_double(h, dt, o->average);
     }
+    if (o->stats) h_work_report(h, row->bytes, 0);
     if (o->stats && last) h_stats_report(h, "the timed iterations of the largest size");
     long wrong = 0;
     float* sf = (float*)sbuf;

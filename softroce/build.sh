@@ -49,7 +49,7 @@ mv "$out/libibverbs.so.1.tmp" "$out/libibverbs.so.1"
 cp -f "$built/softroce-ctl" "$out/softroce-ctl"
 # Sanity: every symbol of the map must be exported with its version.
 want=$(grep -cE '^\s+[A-Za-z_][A-Za-z0-9_]*;' "$out/libibverbs.map")
-have=$(objdump -T "$out/libibverbs.so.1" | grep -cE ' (IBVERBS_[0-9.]+|'"$node"')\s')
+have=$(objdump -T "$out/libibverbs.so.1" | grep -cE ' (IBVERBS_[0-9.]+|SOFTROCE_[0-9]+|'"$node"')\s')
 if [ "$have" -lt "$want" ]; then
     echo "build.sh: only $have of $want versioned exports in libibverbs.so.1" >&2
     exit 1

@@ -37,7 +37,9 @@ pub const LEGACY_CONTEXT: CommContext = CommContext { traffic_class: -1 };
 pub const MAX_VIRTUAL_DEVICES: usize = 256;
 /// `maxRecvs` we report: grouped receives up to 8, as NCCL's IB transport.
 pub use crate::transport::MAX_RECVS;
-/// `maxP2pBytes`: NCCL's upper bound (spec §1.4).
+/// `maxP2pBytes` NCCL accepts at most (spec §1.4); a device reports what its data path
+/// carries, below this: as many pieces as one chain holds, each at most the port's `max_msg_sz`
+/// (`transport::proto::split::max_buffer_bytes`).
 pub const MAX_P2P_BYTES: usize = 1 << 40;
 /// `maxCollBytes`, as NCCL's IB transport.
 pub const MAX_COLL_BYTES: usize = 512 << 20;
@@ -256,7 +258,13 @@ pub fn properties(dev: i32) -> Result<Properties> {
         max_recvs: MAX_RECVS as i32,
         net_device_version: 0,
         vdevs: vdev.members.iter().map(|d| d.index as i32).collect(),
-        max_p2p_bytes: MAX_P2P_BYTES,
+        max_p2p_bytes: vdev
+            .members
+            .iter()
+            .map(|d| transport::proto::split::max_buffer_bytes(d.max_msg_bytes))
+            .min()
+            .unwrap_or(0)
+            .clamp(1, MAX_P2P_BYTES),
         max_coll_bytes: MAX_COLL_BYTES,
         max_multi_request_size: 1,
         rail_id: vdev.rail,

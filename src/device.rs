@@ -53,6 +53,8 @@ pub struct NetDevice {
     pub lid: u16,
     /// `ibv_mtu` enum value of the port's active MTU.
     pub active_mtu: u32,
+    /// The port's `max_msg_sz`: the most bytes one WR carries (longer chunks go in pieces).
+    pub max_msg_bytes: usize,
     pub speed_mbps: i32,
     /// Merged PCI path (function digit zeroed), `None` when the device has no PCI function.
     pub pci_path: Option<String>,
@@ -458,6 +460,7 @@ fn probe_ports(ctx: &Arc<Context>, cfg: &Config, found: &mut Vec<NetDevice>, ski
             gid,
             lid: info.lid,
             active_mtu: info.active_mtu,
+            max_msg_bytes: info.max_msg_sz as usize,
             speed_mbps: speed_mbps(info.active_speed, info.active_width),
             pci_path: pci_path.clone(),
             guid: nccl_guid(ctx.info.sys_image_guid),
@@ -654,6 +657,7 @@ mod tests {
         let active_eth = PortInfo {
             state: 4,
             active_mtu: 5,
+            max_msg_sz: 1 << 31,
             gid_tbl_len: 4,
             lid: 0,
             active_width: 2,

@@ -16,6 +16,8 @@ fn checked_in_header_matches_the_rust_declarations() {
         .with_src(root.join("src/log.rs"))
         // So is the profiler callback type, by the profiler module.
         .with_src(root.join("src/profiler.rs"))
+        // ferroce's own in-process statistics call (the harness's --stats).
+        .with_src(root.join("src/abi/stats.rs"))
         .generate()
         .expect("cbindgen parses src/abi/types.rs and src/log.rs")
         .write(&mut generated);

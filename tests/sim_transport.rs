@@ -2,601 +2,24 @@
 //! clock, joined by the in-memory NIC of `sim_net`, driven the way NCCL drives a connection
 //! until every request is done or the run fails. No sockets, no threads, no verbs.
 //!
-//! The oracle is naive: every receive reports min(sent, posted) bytes per buffer, every byte
-//! of it equals the sender's and was written exactly once, nothing is written outside what was
-//! posted, every send reports the bytes it sent, and nothing is left in flight. A failing case
-//! prints its seed; `SIM_SEED=n cargo test --test sim_transport seeded` replays one.
+//! The run and its oracle are `sim_net::run` (shared with the `transport_core` fuzz target):
+//! every receive reports min(sent, posted) bytes per buffer, every byte of it equals the
+//! sender's and was written exactly once, nothing is written outside what was posted, every
+//! send reports the bytes it sent, and nothing is left in flight. A failing case prints its
+//! seed; `SIM_SEED=n cargo test --test sim_transport seeded` replays one.
 
 mod sim_net;
 
 use nccl_net_ferroce::error::Error;
-use nccl_net_ferroce::transport::proto::fifo::{self, CtsEntry, RING, RING_BYTES};
+use nccl_net_ferroce::transport::proto::fifo::{self, CtsEntry, RING};
 use nccl_net_ferroce::transport::proto::limits::MAX_DEVS;
-use nccl_net_ferroce::transport::proto::plan::QpRoute;
-use nccl_net_ferroce::transport::proto::recv::{Irecv, RecvBuf, RecvConfig, RecvCore, CTS_DEPTH};
+use nccl_net_ferroce::transport::proto::recv::{Irecv, RecvCore};
 use nccl_net_ferroce::transport::proto::request::{self, ReqKind};
-use nccl_net_ferroce::transport::proto::send::{Isend, SendBuf, SendConfig, SendCore, SQ_DEPTH};
+use nccl_net_ferroce::transport::proto::send::Isend;
 use nccl_net_ferroce::transport::proto::split;
-use nccl_net_ferroce::transport::proto::time::Time;
-use sim_net::{Fabric, Faults, RingView, Rng, Side, Wc};
+use sim_net::run::{random_case, run_case, Case, Msg, Run};
+use sim_net::{Faults, RingView, Side};
 use std::time::Duration;
-
-/// One buffer of a grouped receive and the send that goes into it.
-#[derive(Clone, Copy, Debug)]
-struct Msg {
-    posted: usize,
-    sent: usize,
-    tag: i32,
-}
-
-/// The shape of a connection and what goes over it.
-#[derive(Clone, Debug)]
-struct Case {
-    seed: u64,
-    sender_devs: usize,
-    receiver_devs: usize,
-    qps_per_conn: usize,
-    split: bool,
-    ar_threshold: Option<usize>,
-    inline_cts: bool,
-    groups: Vec<Vec<Msg>>,
-    faults: Faults,
-    /// Flush (one-byte read back) after this percentage of receives.
-    flush_percent: u64,
-    /// How eagerly the receiver tests (percent of its turns): low keeps many in flight.
-    recv_test_percent: u64,
-    send_test_percent: u64,
-}
-
-impl Case {
-    fn simple(groups: Vec<Vec<Msg>>) -> Case {
-        Case {
-            seed: 1,
-            sender_devs: 1,
-            receiver_devs: 1,
-            qps_per_conn: 1,
-            split: false,
-            ar_threshold: None,
-            inline_cts: false,
-            groups,
-            faults: Faults::default(),
-            flush_percent: 0,
-            recv_test_percent: 50,
-            send_test_percent: 50,
-        }
-    }
-
-    fn nqps(&self) -> usize {
-        self.qps_per_conn * self.sender_devs.max(self.receiver_devs)
-    }
-}
-
-fn fail_quietly(_: &Error) {}
-
-/// Both ends, the fabric and the bookkeeping of a run.
-struct Run {
-    case: Case,
-    rng: Rng,
-    fab: Fabric,
-    now: Time,
-    send: SendCore,
-    recv: RecvCore,
-    fifo: usize,
-    staging: usize,
-    send_data: usize,
-    recv_data: usize,
-    scratch: usize,
-    /// Offsets of each message in the data regions.
-    send_off: Vec<Vec<usize>>,
-    recv_off: Vec<Vec<usize>>,
-    /// The sender's isends in order: (group, buffer).
-    send_order: Vec<(usize, usize)>,
-    next_send: usize,
-    next_group: usize,
-    sends: Vec<(u16, usize, usize)>,
-    recvs: Vec<(u16, usize)>,
-    flushes: Vec<u16>,
-    sends_done: usize,
-    groups_done: usize,
-    truncations: usize,
-}
-
-fn routes(n: usize, local: usize, remote: usize) -> Vec<QpRoute> {
-    (0..n)
-        .map(|i| QpRoute {
-            dev: i % local,
-            remote_dev: i % remote,
-        })
-        .collect()
-}
-
-impl Run {
-    fn new(case: Case) -> Run {
-        let mut rng = Rng(case.seed);
-        let nqps = case.nqps();
-        let (nl, nr) = (case.sender_devs, case.receiver_devs);
-        let sroutes = routes(nqps, nl, nr);
-        let rroutes = routes(nqps, nr, nl);
-        let mut fab = Fabric::new(sroutes.clone(), rroutes.clone(), [SQ_DEPTH, CTS_DEPTH], case.faults);
-        let fifo = fab.register(Side::Sender, RING_BYTES, nl);
-        let staging = fab.register(Side::Receiver, RING_BYTES, nr);
-        let mut send_off = Vec::new();
-        let mut recv_off = Vec::new();
-        let (mut s_total, mut r_total) = (0, 0);
-        for g in &case.groups {
-            send_off.push(g.iter().map(|m| (s_total, s_total += m.sent).0).collect());
-            recv_off.push(g.iter().map(|m| (r_total, r_total += m.posted).0).collect());
-        }
-        let send_data = fab.register(Side::Sender, s_total.max(1), nl);
-        let recv_data = fab.register(Side::Receiver, r_total.max(1), nr);
-        let scratch = fab.register(Side::Receiver, MAX_DEVS, nr);
-        for b in fab.regions[send_data].bytes.iter_mut() {
-            *b = rng.next() as u8;
-        }
-        // NCCL sends a group's messages in any order, groups in posting order.
-        let mut send_order = Vec::new();
-        for (g, msgs) in case.groups.iter().enumerate() {
-            let mut order: Vec<usize> = (0..msgs.len()).collect();
-            for i in (1..order.len()).rev() {
-                order.swap(i, rng.below(i as u64 + 1) as usize);
-            }
-            // A send matches the first unmatched buffer with its tag: with repeated tags,
-            // sends of one tag go to its buffers in order.
-            let mut by_tag: Vec<usize> = order.clone();
-            for t in 0..order.len() {
-                let tag = msgs[order[t]].tag;
-                let nth = order[..t].iter().filter(|&&j| msgs[j].tag == tag).count();
-                by_tag[t] = (0..msgs.len()).filter(|&j| msgs[j].tag == tag).nth(nth).expect("tag");
-            }
-            send_order.extend(by_tag.into_iter().map(|i| (g, i)));
-        }
-        let qps_per_req = split::qps_per_request(case.split, nqps, nl.max(nr));
-        let send = SendCore::new(
-            SendConfig {
-                routes: sroutes,
-                qps_per_req,
-                ar_threshold: case.ar_threshold,
-                landing_timeout: Duration::from_millis(100),
-                fifo: fab.local_block(fifo),
-                peer_records: fab.remote_block(staging, fifo::SIZES_IN_ENTRY as u64),
-                peer: "the simulated receiver".into(),
-            },
-            fail_quietly,
-        );
-        let recv = RecvCore::new(
-            RecvConfig {
-                routes: rroutes,
-                ndevs: nr,
-                qps_per_req,
-                staging: fab.local_block(staging),
-                peer_fifo: fab.remote_block(fifo, 0),
-                cts_inline_max: [if case.inline_cts { 64 } else { 0 }; MAX_DEVS],
-            },
-            fail_quietly,
-        );
-        Run {
-            case,
-            rng,
-            fab,
-            now: Time::ZERO,
-            send,
-            recv,
-            fifo,
-            staging,
-            send_data,
-            recv_data,
-            scratch,
-            send_off,
-            recv_off,
-            send_order,
-            next_send: 0,
-            next_group: 0,
-            sends: Vec::new(),
-            recvs: Vec::new(),
-            flushes: Vec::new(),
-            sends_done: 0,
-            groups_done: 0,
-            truncations: 0,
-        }
-    }
-
-    fn finished(&self) -> bool {
-        self.sends_done == self.send_order.len()
-            && self.groups_done == self.case.groups.len()
-            && self.flushes.is_empty()
-    }
-
-    fn msg(&self, g: usize, i: usize) -> Msg {
-        self.case.groups[g][i]
-    }
-
-    /// The receiver posts its next group.
-    fn try_irecv(&mut self) -> Result<Option<Irecv>, Error> {
-        let g = self.next_group;
-        if g >= self.case.groups.len() {
-            return Ok(None);
-        }
-        let base = self.fab.base(self.recv_data);
-        let keys = self.fab.keys(self.recv_data);
-        let bufs: Vec<RecvBuf> = self.case.groups[g]
-            .iter()
-            .zip(&self.recv_off[g])
-            .map(|(m, &off)| RecvBuf {
-                data: (base + off as u64) as usize,
-                size: m.posted,
-                tag: m.tag,
-                rkeys: keys,
-            })
-            .collect();
-        let staging = self.staging;
-        let Run { fab, recv, .. } = self;
-        let Fabric { regions, queues, .. } = fab;
-        let mut view = RingView {
-            regions,
-            region: staging,
-        };
-        let got = recv.irecv(&mut view, &bufs, &mut |p| queues.post(Side::Receiver, p))?;
-        if let Irecv::Started(idx) = got {
-            self.recvs.push((idx, g));
-            self.next_group += 1;
-        }
-        Ok(Some(got))
-    }
-
-    /// The sender tries its next isend.
-    fn try_isend(&mut self) -> Result<Option<Isend>, Error> {
-        let Some(&(g, i)) = self.send_order.get(self.next_send) else {
-            return Ok(None);
-        };
-        let m = self.msg(g, i);
-        let send = SendBuf {
-            data: (self.fab.base(self.send_data) + self.send_off[g][i] as u64) as usize,
-            size: m.sent,
-            tag: m.tag,
-            lkeys: self.fab.keys(self.send_data),
-        };
-        let now = self.now;
-        let fifo = self.fifo;
-        let Run { fab, send: core, .. } = self;
-        let Fabric { regions, queues, .. } = fab;
-        let mut view = RingView { regions, region: fifo };
-        let got = core.isend(&mut view, || now, send, &mut |p| queues.post(Side::Sender, p))?;
-        if let Isend::Started { idx, truncated_to } = got {
-            if let Some(t) = truncated_to {
-                assert!(
-                    m.sent > m.posted && t == m.posted,
-                    "seed {}: truncation reported wrongly",
-                    self.case.seed
-                );
-                self.truncations += 1;
-            }
-            self.sends.push((idx, g, i));
-            self.next_send += 1;
-        }
-        Ok(Some(got))
-    }
-
-    fn sender_post_waiting(&mut self) -> Result<(), Error> {
-        let fifo = self.fifo;
-        let Run { fab, send, .. } = self;
-        let Fabric { regions, queues, .. } = fab;
-        let mut view = RingView { regions, region: fifo };
-        send.post_waiting(&mut view, &mut |p| queues.post(Side::Sender, p))
-    }
-
-    /// Deliver completions to one side, as its driver's poll would.
-    fn poll(&mut self, side: Side) {
-        let wcs = self.fab.poll(side, 8, &mut self.rng);
-        for wc in wcs {
-            self.deliver(side, wc);
-        }
-        if side == Side::Receiver {
-            for wc in self.fab.poll_flush() {
-                if wc.status == sim_net::WC_SUCCESS {
-                    self.recv.handle_flush_completion(wc.wr_id);
-                } else {
-                    self.recv
-                        .state
-                        .fail(Error::system(format!("flush read failed: status {}", wc.status)));
-                }
-            }
-        }
-    }
-
-    fn deliver(&mut self, side: Side, wc: Wc) {
-        if wc.status != sim_net::WC_SUCCESS {
-            let e = Error::remote(format!("completion error on QP {} (status {})", wc.qp, wc.status));
-            match side {
-                Side::Sender => self.send.state.fail(e),
-                Side::Receiver => self.recv.state.fail(e),
-            };
-            return;
-        }
-        match side {
-            Side::Sender => self.send.handle_completion(wc.wr_id),
-            Side::Receiver => self.recv.handle_completion(wc.wr_id, wc.imm),
-        }
-    }
-
-    fn test_send(&mut self, k: usize) -> Result<(), Error> {
-        self.sender_post_waiting()?;
-        let (idx, g, i) = self.sends[k];
-        if let Some(size) = self.send.test(idx)? {
-            let m = self.msg(g, i);
-            assert_eq!(
-                size as usize,
-                m.sent.min(m.posted),
-                "seed {}: send ({g},{i}) reported size",
-                self.case.seed
-            );
-            self.sends.swap_remove(k);
-            self.sends_done += 1;
-        }
-        Ok(())
-    }
-
-    fn test_recv(&mut self, k: usize) -> Result<(), Error> {
-        let (idx, g) = self.recvs[k];
-        let staging = self.staging;
-        let view = RingView {
-            regions: &mut self.fab.regions,
-            region: staging,
-        };
-        let Some(done) = self.recv.test(&view, idx)? else {
-            return Ok(());
-        };
-        self.recvs.swap_remove(k);
-        self.groups_done += 1;
-        assert_eq!(
-            done.n,
-            self.case.groups[g].len(),
-            "seed {}: group {g} buffer count",
-            self.case.seed
-        );
-        for i in 0..done.n {
-            self.check_buffer(g, i, done.sizes[i] as usize);
-        }
-        if self.rng.chance(self.case.flush_percent) {
-            self.flush(g)?;
-        }
-        Ok(())
-    }
-
-    /// The oracle for one received buffer.
-    fn check_buffer(&self, g: usize, i: usize, reported: usize) {
-        let seed = self.case.seed;
-        let m = self.msg(g, i);
-        let want = m.sent.min(m.posted);
-        assert_eq!(reported, want, "seed {seed}: group {g} buffer {i} reported size");
-        let r = &self.fab.regions[self.recv_data];
-        let s = &self.fab.regions[self.send_data];
-        let (ro, so) = (self.recv_off[g][i], self.send_off[g][i]);
-        assert_eq!(
-            &r.bytes[ro..ro + want],
-            &s.bytes[so..so + want],
-            "seed {seed}: group {g} buffer {i} bytes"
-        );
-        if let Some(p) = r.writes[ro..ro + want].iter().position(|&w| w != 1) {
-            panic!(
-                "seed {seed}: group {g} buffer {i} byte {p} written {} times",
-                r.writes[ro + p]
-            );
-        }
-        if let Some(p) = r.writes[ro + want..ro + m.posted].iter().position(|&w| w != 0) {
-            panic!(
-                "seed {seed}: group {g} buffer {i}: byte {} past the message was written",
-                want + p
-            );
-        }
-    }
-
-    fn flush(&mut self, g: usize) -> Result<(), Error> {
-        let sizes: Vec<i32> = self.case.groups[g]
-            .iter()
-            .map(|m| m.sent.min(m.posted) as i32)
-            .collect();
-        let Some(last) = RecvCore::flush_target(&sizes) else {
-            return Ok(());
-        };
-        if self.recv.flushes_in_flight() >= request::FLUSHES_IN_FLIGHT {
-            return Ok(());
-        }
-        let data = (self.fab.base(self.recv_data) + self.recv_off[g][last] as u64) as usize;
-        let keys = self.fab.keys(self.recv_data);
-        let scratch = sim_net::scratch_sges(&self.fab, self.scratch, self.case.receiver_devs);
-        let Run { fab, recv, .. } = self;
-        let r = recv.iflush(data, &keys, &scratch, &mut |p| fab.queues.post(Side::Receiver, p))?;
-        self.flushes.push(r);
-        Ok(())
-    }
-
-    fn test_flush(&mut self, k: usize) -> Result<(), Error> {
-        let staging = self.staging;
-        let view = RingView {
-            regions: &mut self.fab.regions,
-            region: staging,
-        };
-        if let Some(done) = self.recv.test(&view, self.flushes[k])? {
-            assert_eq!(done.n, 0, "a flush reports no sizes");
-            self.flushes.swap_remove(k);
-        }
-        Ok(())
-    }
-
-    /// One NCCL-like turn: a random one of post, send, NIC step, poll, test.
-    fn turn(&mut self) -> Result<bool, Error> {
-        self.now = self.now + Duration::from_micros(1);
-        let executed = self.fab.executed;
-        let before = (
-            self.next_group,
-            self.next_send,
-            self.sends_done,
-            self.groups_done,
-            self.flushes.len(),
-        );
-        match self.rng.below(8) {
-            0 => {
-                self.try_irecv()?;
-            }
-            1 => {
-                self.try_isend()?;
-            }
-            2 | 3 => {
-                self.fab.step(&mut self.rng);
-            }
-            4 => self.poll(Side::Sender),
-            5 => self.poll(Side::Receiver),
-            6 => {
-                if !self.sends.is_empty() && self.rng.chance(self.case.send_test_percent) {
-                    let k = self.rng.below(self.sends.len() as u64) as usize;
-                    self.test_send(k)?;
-                } else {
-                    self.sender_post_waiting()?;
-                }
-            }
-            _ => {
-                if !self.flushes.is_empty() && self.rng.chance(30) {
-                    let k = self.rng.below(self.flushes.len() as u64) as usize;
-                    self.test_flush(k)?;
-                } else if !self.recvs.is_empty() && self.rng.chance(self.case.recv_test_percent) {
-                    let k = self.rng.below(self.recvs.len() as u64) as usize;
-                    self.test_recv(k)?;
-                }
-            }
-        }
-        let after = (
-            self.next_group,
-            self.next_send,
-            self.sends_done,
-            self.groups_done,
-            self.flushes.len(),
-        );
-        Ok(before != after || executed != self.fab.executed)
-    }
-
-    /// Drive until every request is done; panics (with the seed) on a wrong result or when
-    /// nothing moves for a long time.
-    fn run(&mut self) {
-        let seed = self.case.seed;
-        let mut idle = 0u32;
-        while !self.finished() {
-            match self.turn() {
-                Ok(true) => idle = 0,
-                Ok(false) => {
-                    idle += 1;
-                    // Completions may be queued or late: idle turns are normal, a long streak
-                    // with nothing queued anywhere is a hang.
-                    assert!(
-                        idle < 20_000,
-                        "seed {seed}: no progress (hang) in {:?}",
-                        self.progress()
-                    );
-                }
-                Err(e) => panic!("seed {seed}: {e} in {:?}", self.progress()),
-            }
-        }
-        self.check_quiet();
-    }
-
-    fn progress(&self) -> String {
-        format!(
-            "groups posted {}/{} done {}, sends started {}/{} done {}, flushes {}",
-            self.next_group,
-            self.case.groups.len(),
-            self.groups_done,
-            self.next_send,
-            self.send_order.len(),
-            self.sends_done,
-            self.flushes.len()
-        )
-    }
-
-    /// After a clean run: nothing in flight, no receive left posted, the NIC idle, and no
-    /// byte of the receive region written more than once.
-    fn check_quiet(&mut self) {
-        let seed = self.case.seed;
-        assert_eq!(self.send.state.pool.in_flight(), 0, "seed {seed}: sends left in flight");
-        assert_eq!(
-            self.recv.state.pool.in_flight(),
-            0,
-            "seed {seed}: receives left in flight"
-        );
-        assert!(!self.fab.busy(), "seed {seed}: the NIC still has work");
-        assert_eq!(
-            self.fab.posted_receives(Side::Receiver),
-            0,
-            "seed {seed}: receives left posted"
-        );
-        let r = &self.fab.regions[self.recv_data];
-        assert!(r.writes.iter().all(|&w| w <= 1), "seed {seed}: a byte written twice");
-        assert_eq!(self.fab.posted_receives(Side::Sender), 0);
-    }
-}
-
-/// Run a case; a panic names its seed.
-fn run_case(case: Case) -> Run {
-    let seed = case.seed;
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let mut r = Run::new(case);
-        r.run();
-        r
-    }));
-    match result {
-        Ok(r) => r,
-        Err(p) => {
-            eprintln!("sim_transport: failing seed {seed} (replay: SIM_SEED={seed} cargo test --release --test sim_transport seeded)");
-            std::panic::resume_unwind(p)
-        }
-    }
-}
-
-/// A random case for `seed`: 1–3 devices each side, 1–4 QPs per connection, split or not,
-/// AR or not, inline CTS or not, groups of 1–8 with sizes from 0 to 64 KiB, some sends larger
-/// than their buffer, some repeated tags, torn writes and late completions.
-fn random_case(seed: u64) -> Case {
-    let mut rng = Rng(seed ^ 0x5eed_0000);
-    let ngroups = rng.range(1, 40);
-    let size = |rng: &mut Rng| match rng.below(6) {
-        0 => 0,
-        1 => rng.range(1, 200),
-        2 => rng.range(1, 8) * 128,
-        _ => rng.range(0, 64 << 10),
-    };
-    let groups = (0..ngroups)
-        .map(|_| {
-            let n = if rng.chance(50) { 1 } else { rng.range(2, 8) };
-            (0..n)
-                .map(|i| {
-                    let posted = size(&mut rng);
-                    let sent = if rng.chance(10) {
-                        size(&mut rng)
-                    } else {
-                        rng.range(0, posted)
-                    };
-                    let tag = if rng.chance(10) { 7 } else { i as i32 * 3 + 1 };
-                    Msg { posted, sent, tag }
-                })
-                .collect()
-        })
-        .collect();
-    Case {
-        seed,
-        sender_devs: rng.range(1, 3),
-        receiver_devs: rng.range(1, 3),
-        qps_per_conn: rng.range(1, 4),
-        split: rng.chance(50),
-        ar_threshold: rng.chance(30).then(|| rng.range(0, 8192)),
-        inline_cts: rng.chance(30),
-        groups,
-        faults: Faults {
-            torn_writes: rng.below(30),
-            late_completions: rng.below(30),
-        },
-        flush_percent: rng.below(40),
-        recv_test_percent: rng.range(5, 90) as u64,
-        send_test_percent: rng.range(5, 90) as u64,
-    }
-}
 
 #[test]
 fn seeded() {
@@ -729,6 +152,85 @@ fn a_group_waits_for_send_queue_credits() {
     assert!(r.send.waiting(), "no completion came back yet");
     r.run();
     assert!(!r.send.waiting());
+}
+
+/// Messages past the devices' `max_msg_sz` (here 1 KiB) go in pieces: full groups of eight
+/// buffers at the largest size a receive takes (7 pieces each, chains of 57 WRs, beyond one
+/// post's batch), single messages of 1..7 pieces, over 1 and 3 QPs; every byte lands once and
+/// the simulated NIC refuses any WR past 1 KiB.
+#[test]
+fn messages_past_max_msg_sz_go_in_pieces() {
+    let max = split::max_buffer_bytes(1024);
+    assert_eq!(max, 7 * 1024);
+    for (qps, split) in [(1, false), (3, true)] {
+        let full = || {
+            (0..8)
+                .map(|i| Msg {
+                    posted: max,
+                    sent: max,
+                    tag: i,
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut groups = vec![full(), single(max, max), single(max, 1025), full()];
+        groups.extend((1..=7).map(|p| single(max, p * 1024 - 1)));
+        let mut c = Case::simple(groups);
+        c.wr_bytes = 1024;
+        c.qps_per_conn = qps;
+        c.split = split;
+        run_case(c);
+    }
+}
+
+/// A receive takes buffers up to `max_buffer_bytes` of its devices (the `maxP2pBytes` they
+/// report), and refuses one byte more with an error that says so, changing nothing.
+#[test]
+fn a_receive_past_the_largest_message_is_refused() {
+    let max = split::max_buffer_bytes(1024);
+    let mut at = Case::simple(vec![single(max, max)]);
+    at.wr_bytes = 1024;
+    run_case(at);
+    let mut past = Case::simple(vec![single(max + 1, 1), single(64, 64)]);
+    past.wr_bytes = 1024;
+    let mut r = Run::new(past);
+    let err = r.try_irecv().unwrap_err();
+    assert!(err.message.contains("larger than the 7168 bytes"), "{err}");
+    assert!(!r.recv.state.failed(), "a refused receive fails nothing");
+}
+
+/// Receives are posted ahead in batches: 64 messages cost 4 `ibv_post_recv` calls per QP they
+/// use (not one per message per QP), on one QP and split over three.
+#[test]
+fn receives_are_posted_sixteen_at_a_time() {
+    use nccl_net_ferroce::transport::proto::recv::RQ_BATCH;
+    for (qps, split) in [(1, false), (3, true)] {
+        let mut c = Case::simple((0..64).map(|_| single(300, 300)).collect());
+        c.qps_per_conn = qps;
+        c.split = split;
+        let r = run_case(c);
+        assert_eq!(
+            r.fab.queues.recv_posts[Side::Receiver.index()],
+            qps * 64 / RQ_BATCH,
+            "{qps} QPs"
+        );
+    }
+}
+
+/// A completion on a QP that no posted receive waits for (a replayed or forged write with
+/// immediate) fails the comm, naming the QP; the owed completion before it counts normally.
+#[test]
+fn a_completion_no_receive_waits_for_fails_the_comm() {
+    let mut r = Run::new(Case::simple(vec![single(64, 64)]));
+    let Some(Irecv::Started(_)) = r.try_irecv().unwrap() else {
+        panic!("irecv")
+    };
+    let wr_ids = r.fab.queues.take_receives(Side::Receiver, 2);
+    r.recv.handle_completion(wr_ids[0], Some(64));
+    assert!(!r.recv.state.failed(), "the owed completion is fine");
+    r.recv.handle_completion(wr_ids[1], Some(64));
+    assert!(r.recv.state.failed(), "a second completion for one receive");
+    let err = r.recv.state.check().unwrap_err();
+    assert!(err.message.contains("no posted receive waits for"), "{err}");
 }
 
 /// A CTS entry whose stamp is there but whose seal never verifies is "landing" for a while,
@@ -890,8 +392,8 @@ fn sizes_a_peer_claims_beyond_the_posted_buffer_are_clamped() {
     let staging = r.staging;
     r.fab.regions[staging].bytes[at..at + 4].copy_from_slice(&1_000_000u32.to_le_bytes());
     r.fab.regions[staging].bytes[at + 4..at + 8].copy_from_slice(&7u32.to_le_bytes());
-    // Every receive the core posted completes, as if the sender's writes had landed.
-    for wr_id in r.fab.queues.take_receives(Side::Receiver) {
+    // The group's receive (one QP) completes, as if the sender's writes had landed.
+    for wr_id in r.fab.queues.take_receives(Side::Receiver, 1) {
         r.recv.handle_completion(wr_id, Some(0));
     }
     let view = RingView {

@@ -1370,12 +1370,13 @@ impl Drop for Sparse {
 
 /// Messages past 2 GiB and past 4 GiB (2.5 GiB and 4.5 GiB, one at a time, sparse memory: only
 /// the probe bytes of the source are ever written; softroce copies every byte, so the receive
-/// buffer is made for real, 4.5 GiB at most). The properties advertise maxP2pBytes of 1 TiB, so
-/// both must go through: irecv and isend accept them, every probe byte (one per MiB, plus the
-/// last byte) lands, and each end's test() reports the size, saturated to i32::MAX where an int
-/// cannot hold it (as the receiver already does), never a negative or wrapped one.
+/// buffer is made for real, 4.5 GiB at most). Both lie within the maxP2pBytes the properties
+/// report (7 pieces of the port's max_msg_sz, at most 1 GiB each: 7 GiB) and past one WR's
+/// max_msg_sz (softroce's is 2 GiB, as mlx5's), so they go in pieces: irecv and isend accept
+/// them, every probe byte (one per MiB, plus the last byte) lands, and each end's test()
+/// reports the size saturated to i32::MAX (an int cannot hold it), never a negative or wrapped
+/// one. Issue 14 §5 (it failed before: one WR past max_msg_sz, irecv capped at 4 GiB).
 #[test]
-#[ignore = "fails on main (issue 14 §5): a 2.5 GiB send is one RDMA write past the device's max_msg_sz (2 GiB, as mlx5) and fails with a local length error; irecv refuses buffers over 4 GiB although maxP2pBytes is 1 TiB; the sender's test() reports `u32 as i32`. Needs 5 GiB of free memory"]
 fn messages_of_2_5_and_4_5_gib() {
     let Some(ctx) = setup() else { return };
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());

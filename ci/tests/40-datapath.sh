@@ -12,7 +12,8 @@
 #   * fused devices (makeVDevice), also fused against a single device;
 #   * the same with SOFTROCE_LOSS=0.01;
 #   * a peer killed mid-transfer (either side): the survivor gets an error, never a hang;
-#   * junk on the listen port: rejected with a WARN, a real peer still connects.
+#   * junk on the listen port: rejected with a WARN, a real peer still connects;
+#   * one message of 2.5 GiB (v9+; INT_MAX on v7/v8; a refused negative int on v6).
 # Addresses 127.0.40.x-127.0.41.x. Prints "N passed, M failed"; non-zero exit on failure.
 set -u
 cd "$(dirname "$0")/../.."
@@ -175,6 +176,25 @@ if [ "${DATAPATH_VALGRIND:-0}" = 1 ] && command -v valgrind >/dev/null; then
     local_case "under valgrind: 2 QPs split, 3 comms, dmabuf" "NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1" 9 -g 30 -c 3 -b 1048576
     WRAP=""
 fi
+
+# Messages of gigabytes (sparse memory) through every table version: 2.5 GiB on v9+ (past an
+# int, past one WR's max_msg_sz: it goes in pieces) with maxP2pBytes covering it and one byte
+# more refused; INT_MAX on v7/v8 (the most their int carries); on v6 a 2.5 GiB size arrives as a
+# negative int, which isend refuses. (4.5 GiB, past 32 bits, is tests/transport_softroce.rs's.)
+large_case() {
+    ver=$1 size=$2
+    next_addr
+    echo "--- one $size-byte message (v$ver)"
+    if SOFTROCE_ADDR=$A timeout 300 "$T" "$PLUGIN" "$ver" large "$size" -t 240 >"$tmp/out" 2>&1; then
+        ok "$(tail -2 "$tmp/out" | tr '\n' ' ')"
+    else
+        tail -15 "$tmp/out"
+        ko "one $size-byte message (v$ver)"
+    fi
+}
+large_case 6 2684354560
+for v in 7 8; do large_case $v 2147483647; done
+for v in 9 10 11 12; do large_case $v 2684354560; done
 
 for v in 6 12; do
     next_addr

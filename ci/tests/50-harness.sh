@@ -12,8 +12,8 @@ H=$ROOT/target/release/harness
 SR=$ROOT/target/release/softroce
 T=${HARNESS_TEST_TIMEOUT:-90}
 D=$(mktemp -d /tmp/harness-test.XXXXXX)
-PASS=0
-FAIL=0
+# shellcheck source=ci/tests/lib/checks.sh
+. ci/tests/lib/checks.sh
 PIDS=""
 cleanup() {
     for p in $PIDS; do kill -- "$p" 2>/dev/null; done
@@ -23,25 +23,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-ok() { PASS=$((PASS + 1)); echo "   PASS $1"; }
-ko() {
-    FAIL=$((FAIL + 1))
-    echo "   FAIL $1"
-    [ -n "${2:-}" ] && [ -e "$2" ] && tail -n 30 "$2" | sed 's/^/   | /'
-}
-finish() {
-    echo "$PASS passed, $FAIL failed"
-    [ "$FAIL" -eq 0 ]
-    exit $?
-}
-
-for f in "$H/all_reduce_perf" "$H/sendrecv_perf" "$H/libnccl-net-mock.so" "$ROOT/target/release/libnccl-net-ferroce.so" "$SR/libibverbs.so.1"; do
-    if [ ! -e "$f" ]; then
-        echo "missing $f (run make build)"
-        echo "0 passed, 1 failed"
-        exit 1
-    fi
-done
+need "$H/all_reduce_perf" "$H/sendrecv_perf" "$H/libnccl-net-mock.so" "$ROOT/target/release/libnccl-net-ferroce.so" "$SR/libibverbs.so.1"
 
 # run NAME OUTFILE PROGRAM ARGS...: bounded run in the background (so cleanup can kill it), rc in $RC
 run() {
@@ -102,6 +84,16 @@ else ko "allreduce chunk/slice structure (rc=$RC1/$RC)" "$D/arsl3"; fi
 
 run "sendrecv 3 ranks, 2 channels (softroce)" "$D/sr3" $SOFT "$H/sendrecv_perf" -N 3 -C 2 --chunk 64K $SIZES -n 3 -w 1 --addr-base 127.0.58
 if [ $RC -eq 0 ] && check_table "$D/sr3" $ROWS 1; then ok "sendrecv 3 ranks"; else ko "sendrecv 3 ranks (rc=$RC)" "$D/sr3"; fi
+
+# --vdev 2: each rank over a fused device of two softroce devices of its own (makeVDevice):
+# both members carry traffic (a QP on each, messages split over them) and the tables check.
+run "sendrecv 2 ranks over fused devices of 2 (softroce, --vdev 2)" "$D/vd" env NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET $SOFT "$H/sendrecv_perf" -N 2 --vdev 2 $SIZES -n 3 -w 1 --addr-base 127.0.58
+if [ $RC -eq 0 ] && check_table "$D/vd" $ROWS 1 && grep -q "rank 1: fused device of 2 softroce devices on 127.0.58.3,127.0.58.4" "$D/vd" &&
+    grep -q "2 QP(s) on softroce0:1+softroce1:1" "$D/vd"; then
+    ok "sendrecv over fused devices (--vdev 2)"
+else ko "sendrecv --vdev 2 (rc=$RC)" "$D/vd"; fi
+run "allreduce 2 ranks over fused devices of 2 (softroce, --vdev 2)" "$D/vda" $SOFT "$H/all_reduce_perf" -N 2 --vdev 2 $SIZES -n 3 -w 1 --addr-base 127.0.57
+if [ $RC -eq 0 ] && check_table "$D/vda" $ROWS 1; then ok "allreduce over fused devices (--vdev 2)"; else ko "allreduce --vdev 2 (rc=$RC)" "$D/vda"; fi
 
 run "sendrecv 2 ranks, grouped receives of 8 (softroce)" "$D/grp" $SOFT "$H/sendrecv_perf" -N 2 --group 8 --chunk 16K $SIZES -n 3 -w 1 --addr-base 127.0.56
 if [ $RC -eq 0 ] && check_table "$D/grp" $ROWS 1; then ok "sendrecv with grouped receives"; else ko "grouped receives (rc=$RC)" "$D/grp"; fi

@@ -9,19 +9,9 @@ cd "$(dirname "$0")/../.." || exit 1
 H=$PWD/target/release/harness
 D=$(mktemp -d /tmp/bench-compare-test.XXXXXX)
 trap 'rm -rf "$D"' EXIT
-PASS=0
-FAIL=0
-ok() { PASS=$((PASS + 1)); echo "   PASS $1"; }
-ko() {
-    FAIL=$((FAIL + 1))
-    echo "   FAIL $1"
-    [ -n "${2:-}" ] && [ -e "$2" ] && tail -n 30 "$2" | sed 's/^/   | /'
-}
-if [ ! -e "$H/libnccl-net-mock.so" ]; then
-    echo "missing $H/libnccl-net-mock.so (run make build)"
-    echo "0 passed, 1 failed"
-    exit 1
-fi
+# shellcheck source=ci/tests/lib/checks.sh
+. ci/tests/lib/checks.sh
+need "$H/libnccl-net-mock.so"
 echo "== ferroce against the mock plugin"
 if timeout 300 ci/bench-compare.sh --baseline-plugin "$H/libnccl-net-mock.so" --rounds 1 --max 64K --out "$D" >"$D/log" 2>&1 &&
     python3 - "$D/compare.txt" <<'PY'; then
@@ -47,5 +37,4 @@ if MOCK_NET_CORRUPT=1 timeout 300 ci/bench-compare.sh --baseline-plugin "$H/libn
 else
     ok "exit non-zero: $(grep -m1 -E 'wrong|failed' "$D/badlog")"
 fi
-echo "$PASS passed, $FAIL failed"
-[ "$FAIL" -eq 0 ]
+finish

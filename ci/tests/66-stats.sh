@@ -11,21 +11,9 @@ H=$ROOT/target/release/harness
 SR=$ROOT/target/release/softroce
 D=$(mktemp -d /tmp/stats-test.XXXXXX)
 trap 'rm -rf "$D"' EXIT
-PASS=0
-FAIL=0
-ok() { PASS=$((PASS + 1)); echo "   PASS $1"; }
-ko() {
-    FAIL=$((FAIL + 1))
-    echo "   FAIL $1"
-    [ -n "${2:-}" ] && [ -e "$2" ] && tail -n 30 "$2" | sed 's/^/   | /'
-}
-for f in "$H/sendrecv_perf" "$H/all_reduce_perf" "$SR/libibverbs.so.1" "$ROOT/target/release/libnccl-net-ferroce.so"; do
-    if [ ! -e "$f" ]; then
-        echo "missing $f (run make build)"
-        echo "0 passed, 1 failed"
-        exit 1
-    fi
-done
+# shellcheck source=ci/tests/lib/checks.sh
+. ci/tests/lib/checks.sh
+need "$H/sendrecv_perf" "$H/all_reduce_perf" "$SR/libibverbs.so.1" "$ROOT/target/release/libnccl-net-ferroce.so"
 
 # check NAME DIR LOG: the files in DIR against the "harness: rank R sent N messages, B bytes"
 # lines and the INFO summaries in LOG.
@@ -73,5 +61,4 @@ else
     ko "all_reduce statistics" "$D/ar.log"
 fi
 
-echo "$PASS passed, $FAIL failed"
-[ "$FAIL" -eq 0 ]
+finish

@@ -3,7 +3,7 @@
 # nightly features through RUSTC_BOOTSTRAP=1, for this job only) and runs every target for a
 # bounded number of inputs, starting from its committed corpus (fuzz/corpus/<target>, only read:
 # new inputs go to a scratch directory). Inputs per target are sized by measurement so that all
-# four together take under 5 minutes here (2 cores); each run is also bounded by `timeout`. A
+# five together take under 5 minutes here (2 cores); each run is also bounded by `timeout`. A
 # panic (a failed invariant), a sanitizer report or a leak fails the run, and libFuzzer leaves the
 # input under fuzz/artifacts/<target>/ (commit it minimized, with a regression test named after
 # it). Prints each target's inputs and coverage, then "N passed, M failed".
@@ -11,8 +11,9 @@ set -u
 cd "$(dirname "$0")/../.." || exit 1
 ROOT=$PWD
 BIN=$ROOT/fuzz/target/x86_64-unknown-linux-gnu/release
-# target:inputs (measured: ~20k/s wire and handshake, ~3k/s cts_fifo, ~500/s softroce_proto).
-TARGETS="softroce_wire:300000 handshake:300000 cts_fifo:150000 softroce_proto:40000"
+# target:inputs (measured: ~20k/s wire and handshake, ~3k/s cts_fifo, ~500/s softroce_proto,
+# ~170/s transport_core).
+TARGETS="softroce_wire:300000 handshake:300000 cts_fifo:150000 softroce_proto:40000 transport_core:20000"
 PASS=0
 FAIL=0
 D=$(mktemp -d /tmp/fuzz-test.XXXXXX)

@@ -46,7 +46,9 @@ else
 fi
 
 echo "--- plugin: unit tests, sim_transport, transport over softroce (ASan)"
-if FERROCE_TEST_SOFTROCE=1 asan_cargo -p ferroce --lib --test sim_transport --test transport_softroce -- --test-threads 1 >"$tmp/plugin" 2>&1 &&
+# Less the 4.5 GiB message (it runs natively in make test): under ASan its 7 GiB of copies over
+# softroce take minutes and exercise no code the smaller transfers here do not.
+if FERROCE_TEST_SOFTROCE=1 asan_cargo -p ferroce --lib --test sim_transport --test transport_softroce -- --test-threads 1 --skip messages_of_2_5_and_4_5_gib >"$tmp/plugin" 2>&1 &&
     ! grep -q "Sanitizer" "$tmp/plugin"; then
     ok "$(grep -c '^test result: ok' "$tmp/plugin") suites clean"
 else

@@ -788,6 +788,7 @@ mod tests {
             info: PortInfo {
                 state: device::PORT_ACTIVE,
                 active_mtu: 5,
+                max_msg_sz: 1 << 30,
                 gid_tbl_len: 4,
                 lid: 0,
                 active_width: 2,

@@ -40,6 +40,51 @@
 #define ferroce_rs_EVENT_QP 1
 
 /**
+ * Version of [`FerroceStatsTotals`]; fields are only ever appended.
+ */
+#define ferroce_rs_FERROCE_STATS_TOTALS_VERSION 1
+
+/**
+ * Totals of the plugin's per-comm counters, by side. `post_calls` and `wrs` count every post
+ * (data writes, receives, CTS writes); `completions` every successful completion polled.
+ */
+typedef struct {
+  /**
+   * `FERROCE_STATS_TOTALS_VERSION` of the plugin that filled it.
+   */
+  uint32_t version;
+  /**
+   * Bytes it filled.
+   */
+  uint32_t size;
+  /**
+   * 1 when comms keep statistics; 0: every count below is 0.
+   */
+  uint32_t enabled;
+  uint32_t reserved;
+  uint64_t send_comms;
+  /**
+   * isend requests completed (tested done).
+   */
+  uint64_t send_messages;
+  uint64_t send_post_calls;
+  uint64_t send_wrs;
+  uint64_t send_completions;
+  uint64_t recv_comms;
+  /**
+   * irecv requests completed (a grouped receive is one).
+   */
+  uint64_t recv_messages;
+  uint64_t recv_post_calls;
+  uint64_t recv_wrs;
+  uint64_t recv_completions;
+  /**
+   * CTS writes the receivers posted (RDMA WRITEs into the senders' FIFOs).
+   */
+  uint64_t cts_writes;
+} ferroce_rs_FerroceStatsTotals;
+
+/**
  * The plugin name, a static C string valid for as long as the library is mapped.
  */
 typedef const char *ferroce_rs_NamePtr;
@@ -574,5 +619,15 @@ typedef struct {
   ferroce_rs_Finalize finalize;
   ferroce_rs_SetNetAttr set_net_attr;
 } ferroce_rs_NcclNetV12;
+
+/**
+ * Fills `*out` (`size` = the caller's `sizeof`, at least 8) with the totals now: as much of
+ * the struct as fits, `size` saying how much. Returns 0 (ncclSuccess), or 3
+ * (ncclInternalError) for a NULL `out` or a `size` below 8.
+ *
+ * # Safety
+ * `out` must be NULL or valid for writing `size` bytes.
+ */
+int32_t ferroce_stats_totals_get(ferroce_rs_FerroceStatsTotals *out, size_t size);
 
 #endif  /* FERROCE_ABI_H */

@@ -5,6 +5,7 @@
 //! arguments, older property structs) and its table. All of them call `crate::api`.
 
 pub mod ffi;
+pub mod stats;
 pub mod types;
 
 mod common;

@@ -34,6 +34,8 @@ pub struct DeviceInfo {
 pub struct PortInfo {
     pub state: u32,
     pub active_mtu: u32,
+    /// Largest message one WR carries on this port.
+    pub max_msg_sz: u32,
     pub gid_tbl_len: i32,
     pub lid: u16,
     pub active_width: u8,
@@ -214,6 +216,7 @@ impl Context {
         Ok(PortInfo {
             state: attr.state,
             active_mtu: attr.active_mtu,
+            max_msg_sz: attr.max_msg_sz,
             gid_tbl_len: attr.gid_tbl_len,
             lid: attr.lid,
             active_width: attr.active_width,

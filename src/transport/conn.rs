@@ -300,6 +300,17 @@ pub struct Conn {
 }
 
 impl Conn {
+    /// The most bytes one RDMA WRITE of this connection carries: the smallest `max_msg_sz` of
+    /// our member devices, at most [`limits::MAX_WR_BYTES`].
+    pub fn wr_bytes(&self) -> usize {
+        self.devs
+            .iter()
+            .map(|d| d.dev.max_msg_bytes)
+            .min()
+            .unwrap_or(0)
+            .clamp(1, limits::MAX_WR_BYTES)
+    }
+
     /// The local QP numbers, in QP order.
     pub fn qp_numbers(&self) -> Vec<u32> {
         self.qps.iter().map(|q| q.qp.qpn()).collect()

@@ -6,9 +6,8 @@
 use super::conn::Conn;
 use super::errors::{wc_error, WcErrorReport};
 use super::proto::plan::{Op, Post, WorkRequest};
-use super::proto::recv::RecvCore;
+use super::proto::recv::{RecvCore, RQ_BATCH};
 use super::proto::send::SendCore;
-use super::proto::split::MAX_CHAIN;
 use super::proto::state::CommState;
 use super::stats::{self, CommStats};
 use crate::error::{Error, Result};
@@ -20,6 +19,9 @@ use std::time::{Duration, Instant};
 /// Completions taken per `ibv_poll_cq` call (NCCL takes 4; the loop goes on while a batch
 /// comes back full). Each comm keeps this many `ibv_wc` (48 bytes each).
 const POLL_BATCH: usize = 8;
+/// WRs one `ibv_post_send` of a sender carries: a full group of single-piece buffers and its
+/// completion write (so every message NCCL posts, ≤ 1 GiB, is one post per QP).
+const POST_BATCH: usize = super::proto::limits::MAX_RECVS + 1;
 /// Idle calls between two liveness probes (each probe reads the clock first).
 const PROBE_EVERY: u32 = 64;
 /// Minimum time between two probe syscalls.
@@ -111,26 +113,26 @@ pub unsafe fn post_chain(
     wrs: &mut [sys::ibv_send_wr],
     sges: &mut [sys::ibv_sge],
 ) -> Result<()> {
-    if chain.len() > wrs.len().min(sges.len()) {
-        return Err(Error::internal(format!(
-            "a chain of {} work requests for {} WR slots",
-            chain.len(),
-            wrs.len()
-        )));
+    let batch = wrs.len().min(sges.len());
+    if batch == 0 && !chain.is_empty() {
+        return Err(Error::internal("a chain of work requests for no WR slots"));
     }
-    let k = chain.len();
-    if k == 0 {
-        return Ok(());
+    // A chain longer than the scratch (a message cut into many pieces) goes in several posts:
+    // the QP executes them in order all the same, and only the chain's last WR is signaled.
+    for part in chain.chunks(batch.max(1)) {
+        let k = part.len();
+        for x in 0..k {
+            to_ibv(&part[x], &mut wrs[x], &mut sges[x]);
+        }
+        for x in 0..k - 1 {
+            let next: *mut sys::ibv_send_wr = &mut wrs[x + 1];
+            wrs[x].next = next;
+        }
+        wrs[k - 1].next = std::ptr::null_mut();
+        // SAFETY: the part lives in `wrs`/`sges` for the call; buffers as the caller guarantees.
+        unsafe { qp.post_send(&mut wrs[0])? };
     }
-    for x in 0..k {
-        to_ibv(&chain[x], &mut wrs[x], &mut sges[x]);
-    }
-    for x in 0..k - 1 {
-        let next: *mut sys::ibv_send_wr = &mut wrs[x + 1];
-        wrs[x].next = next;
-    }
-    // SAFETY: the chain lives in `wrs`/`sges` for the call; buffers as the caller guarantees.
-    unsafe { qp.post_send(&mut wrs[0]) }
+    Ok(())
 }
 
 /// One comm's verbs side: its connection and the scratch its posts and polls use.
@@ -151,17 +153,19 @@ pub struct Driver {
     /// The last hang WARN of this comm.
     hang_warned: Option<Instant>,
     wcs: [WorkCompletion; POLL_BATCH],
-    /// Scratch of the longest chain this end posts (a sender's group: MAX_CHAIN; a
-    /// receiver's CTS write: 1).
+    /// Scratch of one post: a sender's group of single-piece buffers ([`POST_BATCH`] WRs;
+    /// longer chains go in several posts), a receiver's CTS write (1).
     wrs: Box<[sys::ibv_send_wr]>,
     sges: Box<[sys::ibv_sge]>,
+    /// Scratch of one receive post (a receiver's batch of `recv::RQ_BATCH`; none for a sender).
+    recv_wrs: Box<[sys::ibv_recv_wr]>,
 }
 
 impl Driver {
     /// The driver of a connection just set up (`kind`: "send" or "recv"): logs the
     /// connection's INFO line, as NCCL's IB transport does.
     pub fn new(conn: Conn, kind: &'static str) -> Driver {
-        let chain = if kind == "send" { MAX_CHAIN } else { 1 };
+        let chain = if kind == "send" { POST_BATCH } else { 1 };
         crate::log_info!(crate::log::subsys::NET, "{}", describe_connection(&conn, kind));
         let devices = conn.devs.iter().map(|d| d.dev.label()).collect::<Vec<_>>().join("+");
         let qpns: Vec<u32> = conn.qps.iter().map(|q| q.qp.qpn()).collect();
@@ -186,6 +190,14 @@ impl Driver {
                     lkey: 0,
                 })
                 .collect(),
+            recv_wrs: (0..if kind == "send" { 0 } else { RQ_BATCH })
+                .map(|_| sys::ibv_recv_wr {
+                    wr_id: 0,
+                    next: std::ptr::null_mut(),
+                    sg_list: std::ptr::null_mut(),
+                    num_sge: 0,
+                })
+                .collect(),
         }
     }
 
@@ -206,18 +218,33 @@ impl Driver {
                 let posted = unsafe { post_chain(q, chain, &mut self.wrs, &mut self.sges) };
                 posted.map_err(|e| self.post_failure(e))
             }
-            Post::Recv { qp, wr_id } => {
-                if let Some(s) = &self.stats {
-                    s.posted(qp, 1, 0);
+            Post::Recv { qp, wr_id, count } => {
+                let k = count;
+                if k == 0 || k > self.recv_wrs.len() {
+                    return Err(Error::internal(format!(
+                        "{count} receives planned in one post for a {} comm (at most {})",
+                        self.kind,
+                        self.recv_wrs.len()
+                    )));
                 }
-                let mut wr = sys::ibv_recv_wr {
-                    wr_id,
-                    next: std::ptr::null_mut(),
-                    sg_list: std::ptr::null_mut(),
-                    num_sge: 0,
-                };
-                // SAFETY: a zero-SGE receive names no memory; the WR is copied by the provider.
-                let posted = unsafe { Self::qp(&self.conn, qp)?.post_recv(&mut wr) };
+                if let Some(s) = &self.stats {
+                    s.posted(qp, k, 0);
+                }
+                for x in 0..k {
+                    let next: *mut sys::ibv_recv_wr = match self.recv_wrs.get_mut(x + 1) {
+                        Some(w) if x + 1 < k => w,
+                        _ => std::ptr::null_mut(),
+                    };
+                    self.recv_wrs[x] = sys::ibv_recv_wr {
+                        wr_id,
+                        next,
+                        sg_list: std::ptr::null_mut(),
+                        num_sge: 0,
+                    };
+                }
+                // SAFETY: zero-SGE receives name no memory; the chain lives in `recv_wrs` for
+                // the call and the provider copies it.
+                let posted = unsafe { Self::qp(&self.conn, qp)?.post_recv(&mut self.recv_wrs[0]) };
                 posted.map_err(|e| self.post_failure(e))
             }
             Post::Flush { .. } => Err(Error::internal("a flush read planned for a data QP")),

@@ -7,8 +7,8 @@
 use super::conn::{self, Conn, LocalDev, RegBuf};
 use super::proto::handshake::{EndpointRepr, HandleRepr, Message, FLAG_SPLIT};
 use super::proto::setup::{AwaitReady, AwaitRequest, Incoming, Refusal, SetupError};
+use super::proto::split;
 use super::proto::time::Time;
-use super::proto::{request, split};
 use super::sidechannel::{self, Channel, ChannelError};
 use super::{clock, recv, RecvComm};
 use crate::config;
@@ -26,14 +26,15 @@ use std::sync::Arc;
 /// QP of each device).
 const RECEIVER_SEND_WR: u32 = super::proto::recv::CTS_DEPTH as u32;
 /// Receive WRs per receiver QP: one per receive in flight that uses the QP (≤ RECVS_IN_FLIGHT;
-/// a receive's WRs complete before test() reports it).
-const RECEIVER_RECV_WR: u32 = request::RECVS_IN_FLIGHT as u32;
-/// CQ entries per receiver QP: its receive WRs (nothing else of the QP is signaled but the
-/// CTS writes, counted per device below).
-const RECEIVER_CQE_PER_QP: usize = request::RECVS_IN_FLIGHT;
+/// a receive's WRs complete before test() reports it) and fewer than one batch posted ahead
+/// (recv::RQ_DEPTH).
+const RECEIVER_RECV_WR: u32 = super::proto::recv::RQ_DEPTH as u32;
+/// CQ entries per receiver QP: its receive WRs, every one of them when the QP fails and flushes
+/// them (nothing else of the QP is signaled but the CTS writes, counted per device below).
+const RECEIVER_CQE_PER_QP: usize = super::proto::recv::RQ_DEPTH;
 /// CQ entries per receiver device besides the per-QP ones: the CTS writes of its one CTS QP
 /// (≤ recv::CTS_DEPTH unretired). Flush reads complete elsewhere (FLUSH_CQE), so the receive
-/// CQ of a device holds m·RECVS_IN_FLIGHT + CTS_DEPTH for its m QPs.
+/// CQ of a device holds m·RQ_DEPTH + CTS_DEPTH for its m QPs.
 const RECEIVER_CQE_CTS: usize = super::proto::recv::CTS_DEPTH;
 /// Most simultaneous unidentified connections kept per listener.
 const MAX_PENDING: usize = 64;

@@ -12,12 +12,12 @@ use super::conn::{self, Conn, LocalDev, RegBuf};
 use super::driver::{self, Driver};
 use super::errors::{wc_error, WcErrorReport};
 use super::mr_cache::{self, DeviceCache, FlushScratch};
-use super::proto::fifo;
 use super::proto::limits::{MAX_DEVS, MAX_RECVS};
 use super::proto::plan::{LocalBlock, Post, RemoteBlock, Sge, WorkRequest};
 use super::proto::recv::{Irecv, RecvBuf, RecvConfig, RecvCore};
 use super::proto::request::{ReqKind, Request, RECV_REQUESTS};
 use super::proto::time::Time;
+use super::proto::{fifo, split};
 use super::ring_memory::RingMemory;
 use super::send::routes;
 use super::stats;
@@ -247,6 +247,7 @@ impl RecvDp {
                 rkeys: peer_rkeys,
             },
             cts_inline_max,
+            max_buffer_bytes: split::max_buffer_bytes(conn.wr_bytes()),
         };
         // SAFETY: the staging block is RING_BYTES, page-aligned, and lives in the same RecvDp.
         let ring = unsafe { RingMemory::new(&bufs) };
@@ -381,17 +382,18 @@ impl RecvDp {
         if let Some(pr) = prof.as_mut() {
             pr.posted.clear();
         }
-        core.irecv(ring, bufs, &mut |p| {
+        let answer = core.irecv(ring, bufs, &mut |p| {
             if let (Post::Send { .. }, Some(s)) = (&p, &io.stats) {
                 s.cts_written();
-            }
-            if let (Post::Recv { qp, wr_id }, Some(pr)) = (&p, prof.as_mut()) {
-                pr.posted.push((*qp, *wr_id));
             }
             // SAFETY: receives name no memory; CTS writes read our staging entries, which live
             // in self.bufs (as long as the QP) and are not rewritten before the write was read.
             unsafe { io.post(p) }
-        })
+        })?;
+        if let (Irecv::Started(_), Some(pr)) = (answer, prof.as_mut()) {
+            pr.posted.extend(core.last_receive_qps());
+        }
+        Ok(answer)
     }
 
     /// `None` = nothing to flush (flush disabled or every size is 0).

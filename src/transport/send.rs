@@ -143,6 +143,7 @@ impl SendDp {
             qps_per_req: conn.qps_per_req,
             ar_threshold: ar.then_some(ar_threshold),
             landing_timeout: Duration::from_secs(crate::config::get().connect_timeout_sec.max(1)),
+            wr_bytes: conn.wr_bytes(),
             fifo: local_block(&bufs),
             peer_records: remote_block(&conn),
             peer: conn.chan.peer.to_string(),

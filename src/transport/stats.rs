@@ -322,6 +322,40 @@ fn add_totals(t: &mut Totals, s: &CommStats) {
     t.errors += CommStats::get(&s.errors);
 }
 
+/// Sums of one side's counters (see [`side_totals`]).
+#[derive(Default, Clone, Copy, Debug)]
+pub struct SideTotals {
+    pub comms: u64,
+    pub messages: u64,
+    pub post_calls: u64,
+    pub wrs: u64,
+    pub completions: u64,
+    pub cts_writes: u64,
+}
+
+/// Send and receive sides' sums over the comms still listed (live and the last
+/// [`KEEP_CLOSED`] closed ones), for `ferroce_stats_totals_get`.
+#[derive(Default, Clone, Copy, Debug)]
+pub struct BySide {
+    pub send: SideTotals,
+    pub recv: SideTotals,
+}
+
+pub fn side_totals() -> BySide {
+    let r = REGISTRY.lock();
+    let mut t = BySide::default();
+    for s in r.live.iter().chain(r.closed.iter()) {
+        let side = if s.kind == "send" { &mut t.send } else { &mut t.recv };
+        side.comms += 1;
+        side.messages += CommStats::get(&s.messages);
+        side.post_calls += CommStats::get(&s.post_calls);
+        side.wrs += CommStats::get(&s.wrs);
+        side.completions += CommStats::get(&s.completions);
+        side.cts_writes += CommStats::get(&s.cts_writes);
+    }
+    t
+}
+
 /// The whole file's text.
 pub fn render() -> String {
     let r = REGISTRY.lock();

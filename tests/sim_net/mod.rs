@@ -13,19 +13,53 @@
 
 use nccl_net_ferroce::error::Error;
 use nccl_net_ferroce::transport::proto::fifo::{self, CtsEntry, RING_BYTES};
-use nccl_net_ferroce::transport::proto::limits::MAX_DEVS;
+use nccl_net_ferroce::transport::proto::limits::{MAX_CHAIN, MAX_DEVS};
 use nccl_net_ferroce::transport::proto::plan::{LocalBlock, Op, Post, QpRoute, RemoteBlock, Sge, WorkRequest};
-use nccl_net_ferroce::transport::proto::recv::StagingRing;
+use nccl_net_ferroce::transport::proto::recv::{StagingRing, RQ_DEPTH};
 use nccl_net_ferroce::transport::proto::send::FifoRing;
 use std::collections::VecDeque;
 
-pub struct Rng(pub u64);
+pub mod run;
+
+/// Every choice of a simulation: splitmix64 from a seed, or (for a fuzzer) the input's bytes
+/// first, 8 per draw, then splitmix64 from what they left, so any input ends in a full run.
+pub struct Rng {
+    state: u64,
+    steer: Vec<u8>,
+    used: usize,
+}
 
 impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng {
+            state: seed,
+            steer: Vec::new(),
+            used: 0,
+        }
+    }
+
+    /// Draws come from `bytes` (little-endian, 8 at a time) while they last.
+    pub fn steered(bytes: &[u8]) -> Rng {
+        Rng {
+            state: bytes.len() as u64,
+            steer: bytes.to_vec(),
+            used: 0,
+        }
+    }
+
     pub fn next(&mut self) -> u64 {
+        if self.used < self.steer.len() {
+            let end = (self.used + 8).min(self.steer.len());
+            let mut word = [0u8; 8];
+            word[..end - self.used].copy_from_slice(&self.steer[self.used..end]);
+            self.used = end;
+            let v = u64::from_le_bytes(word);
+            self.state ^= v;
+            return v;
+        }
         // splitmix64
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
@@ -59,7 +93,7 @@ impl Side {
             Side::Receiver => Side::Sender,
         }
     }
-    fn index(self) -> usize {
+    pub fn index(self) -> usize {
         self as usize
     }
 }
@@ -143,14 +177,24 @@ pub struct Queues {
     qps: [Vec<Qp>; 2],
     /// `max_send_wr` of each side's QPs: posting past it is a bug the NIC would punish.
     sq_depth: [usize; 2],
+    /// `max_msg_sz` of every QP: a WR carrying more is a bug the NIC would punish.
+    pub max_msg: usize,
+    /// Receive posts (`ibv_post_recv` calls) per side.
+    pub recv_posts: [usize; 2],
     flush_sq: VecDeque<(usize, WorkRequest)>,
 }
 
 impl Queues {
-    /// Take every posted receive of `side` (their wr_ids), as a test that completes them by
-    /// hand does.
-    pub fn take_receives(&mut self, side: Side) -> Vec<u64> {
-        self.qps[side.index()].iter_mut().flat_map(|q| q.rq.drain(..)).collect()
+    /// Take the oldest `per_qp` posted receives of every QP of `side` (their wr_ids), as a test
+    /// that completes them by hand does.
+    pub fn take_receives(&mut self, side: Side, per_qp: usize) -> Vec<u64> {
+        self.qps[side.index()]
+            .iter_mut()
+            .flat_map(|q| {
+                let n = per_qp.min(q.rq.len());
+                q.rq.drain(..n)
+            })
+            .collect()
     }
 
     /// Queue what a core planned on `side`.
@@ -160,7 +204,17 @@ impl Queues {
                 let q = self.qps[side.index()]
                     .get_mut(qp)
                     .ok_or_else(|| Error::internal(format!("post on QP {qp} that does not exist")))?;
-                assert!(chain.len() <= 9, "a chain of {} WRs", chain.len());
+                assert!(chain.len() <= MAX_CHAIN, "a chain of {} WRs", chain.len());
+                if let Some(w) = chain
+                    .iter()
+                    .find(|w| w.local.is_some_and(|s| s.len as usize > self.max_msg))
+                {
+                    panic!(
+                        "{side:?} QP {qp}: a WR of {:?} bytes past max_msg_sz {}",
+                        w.local.map(|s| s.len),
+                        self.max_msg
+                    );
+                }
                 let depth = self.sq_depth[side.index()];
                 assert!(
                     q.unretired.len() + chain.len() <= depth,
@@ -171,11 +225,17 @@ impl Queues {
                 q.unretired.extend(chain.iter().map(|w| w.signaled));
                 q.sq.extend(chain.iter().copied());
             }
-            Post::Recv { qp, wr_id } => {
+            Post::Recv { qp, wr_id, count } => {
                 let q = self.qps[side.index()]
                     .get_mut(qp)
                     .ok_or_else(|| Error::internal(format!("receive on QP {qp} that does not exist")))?;
-                q.rq.push_back(wr_id);
+                assert!(
+                    q.rq.len() + count <= RQ_DEPTH,
+                    "{side:?} QP {qp}: receive queue overflow ({} posted + {count} > max_recv_wr {RQ_DEPTH})",
+                    q.rq.len()
+                );
+                q.rq.extend(std::iter::repeat_n(wr_id, count));
+                self.recv_posts[side.index()] += 1;
             }
             Post::Flush { dev, wr } => {
                 assert_eq!(side, Side::Receiver, "only the receiver flushes");
@@ -217,6 +277,8 @@ impl Fabric {
                 qps: [(0..n).map(|_| Qp::new()).collect(), (0..n).map(|_| Qp::new()).collect()],
                 flush_sq: VecDeque::new(),
                 sq_depth,
+                max_msg: usize::MAX,
+                recv_posts: [0; 2],
             },
             routes: [sender_routes, receiver_routes],
             cqs: [VecDeque::new(), VecDeque::new()],

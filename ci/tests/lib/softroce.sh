@@ -1,6 +1,7 @@
 # Shared by the ci/tests/20-softroce-*.sh scripts (sourced, not run): the repository root,
-# the softroce library, a scratch directory and process list cleaned up on exit, PASS/FAIL
-# counters, and the helpers ok, ko, free_port, wait_port, pair and finish.
+# the softroce library, a scratch directory and process list cleaned up on exit, the result
+# bookkeeping of lib/checks.sh (ok, ko, need, finish), and the helpers free_port, wait_port and
+# pair.
 #
 # Loopback ranges: every script and every softroce-using test binds its own 127.0.N.x, so two
 # of them never collide, whatever runs at once. One owner per N (check:
@@ -15,9 +16,10 @@
 #   127.0.23  20-softroce-devinfo.sh        127.0.50-51  ci/bench.sh
 #   127.0.24  20-softroce-tshark.sh         127.0.53  52-bench-compare.sh
 #   127.0.25  20-softroce-perftest.sh       127.0.54  55-memory.sh
-#   127.0.29  ci/bench-softroce.sh          127.0.55, 127.0.59  50-harness.sh
+#   127.0.29  ci/bench-softroce.sh          127.0.55-59  50-harness.sh
 #   127.0.61  doctor (its own tests)        127.0.65  65-doctor.sh
 #   127.0.66-67  66-stats.sh                127.0.77  60-gpu-scripts.sh (test data)
+#   127.0.68-69  67-counters.sh
 #   127.0.81  80-sanitizers.sh              127.0.82  80-sanitizers.sh (ThreadSanitizer)
 # (20-softroce-netns.sh uses its own namespaces; 127.0.0.1 only for free ports and NCCL's
 # bootstrap.)
@@ -32,8 +34,8 @@ if [ ! -e "$LIB/libibverbs.so.1" ]; then
 fi
 T=${SOFTROCE_TEST_TIMEOUT:-60}
 D=$(mktemp -d /tmp/softroce-test.XXXXXX)
-PASS=0
-FAIL=0
+# shellcheck source=ci/tests/lib/checks.sh
+. ci/tests/lib/checks.sh
 PIDS=""
 cleanup() {
     for p in $PIDS; do kill "$p" 2>/dev/null; done
@@ -43,15 +45,6 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-ok() { PASS=$((PASS + 1)); echo "   PASS $1"; }
-ko() {
-    FAIL=$((FAIL + 1))
-    echo "   FAIL $1"
-    shift
-    for f in "$@"; do
-        [ -e "$f" ] && { echo "   --- $(basename "$f"):"; tail -n 25 "$f" | sed 's/^/   | /'; }
-    done
-}
 
 # free_port: a TCP port nothing listens on now, chosen by the kernel (bind to port 0), so two
 # runs of these tests on one host never collide on a fixed port.
@@ -106,9 +99,4 @@ pair() {
     fi
 }
 
-finish() {
-    echo "$PASS passed, $FAIL failed"
-    [ "$FAIL" -eq 0 ]
-    exit $?
-}
 

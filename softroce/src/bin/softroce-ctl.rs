@@ -1,7 +1,8 @@
 //! `softroce-ctl ADDR COMMAND`: inject a fault into the softroce device bound to ADDR in a
 //! running process, as a real NIC or network fails (`port-down`, `port-up`, `gid-change`,
 //! `blackhole PEER_ADDR`, `heal`, `status`, `device-fatal`, `qp-fatal QPN`, `qp-access-err QPN`,
-//! `cq-overrun QPN`). It talks to the device's control socket
+//! `cq-overrun QPN`), or read its verbs work counters (`counters`: the process's totals and each
+//! live QP's). It talks to the device's control socket
 //! `${SOFTROCE_CTL_DIR:-/tmp/softroce}/ADDR.sock` and prints its answer; exit status 0 when the
 //! device carried the command out.
 
@@ -13,7 +14,7 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 2 || args[0] == "-h" || args[0] == "--help" {
         eprintln!(
-            "usage: softroce-ctl ADDR port-down | port-up | gid-change | blackhole PEER_ADDR | heal | status\n\
+            "usage: softroce-ctl ADDR port-down | port-up | gid-change | blackhole PEER_ADDR | heal | status | counters\n\
              \x20                      | device-fatal | qp-fatal QPN | qp-access-err QPN | cq-overrun QPN\n\
              ADDR is the device's IPv4 address (SOFTROCE_ADDR of the process); sockets live in\n\
              ${{SOFTROCE_CTL_DIR:-/tmp/softroce}}"

@@ -107,6 +107,11 @@ fn answer(dev: &Device, stream: UnixStream) -> std::io::Result<()> {
     stream.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
     let mut line = String::new();
     BufReader::new(&stream).read_line(&mut line)?;
+    if line.trim() == "counters" {
+        let qps = dev.engine.all_qps();
+        let counts = super::counters::report(qps.iter().map(|q| (q.qpn, &q.counters)));
+        return (&stream).write_all(format!("ok: {counts}\n").as_bytes());
+    }
     let reply = match Command::parse(&line) {
         Ok(cmd) => match apply(dev, cmd) {
             Ok(said) => format!("ok: {said}\n"),
@@ -220,7 +225,7 @@ pub fn apply(dev: &Device, cmd: Command) -> Result<String, String> {
                     dev.name,
                     u32::from(send) + u32::from(recv)
                 )
-            })
+            });
         }
     };
     Ok(said)

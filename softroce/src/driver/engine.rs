@@ -79,8 +79,11 @@ pub fn drain_locked(dev: &Device, qp: &QpShared, core: &mut QpCore, now: Instant
             ttl: meta.hop_limit,
             tos: meta.traffic_class,
         };
-        tx.push(&dev.sock, meta.len.min(tx.scratch.len()), dst, ip);
+        let len = meta.len.min(tx.scratch.len());
+        qp.counters.packet_sent(len + icrc::ICRC_LEN, meta.is_response);
+        tx.push(&dev.sock, len, dst, ip);
     }
+    qp.counters.retransmits_now(core.stats().retransmits);
     // Packets (ACKs above all) leave before the application can see the
     // completions: a peer that exits right after its last completion must
     // not take our final ACK with it.

@@ -12,6 +12,7 @@
 //! * [`engine_state`] and [`engine`] — the progress engine's shared state
 //!   and its loop (receive, timers, draining QPs, posting);
 //! * [`tx`] — the transmitter (ICRC, GSO batches); [`udp`] — the socket;
+//! * [`counters`] — the verbs work an application asks for, per process and per QP;
 //! * [`clock`], [`rng`], [`activity`] — the core's clock, the fault
 //!   injector's random numbers, the doorbell idle pollers wait on;
 //!   [`idle`] — what an empty CQ poll does (yield, receive inline, wait).
@@ -19,6 +20,7 @@
 pub mod activity;
 pub mod addr;
 pub mod clock;
+pub mod counters;
 pub mod cq;
 pub mod ctl;
 pub mod device;

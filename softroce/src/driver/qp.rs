@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::counters::Counters;
 use super::cq::CqInner;
 use super::event::AsyncQueue;
 use super::srq::SrqInner;
@@ -23,6 +24,8 @@ pub struct QpShared {
     pub ibv_ptr: AtomicUsize,
     /// Queued on the engine's dirty list (deferred packets to send).
     pub dirty: AtomicBool,
+    /// The verbs work asked of this QP and the packets it sent.
+    pub counters: Counters,
 }
 
 impl QpShared {
@@ -51,6 +54,7 @@ impl QpShared {
             async_q,
             ibv_ptr: AtomicUsize::new(0),
             dirty: AtomicBool::new(false),
+            counters: Counters::default(),
         }
     }
 

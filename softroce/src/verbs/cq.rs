@@ -12,6 +12,7 @@ use rdma_sys::{ibv_comp_channel, ibv_context, ibv_cq, ibv_wc};
 use super::ctx::Context;
 use super::{ffi_guard, int_err, minus_one, null_err};
 use crate::driver::activity;
+use crate::driver::counters;
 use crate::driver::cq::{CompletionChannel, CqInner, Wc};
 use crate::driver::engine;
 use crate::driver::idle;
@@ -267,15 +268,23 @@ unsafe extern "C" fn ex_start_poll(cq: *mut rdma_sys::ibv_cq_ex, attr: *mut rdma
             return libc::EINVAL;
         }
         // SAFETY: cq is our extended CQ (the header dispatches through it).
-        unsafe { ex_load(cq) }
+        let r = unsafe { ex_load(cq) };
+        counters::cq_polled(usize::from(r == 0));
+        r
     })
 }
 
 /// # Safety
 /// `cq` must be a live CQ of ours created by `ibv_create_cq_ex` (the header dispatches through it).
 unsafe extern "C" fn ex_next_poll(cq: *mut rdma_sys::ibv_cq_ex) -> c_int {
-    // SAFETY: cq is our extended CQ (the header dispatches through it).
-    ffi_guard!(libc::EIO, { unsafe { ex_load(cq) } })
+    ffi_guard!(libc::EIO, {
+        // SAFETY: cq is our extended CQ (the header dispatches through it).
+        let r = unsafe { ex_load(cq) };
+        if r == 0 {
+            counters::cqe_read();
+        }
+        r
+    })
 }
 
 /// # Safety
@@ -389,6 +398,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -
         }
         let seen = activity::snapshot();
         if c.inner.is_empty() && (!idle_poll(cq, seen) || c.inner.is_empty()) {
+            counters::cq_polled(0);
             return 0;
         }
         idle::poll_found_work();
@@ -407,6 +417,7 @@ pub unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, num: c_int, wc: *mut ibv_wc) -
                 break;
             }
         }
+        counters::cq_polled(total);
         total as c_int
     })
 }

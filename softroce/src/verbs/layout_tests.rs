@@ -115,3 +115,17 @@ fn attr_layouts() {
     assert_eq!(size_of::<super::stubs::IbUserPathRec>(), 64);
     assert_eq!(size_of::<super::stubs::IbvSaPathRec>(), 64);
 }
+
+/// `struct softroce_counters` of softroce/include/softroce_counters.h (the harness checks the
+/// same figures with _Static_assert).
+#[test]
+fn counters_layout() {
+    use crate::driver::counters::CountersRepr;
+    assert_eq!(size_of::<CountersRepr>(), 160);
+    assert_eq!(offset_of!(CountersRepr, size), 4);
+    assert_eq!(offset_of!(CountersRepr, post_send_calls), 8);
+    assert_eq!(offset_of!(CountersRepr, post_recv_calls), 88);
+    assert_eq!(offset_of!(CountersRepr, poll_cq_calls), 104);
+    assert_eq!(offset_of!(CountersRepr, tx_packets), 128);
+    assert_eq!(offset_of!(CountersRepr, retransmits), 152);
+}

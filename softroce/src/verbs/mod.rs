@@ -4,7 +4,8 @@
 //! NIC's objects in [`crate::driver`]; nothing below imports it. Files:
 //! `ctx.rs` (the `ibv_context` object), `context.rs` (device list, open,
 //! queries, async events), `mr.rs`, `cq.rs`, `srq.rs`, `qp.rs`, `qp_ex.rs`
-//! (the `ibv_wr_*` builders), `misc.rs` and `stubs.rs`.
+//! (the `ibv_wr_*` builders), `misc.rs`, `stubs.rs` and `counters.rs` (softroce's own
+//! `softroce_counters_get`).
 //!
 //! Contract:
 //! * every `#[no_mangle] extern "C"` function runs its body inside
@@ -23,6 +24,7 @@
 //! pointers we store in `ibv_context.ops` and in the enclosing `verbs_context`.
 
 pub mod context;
+pub mod counters;
 pub mod cq;
 pub mod ctx;
 pub mod misc;

@@ -437,7 +437,8 @@ unsafe fn to_send_wr(w: &ibv_send_wr, max_sge: u32) -> Result<SendWr, i32> {
 /// Posts converted WRs in order, stopping at the first the core refuses.
 /// Returns 0 or the errno and the index of the refused WR.
 pub(crate) fn post_send_wrs(q: &Qp, wrs: impl IntoIterator<Item = Result<SendWr, i32>>) -> (i32, usize) {
-    engine::post_send(&q.dev, &q.shared, wrs)
+    let counted = q.shared.counters.post_send_called(q.caps.sq_sig_all);
+    engine::post_send(&q.dev, &q.shared, wrs.into_iter().inspect(|w| counted.wr(w)))
 }
 
 /// `ops.post_send`.
@@ -512,7 +513,9 @@ pub unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad_wr
             let sges = unsafe { sges(w.sg_list, w.num_sge) };
             Some(Ok(RecvWr { wr_id: w.wr_id, sges }))
         });
-        let (err, _) = engine::post_recv(&q.dev, &q.shared, chain);
+        let mut wrs = 0;
+        let (err, _) = engine::post_recv(&q.dev, &q.shared, chain.inspect(|w| wrs += u64::from(w.is_ok())));
+        q.shared.counters.post_recv_called(wrs);
         if err != 0 && !bad_wr.is_null() {
             // SAFETY: valid out-pointer.
             unsafe { *bad_wr = last.get() };

@@ -10,6 +10,7 @@ use rdma_sys::{ibv_pd, ibv_recv_wr, ibv_srq, ibv_srq_attr, ibv_srq_init_attr};
 use super::ctx::Context;
 use super::mr::Pd;
 use super::{ffi_guard, int_err, null_err};
+use crate::driver::counters;
 use crate::driver::srq::SrqInner;
 use crate::proto::{RecvWr, Sge};
 
@@ -175,7 +176,9 @@ pub unsafe extern "C" fn post_srq_recv(
             let sges = unsafe { sges(w.sg_list, w.num_sge) };
             Some(Ok(RecvWr { wr_id: w.wr_id, sges }))
         });
-        let (err, _) = s.inner.post(chain);
+        let mut wrs = 0;
+        let (err, _) = s.inner.post(chain.inspect(|w| wrs += u64::from(w.is_ok())));
+        counters::srq_recv_posted(wrs);
         if err != 0 && !bad_wr.is_null() {
             // SAFETY: valid out-pointer.
             unsafe { *bad_wr = last.get() };

@@ -58,13 +58,14 @@ impl WorkRequest {
     }
 }
 
-/// One thing to post, in order. A `Send` chain is posted with one `ibv_post_send`.
+/// One thing to post, in order. A `Send` chain is posted with one `ibv_post_send` (a long one
+/// in batches), `count` receives with one `ibv_post_recv`.
 #[derive(Clone, Copy, Debug)]
 pub enum Post<'a> {
     /// A chain of send WRs on QP `qp` (index in the connection).
     Send { qp: usize, chain: &'a [WorkRequest] },
-    /// A zero-SGE receive on QP `qp`.
-    Recv { qp: usize, wr_id: u64 },
+    /// `count` zero-SGE receives on QP `qp`, all with `wr_id`.
+    Recv { qp: usize, wr_id: u64, count: usize },
     /// A GPU-flush read on the loopback QP of local member device `dev`.
     Flush { dev: usize, wr: WorkRequest },
 }

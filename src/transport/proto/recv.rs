@@ -1,8 +1,16 @@
-//! The receiver's protocol (spec §8.8, §8.9): plan one zero-SGE receive per QP the message will
-//! use, stage the CTS entries of the grouped receive and plan their RDMA writes into the next
-//! entries of the sender's FIFO ring (two writes when they straddle its end), and complete when
-//! every used QP delivered its WRITE WITH IMMEDIATE. `iflush` plans a one-byte read of the last
-//! non-empty buffer per local device (the driver's loopback QPs).
+//! The receiver's protocol (spec §8.8, §8.9): make sure every QP the message will use has a
+//! zero-SGE receive posted for it, stage the CTS entries of the grouped receive and plan their
+//! RDMA writes into the next entries of the sender's FIFO ring (two writes when they straddle
+//! its end), and complete when every used QP delivered its WRITE WITH IMMEDIATE. `iflush` plans
+//! a one-byte read of the last non-empty buffer per local device (the driver's loopback QPs).
+//!
+//! Receives are posted ahead, [`RQ_BATCH`] per `ibv_post_recv`, not one per message: a QP's
+//! receives are all alike (zero SGEs, the QP's index as `wr_id`), and a QP completes them in the
+//! order the sender posted its chains on it, which is posting-counter order on both ends (the
+//! sender posts groups strictly in order, and both ends compute a message's QPs from the
+//! counter). So each QP keeps the requests it owes a completion to, oldest first, and a
+//! completion goes to the oldest. A completion no request waits for is a peer that wrote more
+//! than it was asked to: the comm fails.
 //!
 //! `irecv` says "retry later" (no side effects) when [`request::RECVS_IN_FLIGHT`] receives are
 //! in flight, when the ring has no room for the group, or when the CTS QP has no send-queue
@@ -28,8 +36,16 @@ pub const CTS_DEPTH: usize = 32;
 pub const CTS_SIGNAL_EVERY: u64 = 8;
 const _: () = assert!(CTS_DEPTH as u64 > CTS_SIGNAL_EVERY && CTS_DEPTH >= 2);
 
-/// `wr_id` kinds (top byte); the low 16 bits are a request index, or for CTS writes the device
-/// (bits 48..56) and the write's sequence number on that device's CTS QP (bits 0..48).
+/// Receives one `ibv_post_recv` posts on a QP when the QP has none to spare for the next
+/// message: so a QP has at most `RECVS_IN_FLIGHT + RQ_BATCH − 1` posted ([`RQ_DEPTH`]).
+pub const RQ_BATCH: usize = 16;
+/// Receive-queue depth of a receiver QP (`max_recv_wr`), and the CQ entries its receives may
+/// take when the QP fails and flushes them all.
+pub const RQ_DEPTH: usize = request::RECVS_IN_FLIGHT + RQ_BATCH;
+
+/// `wr_id` kinds (top byte); the low 16 bits are a request index (flush reads) or a QP index
+/// (receives), or for CTS writes the device (bits 48..56) and the write's sequence number on
+/// that device's CTS QP (bits 0..48).
 const KIND_SHIFT: u32 = 56;
 const KIND_RECV: u64 = 1;
 const KIND_CTS: u64 = 2;
@@ -73,6 +89,9 @@ pub struct RecvConfig {
     pub peer_fifo: RemoteBlock,
     /// Per local device: CTS writes of up to this many bytes are posted inline (0: never).
     pub cts_inline_max: [u32; MAX_DEVS],
+    /// The largest buffer a receive takes: [`super::split::max_buffer_bytes`] of our devices,
+    /// the `maxP2pBytes` the properties report.
+    pub max_buffer_bytes: usize,
 }
 
 /// One buffer of a grouped receive.
@@ -119,20 +138,76 @@ pub struct RecvCore {
     /// Per device: CTS writes posted on its CTS QP, and how many of them are retired.
     cts_posted: [u64; MAX_DEVS],
     cts_retired: [u64; MAX_DEVS],
+    /// Per QP of the connection: its posted receives and the requests they are for.
+    rqs: Box<[ReceiveQueue]>,
+}
+
+/// One QP's receive side: the requests owed a completion on it, oldest first (each in flight,
+/// so at most [`request::RECVS_IN_FLIGHT`]), and how many posted receives no request claims.
+#[derive(Clone, Copy)]
+struct ReceiveQueue {
+    owed: [u16; request::RECVS_IN_FLIGHT],
+    head: u8,
+    len: u8,
+    /// Posted receives beyond one per owed request (< RQ_BATCH).
+    spare: u8,
+}
+
+const _: () = assert!(request::RECVS_IN_FLIGHT < u8::MAX as usize, "a queue length fits u8");
+const _: () = assert!(RQ_BATCH < u8::MAX as usize, "spare receives fit u8");
+
+impl ReceiveQueue {
+    const EMPTY: ReceiveQueue = ReceiveQueue {
+        owed: [0; request::RECVS_IN_FLIGHT],
+        head: 0,
+        len: 0,
+        spare: 0,
+    };
+
+    /// Request `r` is owed the next completion after those already owed (false: full, which
+    /// the bound on receives in flight rules out).
+    fn push(&mut self, r: u16) -> bool {
+        let len = usize::from(self.len);
+        if len >= self.owed.len() {
+            return false;
+        }
+        self.owed[(usize::from(self.head) + len) % self.owed.len()] = r;
+        self.len += 1;
+        true
+    }
+
+    /// The request the oldest owed completion is for.
+    fn front(&self) -> Option<u16> {
+        (self.len > 0).then(|| self.owed[usize::from(self.head)])
+    }
+
+    fn pop(&mut self) -> Option<u16> {
+        let r = self.front()?;
+        self.head = ((usize::from(self.head) + 1) % self.owed.len()) as u8;
+        self.len -= 1;
+        Some(r)
+    }
 }
 
 impl RecvCore {
     pub fn new(cfg: RecvConfig, report: FailureReport) -> RecvCore {
         RecvCore {
             state: CommState::new(RequestPool::new(std::ptr::null_mut(), request::RECV_REQUESTS), report),
-            cfg,
             counter: 0,
             ring: fifo::RingAlloc::default(),
             recvs_in_flight: 0,
             flushes_in_flight: 0,
             cts_posted: [0; MAX_DEVS],
             cts_retired: [0; MAX_DEVS],
+            rqs: vec![ReceiveQueue::EMPTY; cfg.routes.len()].into_boxed_slice(),
+            cfg,
         }
+    }
+
+    /// Receives posted ahead on every QP that no request claims yet (they stay posted until
+    /// the QP is destroyed).
+    pub fn spare_receives(&self) -> usize {
+        self.rqs.iter().map(|q| usize::from(q.spare)).sum()
     }
 
     /// Flush requests in flight.
@@ -145,7 +220,7 @@ impl RecvCore {
         self.cts_posted[d] + writes - self.cts_retired[d] <= CTS_DEPTH as u64
     }
 
-    /// Post a grouped receive of `bufs` (1..=8 buffers of ≤ 4 GiB each).
+    /// Post a grouped receive of `bufs` (1..=8 buffers of ≤ `max_buffer_bytes` each).
     pub fn irecv(
         &mut self,
         ring: &mut impl StagingRing,
@@ -159,10 +234,10 @@ impl RecvCore {
                 "irecv: a group of {n} buffers (1..={MAX_RECVS})"
             )));
         }
-        if let Some(b) = bufs.iter().find(|b| b.size > u32::MAX as usize) {
+        if let Some(b) = bufs.iter().find(|b| b.size > self.cfg.max_buffer_bytes) {
             return Err(Error::internal(format!(
-                "irecv: buffer of {} bytes (at most 4 GiB per buffer)",
-                b.size
+                "irecv: a buffer of {} bytes is larger than the {} bytes this device takes in one message (the maxP2pBytes it reports)",
+                b.size, self.cfg.max_buffer_bytes
             )));
         }
         // Everything that can say "retry later" is checked before anything changes. NCCL
@@ -211,15 +286,29 @@ impl RecvCore {
         bufs: &[RecvBuf],
         post: &mut impl FnMut(Post<'_>) -> Result<()>,
     ) -> Result<()> {
-        let nq = self.cfg.qps_per_req;
-        let nqps = self.cfg.routes.len();
-        // One receive per QP the sender will complete on.
-        for j in 0..nq {
-            let qp = split::qp_for_chunk(id, nq, j, nqps);
-            post(Post::Recv {
-                qp,
-                wr_id: wr_id(KIND_RECV, r),
-            })?;
+        // A posted receive for this message on every QP the sender will complete on.
+        for qp in self.qps_of(id) {
+            let Some(rq) = self.rqs.get_mut(qp) else {
+                return Err(Error::internal(format!(
+                    "irecv: QP {qp} of a connection of {}",
+                    self.rqs.len()
+                )));
+            };
+            if rq.spare == 0 {
+                post(Post::Recv {
+                    qp,
+                    wr_id: wr_id(KIND_RECV, qp as u16),
+                    count: RQ_BATCH,
+                })?;
+                rq.spare = RQ_BATCH as u8;
+            }
+            if !rq.push(r) {
+                return Err(Error::internal(format!(
+                    "irecv: QP {qp} already owes {} receives",
+                    request::RECVS_IN_FLIGHT
+                )));
+            }
+            rq.spare -= 1;
         }
         let n = bufs.len();
         for (i, b) in bufs.iter().enumerate() {
@@ -260,6 +349,19 @@ impl RecvCore {
             })?;
         }
         Ok(())
+    }
+
+    /// The QPs group `id`'s message completes on (one per QP it is spread over).
+    fn qps_of(&self, id: u64) -> impl Iterator<Item = usize> {
+        let (nq, nqps) = (self.cfg.qps_per_req, self.cfg.routes.len());
+        (0..nq).map(move |j| split::qp_for_chunk(id, nq, j, nqps))
+    }
+
+    /// The QPs the receive posted last completes on (for the profiler's per-QP events), with
+    /// the `wr_id` of their receives.
+    pub fn last_receive_qps(&self) -> impl Iterator<Item = (usize, u64)> {
+        self.qps_of(self.counter.wrapping_sub(1))
+            .map(|qp| (qp, wr_id(KIND_RECV, qp as u16)))
     }
 
     /// The buffer a flush of this group reads back: the last non-empty one (`None`: nothing
@@ -320,9 +422,15 @@ impl RecvCore {
     /// A successful completion on a data CQ: a receive (with the sender's immediate) or a
     /// signaled CTS write (it and every CTS write before it on that QP are retired).
     pub fn handle_completion(&mut self, wr_id: u64, imm: Option<u32>) {
-        let idx = (wr_id & 0xffff) as u16;
         match wr_id >> KIND_SHIFT {
             KIND_RECV => {
+                let qp = (wr_id & 0xffff) as usize;
+                let Some(idx) = self.rqs.get_mut(qp).and_then(ReceiveQueue::pop) else {
+                    self.state.fail(Error::remote(format!(
+                        "the sender completed a message on QP {qp} that no posted receive waits for (an RDMA write with immediate it was not asked for: a replayed, duplicated or forged completion)"
+                    )));
+                    return;
+                };
                 if let Some(r) = self.state.pool.get_mut(idx) {
                     if r.kind() == ReqKind::Recv {
                         if let Some(imm) = imm {
@@ -403,7 +511,12 @@ impl RecvCore {
 
     /// The operation and byte count of a `wr_id` (for a completion error's WARN).
     pub fn describe(&self, wr_id: u64) -> (&'static str, usize) {
-        let r = self.state.pool.get((wr_id & 0xffff) as u16);
+        let low = (wr_id & 0xffff) as u16;
+        let r = match wr_id >> KIND_SHIFT {
+            KIND_RECV => self.rqs.get(usize::from(low)).and_then(ReceiveQueue::front),
+            _ => Some(low),
+        }
+        .and_then(|i| self.state.pool.get(i));
         match wr_id >> KIND_SHIFT {
             // (The byte count of a failed receive is the announced size, when one arrived.)
             KIND_RECV => (

@@ -208,15 +208,19 @@ impl RequestPool {
 const LANE_BITS: u32 = 6;
 const LANE_MASK: u64 = (1 << LANE_BITS) - 1;
 const CHAIN_SHIFT: u32 = 8 * LANE_BITS;
-const QP_SHIFT: u32 = CHAIN_SHIFT + 4;
+/// Bits of a send `wr_id` holding the chain's length.
+const CHAIN_BITS: u32 = 6;
+const CHAIN_MASK: u64 = (1 << CHAIN_BITS) - 1;
+const QP_SHIFT: u32 = CHAIN_SHIFT + CHAIN_BITS;
 /// QP indices a send `wr_id` can name (NCCL_IB_QPS_PER_CONNECTION ≤ 128 × 8 devices).
 pub const WR_ID_QPS: usize = 1 << 10;
 const _: () = assert!(QP_SHIFT + 10 <= 64);
+const _: () = assert!(super::limits::MAX_CHAIN as u64 <= CHAIN_MASK, "every chain length fits");
 
 /// The `wr_id` of every WR of a group's chain on one QP (spec §8.8 packs 8-bit lanes; ours are
 /// 6 bits, so the chain's length and QP fit too): the group's request indices (< [`MAX_POOL`])
-/// in lanes 0..8 (bits 0..48), the number of WRs of the chain (bits 48..52, ≤ 9) and the QP's
-/// index in the connection (bits 52..62). The chain's signaled completion gives back that many
+/// in lanes 0..8 (bits 0..48), the number of WRs of the chain (bits 48..54, ≤ MAX_CHAIN) and
+/// the QP's index in the connection (bits 54..64). The chain's signaled completion gives back that many
 /// send-queue credits of that QP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SendWrId(pub u64);
@@ -227,7 +231,9 @@ impl SendWrId {
         let lanes = indices.iter().take(8).enumerate().fold(0u64, |acc, (lane, &i)| {
             acc | ((u64::from(i) & LANE_MASK) << (LANE_BITS * lane as u32))
         });
-        SendWrId(lanes | ((chain as u64 & 0xf) << CHAIN_SHIFT) | ((qp as u64 & (WR_ID_QPS as u64 - 1)) << QP_SHIFT))
+        SendWrId(
+            lanes | ((chain as u64 & CHAIN_MASK) << CHAIN_SHIFT) | ((qp as u64 & (WR_ID_QPS as u64 - 1)) << QP_SHIFT),
+        )
     }
 
     /// Request index in lane `lane` (0..8).
@@ -237,7 +243,7 @@ impl SendWrId {
 
     /// WRs in the chain.
     pub fn chain(self) -> usize {
-        ((self.0 >> CHAIN_SHIFT) & 0xf) as usize
+        ((self.0 >> CHAIN_SHIFT) & CHAIN_MASK) as usize
     }
 
     /// The QP's index in the connection.
@@ -338,13 +344,13 @@ mod tests {
         assert_eq!(w.lane(4), 7);
         assert_eq!(w.lane(5), 0);
         assert_eq!((w.chain(), w.qp()), (9, 1023));
-        let all = SendWrId::new(&[63; 8], 15, 0);
-        assert_eq!(all.0, (1 << 52) - 1, "lanes and chain use bits 0..52");
-        assert_eq!((all.lane(7), all.chain(), all.qp()), (63, 15, 0));
+        let all = SendWrId::new(&[63; 8], 63, 0);
+        assert_eq!(all.0, (1 << 54) - 1, "lanes and chain use bits 0..54");
+        assert_eq!((all.lane(7), all.chain(), all.qp()), (63, 63, 0));
         // Fields never bleed into each other.
         let q = SendWrId::new(&[0; 8], 0, WR_ID_QPS - 1);
         assert_eq!((q.lane(7), q.chain(), q.qp()), (0, 0, WR_ID_QPS - 1));
-        assert!(q.0 < 1 << 62);
+        assert_eq!(q.0 >> 54, WR_ID_QPS as u64 - 1, "the QP index fills bits 54..64");
         let mut p = RequestPool::new(std::ptr::null_mut(), MAX_POOL);
         for _ in 0..MAX_POOL {
             let i = p.alloc(ReqKind::Send).unwrap();

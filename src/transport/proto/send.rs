@@ -19,10 +19,10 @@
 //! Nothing here allocates after construction.
 
 use super::fifo::{self, CtsEntry, GroupState};
-use super::limits::{MAX_DEVS, MAX_RECVS};
+use super::limits::{self, MAX_CHAIN, MAX_DEVS, MAX_RECVS};
 use super::plan::{LocalBlock, Op, Post, QpRoute, Remote, RemoteBlock, Sge, WorkRequest};
 use super::request::{self, ReqKind, RequestPool, SendWrId};
-use super::split::{self, WrPlan, MAX_CHAIN};
+use super::split::{self, WrPlan};
 use super::state::{CommState, FailureReport};
 use super::time::Time;
 use crate::error::{Error, Result};
@@ -32,8 +32,8 @@ use std::time::Duration;
 /// the QP and not yet retired by a polled completion ≤ SQ_DEPTH (the credits), so the send
 /// queue cannot overflow, and neither can the CQ: a QP puts at most one entry per chain there
 /// (its signaled WR), or one per WR when it fails and flushes them all. 64: 64 single messages
-/// or 7 groups of 8 (9 WRs each) in flight per QP; a chain is ≤ 9 WRs, so an idle QP always
-/// takes one.
+/// or 7 groups of 8 (9 WRs each) in flight per QP; a chain is ≤ [`MAX_CHAIN`] WRs, so an idle
+/// QP always takes one.
 pub const SQ_DEPTH: usize = 64;
 const _: () = assert!(SQ_DEPTH >= MAX_CHAIN && SQ_DEPTH <= u16::MAX as usize);
 
@@ -62,6 +62,9 @@ pub struct SendConfig {
     pub ar_threshold: Option<usize>,
     /// Give up when a group's stamp is there but its entries never verify for this long.
     pub landing_timeout: Duration,
+    /// The most bytes one RDMA WRITE carries (the smallest `max_msg_sz` of our member
+    /// devices, at most [`limits::MAX_WR_BYTES`]); longer chunks are cut into pieces.
+    pub wr_bytes: usize,
     /// Our FIFO block (the source of the grouped sizes write).
     pub fifo: LocalBlock,
     /// The peer as messages name it (its side-channel address).
@@ -230,7 +233,7 @@ impl SendCore {
         let pos = fifo::ring_pos(self.head);
         if let Some(req) = self.state.pool.get_mut(r) {
             req.set_pos_n(pos, n);
-            req.size = len as u32;
+            req.size = reported_size(len);
             // Not posted yet: one placeholder completion, replaced when the group is posted.
             req.pending = 1;
         }
@@ -256,9 +259,12 @@ impl SendCore {
         // On the stack: a comm keeps no plan between calls (memory per connection).
         let mut plan = [WrPlan::ZeroImm; MAX_CHAIN];
         let mut chain = [WorkRequest::EMPTY; MAX_CHAIN];
+        let wr_bytes = self.cfg.wr_bytes;
         for j in 0..nq {
             let q = split::qp_for_chunk(id, nq, j, nqps);
-            let k = split::plan_chain(&self.cur.len[..n], nq, j, ar_split, &mut plan);
+            let Some(k) = split::plan_chain(&self.cur.len[..n], nq, j, ar_split, wr_bytes, &mut plan) else {
+                return Err(self.state.fail(self.oversized_group()));
+            };
             if usize::from(self.credits[q]) < k {
                 return Ok(());
             }
@@ -267,13 +273,14 @@ impl SendCore {
         if n > 1 {
             let mut sizes = [0u32; MAX_RECVS];
             for (s, &l) in sizes.iter_mut().zip(&self.cur.len[..n]) {
-                *s = l as u32;
+                *s = reported_size(l);
             }
             ring.store_sizes(pos, &sizes[..n]);
         }
         for j in 0..nq {
             let q = split::qp_for_chunk(id, nq, j, nqps);
-            let k = split::plan_chain(&self.cur.len[..n], nq, j, ar_split, &mut plan);
+            // Planned above, so it fits.
+            let k = split::plan_chain(&self.cur.len[..n], nq, j, ar_split, wr_bytes, &mut plan).unwrap_or(0);
             self.build_chain(q, &plan[..k], pos, &mut chain);
             // Taken before posting: a partly posted chain still counts against the queue.
             self.credits[q] -= k as u16;
@@ -295,6 +302,19 @@ impl SendCore {
         Ok(())
     }
 
+    /// Why the complete current group cannot be posted: a buffer takes more WRs than one chain
+    /// holds (the receiver posted more than this side's `maxP2pBytes`).
+    fn oversized_group(&self) -> Error {
+        let largest = self.cur.len[..self.cur.n].iter().copied().max().unwrap_or(0);
+        Error::internal(format!(
+            "a send of {largest} bytes to {} needs more than {MAX_CHAIN} RDMA writes on one QP: this side carries at most {} bytes per message (maxP2pBytes: {} pieces of {} bytes, the devices' max_msg_sz); the receiver posted a larger buffer — check that both sides run the same ferroce and NICs with the same max_msg_sz",
+            self.cfg.peer,
+            split::max_buffer_bytes(self.cfg.wr_bytes),
+            limits::PIECES_PER_BUFFER,
+            split::piece_bytes(self.cfg.wr_bytes),
+        ))
+    }
+
     /// Turn the planned WRs of QP `q` into work requests in `chain`.
     fn build_chain(&self, q: usize, plan: &[WrPlan], pos: usize, chain: &mut [WorkRequest; MAX_CHAIN]) {
         let k = plan.len();
@@ -302,7 +322,7 @@ impl SendCore {
         let (ldev, rdev) = (route.dev.min(MAX_DEVS - 1), route.remote_dev.min(MAX_DEVS - 1));
         let n = self.cur.n;
         let wr_id = SendWrId::new(&self.cur.reqs[..n], k, q).0;
-        let completion_imm = self.cur.len[0] as u32;
+        let completion_imm = reported_size(self.cur.len[0]);
         for x in 0..k {
             let cur = &self.cur;
             chain[x] = match plan[x] {
@@ -408,6 +428,15 @@ impl SendCore {
             .sum();
         ("RDMA write (data)", bytes)
     }
+}
+
+/// A message size as the immediate, a completion record and [`Request::size`] carry it:
+/// saturated at `u32::MAX` (4 GiB − 1). Exact below that, which is every size `test` can
+/// report: its sizes are `int`, so both ends saturate them at `i32::MAX` there anyway.
+///
+/// [`Request::size`]: super::request::Request::size
+pub fn reported_size(len: usize) -> u32 {
+    u32::try_from(len).unwrap_or(u32::MAX)
 }
 
 /// One isend's buffer as the core needs it.

@@ -60,21 +60,38 @@ pub enum WrPlan {
     SizesImm,
 }
 
-/// Most WRs in one chain: 8 data writes and the completion write.
-pub const MAX_CHAIN: usize = 9;
+use super::limits::{MAX_CHAIN, PIECES_PER_BUFFER};
+
+/// The longest piece one WR carries when the device's WRs take at most `wr_bytes`: a multiple
+/// of [`CHUNK_ALIGN`] (so pieces keep the flag lines whole too), at least one.
+pub fn piece_bytes(wr_bytes: usize) -> usize {
+    (wr_bytes.min(super::limits::MAX_WR_BYTES) / CHUNK_ALIGN).max(1) * CHUNK_ALIGN
+}
+
+/// The largest buffer one isend or irecv takes on a device whose work requests carry at most
+/// `wr_bytes` (the `maxP2pBytes` the properties report): [`PIECES_PER_BUFFER`] pieces of
+/// [`piece_bytes`] — of the aligned piece, not of `wr_bytes` itself, or a buffer could need one
+/// piece more than a chain holds.
+pub fn max_buffer_bytes(wr_bytes: usize) -> usize {
+    PIECES_PER_BUFFER * piece_bytes(wr_bytes)
+}
 
 /// The chain for QP number `j` (0-based, of `qps_per_req`) of a group whose buffers carry
-/// `lens` bytes. Every chain ends with exactly one completion-carrying write, so the receiver
-/// sees one immediate per QP used. Empty data writes are left out except when the write
-/// carries the immediate. Returns the number of entries written to `out`.
+/// `lens` bytes, each chunk cut into pieces of at most [`piece_bytes`]`(wr_bytes)`. Every
+/// chain ends with exactly one completion-carrying write, so the receiver sees one immediate
+/// per QP used. Empty data writes are left out except when the write carries the immediate.
+/// Returns the number of entries written to `out`, or `None` when the chain would need more
+/// than [`MAX_CHAIN`] WRs (a buffer larger than [`max_buffer_bytes`]).
 pub fn plan_chain(
     lens: &[usize],
     qps_per_req: usize,
     j: usize,
     ar_split: bool,
+    wr_bytes: usize,
     out: &mut [WrPlan; MAX_CHAIN],
-) -> usize {
-    let n = lens.len().min(MAX_CHAIN - 1);
+) -> Option<usize> {
+    let n = lens.len().min(super::limits::MAX_RECVS);
+    let piece = piece_bytes(wr_bytes);
     let mut k = 0;
     let single = n == 1 && !ar_split;
     for (i, &l) in lens.iter().enumerate().take(n) {
@@ -82,19 +99,23 @@ pub fn plan_chain(
         if len == 0 && !single {
             continue;
         }
-        out[k] = WrPlan::Data {
-            sub: i as u8,
-            off,
-            len,
-            imm: single,
-        };
-        k += 1;
+        let pieces = len.div_ceil(piece).max(1);
+        for p in 0..pieces {
+            let at = p * piece;
+            *out.get_mut(k)? = WrPlan::Data {
+                sub: i as u8,
+                off: off + at,
+                len: piece.min(len - at),
+                imm: single && p + 1 == pieces,
+            };
+            k += 1;
+        }
     }
     if !single {
-        out[k] = if n == 1 { WrPlan::ZeroImm } else { WrPlan::SizesImm };
+        *out.get_mut(k)? = if n == 1 { WrPlan::ZeroImm } else { WrPlan::SizesImm };
         k += 1;
     }
-    k
+    Some(k)
 }
 
 #[cfg(test)]
@@ -102,9 +123,13 @@ mod tests {
     use super::*;
 
     fn plan(lens: &[usize], nq: usize, j: usize, ar: bool) -> Vec<WrPlan> {
+        plan_wr(lens, nq, j, ar, super::super::limits::MAX_WR_BYTES).expect("fits one chain")
+    }
+
+    fn plan_wr(lens: &[usize], nq: usize, j: usize, ar: bool, wr: usize) -> Option<Vec<WrPlan>> {
         let mut out = [WrPlan::ZeroImm; MAX_CHAIN];
-        let k = plan_chain(lens, nq, j, ar, &mut out);
-        out[..k].to_vec()
+        let k = plan_chain(lens, nq, j, ar, wr, &mut out)?;
+        Some(out[..k].to_vec())
     }
 
     #[test]
@@ -208,9 +233,26 @@ mod tests {
                 .collect();
             let nq = [1, 2, 3, 4, 8][(rnd() % 5) as usize];
             let ar = rnd() % 2 == 0;
+            // Pieces as small as one 128-byte line, so chains of many WRs and chains that
+            // cannot fit one post are both planned.
+            let wr = [1, 128, 300, 1024, 4096, 1 << 30][(rnd() % 6) as usize];
+            let piece = piece_bytes(wr);
             let mut covered = vec![0usize; n];
             for j in 0..nq {
-                let p = plan(&lens, nq, j, ar);
+                let single = n == 1 && !ar;
+                let data_wrs: usize = lens
+                    .iter()
+                    .map(|&l| chunk(l, nq, j).1)
+                    .filter(|&len| len > 0 || single)
+                    .map(|len| len.div_ceil(piece).max(1))
+                    .sum();
+                let need = data_wrs + usize::from(!single);
+                let Some(p) = plan_wr(&lens, nq, j, ar, wr) else {
+                    assert!(need > MAX_CHAIN, "a chain of {need} WRs fits {MAX_CHAIN}");
+                    covered = lens.clone();
+                    break;
+                };
+                assert_eq!(p.len(), need);
                 assert!(!p.is_empty() && p.len() <= MAX_CHAIN);
                 let completions = p
                     .iter()
@@ -224,6 +266,7 @@ mod tests {
                 for w in &p {
                     if let WrPlan::Data { sub, off, len, .. } = *w {
                         assert_eq!(off, covered[sub as usize], "chunks in order, no gap");
+                        assert!(len <= piece, "a WR of {len} bytes past the {piece}-byte piece");
                         covered[sub as usize] += len;
                         if len > 0 {
                             assert_eq!(off % CHUNK_ALIGN, 0);
@@ -232,6 +275,67 @@ mod tests {
                 }
             }
             assert_eq!(covered, lens, "every byte exactly once");
+        }
+    }
+
+    #[test]
+    fn a_chunk_past_the_wr_limit_is_cut_into_pieces() {
+        // 2.5 pieces of 1 KiB on one QP: three writes, the last one short and carrying the
+        // immediate.
+        assert_eq!(
+            plan_wr(&[2560], 1, 0, false, 1024).unwrap(),
+            [
+                WrPlan::Data {
+                    sub: 0,
+                    off: 0,
+                    len: 1024,
+                    imm: false
+                },
+                WrPlan::Data {
+                    sub: 0,
+                    off: 1024,
+                    len: 1024,
+                    imm: false
+                },
+                WrPlan::Data {
+                    sub: 0,
+                    off: 2048,
+                    len: 512,
+                    imm: true
+                },
+            ]
+        );
+        // The limit: every buffer of a full group at PIECES_PER_BUFFER pieces fits one chain,
+        // one byte more on each does not.
+        use super::super::limits::MAX_RECVS;
+        let max = max_buffer_bytes(1024);
+        assert_eq!(
+            plan_wr(&[max; MAX_RECVS], 1, 0, false, 1024).map(|p| p.len()),
+            Some(MAX_CHAIN)
+        );
+        assert_eq!(plan_wr(&[max + 1; MAX_RECVS], 1, 0, false, 1024), None);
+        // Real sizes: 4.5 GiB in pieces of 1 GiB, the device limit rounded to 128 bytes.
+        let p = plan_wr(&[(9usize << 30) / 2], 1, 0, false, super::super::limits::MAX_WR_BYTES).unwrap();
+        assert_eq!(p.len(), 5);
+        assert_eq!(piece_bytes(1000), 896);
+        assert_eq!(piece_bytes(usize::MAX), 1 << 30);
+    }
+
+    /// Found by the transport_core fuzz target: with a `max_msg_sz` off the 128-byte grid
+    /// (1266 bytes: pieces of 1152) the largest buffer was computed from the raw size (7 × 1266
+    /// = 8862), so an 8192-byte buffer took 8 pieces and its group could never be posted (the
+    /// comm failed). It must come from the aligned piece: every buffer at the limit fits.
+    #[test]
+    fn issue_14_fuzz_a_max_msg_sz_off_the_128_byte_grid() {
+        use super::super::limits::MAX_RECVS;
+        for wr in [1266, 1000, 129, 4095, (1 << 31) - 1] {
+            let max = max_buffer_bytes(wr);
+            assert_eq!(max % CHUNK_ALIGN, 0);
+            assert!(
+                plan_wr(&[max; MAX_RECVS], 1, 0, false, wr).is_some(),
+                "{wr}: {max} fits"
+            );
+            assert!(plan_wr(&[max + 1], 1, 0, false, wr).unwrap().len() > PIECES_PER_BUFFER);
         }
     }
 

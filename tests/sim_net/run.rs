@@ -1,0 +1,623 @@
+//! The two-endpoint run the simulation tests and the `transport_core` fuzz target share: a
+//! [`Case`] (the connection's shape and the messages), a [`Run`] that drives a `SendCore` and a
+//! `RecvCore` over the [`Fabric`] the way NCCL drives a connection, and the oracle it checks
+//! (every receive reports min(sent, posted) bytes per buffer, every byte equals the sender's
+//! and was written exactly once, nothing past the message is written, every send reports the
+//! bytes it sent, nothing is left in flight). Every choice comes from the run's [`Rng`]: a seed
+//! replays a case, a fuzzer's bytes steer one. Failures panic with the seed.
+
+use super::{Fabric, Faults, RingView, Rng, Side, Wc};
+use nccl_net_ferroce::error::Error;
+use nccl_net_ferroce::transport::proto::fifo::{self, RING_BYTES};
+use nccl_net_ferroce::transport::proto::limits::{self, MAX_DEVS};
+use nccl_net_ferroce::transport::proto::plan::QpRoute;
+use nccl_net_ferroce::transport::proto::recv::{Irecv, RecvBuf, RecvConfig, RecvCore, CTS_DEPTH, RQ_BATCH};
+use nccl_net_ferroce::transport::proto::request;
+use nccl_net_ferroce::transport::proto::send::{Isend, SendBuf, SendConfig, SendCore, SQ_DEPTH};
+use nccl_net_ferroce::transport::proto::split;
+use nccl_net_ferroce::transport::proto::time::Time;
+use std::time::Duration;
+
+/// One buffer of a grouped receive and the send that goes into it.
+#[derive(Clone, Copy, Debug)]
+pub struct Msg {
+    pub posted: usize,
+    pub sent: usize,
+    pub tag: i32,
+}
+
+/// The shape of a connection and what goes over it.
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub seed: u64,
+    pub sender_devs: usize,
+    pub receiver_devs: usize,
+    pub qps_per_conn: usize,
+    pub split: bool,
+    pub ar_threshold: Option<usize>,
+    pub inline_cts: bool,
+    /// `max_msg_sz` of both sides' devices: chunks past it go in several WRs.
+    pub wr_bytes: usize,
+    pub groups: Vec<Vec<Msg>>,
+    pub faults: Faults,
+    /// Flush (one-byte read back) after this percentage of receives.
+    pub flush_percent: u64,
+    /// How eagerly the receiver tests (percent of its turns): low keeps many in flight.
+    pub recv_test_percent: u64,
+    pub send_test_percent: u64,
+}
+
+impl Case {
+    pub fn simple(groups: Vec<Vec<Msg>>) -> Case {
+        Case {
+            seed: 1,
+            sender_devs: 1,
+            receiver_devs: 1,
+            qps_per_conn: 1,
+            split: false,
+            ar_threshold: None,
+            inline_cts: false,
+            wr_bytes: limits::MAX_WR_BYTES,
+            groups,
+            faults: Faults::default(),
+            flush_percent: 0,
+            recv_test_percent: 50,
+            send_test_percent: 50,
+        }
+    }
+
+    pub fn nqps(&self) -> usize {
+        self.qps_per_conn * self.sender_devs.max(self.receiver_devs)
+    }
+}
+
+pub fn fail_quietly(_: &Error) {}
+
+/// Both ends, the fabric and the bookkeeping of a run.
+pub struct Run {
+    pub case: Case,
+    pub rng: Rng,
+    pub fab: Fabric,
+    pub now: Time,
+    pub send: SendCore,
+    pub recv: RecvCore,
+    pub fifo: usize,
+    pub staging: usize,
+    pub send_data: usize,
+    pub recv_data: usize,
+    pub scratch: usize,
+    /// Offsets of each message in the data regions.
+    pub send_off: Vec<Vec<usize>>,
+    pub recv_off: Vec<Vec<usize>>,
+    /// The sender's isends in order: (group, buffer).
+    pub send_order: Vec<(usize, usize)>,
+    pub next_send: usize,
+    pub next_group: usize,
+    pub sends: Vec<(u16, usize, usize)>,
+    pub recvs: Vec<(u16, usize)>,
+    pub flushes: Vec<u16>,
+    pub sends_done: usize,
+    pub groups_done: usize,
+    pub truncations: usize,
+}
+
+pub fn routes(n: usize, local: usize, remote: usize) -> Vec<QpRoute> {
+    (0..n)
+        .map(|i| QpRoute {
+            dev: i % local,
+            remote_dev: i % remote,
+        })
+        .collect()
+}
+
+impl Run {
+    pub fn new(case: Case) -> Run {
+        let seed = case.seed;
+        Run::with_rng(case, Rng::new(seed))
+    }
+
+    /// A run whose every choice comes from `rng`.
+    pub fn with_rng(case: Case, mut rng: Rng) -> Run {
+        let nqps = case.nqps();
+        let (nl, nr) = (case.sender_devs, case.receiver_devs);
+        let sroutes = routes(nqps, nl, nr);
+        let rroutes = routes(nqps, nr, nl);
+        let mut fab = Fabric::new(sroutes.clone(), rroutes.clone(), [SQ_DEPTH, CTS_DEPTH], case.faults);
+        fab.queues.max_msg = case.wr_bytes;
+        let fifo = fab.register(Side::Sender, RING_BYTES, nl);
+        let staging = fab.register(Side::Receiver, RING_BYTES, nr);
+        let mut send_off = Vec::new();
+        let mut recv_off = Vec::new();
+        let (mut s_total, mut r_total) = (0, 0);
+        for g in &case.groups {
+            send_off.push(g.iter().map(|m| (s_total, s_total += m.sent).0).collect());
+            recv_off.push(g.iter().map(|m| (r_total, r_total += m.posted).0).collect());
+        }
+        let send_data = fab.register(Side::Sender, s_total.max(1), nl);
+        let recv_data = fab.register(Side::Receiver, r_total.max(1), nr);
+        let scratch = fab.register(Side::Receiver, MAX_DEVS, nr);
+        for b in fab.regions[send_data].bytes.iter_mut() {
+            *b = rng.next() as u8;
+        }
+        // NCCL sends a group's messages in any order, groups in posting order.
+        let mut send_order = Vec::new();
+        for (g, msgs) in case.groups.iter().enumerate() {
+            let mut order: Vec<usize> = (0..msgs.len()).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            // A send matches the first unmatched buffer with its tag: with repeated tags,
+            // sends of one tag go to its buffers in order.
+            let mut by_tag: Vec<usize> = order.clone();
+            for t in 0..order.len() {
+                let tag = msgs[order[t]].tag;
+                let nth = order[..t].iter().filter(|&&j| msgs[j].tag == tag).count();
+                by_tag[t] = (0..msgs.len()).filter(|&j| msgs[j].tag == tag).nth(nth).expect("tag");
+            }
+            send_order.extend(by_tag.into_iter().map(|i| (g, i)));
+        }
+        let qps_per_req = split::qps_per_request(case.split, nqps, nl.max(nr));
+        let send = SendCore::new(
+            SendConfig {
+                routes: sroutes,
+                qps_per_req,
+                ar_threshold: case.ar_threshold,
+                landing_timeout: Duration::from_millis(100),
+                wr_bytes: case.wr_bytes,
+                fifo: fab.local_block(fifo),
+                peer_records: fab.remote_block(staging, fifo::SIZES_IN_ENTRY as u64),
+                peer: "the simulated receiver".into(),
+            },
+            fail_quietly,
+        );
+        let recv = RecvCore::new(
+            RecvConfig {
+                routes: rroutes,
+                ndevs: nr,
+                qps_per_req,
+                staging: fab.local_block(staging),
+                peer_fifo: fab.remote_block(fifo, 0),
+                cts_inline_max: [if case.inline_cts { 64 } else { 0 }; MAX_DEVS],
+                max_buffer_bytes: split::max_buffer_bytes(case.wr_bytes),
+            },
+            fail_quietly,
+        );
+        Run {
+            case,
+            rng,
+            fab,
+            now: Time::ZERO,
+            send,
+            recv,
+            fifo,
+            staging,
+            send_data,
+            recv_data,
+            scratch,
+            send_off,
+            recv_off,
+            send_order,
+            next_send: 0,
+            next_group: 0,
+            sends: Vec::new(),
+            recvs: Vec::new(),
+            flushes: Vec::new(),
+            sends_done: 0,
+            groups_done: 0,
+            truncations: 0,
+        }
+    }
+
+    pub fn finished(&self) -> bool {
+        self.sends_done == self.send_order.len()
+            && self.groups_done == self.case.groups.len()
+            && self.flushes.is_empty()
+    }
+
+    pub fn msg(&self, g: usize, i: usize) -> Msg {
+        self.case.groups[g][i]
+    }
+
+    /// The receiver posts its next group.
+    pub fn try_irecv(&mut self) -> Result<Option<Irecv>, Error> {
+        let g = self.next_group;
+        if g >= self.case.groups.len() {
+            return Ok(None);
+        }
+        let base = self.fab.base(self.recv_data);
+        let keys = self.fab.keys(self.recv_data);
+        let bufs: Vec<RecvBuf> = self.case.groups[g]
+            .iter()
+            .zip(&self.recv_off[g])
+            .map(|(m, &off)| RecvBuf {
+                data: (base + off as u64) as usize,
+                size: m.posted,
+                tag: m.tag,
+                rkeys: keys,
+            })
+            .collect();
+        let staging = self.staging;
+        let Run { fab, recv, .. } = self;
+        let Fabric { regions, queues, .. } = fab;
+        let mut view = RingView {
+            regions,
+            region: staging,
+        };
+        let got = recv.irecv(&mut view, &bufs, &mut |p| queues.post(Side::Receiver, p))?;
+        if let Irecv::Started(idx) = got {
+            self.recvs.push((idx, g));
+            self.next_group += 1;
+        }
+        Ok(Some(got))
+    }
+
+    /// The sender tries its next isend.
+    pub fn try_isend(&mut self) -> Result<Option<Isend>, Error> {
+        let Some(&(g, i)) = self.send_order.get(self.next_send) else {
+            return Ok(None);
+        };
+        let m = self.msg(g, i);
+        let send = SendBuf {
+            data: (self.fab.base(self.send_data) + self.send_off[g][i] as u64) as usize,
+            size: m.sent,
+            tag: m.tag,
+            lkeys: self.fab.keys(self.send_data),
+        };
+        let now = self.now;
+        let fifo = self.fifo;
+        let Run { fab, send: core, .. } = self;
+        let Fabric { regions, queues, .. } = fab;
+        let mut view = RingView { regions, region: fifo };
+        let got = core.isend(&mut view, || now, send, &mut |p| queues.post(Side::Sender, p))?;
+        if let Isend::Started { idx, truncated_to } = got {
+            if let Some(t) = truncated_to {
+                assert!(
+                    m.sent > m.posted && t == m.posted,
+                    "seed {}: truncation reported wrongly",
+                    self.case.seed
+                );
+                self.truncations += 1;
+            }
+            self.sends.push((idx, g, i));
+            self.next_send += 1;
+        }
+        Ok(Some(got))
+    }
+
+    pub fn sender_post_waiting(&mut self) -> Result<(), Error> {
+        let fifo = self.fifo;
+        let Run { fab, send, .. } = self;
+        let Fabric { regions, queues, .. } = fab;
+        let mut view = RingView { regions, region: fifo };
+        send.post_waiting(&mut view, &mut |p| queues.post(Side::Sender, p))
+    }
+
+    /// Deliver completions to one side, as its driver's poll would.
+    pub fn poll(&mut self, side: Side) {
+        let wcs = self.fab.poll(side, 8, &mut self.rng);
+        for wc in wcs {
+            self.deliver(side, wc);
+        }
+        if side == Side::Receiver {
+            for wc in self.fab.poll_flush() {
+                if wc.status == super::WC_SUCCESS {
+                    self.recv.handle_flush_completion(wc.wr_id);
+                } else {
+                    self.recv
+                        .state
+                        .fail(Error::system(format!("flush read failed: status {}", wc.status)));
+                }
+            }
+        }
+    }
+
+    pub fn deliver(&mut self, side: Side, wc: Wc) {
+        if wc.status != super::WC_SUCCESS {
+            let e = Error::remote(format!("completion error on QP {} (status {})", wc.qp, wc.status));
+            match side {
+                Side::Sender => self.send.state.fail(e),
+                Side::Receiver => self.recv.state.fail(e),
+            };
+            return;
+        }
+        match side {
+            Side::Sender => self.send.handle_completion(wc.wr_id),
+            Side::Receiver => self.recv.handle_completion(wc.wr_id, wc.imm),
+        }
+    }
+
+    pub fn test_send(&mut self, k: usize) -> Result<(), Error> {
+        self.sender_post_waiting()?;
+        let (idx, g, i) = self.sends[k];
+        if let Some(size) = self.send.test(idx)? {
+            let m = self.msg(g, i);
+            assert_eq!(
+                size as usize,
+                m.sent.min(m.posted),
+                "seed {}: send ({g},{i}) reported size",
+                self.case.seed
+            );
+            self.sends.swap_remove(k);
+            self.sends_done += 1;
+        }
+        Ok(())
+    }
+
+    pub fn test_recv(&mut self, k: usize) -> Result<(), Error> {
+        let (idx, g) = self.recvs[k];
+        let staging = self.staging;
+        let view = RingView {
+            regions: &mut self.fab.regions,
+            region: staging,
+        };
+        let Some(done) = self.recv.test(&view, idx)? else {
+            return Ok(());
+        };
+        self.recvs.swap_remove(k);
+        self.groups_done += 1;
+        assert_eq!(
+            done.n,
+            self.case.groups[g].len(),
+            "seed {}: group {g} buffer count",
+            self.case.seed
+        );
+        for i in 0..done.n {
+            self.check_buffer(g, i, done.sizes[i] as usize);
+        }
+        if self.rng.chance(self.case.flush_percent) {
+            self.flush(g)?;
+        }
+        Ok(())
+    }
+
+    /// The oracle for one received buffer.
+    pub fn check_buffer(&self, g: usize, i: usize, reported: usize) {
+        let seed = self.case.seed;
+        let m = self.msg(g, i);
+        let want = m.sent.min(m.posted);
+        assert_eq!(reported, want, "seed {seed}: group {g} buffer {i} reported size");
+        let r = &self.fab.regions[self.recv_data];
+        let s = &self.fab.regions[self.send_data];
+        let (ro, so) = (self.recv_off[g][i], self.send_off[g][i]);
+        assert_eq!(
+            &r.bytes[ro..ro + want],
+            &s.bytes[so..so + want],
+            "seed {seed}: group {g} buffer {i} bytes"
+        );
+        if let Some(p) = r.writes[ro..ro + want].iter().position(|&w| w != 1) {
+            panic!(
+                "seed {seed}: group {g} buffer {i} byte {p} written {} times",
+                r.writes[ro + p]
+            );
+        }
+        if let Some(p) = r.writes[ro + want..ro + m.posted].iter().position(|&w| w != 0) {
+            panic!(
+                "seed {seed}: group {g} buffer {i}: byte {} past the message was written",
+                want + p
+            );
+        }
+    }
+
+    pub fn flush(&mut self, g: usize) -> Result<(), Error> {
+        let sizes: Vec<i32> = self.case.groups[g]
+            .iter()
+            .map(|m| m.sent.min(m.posted) as i32)
+            .collect();
+        let Some(last) = RecvCore::flush_target(&sizes) else {
+            return Ok(());
+        };
+        if self.recv.flushes_in_flight() >= request::FLUSHES_IN_FLIGHT {
+            return Ok(());
+        }
+        let data = (self.fab.base(self.recv_data) + self.recv_off[g][last] as u64) as usize;
+        let keys = self.fab.keys(self.recv_data);
+        let scratch = super::scratch_sges(&self.fab, self.scratch, self.case.receiver_devs);
+        let Run { fab, recv, .. } = self;
+        let r = recv.iflush(data, &keys, &scratch, &mut |p| fab.queues.post(Side::Receiver, p))?;
+        self.flushes.push(r);
+        Ok(())
+    }
+
+    pub fn test_flush(&mut self, k: usize) -> Result<(), Error> {
+        let staging = self.staging;
+        let view = RingView {
+            regions: &mut self.fab.regions,
+            region: staging,
+        };
+        if let Some(done) = self.recv.test(&view, self.flushes[k])? {
+            assert_eq!(done.n, 0, "a flush reports no sizes");
+            self.flushes.swap_remove(k);
+        }
+        Ok(())
+    }
+
+    /// One NCCL-like turn: a random one of post, send, NIC step, poll, test.
+    pub fn turn(&mut self) -> Result<bool, Error> {
+        self.now = self.now + Duration::from_micros(1);
+        let executed = self.fab.executed;
+        let before = (
+            self.next_group,
+            self.next_send,
+            self.sends_done,
+            self.groups_done,
+            self.flushes.len(),
+        );
+        match self.rng.below(8) {
+            0 => {
+                self.try_irecv()?;
+            }
+            1 => {
+                self.try_isend()?;
+            }
+            2 | 3 => {
+                self.fab.step(&mut self.rng);
+            }
+            4 => self.poll(Side::Sender),
+            5 => self.poll(Side::Receiver),
+            6 => {
+                if !self.sends.is_empty() && self.rng.chance(self.case.send_test_percent) {
+                    let k = self.rng.below(self.sends.len() as u64) as usize;
+                    self.test_send(k)?;
+                } else {
+                    self.sender_post_waiting()?;
+                }
+            }
+            _ => {
+                if !self.flushes.is_empty() && self.rng.chance(30) {
+                    let k = self.rng.below(self.flushes.len() as u64) as usize;
+                    self.test_flush(k)?;
+                } else if !self.recvs.is_empty() && self.rng.chance(self.case.recv_test_percent) {
+                    let k = self.rng.below(self.recvs.len() as u64) as usize;
+                    self.test_recv(k)?;
+                }
+            }
+        }
+        let after = (
+            self.next_group,
+            self.next_send,
+            self.sends_done,
+            self.groups_done,
+            self.flushes.len(),
+        );
+        Ok(before != after || executed != self.fab.executed)
+    }
+
+    /// Drive until every request is done; panics (with the seed) on a wrong result or when
+    /// nothing moves for a long time.
+    pub fn run(&mut self) {
+        let seed = self.case.seed;
+        let mut idle = 0u32;
+        while !self.finished() {
+            match self.turn() {
+                Ok(true) => idle = 0,
+                Ok(false) => {
+                    idle += 1;
+                    // Completions may be queued or late: idle turns are normal, a long streak
+                    // with nothing queued anywhere is a hang.
+                    assert!(
+                        idle < 20_000,
+                        "seed {seed}: no progress (hang) in {:?}",
+                        self.progress()
+                    );
+                }
+                Err(e) => panic!("seed {seed}: {e} in {:?}", self.progress()),
+            }
+        }
+        self.check_quiet();
+    }
+
+    pub fn progress(&self) -> String {
+        format!(
+            "groups posted {}/{} done {}, sends started {}/{} done {}, flushes {}",
+            self.next_group,
+            self.case.groups.len(),
+            self.groups_done,
+            self.next_send,
+            self.send_order.len(),
+            self.sends_done,
+            self.flushes.len()
+        )
+    }
+
+    /// After a clean run: nothing in flight, no receive left posted, the NIC idle, and no
+    /// byte of the receive region written more than once.
+    pub fn check_quiet(&mut self) {
+        let seed = self.case.seed;
+        assert_eq!(self.send.state.pool.in_flight(), 0, "seed {seed}: sends left in flight");
+        assert_eq!(
+            self.recv.state.pool.in_flight(),
+            0,
+            "seed {seed}: receives left in flight"
+        );
+        assert!(!self.fab.busy(), "seed {seed}: the NIC still has work");
+        assert_eq!(
+            self.fab.posted_receives(Side::Receiver),
+            self.recv.spare_receives(),
+            "seed {seed}: receives left posted besides the ones posted ahead"
+        );
+        assert!(
+            self.recv.spare_receives() < self.case.nqps() * RQ_BATCH,
+            "seed {seed}: fewer than a batch posted ahead per QP"
+        );
+        let r = &self.fab.regions[self.recv_data];
+        assert!(r.writes.iter().all(|&w| w <= 1), "seed {seed}: a byte written twice");
+        assert_eq!(self.fab.posted_receives(Side::Sender), 0);
+    }
+}
+
+/// Run a case; a panic names its seed.
+pub fn run_case(case: Case) -> Run {
+    let seed = case.seed;
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut r = Run::new(case);
+        r.run();
+        r
+    }));
+    match result {
+        Ok(r) => r,
+        Err(p) => {
+            eprintln!("sim_transport: failing seed {seed} (replay: SIM_SEED={seed} cargo test --release --test sim_transport seeded)");
+            std::panic::resume_unwind(p)
+        }
+    }
+}
+
+/// A random case for `seed`: 1–3 devices each side, 1–4 QPs per connection, split or not,
+/// AR or not, inline CTS or not, devices whose WRs carry 9–16 KiB or 1 GiB, groups of 1–8 with
+/// sizes from 0 to 64 KiB, some sends larger than their buffer, some repeated tags, torn writes
+/// and late completions.
+pub fn random_case(seed: u64) -> Case {
+    case_from(seed, &mut Rng::new(seed ^ 0x5eed_0000))
+}
+
+/// The case [`random_case`] describes, its choices drawn from `rng`.
+pub fn case_from(seed: u64, rng: &mut Rng) -> Case {
+    let ngroups = rng.range(1, 40);
+    let size = |rng: &mut Rng| match rng.below(6) {
+        0 => 0,
+        1 => rng.range(1, 200),
+        2 => rng.range(1, 8) * 128,
+        _ => rng.range(0, 64 << 10),
+    };
+    let groups = (0..ngroups)
+        .map(|_| {
+            let n = if rng.chance(50) { 1 } else { rng.range(2, 8) };
+            (0..n)
+                .map(|i| {
+                    let posted = size(rng);
+                    let sent = if rng.chance(10) {
+                        size(rng)
+                    } else {
+                        rng.range(0, posted)
+                    };
+                    let tag = if rng.chance(10) { 7 } else { i as i32 * 3 + 1 };
+                    Msg { posted, sent, tag }
+                })
+                .collect()
+        })
+        .collect();
+    Case {
+        seed,
+        sender_devs: rng.range(1, 3),
+        receiver_devs: rng.range(1, 3),
+        qps_per_conn: rng.range(1, 4),
+        split: rng.chance(50),
+        ar_threshold: rng.chance(30).then(|| rng.range(0, 8192)),
+        inline_cts: rng.chance(30),
+        // Devices whose WRs carry as little as 1/7 of the largest buffer (64 KiB): chunks go
+        // in up to 7 pieces, groups in chains of up to 57 WRs.
+        wr_bytes: if rng.chance(40) {
+            rng.range((64 << 10) / limits::PIECES_PER_BUFFER + 1, 16 << 10)
+        } else {
+            limits::MAX_WR_BYTES
+        },
+        groups,
+        faults: Faults {
+            torn_writes: rng.below(30),
+            late_completions: rng.below(30),
+        },
+        flush_percent: rng.below(40),
+        recv_test_percent: rng.range(5, 90) as u64,
+        send_test_percent: rng.range(5, 90) as u64,
+    }
+}
