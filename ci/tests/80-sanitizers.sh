@@ -75,40 +75,8 @@ else
     ko "softroce tests under ASan"
 fi
 
-echo "--- C ABI driver with ASan+UBSan over softroce"
-cc -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -Wall -Wextra -Werror -Iinclude \
-    c_shim/datapath_test.c -o "$A/datapath_test" -ldl -lpthread
-export LD_LIBRARY_PATH="$R/softroce${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export NCCL_SOCKET_IFNAME=lo FERROCE_CONNECT_TIMEOUT_SEC=30 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-n=1
-for args in "12 local -g 40 -b 4194304" "9 local -g 30 -c 3 -b 1048576" "6 local -g 30 -b 65536"; do
-    n=$((n + 1))
-    # shellcheck disable=SC2086
-    if NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1 SOFTROCE_ADDR=127.0.81.$n \
-        timeout 300 "$A/datapath_test" "$R/libnccl-net-ferroce.so" $args >"$tmp/c" 2>&1 &&
-        ! grep -q "Sanitizer\|runtime error" "$tmp/c"; then
-        ok "datapath_test $args: $(tail -1 "$tmp/c")"
-    else
-        tail -20 "$tmp/c"
-        ko "datapath_test $args under ASan+UBSan"
-    fi
-done
-
-echo "--- valgrind memcheck: the C ABI driver over softroce (the plugin and softroce under memcheck)"
-command -v valgrind >/dev/null || ko "valgrind missing (install-deps installs it)"
-n=10
-for args in "12 local -g 30 -b 4194304" "9 local -g 30 -c 3 -b 1048576"; do
-    n=$((n + 1))
-    # shellcheck disable=SC2086
-    if NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1 SOFTROCE_ADDR=127.0.81.$n \
-        timeout 600 valgrind -q --error-exitcode=9 --leak-check=no "$R/c_shim/datapath_test" "$R/libnccl-net-ferroce.so" $args >"$tmp/vg" 2>&1; then
-        ok "valgrind datapath_test $args: $(tail -1 "$tmp/vg")"
-    else
-        tail -30 "$tmp/vg"
-        ko "datapath_test $args under valgrind"
-    fi
-done
-
+# Before the C driver's part: what it exports (LD_LIBRARY_PATH, FERROCE_CONNECT_TIMEOUT_SEC=30)
+# is not for the cargo tests (transport_softroce checks its own connect timeout).
 echo "--- ThreadSanitizer: the canary, softroce's threads, the plugin's over a TSan softroce"
 TS=$ROOT/target/tsan
 export TSAN_OPTIONS="suppressions=$ROOT/ci/tests/lib/tsan.supp:exitcode=66:halt_on_error=0"
@@ -154,6 +122,40 @@ else
         ko "plugin tests under TSan"
     fi
 fi
+
+echo "--- C ABI driver with ASan+UBSan over softroce"
+cc -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -Wall -Wextra -Werror -Iinclude \
+    c_shim/datapath_test.c -o "$A/datapath_test" -ldl -lpthread
+export LD_LIBRARY_PATH="$R/softroce${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export NCCL_SOCKET_IFNAME=lo FERROCE_CONNECT_TIMEOUT_SEC=30 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+n=1
+for args in "12 local -g 40 -b 4194304" "9 local -g 30 -c 3 -b 1048576" "6 local -g 30 -b 65536"; do
+    n=$((n + 1))
+    # shellcheck disable=SC2086
+    if NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1 SOFTROCE_ADDR=127.0.81.$n \
+        timeout 300 "$A/datapath_test" "$R/libnccl-net-ferroce.so" $args >"$tmp/c" 2>&1 &&
+        ! grep -q "Sanitizer\|runtime error" "$tmp/c"; then
+        ok "datapath_test $args: $(tail -1 "$tmp/c")"
+    else
+        tail -20 "$tmp/c"
+        ko "datapath_test $args under ASan+UBSan"
+    fi
+done
+
+echo "--- valgrind memcheck: the C ABI driver over softroce (the plugin and softroce under memcheck)"
+command -v valgrind >/dev/null || ko "valgrind missing (install-deps installs it)"
+n=10
+for args in "12 local -g 30 -b 4194304" "9 local -g 30 -c 3 -b 1048576"; do
+    n=$((n + 1))
+    # shellcheck disable=SC2086
+    if NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1 SOFTROCE_ADDR=127.0.81.$n \
+        timeout 600 valgrind -q --error-exitcode=9 --leak-check=no "$R/c_shim/datapath_test" "$R/libnccl-net-ferroce.so" $args >"$tmp/vg" 2>&1; then
+        ok "valgrind datapath_test $args: $(tail -1 "$tmp/vg")"
+    else
+        tail -30 "$tmp/vg"
+        ko "datapath_test $args under valgrind"
+    fi
+done
 
 echo "sanitizers: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
