@@ -8,6 +8,8 @@
 #        for that reason alone (the NIC's copies miss the cache)
 #   P2 = plugin 8-byte half round trip (ping-pong median) / ib_write_lat       target <= 1.25
 #   P3 = all_reduce busbw at 64 MiB / sendrecv busbw at 64 MiB (2 ranks)       target >= 0.90
+#   P7 = all_reduce time(S) / (2 x sendrecv time(S/2)), 2 ranks, S = 64 KiB .. 4 MiB (one
+#        reduce-scatter and one all-gather step of S/2 each, so 1.0 is the model)  target <= 1.10
 # and the verbs work per message (issue 13): post calls, WRs, signaled completions, CQ polls,
 # packets, CTS writes, with the targets <= 1 post call per QP a message uses (each side), <= 1
 # signaled completion per QP per send, <= 1 CTS write per irecv (ci/work-counts.py)
@@ -224,6 +226,10 @@ hv() {
 }
 median() { tr ' ' '\n' | grep -E '^[0-9.]+$' | sort -g | awk '{v[NR] = $1} END {if (NR) print v[int((NR + 1) / 2)]}'; }
 W_BW="" O_BW="" W_LAT="" P_LAT="" S64="" A64="" P_LAT_ST="" O_BW_ST=""
+# P7: per size S, each round's all_reduce time(S) and 2 x sendrecv time(S/2) (out-of-place us)
+P7_SIZES="65536 262144 1048576 4194304"
+declare -A P7_AR P7_SR
+row_time() { awk -v s="$2" '$1 == s {print $6; exit}' "$OUT/$1.txt" 2>/dev/null; }
 echo
 echo "== ratio rounds ($ROUNDS): ib_write_bw 4M | plugin one-way 4 MiB | ib_write_lat 8 | plugin ping-pong 8 | sendrecv 64M | all_reduce 64M"
 for r in $(seq "$ROUNDS"); do
@@ -245,6 +251,14 @@ for r in $(seq "$ROUNDS"); do
     P_LAT_ST="$P_LAT_ST ${HV:--}"
     hv r_oneway_stats 4194304 8 env FERROCE_STATS="$OUT/stats" "$H/sendrecv_perf" -N 2 -O --chunk 4M -b 4M -e 4M -n 256 -w 4 -c 0
     O_BW_ST="$O_BW_ST ${HV:--}"
+    hv r_p7_all_reduce 65536 6 "$H/all_reduce_perf" -N 2 -b 64K -e 4M -f 4 -n "$ITERS" -w 2 -c 0
+    hv r_p7_sendrecv 32768 6 "$H/sendrecv_perf" -N 2 -b 32K -e 2M -f 4 -n "$ITERS" -w 2 -c 0
+    for s in $P7_SIZES; do
+        a=$(row_time r_p7_all_reduce "$s")
+        h=$(row_time r_p7_sendrecv $((s / 2)))
+        P7_AR[$s]="${P7_AR[$s]:-} ${a:--}"
+        P7_SR[$s]="${P7_SR[$s]:-} $(awk -v t="$h" 'BEGIN {if (t ~ /^[0-9.]+$/) printf "%.2f", 2 * t; else print "-"}')"
+    done
     echo "   round $r: $(echo $W_BW | awk '{print $NF}') | $(echo $O_BW | awk '{print $NF}') GB/s | $(echo $W_LAT | awk '{print $NF}') | $(echo $P_LAT | awk '{print $NF}') us | $(echo $S64 | awk '{print $NF}') | $(echo $A64 | awk '{print $NF}') GB/s"
 done
 wbw=$(echo $W_BW | median)
@@ -289,6 +303,9 @@ say "# ratios: median over the rounds of each round's ratio"
 ratio P1 "$O_BW" "$W_BW" ">=" 0.97 "plugin one-way throughput / ib_write_bw"
 ratio P2 "$P_LAT" "$W_LAT" "<=" 1.25 "plugin 8-byte half round trip / ib_write_lat"
 ratio P3 "$A64" "$S64" ">=" 0.90 "all_reduce busbw 64 MiB / sendrecv 64 MiB"
+for s in $P7_SIZES; do
+    ratio P7 "${P7_AR[$s]}" "${P7_SR[$s]}" "<=" 1.10 "all_reduce time($((s / 1024)) KiB) / 2 x sendrecv time($((s / 2048)) KiB)"
+done
 ratio S1 "$P_LAT_ST" "$P_LAT" "<=" 1.10 "ping-pong 8 B, statistics on / off"
 ratio S2 "$O_BW_ST" "$O_BW" ">=" 0.95 "one-way 4 MiB, statistics on / off"
 say "    context: sendrecv two-way best >= 4 MiB ${sr_best:-n/a} GB/s vs ib_write_bw -b ${wbwb:-n/a} GB/s per direction"

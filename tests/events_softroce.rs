@@ -132,7 +132,10 @@ fn is_child() -> bool {
 #[test]
 #[ignore = "the child process of a_port_down_fails_only_the_comms_on_that_port, which runs it"]
 fn port_down_child() {
-    assert!(is_child(), "run by a_port_down_fails_only_the_comms_on_that_port (EVENTS_CHILD=1)");
+    assert!(
+        is_child(),
+        "run by a_port_down_fails_only_the_comms_on_that_port (EVENTS_CHILD=1)"
+    );
     let ctx = api::init(None, -1, false).expect("init");
     let (s0, r0) = pair(&ctx, 0);
     let (s1, r1) = pair(&ctx, 1);
@@ -325,7 +328,10 @@ fn check_fate(name: &str, fate: Fate, result: Result<(), Error>) {
 #[test]
 #[ignore = "the child process of a_device_fatal_event_fails_every_comm_on_the_device_busy_or_idle, which runs it"]
 fn device_fatal_child() {
-    assert!(is_child(), "run by a_device_fatal_event_fails_every_comm_on_the_device_busy_or_idle (EVENTS_CHILD=1)");
+    assert!(
+        is_child(),
+        "run by a_device_fatal_event_fails_every_comm_on_the_device_busy_or_idle (EVENTS_CHILD=1)"
+    );
     use Fate::*;
     let fates = [
         ("busy0", Fails),
@@ -341,7 +347,10 @@ fn device_fatal_child() {
 #[test]
 #[ignore = "the child process of qp_fatal_and_access_errors_fail_only_the_comm_owning_the_qp, which runs it"]
 fn qp_events_child() {
-    assert!(is_child(), "run by qp_fatal_and_access_errors_fail_only_the_comm_owning_the_qp (EVENTS_CHILD=1)");
+    assert!(
+        is_child(),
+        "run by qp_fatal_and_access_errors_fail_only_the_comm_owning_the_qp (EVENTS_CHILD=1)"
+    );
     use Fate::*;
     let fates = [
         ("busy0", Fails),
@@ -360,7 +369,10 @@ fn qp_events_child() {
 #[test]
 #[ignore = "the child process of a_cq_overrun_fails_only_the_comm_using_that_cq, which runs it"]
 fn cq_overrun_child() {
-    assert!(is_child(), "run by a_cq_overrun_fails_only_the_comm_using_that_cq (EVENTS_CHILD=1)");
+    assert!(
+        is_child(),
+        "run by a_cq_overrun_fails_only_the_comm_using_that_cq (EVENTS_CHILD=1)"
+    );
     use Fate::*;
     let fates = [
         ("busy0", Fails),

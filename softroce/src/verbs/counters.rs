@@ -41,28 +41,20 @@ mod tests {
     fn a_short_struct_gets_its_part_and_a_bad_call_einval() {
         let mut whole = CountersRepr::default();
         // SAFETY: a valid struct of its own size.
-        assert_eq!(
-            unsafe { softroce_counters_get(&mut whole, std::mem::size_of::<CountersRepr>()) },
-            0
-        );
+        let rc = unsafe { softroce_counters_get(&mut whole, std::mem::size_of::<CountersRepr>()) };
+        assert_eq!(rc, 0);
         assert_eq!(whole.version, counters::COUNTERS_VERSION);
         assert_eq!(whole.size as usize, std::mem::size_of::<CountersRepr>());
         let mut short = [0xffu8; 16];
         // SAFETY: 16 writable bytes.
-        assert_eq!(
-            unsafe { softroce_counters_get(short.as_mut_ptr() as *mut CountersRepr, 16) },
-            0
-        );
+        let rc = unsafe { softroce_counters_get(short.as_mut_ptr() as *mut CountersRepr, 16) };
+        assert_eq!(rc, 0);
         assert_eq!(u32::from_ne_bytes(short[4..8].try_into().unwrap()), 16);
         // SAFETY: NULL and a too-short size are refused before any write.
-        assert_eq!(
-            unsafe { softroce_counters_get(std::ptr::null_mut(), 200) },
-            libc::EINVAL
-        );
+        let rc = unsafe { softroce_counters_get(std::ptr::null_mut(), 200) };
+        assert_eq!(rc, libc::EINVAL);
         // SAFETY: as above.
-        assert_eq!(
-            unsafe { softroce_counters_get(short.as_mut_ptr() as *mut CountersRepr, 4) },
-            libc::EINVAL
-        );
+        let rc = unsafe { softroce_counters_get(short.as_mut_ptr() as *mut CountersRepr, 4) };
+        assert_eq!(rc, libc::EINVAL);
     }
 }
