@@ -12,9 +12,8 @@ use std::time::{Duration, Instant};
 /// (ci/tests/80-sanitizers.sh points it at a ThreadSanitizer build of softroce), else the one
 /// `softroce/build.sh` made.
 pub fn softroce_lib() -> String {
-    std::env::var("FERROCE_TEST_SOFTROCE_LIB").unwrap_or_else(|_| {
-        format!("{}/target/release/softroce/libibverbs.so.1", env!("CARGO_MANIFEST_DIR"))
-    })
+    std::env::var("FERROCE_TEST_SOFTROCE_LIB")
+        .unwrap_or_else(|_| format!("{}/target/release/softroce/libibverbs.so.1", env!("CARGO_MANIFEST_DIR")))
 }
 
 /// Connect a send/recv pair on device `dev`, driving connect and accept alternately on one
