@@ -1,6 +1,8 @@
 #!/bin/sh
 # Installs the Debian packages ferroce needs to build and test, only when missing, a Rust
-# toolchain when none is on PATH, and cargo-fuzz (ci/tests/75-fuzz.sh) when missing. Safe to
+# toolchain when none is on PATH, the standard library's source (rust-src: the ThreadSanitizer
+# job of ci/tests/80-sanitizers.sh builds std instrumented with -Zbuild-std) and cargo-fuzz
+# (ci/tests/75-fuzz.sh) when missing. Safe to
 # run repeatedly (make runs it every time). A test whose tool is missing fails, so every tool a
 # test uses is listed here: iproute2 (20-softroce-netns), shellcheck, pyflakes3 and g++
 # (60-gpu-scripts).
@@ -29,6 +31,11 @@ if ! command -v cargo >/dev/null 2>&1; then
     fi
     echo "install-deps: run again with PATH=\$HOME/.cargo/bin:\$PATH" >&2
     exit 1
+fi
+# Without rustup (a distribution's Rust) 80-sanitizers.sh says rust-src is missing.
+if command -v rustup >/dev/null 2>&1 && ! rustup component list --installed | grep -q '^rust-src'; then
+    echo "install-deps: adding rust-src (ThreadSanitizer job: -Zbuild-std)"
+    rustup component add rust-src >/dev/null
 fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "install-deps: installing cargo-fuzz (the fuzz targets in fuzz/)"

@@ -10,7 +10,7 @@ mod softroce_common;
 
 use nccl_net_ferroce::api;
 use nccl_net_ferroce::transport::MemKind;
-use softroce_common::{pair, transfer};
+use softroce_common::{pair, softroce_lib, transfer};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -24,10 +24,7 @@ fn registration_from_another_thread_while_the_data_path_runs() {
     let out = Command::new(std::env::current_exe().expect("test binary"))
         .args(["concurrent_child", "--exact", "--nocapture", "--test-threads", "1"])
         .env("CONCURRENCY_CHILD", "1")
-        .env(
-            "NCCL_IBVERBS_LIB",
-            format!("{}/target/release/softroce/libibverbs.so.1", env!("CARGO_MANIFEST_DIR")),
-        )
+        .env("NCCL_IBVERBS_LIB", softroce_lib())
         .env("SOFTROCE_ADDR", "127.0.45.1")
         .env("NCCL_SOCKET_IFNAME", "lo")
         .env("FERROCE_CONNECT_TIMEOUT_SEC", "10")

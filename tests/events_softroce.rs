@@ -16,7 +16,7 @@ mod softroce_common;
 
 use nccl_net_ferroce::api::{self, RecvHandle, SendHandle};
 use nccl_net_ferroce::error::{code, Error};
-use softroce_common::{pair, transfer};
+use softroce_common::{pair, softroce_lib, transfer};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -33,10 +33,7 @@ fn run_child(child: &str, addrs: &str) -> String {
     let out = Command::new(std::env::current_exe().expect("test binary"))
         .args([child, "--exact", "--ignored", "--nocapture", "--test-threads", "1"])
         .env("EVENTS_CHILD", "1")
-        .env(
-            "NCCL_IBVERBS_LIB",
-            format!("{}/target/release/softroce/libibverbs.so.1", root()),
-        )
+        .env("NCCL_IBVERBS_LIB", softroce_lib())
         .env("SOFTROCE_DEVICES", "2")
         .env("SOFTROCE_ADDR", addrs)
         .env("SOFTROCE_CTL_DIR", &dir)

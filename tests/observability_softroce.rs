@@ -8,7 +8,7 @@
 mod softroce_common;
 
 use nccl_net_ferroce::api;
-use softroce_common::{pair as pair_on, reg, transfer};
+use softroce_common::{pair as pair_on, reg, softroce_lib, transfer};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -16,16 +16,12 @@ fn enabled() -> bool {
     std::env::var("FERROCE_TEST_SOFTROCE").ok().as_deref() == Some("1")
 }
 
-fn lib() -> String {
-    format!("{}/target/release/softroce/libibverbs.so.1", env!("CARGO_MANIFEST_DIR"))
-}
-
 /// Run the test `name` of this binary as a child with `env`; its stdout and stderr.
 fn child(name: &str, addr: &str, env: &[(&str, &str)]) -> String {
     let mut c = Command::new(std::env::current_exe().expect("test binary"));
     c.args([name, "--exact", "--nocapture", "--test-threads", "1"])
         .env("OBSERVABILITY_CHILD", name)
-        .env("NCCL_IBVERBS_LIB", lib())
+        .env("NCCL_IBVERBS_LIB", softroce_lib())
         .env("SOFTROCE_ADDR", addr)
         .env("NCCL_SOCKET_IFNAME", "lo")
         .env("FERROCE_CONNECT_TIMEOUT_SEC", "10");

@@ -5,8 +5,11 @@
 //! is one process, so the environment (softroce address, side-channel interface, library
 //! path) is set once before the plugin reads its configuration.
 
+mod softroce_common;
+
 use nccl_net_ferroce::api::{self, CommContext, RecvHandle, SendHandle};
 use nccl_net_ferroce::transport::{MemHandle, Request};
+use softroce_common::softroce_lib;
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
@@ -14,11 +17,6 @@ static SETUP: Once = Once::new();
 /// One softroce test at a time. A test that panics poisons it; the others still run (a
 /// poisoned guard protects nothing here).
 static LOCK: Mutex<()> = Mutex::new(());
-
-fn softroce_lib() -> String {
-    let root = env!("CARGO_MANIFEST_DIR");
-    format!("{root}/target/release/softroce/libibverbs.so.1")
-}
 
 /// The API context, or None (skip) when softroce tests are not enabled.
 fn setup() -> Option<Box<CommContext>> {

@@ -7,9 +7,20 @@
 #   * c_shim/datapath_test.c built with -fsanitize=address,undefined, loading the plugin as NCCL
 #     does, over softroce: one-process and two-process transfers;
 #   * the same driver under valgrind memcheck (plugin and softroce uninstrumented, checked
-#     whole), on every run rather than opt-in.
+#     whole), on every run rather than opt-in;
+# ThreadSanitizer on the threaded parts, std included (-Zbuild-std, rust-src from
+# ci/install-deps.sh), in target/tsan:
+#   * a canary data race (ci/tests/lib/tsan_canary) must be reported under the job's own
+#     build and TSAN_OPTIONS, suppressions included;
+#   * softroce's tests: the engine thread against posting and polling threads (verbs_threads,
+#     verbs_activity, verbs_inline_rx, ...), its unit tests and simulations;
+#   * the plugin's unit tests and, over a TSan build of softroce's libibverbs (so the NIC's
+#     side is instrumented too), the transport, the MR cache against the data path
+#     (concurrency_softroce) and the async-event thread (events_softroce).
+#   Zero reports, or a suppression with its reason in ci/tests/lib/tsan.supp.
 # The sanitizer runtime comes with this toolchain; RUSTC_BOOTSTRAP=1 enables -Z flags on stable
-# for this job only (never for the product build). Addresses 127.0.81.x.
+# for this job only (never for the product build). Addresses 127.0.81.x (ASan, valgrind) and
+# 127.0.82.x (TSan).
 # Prints "N passed, M failed"; non-zero exit on any report or failure.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -62,6 +73,54 @@ if SOFTROCE_ADDR=127.0.81.1 asan_cargo -p softroce -- --test-threads 1 >"$tmp/so
 else
     grep -E "Sanitizer|SUMMARY|panicked|test result|error" "$tmp/softroce" | head -30
     ko "softroce tests under ASan"
+fi
+
+# Before the C driver's part: what it exports (LD_LIBRARY_PATH, FERROCE_CONNECT_TIMEOUT_SEC=30)
+# is not for the cargo tests (transport_softroce checks its own connect timeout).
+echo "--- ThreadSanitizer: the canary, softroce's threads, the plugin's over a TSan softroce"
+TS=$ROOT/target/tsan
+export TSAN_OPTIONS="suppressions=$ROOT/ci/tests/lib/tsan.supp:exitcode=66:halt_on_error=0"
+# A report: a race, a lock-order inversion, a use of a freed sync object, ...
+tsan_report="WARNING: ThreadSanitizer\|ERROR: ThreadSanitizer\|FATAL: ThreadSanitizer"
+# The TSan runtime is linked into the test programs only; a TSan libibverbs they dlopen finds
+# its __tsan_* entry points in their dynamic symbol table. The same flags for every build here
+# (build.sh adds -Zsanitizer=thread to them), so std is built once.
+tsan_link="-Clink-arg=-Wl,--export-dynamic-symbol=__tsan_*"
+# tsan_cargo SUBCOMMAND ARGS...
+tsan_cargo() {
+    sub=$1
+    shift
+    RUSTFLAGS="-Zsanitizer=thread $tsan_link" timeout 1500 cargo "$sub" -Zbuild-std --release --target "$TRIPLE" --target-dir "$TS" "$@"
+}
+if [ ! -d "$(rustc --print sysroot)/lib/rustlib/src/rust/library" ]; then
+    ko "rust-src missing: the TSan job builds std instrumented (ci/install-deps.sh adds it: rustup component add rust-src)"
+else
+    if tsan_cargo build --manifest-path ci/tests/lib/tsan_canary/Cargo.toml >"$tmp/canary-build" 2>&1 &&
+        ! "$TS/$TRIPLE/release/tsan-canary" >"$tmp/canary" 2>&1 && grep -q "WARNING: ThreadSanitizer: data race" "$tmp/canary"; then
+        ok "ThreadSanitizer reports the canary's data race (through the suppressions)"
+    else
+        tail -20 "$tmp/canary-build" "$tmp/canary" 2>/dev/null
+        ko "the canary race was not reported: the TSan job is not instrumenting, or a suppression hides real races"
+    fi
+    if SOFTROCE_ADDR=127.0.82.1 tsan_cargo test -p softroce --tests -- --test-threads 1 >"$tmp/tsan-softroce" 2>&1 &&
+        ! grep -q "$tsan_report" "$tmp/tsan-softroce"; then
+        ok "softroce under TSan: $(grep -c '^test result: ok' "$tmp/tsan-softroce") suites clean"
+    else
+        grep -E "ThreadSanitizer|SUMMARY|panicked|test result|^error" "$tmp/tsan-softroce" | head -30
+        ko "softroce tests under TSan"
+    fi
+    # Less the 4.5 GiB message, as under ASan (TSan's shadow memory would add as much again).
+    if RUSTFLAGS=$tsan_link SOFTROCE_SANITIZER=thread softroce/build.sh >"$tmp/tsan-lib" 2>&1 &&
+        FERROCE_TEST_SOFTROCE=1 FERROCE_TEST_SOFTROCE_LIB=$TS/softroce/libibverbs.so.1 SOFTROCE_ADDR=127.0.82.2 \
+            tsan_cargo test -p ferroce --lib --test transport_softroce --test concurrency_softroce --test events_softroce \
+            -- --test-threads 1 --skip messages_of_2_5_and_4_5_gib >"$tmp/tsan-plugin" 2>&1 &&
+        ! grep -q "$tsan_report" "$tmp/tsan-plugin"; then
+        ok "plugin under TSan (softroce instrumented too): $(grep -c '^test result: ok' "$tmp/tsan-plugin") suites clean"
+    else
+        tail -5 "$tmp/tsan-lib"
+        grep -E "ThreadSanitizer|SUMMARY|panicked|test result|^error" "$tmp/tsan-plugin" | head -30
+        ko "plugin tests under TSan"
+    fi
 fi
 
 echo "--- C ABI driver with ASan+UBSan over softroce"

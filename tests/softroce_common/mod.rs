@@ -8,6 +8,14 @@ use nccl_net_ferroce::transport::{MemHandle, MemKind};
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
+/// The softroce libibverbs the plugin loads in these tests: FERROCE_TEST_SOFTROCE_LIB when set
+/// (ci/tests/80-sanitizers.sh points it at a ThreadSanitizer build of softroce), else the one
+/// `softroce/build.sh` made.
+pub fn softroce_lib() -> String {
+    std::env::var("FERROCE_TEST_SOFTROCE_LIB")
+        .unwrap_or_else(|_| format!("{}/target/release/softroce/libibverbs.so.1", env!("CARGO_MANIFEST_DIR")))
+}
+
 /// Connect a send/recv pair on device `dev`, driving connect and accept alternately on one
 /// thread (as NCCL's bootstrap does; any blocking would deadlock here).
 pub fn pair(ctx: &CommContext, dev: i32) -> (Box<SendHandle>, Box<RecvHandle>) {
