@@ -7,8 +7,11 @@ use std::ptr::null_mut;
 
 use rdma_sys::{ibv_async_event, ibv_sge};
 use softroce::verbs::context::{ibv_ack_async_event, ibv_get_async_event};
-use softroce::verbs::cq::{ibv_ack_cq_events, ibv_create_comp_channel, ibv_create_cq, ibv_get_cq_event};
+use softroce::verbs::cq::{
+    ibv_ack_cq_events, ibv_create_comp_channel, ibv_create_cq, ibv_destroy_cq, ibv_get_cq_event,
+};
 use softroce::verbs::mr::{ibv_dereg_mr, ibv_reg_dmabuf_mr, ibv_reg_mr_iova2};
+use softroce::verbs::qp::ibv_destroy_qp;
 use verbs_util::*;
 
 const ADDR: &str = "127.0.21.3";
@@ -236,6 +239,78 @@ fn cq_overrun_raises_cq_err() {
         for i in 0..4 {
             assert_eq!(poll_one(cq).wr_id, i);
         }
+    }
+}
+
+/// The event an application holds, handed to the thread that acknowledges it.
+struct HeldEvent(ibv_async_event);
+// SAFETY: the event's element pointer is only passed back to softroce (ibv_ack_async_event),
+// which is thread-safe; the test never dereferences it.
+unsafe impl Send for HeldEvent {}
+
+/// `ibv_destroy_cq` waits until the application acknowledged the IBV_EVENT_CQ_ERR it holds
+/// (as rdma-core does, and as ibv_destroy_qp does for QP events): the CQ is not freed under an
+/// acknowledgement that still writes to it (a data race ThreadSanitizer found in the plugin's
+/// event thread against a close).
+#[test]
+fn destroy_cq_waits_for_its_cq_err_to_be_acknowledged() {
+    let c = open(ADDR);
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
+    unsafe {
+        let cq = ibv_create_cq(c.ctx, 2, null_mut(), null_mut(), 0);
+        assert!(!cq.is_null());
+        let a = create_qp_on(&c, cq);
+        let b = create_qp(&c);
+        connect(&c, &a, (*b.qp).qp_num, 14, 7);
+        connect(&c, &b, (*a.qp).qp_num, 14, 7);
+        let src = Buf::new(&c, 64, ACCESS_ALL);
+        let dst = Buf::new(&c, 64, ACCESS_ALL);
+        for i in 0..4 {
+            let mut sge = ibv_sge {
+                addr: src.addr(),
+                length: 64,
+                lkey: src.lkey(),
+            };
+            let mut wr = send_wr(i, 0, &mut sge, SIGNALED);
+            wr.wr.rdma.remote_addr = dst.addr();
+            wr.wr.rdma.rkey = dst.rkey();
+            assert_eq!(post_send(&a, &mut wr), 0);
+        }
+        let mut pfd = libc::pollfd {
+            fd: (*c.ctx).async_fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let mut held = None;
+        while held.is_none() && libc::poll(&mut pfd, 1, 2000) == 1 {
+            let mut ev: ibv_async_event = std::mem::zeroed();
+            assert_eq!(ibv_get_async_event(c.ctx, &mut ev), 0);
+            if ev.event_type as u32 == 0 && ev.element.cq == cq {
+                held = Some(HeldEvent(ev));
+            } else {
+                ibv_ack_async_event(&mut ev);
+            }
+        }
+        let held = held.expect("IBV_EVENT_CQ_ERR");
+        assert_eq!(ibv_destroy_qp(a.qp), 0);
+        let acked = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let acker = {
+            let acked = acked.clone();
+            std::thread::spawn(move || {
+                let mut held = held;
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                acked.store(true, std::sync::atomic::Ordering::SeqCst);
+                // (Inside the test's unsafe block: the event came from ibv_get_async_event and
+                // is acked once.)
+                ibv_ack_async_event(&mut held.0);
+            })
+        };
+        assert_eq!(ibv_destroy_cq(cq), 0);
+        assert!(
+            acked.load(std::sync::atomic::Ordering::SeqCst),
+            "ibv_destroy_cq returned before its CQ_ERR was acknowledged"
+        );
+        acker.join().unwrap();
     }
 }
 

@@ -73,6 +73,17 @@ impl CqInner {
         }
     }
 
+    /// The application acknowledged an IBV_EVENT_CQ_ERR of this CQ (`ibv_cq *` at `element`).
+    pub fn event_acked(&self, element: usize) {
+        self.async_q.acked(element);
+    }
+
+    /// The CQ at `element` is being destroyed: drop its queued events and wait (at most
+    /// `bound`) for the ones the application holds, as rdma-core's ibv_destroy_cq does.
+    pub fn forget_events(&self, element: usize, bound: std::time::Duration) {
+        self.async_q.forget(element, bound);
+    }
+
     /// Records the application's `ibv_cq *` (the element of IBV_EVENT_CQ_ERR).
     pub fn set_ibv_ptr(&self, p: usize) {
         self.ibv_ptr.store(p, Ordering::Relaxed);

@@ -91,7 +91,12 @@ pub fn drain_locked(dev: &Device, qp: &QpShared, core: &mut QpCore, now: Instant
     tx.flush(&dev.sock);
     deliver_completions(qp, core, now);
     while let Some(ev) = core.poll_event() {
-        qp.async_q.push(ibv_event_of(ev), qp.ibv_ptr.load(Ordering::Relaxed));
+        // 0: the QP is being destroyed (ibv_destroy_qp clears it under this same core lock), so
+        // no event may name it any more.
+        let element = qp.ibv_ptr.load(Ordering::Acquire);
+        if element != 0 {
+            qp.async_q.push(ibv_event_of(ev), element);
+        }
     }
 }
 

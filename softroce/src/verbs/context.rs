@@ -587,7 +587,7 @@ pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut 
         if r != 8 {
             return -1;
         }
-        let Some((ty, elem)) = c.async_q.pop_counted(is_qp_event) else {
+        let Some((ty, elem)) = c.async_q.pop_counted(is_held_event) else {
             return minus_one(libc::EAGAIN);
         };
         // SAFETY: event is a valid out-pointer; the union member we write
@@ -610,11 +610,13 @@ pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut 
     })
 }
 
-/// QP events: the application holds the QP pointer until it acknowledges them.
-fn is_qp_event(ty: ibv_event_type) -> bool {
+/// QP and CQ events: the application holds the QP or CQ pointer until it acknowledges them,
+/// and the element's destroy waits for that.
+fn is_held_event(ty: ibv_event_type) -> bool {
     matches!(
         ty,
-        ibv_event_type::IBV_EVENT_QP_FATAL
+        ibv_event_type::IBV_EVENT_CQ_ERR
+            | ibv_event_type::IBV_EVENT_QP_FATAL
             | ibv_event_type::IBV_EVENT_QP_REQ_ERR
             | ibv_event_type::IBV_EVENT_QP_ACCESS_ERR
             | ibv_event_type::IBV_EVENT_COMM_EST

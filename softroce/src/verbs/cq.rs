@@ -360,6 +360,9 @@ pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             // still used by a QP
             return int_err(libc::EBUSY);
         }
+        // Its async events (IBV_EVENT_CQ_ERR) too: the application reads the CQ pointer of
+        // one until it acknowledges it.
+        c.inner.forget_events(cq as usize, std::time::Duration::from_secs(2));
         // Wait until every event handed out was acknowledged (as rdma-core does).
         {
             let mut ev = c.events.lock().unwrap();
@@ -540,5 +543,8 @@ pub unsafe fn ack_async(cq: *mut ibv_cq) {
     if !cq.is_null() {
         // SAFETY: per the contract.
         unsafe { (*cq).async_events_completed += 1 };
+        // SAFETY: as above; its destroy waits for this (CqInner::forget_events), so the CQ is
+        // not freed before the acknowledgement is done with it.
+        unsafe { &*(cq as *const Cq) }.inner.event_acked(cq as usize);
     }
 }

@@ -169,10 +169,15 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
             return int_err(libc::EINVAL);
         }
         // SAFETY: qp came from ibv_create_qp and is live until the Box below frees it.
-        unsafe { &*(qp as *const Qp) }
-            .shared
-            .async_q
-            .forget(qp as usize, std::time::Duration::from_secs(2));
+        let shared = &unsafe { &*(qp as *const Qp) }.shared;
+        // First no new event may name it (the engine pushes QP events under the core lock and
+        // skips a cleared pointer), then its queued ones go and the held ones are waited for:
+        // otherwise an event raised while it is destroyed would hand out a freed QP.
+        {
+            let _core = shared.lock_core();
+            shared.ibv_ptr.store(0, std::sync::atomic::Ordering::Release);
+        }
+        shared.async_q.forget(qp as usize, std::time::Duration::from_secs(2));
         // SAFETY: qp came from ibv_create_qp; freed once.
         let q = unsafe { Box::from_raw(qp as *mut Qp) };
         q.dev.engine.remove_qp(q.shared.qpn);
