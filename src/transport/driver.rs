@@ -157,8 +157,6 @@ pub struct Driver {
     /// longer chains go in several posts), a receiver's CTS write (1).
     wrs: Box<[sys::ibv_send_wr]>,
     sges: Box<[sys::ibv_sge]>,
-    /// Scratch of one receive post (a receiver's batch of `recv::RQ_BATCH`; none for a sender).
-    recv_wrs: Box<[sys::ibv_recv_wr]>,
 }
 
 impl Driver {
@@ -190,14 +188,6 @@ impl Driver {
                     lkey: 0,
                 })
                 .collect(),
-            recv_wrs: (0..if kind == "send" { 0 } else { RQ_BATCH })
-                .map(|_| sys::ibv_recv_wr {
-                    wr_id: 0,
-                    next: std::ptr::null_mut(),
-                    sg_list: std::ptr::null_mut(),
-                    num_sge: 0,
-                })
-                .collect(),
         }
     }
 
@@ -220,31 +210,29 @@ impl Driver {
             }
             Post::Recv { qp, wr_id, count } => {
                 let k = count;
-                if k == 0 || k > self.recv_wrs.len() {
+                if k == 0 || k > RQ_BATCH {
                     return Err(Error::internal(format!(
-                        "{count} receives planned in one post for a {} comm (at most {})",
-                        self.kind,
-                        self.recv_wrs.len()
+                        "{count} receives planned in one post (at most {RQ_BATCH})"
                     )));
                 }
                 if let Some(s) = &self.stats {
                     s.posted(qp, k, 0);
                 }
-                for x in 0..k {
-                    let next: *mut sys::ibv_recv_wr = match self.recv_wrs.get_mut(x + 1) {
-                        Some(w) if x + 1 < k => w,
-                        _ => std::ptr::null_mut(),
-                    };
-                    self.recv_wrs[x] = sys::ibv_recv_wr {
-                        wr_id,
-                        next,
-                        sg_list: std::ptr::null_mut(),
-                        num_sge: 0,
-                    };
+                // On the stack, not in the comm: a receive post is rare (one per RQ_BATCH
+                // messages) and memory per connection is what scales.
+                let mut wrs = [sys::ibv_recv_wr {
+                    wr_id,
+                    next: std::ptr::null_mut(),
+                    sg_list: std::ptr::null_mut(),
+                    num_sge: 0,
+                }; RQ_BATCH];
+                for x in 0..k - 1 {
+                    let next: *mut sys::ibv_recv_wr = &mut wrs[x + 1];
+                    wrs[x].next = next;
                 }
-                // SAFETY: zero-SGE receives name no memory; the chain lives in `recv_wrs` for
-                // the call and the provider copies it.
-                let posted = unsafe { Self::qp(&self.conn, qp)?.post_recv(&mut self.recv_wrs[0]) };
+                // SAFETY: zero-SGE receives name no memory; the chain lives in `wrs` for the
+                // call and the provider copies it.
+                let posted = unsafe { Self::qp(&self.conn, qp)?.post_recv(&mut wrs[0]) };
                 posted.map_err(|e| self.post_failure(e))
             }
             Post::Flush { .. } => Err(Error::internal("a flush read planned for a data QP")),
