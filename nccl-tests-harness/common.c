@@ -171,7 +171,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
   const char* dbg = getenv("NCCL_DEBUG");
   if (dbg && (strcasecmp(dbg, "INFO") == 0 || strcasecmp(dbg, "TRACE") == 0)) o->quiet_log = 0;
 
-  enum { O_INPLACE = 1000, O_CHUNK, O_STEPS, O_PLUGIN, O_NETV, O_DEV, O_SOFTROCE, O_ADDR, O_TIMEOUT, O_CSV, O_JSON, O_CONNS, O_STATS, O_GROUP, O_DIRECT, O_COMPUTE, O_CHUNKSTEPS, O_SLICESTEPS, O_VDEV };
+  enum { O_INPLACE = 1000, O_CHUNK, O_STEPS, O_PLUGIN, O_NETV, O_DEV, O_SOFTROCE, O_ADDR, O_TIMEOUT, O_CSV, O_JSON, O_CONNS, O_STATS, O_GROUP, O_DIRECT, O_COMPUTE, O_CHUNKSTEPS, O_SLICESTEPS, O_VDEV, O_CYCLES };
   static const struct option longs[] = {
       {"minbytes", required_argument, 0, 'b'}, {"maxbytes", required_argument, 0, 'e'},
       {"stepfactor", required_argument, 0, 'f'}, {"stepbytes", required_argument, 0, 'i'},
@@ -184,7 +184,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
       {"net-version", required_argument, 0, O_NETV}, {"dev", required_argument, 0, O_DEV}, {"vdev", required_argument, 0, O_VDEV},
       {"softroce", required_argument, 0, O_SOFTROCE}, {"addr-base", required_argument, 0, O_ADDR},
       {"timeout", required_argument, 0, O_TIMEOUT}, {"csv", required_argument, 0, O_CSV},
-      {"json", required_argument, 0, O_JSON}, {"conns", required_argument, 0, O_CONNS}, {"stats", no_argument, 0, O_STATS}, {"group", required_argument, 0, O_GROUP}, {"direct", required_argument, 0, O_DIRECT}, {"compute", required_argument, 0, O_COMPUTE}, {"chunksteps", required_argument, 0, O_CHUNKSTEPS}, {"slicesteps", required_argument, 0, O_SLICESTEPS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+      {"json", required_argument, 0, O_JSON}, {"conns", required_argument, 0, O_CONNS}, {"cycles", required_argument, 0, O_CYCLES}, {"stats", no_argument, 0, O_STATS}, {"group", required_argument, 0, O_GROUP}, {"direct", required_argument, 0, O_DIRECT}, {"compute", required_argument, 0, O_COMPUTE}, {"chunksteps", required_argument, 0, O_CHUNKSTEPS}, {"slicesteps", required_argument, 0, O_SLICESTEPS}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
   int c;
   while ((c = getopt_long(argc, argv, "b:e:f:i:n:w:c:N:g:C:a:POh", longs, NULL)) != -1) {
     switch (c) {
@@ -213,6 +213,7 @@ void h_parse(hopts_t* o, int argc, char** argv, const char* test_name, const cha
       case O_CSV: o->csv = optarg; break;
       case O_JSON: o->json = optarg; break;
       case O_CONNS: o->conns = atoi(optarg); break;
+      case O_CYCLES: o->cycles = atoi(optarg); break;
       case O_STATS: o->stats = 1; break;
       case O_GROUP: o->group = atoi(optarg); break;
       case O_DIRECT: o->direct = atoi(optarg); break;

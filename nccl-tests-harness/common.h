@@ -85,6 +85,7 @@ typedef struct {
   const char* csv;             /* --csv FILE */
   const char* json;            /* --json FILE */
   int conns;                   /* scale_bench --conns: connections between the two ranks */
+  int cycles;                  /* scale_bench --cycles N: then N connect/close cycles of one pair */
   int stats;                   /* --stats: CPU and plugin-call time of the largest size, verbs work of each */
   int quiet_log;               /* only WARNs from the plugin (default), 0 = INFO too */
 } hopts_t;

@@ -100,6 +100,33 @@ static void exchange(hctx_t* h, int n, void** scs, void** rcs) {
   free(sbuf), free(rbuf), free(smh), free(rmh), free(sq), free(rq);
 }
 
+/* --cycles N: N times, one connection each way made, used for one 8-byte message and closed
+ * (the listen comm by h_connect_accept). The heap of each rank is measured after the first 1 % of the cycles
+ * (the caches and free lists reached their size) and after the last: a leak of anything per
+ * connection grows with N. Prints the growth per rank. */
+static void cycles(hctx_t* h) {
+  int total = h->o->cycles, warm = total / 10 > 0 ? total / 10 : 1;
+  mem_t a = {0, 0, 0};
+  for (int c = 0; c < total; c++) {
+    if (c == warm) a = measure();
+    char hmine[H_HANDLE_SIZE], hall[2 * H_HANDLE_SIZE];
+    void *l = NULL, *s = NULL, *r = NULL;
+    if (h->net.listen(h->net.ctx, h->dev, hmine, &l) || !l) h_die(h, "cycle %d: listen failed", c);
+    h_allgather(h, hmine, sizeof hmine, hall);
+    h_connect_accept(h, hall + (1 - h->rank) * H_HANDLE_SIZE, &s, l, &r, 60);
+    exchange(h, 1, &s, &r);
+    // (h_connect_accept closed the listen comm once it accepted.)
+    if (h->net.close_send(s) || h->net.close_recv(r)) h_die(h, "cycle %d: close failed", c);
+  }
+  mem_t b = measure();
+  double v[3] = {b.heap - a.heap, b.fds - a.fds, b.rss - a.rss};
+  double allv[6];
+  h_allgather(h, v, sizeof v, allv);
+  if (h->rank == 0)
+    printf("scale_bench cycles=%d measured_from=%d heap_growth_KiB=%.2f,%.2f fds_growth=%.0f,%.0f rss_growth_KiB=%.0f,%.0f\n",
+           total, warm, allv[0] / 1024, allv[3] / 1024, allv[1], allv[4], allv[2] / 1024, allv[5] / 1024);
+}
+
 static int body(hctx_t* h) {
   if (h->nranks != 2) h_die(h, "scale_bench runs between exactly 2 ranks");
   int per = h->o->conns / 2;
@@ -186,6 +213,7 @@ static int body(hctx_t* h) {
     if (oneway) printf(" recv_comm_KiB=%.1f send_comm_KiB=%.1f", allv[3] / n / 1024, allv[13] / n / 1024);
     printf("\n");
   }
+  if (h->o->cycles > 0) cycles(h);
   h_net_close(h);
   free(mine), free(all), free(lcs), free(scs), free(rcs);
   return 0;
@@ -194,5 +222,7 @@ static int body(hctx_t* h) {
 int main(int argc, char** argv) {
   return h_main(argc, argv, "scale_bench", body,
                 "      --conns N            scale_bench: connections to open (default 1024)\n"
+                "      --cycles N           then N connect/close cycles of one connection each way, heap\n"
+                "                           and fds measured after the first 10 % and the last\n"
                 "  -O                       rank 0 takes every recv comm, rank 1 every send comm\n");
 }

@@ -13,7 +13,9 @@
 # per connection at 256 connections, +1.2 KiB at 1024: a fixed part retained at the high-water
 # mark, such as container capacity, plus <1 KiB per connection, issue 14 §3) passes, and a
 # regression that doubles it fails.
-# Builds nothing (make build does); the run is bounded by `timeout`.
+# Then 10^4 connect/close cycles of one connection each way (scale_bench --cycles): each rank's
+# heap must grow by less than one connection's worth, its descriptors not at all (issue 14 §3).
+# Builds nothing (make build does); the runs are bounded by `timeout`.
 set -u
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -82,6 +84,32 @@ if echo "$line" | awk -v lim="$LEAK_LIMIT_KIB" '{
     pass=$((pass + 1))
 else
     echo "   FAIL heap left after closing above $LEAK_LIMIT_KIB KiB per connection (a leak)"
+    fail=$((fail + 1))
+fi
+
+# Connect/close cycles (issue 14 §3): 10^4 times one connection each way made, used for one
+# message and closed, in the same two processes; from the first 10 % of the cycles to the last,
+# each rank's heap must grow by less than one connection's worth (the recv + send comm heap
+# measured above) and its descriptors not at all. glibc's per-thread tcache is off
+# (GLIBC_TUNABLES), since mallinfo2 counts the chunks it parks as in use (README: Reliability).
+CYCLES=${MEMORY_TEST_CYCLES:-10000}
+echo "== scale_bench --cycles $CYCLES (softroce, 127.0.54.x): heap growth per rank < one connection, fds flat"
+GLIBC_TUNABLES=glibc.malloc.tcache_count=0 LD_LIBRARY_PATH="$SR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" NCCL_SOCKET_IFNAME=lo \
+    timeout -k 5 180 "$H/scale_bench" --conns 2 --cycles "$CYCLES" --softroce 1 --addr-base 127.0.54 --timeout 170 >"$D/cycles" 2>&1
+RC=$?
+conn_kib=$(echo "$line" | awk '{for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "heap_per_conn_KiB") print kv[2] }}')
+cline=$(grep -E '^scale_bench cycles=' "$D/cycles" | tail -n 1)
+if [ $RC -eq 0 ] && [ -n "$cline" ] && [ -n "$conn_kib" ] && echo "$cline" | awk -v conn="$conn_kib" '{
+        for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+        split(v["heap_growth_KiB"], h, ","); split(v["fds_growth"], f, ",")
+        printf "   %s: heap %+.2f / %+.2f KiB, fds %+d / %+d (one connection: %.1f KiB)\n", v["cycles"] " cycles", h[1], h[2], f[1], f[2], conn
+        exit !(h[1] < conn && h[2] < conn && f[1] == 0 && f[2] == 0)
+    }'; then
+    echo "   PASS $CYCLES connect/close cycles: heap grew by less than one connection, fds flat"
+    pass=$((pass + 1))
+else
+    echo "   FAIL connect/close cycles (rc=$RC): ${cline:-no result}"
+    tail -n 5 "$D/cycles" | sed 's/^/   | /'
     fail=$((fail + 1))
 fi
 echo "$pass passed, $fail failed"

@@ -31,7 +31,9 @@ impl Tx {
     pub fn new() -> Tx {
         Tx {
             scratch: Vec::with_capacity(MAX_PACKET),
-            batch: Vec::new(),
+            // Up front, not at the thread's first packet: the engine's first transmission may
+            // come late (a retransmission), and a process's heap should not step up then.
+            batch: Vec::with_capacity(MAX_GSO_BYTES + MAX_PACKET),
             dst: Ipv4Addr::UNSPECIFIED,
             ip: Ip::default(),
             seg: 0,
@@ -57,9 +59,6 @@ impl Tx {
                 || self.batch.len() + l > MAX_GSO_BYTES)
         {
             self.flush(sock);
-        }
-        if self.batch.capacity() == 0 {
-            self.batch.reserve(MAX_GSO_BYTES + MAX_PACKET);
         }
         let fields = icrc::Ipv4Fields::new(sock.local.octets(), dst.octets(), self.count as u16);
         let crc = icrc::icrc_ipv4(&fields, ROCEV2_UDP_PORT, ROCEV2_UDP_PORT, &self.scratch[..len]);
