@@ -192,19 +192,22 @@ fn completion_channel_and_async_event() {
     }
 }
 
-#[test]
-fn cq_overrun_raises_cq_err() {
-    let c = open(ADDR);
-    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
+/// A CQ of 2 entries that QP `a` overruns with 4 signaled 64-byte writes to QP `b` (the CQ
+/// raises IBV_EVENT_CQ_ERR); the buffers are returned so they outlive the writes.
+///
+/// # Safety
+/// Test code: `c` is open; the returned objects are used only while `c` is.
+unsafe fn overrun_cq(c: &Ctx) -> (*mut rdma_sys::ibv_cq, Qp, Qp, (Buf, Buf)) {
+    // SAFETY: per the contract; every pointer comes from the verbs calls here.
     unsafe {
         let cq = ibv_create_cq(c.ctx, 2, null_mut(), null_mut(), 0);
         assert!(!cq.is_null());
-        let a = create_qp_on(&c, cq);
-        let b = create_qp(&c);
-        connect(&c, &a, (*b.qp).qp_num, 14, 7);
-        connect(&c, &b, (*a.qp).qp_num, 14, 7);
-        let src = Buf::new(&c, 64, ACCESS_ALL);
-        let dst = Buf::new(&c, 64, ACCESS_ALL);
+        let a = create_qp_on(c, cq);
+        let b = create_qp(c);
+        connect(c, &a, (*b.qp).qp_num, 14, 7);
+        connect(c, &b, (*a.qp).qp_num, 14, 7);
+        let src = Buf::new(c, 64, ACCESS_ALL);
+        let dst = Buf::new(c, 64, ACCESS_ALL);
         for i in 0..4 {
             let mut sge = ibv_sge {
                 addr: src.addr(),
@@ -216,6 +219,16 @@ fn cq_overrun_raises_cq_err() {
             wr.wr.rdma.rkey = dst.rkey();
             assert_eq!(post_send(&a, &mut wr), 0);
         }
+        (cq, a, b, (src, dst))
+    }
+}
+
+#[test]
+fn cq_overrun_raises_cq_err() {
+    let c = open(ADDR);
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
+    unsafe {
+        let (cq, _a, _b, _bufs) = overrun_cq(&c);
         let mut pfd = libc::pollfd {
             fd: (*c.ctx).async_fd,
             events: libc::POLLIN,
@@ -257,25 +270,7 @@ fn destroy_cq_waits_for_its_cq_err_to_be_acknowledged() {
     let c = open(ADDR);
     // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
     unsafe {
-        let cq = ibv_create_cq(c.ctx, 2, null_mut(), null_mut(), 0);
-        assert!(!cq.is_null());
-        let a = create_qp_on(&c, cq);
-        let b = create_qp(&c);
-        connect(&c, &a, (*b.qp).qp_num, 14, 7);
-        connect(&c, &b, (*a.qp).qp_num, 14, 7);
-        let src = Buf::new(&c, 64, ACCESS_ALL);
-        let dst = Buf::new(&c, 64, ACCESS_ALL);
-        for i in 0..4 {
-            let mut sge = ibv_sge {
-                addr: src.addr(),
-                length: 64,
-                lkey: src.lkey(),
-            };
-            let mut wr = send_wr(i, 0, &mut sge, SIGNALED);
-            wr.wr.rdma.remote_addr = dst.addr();
-            wr.wr.rdma.rkey = dst.rkey();
-            assert_eq!(post_send(&a, &mut wr), 0);
-        }
+        let (cq, a, _b, _bufs) = overrun_cq(&c);
         let mut pfd = libc::pollfd {
             fd: (*c.ctx).async_fd,
             events: libc::POLLIN,
