@@ -33,7 +33,17 @@ pub fn socket_path(addr: std::net::Ipv4Addr) -> PathBuf {
 /// Socket files to remove at exit.
 static SOCKETS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
+/// Held while a command is carried out and answered. A fault such as `qp-fatal` can make the
+/// application exit at once (its completion fails); exit then waits here, so `softroce-ctl`
+/// still reads the answer instead of a closed socket.
+static ANSWERING: Mutex<()> = Mutex::new(());
+
 extern "C" fn remove_sockets() {
+    // Bounded: an answer is one short write; a stuck reader must not hold up the exit.
+    let deadline = Instant::now() + std::time::Duration::from_secs(2);
+    while matches!(ANSWERING.try_lock(), Err(std::sync::TryLockError::WouldBlock)) && Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
     if let Ok(v) = SOCKETS.lock() {
         for p in v.iter() {
             let _ = std::fs::remove_file(p);
@@ -112,6 +122,7 @@ fn answer(dev: &Device, stream: UnixStream) -> std::io::Result<()> {
         let counts = super::counters::report(qps.iter().map(|q| (q.qpn, &q.counters)));
         return (&stream).write_all(format!("ok: {counts}\n").as_bytes());
     }
+    let _answering = ANSWERING.lock();
     let reply = match Command::parse(&line) {
         Ok(cmd) => match apply(dev, cmd) {
             Ok(said) => format!("ok: {said}\n"),
