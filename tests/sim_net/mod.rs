@@ -127,6 +127,9 @@ pub struct Wc {
     pub status: u32,
     pub imm: Option<u32>,
     pub qp: usize,
+    /// The generation of the QP it came from ([`Fabric::replace_qps`]): a driver tells a
+    /// completion of a destroyed QP by its QP number.
+    pub gen: u32,
 }
 
 /// A piece of a write that has landed partly: the rest lands later.
@@ -181,6 +184,8 @@ pub struct Queues {
     pub max_msg: usize,
     /// Receive posts (`ibv_post_recv` calls) per side.
     pub recv_posts: [usize; 2],
+    /// Per side and QP: its generation, the recovery epoch that made it (0 at connect).
+    pub gen: [Vec<u32>; 2],
     flush_sq: VecDeque<(usize, WorkRequest)>,
 }
 
@@ -279,6 +284,7 @@ impl Fabric {
                 sq_depth,
                 max_msg: usize::MAX,
                 recv_posts: [0; 2],
+                gen: [vec![0; n], vec![0; n]],
             },
             routes: [sender_routes, receiver_routes],
             cqs: [VecDeque::new(), VecDeque::new()],
@@ -348,6 +354,20 @@ impl Fabric {
         self.queues.qps[side.index()][qp].fail_next = Some(status);
     }
 
+    /// Destroy every QP of `side` and create new ones of generation `gen` (a recovery): what
+    /// the old ones still held is gone without a completion (a write half landed stays half
+    /// landed), their completions already in the CQ stay there. A QP talks only to the peer's
+    /// QP of the same generation.
+    pub fn replace_qps(&mut self, side: Side, gen: u32) {
+        for (q, g) in self.queues.qps[side.index()]
+            .iter_mut()
+            .zip(self.queues.gen[side.index()].iter_mut())
+        {
+            *q = Qp::new();
+            *g = gen;
+        }
+    }
+
     /// Whether any work is left to execute.
     pub fn busy(&self) -> bool {
         !self.queues.flush_sq.is_empty()
@@ -400,12 +420,14 @@ impl Fabric {
                 status,
                 imm: None,
                 qp,
+                gen: self.queues.gen[side.index()][qp],
             },
         );
         let q = &mut self.queues.qps[side.index()][qp];
         q.failed = true;
         q.torn = None;
         let flushed: Vec<u64> = q.sq.drain(..).map(|w| w.wr_id).chain(q.rq.drain(..)).collect();
+        let gen = self.queues.gen[side.index()][qp];
         for wr_id in flushed {
             self.complete(
                 side,
@@ -414,6 +436,7 @@ impl Fabric {
                     status: WC_WR_FLUSH_ERR,
                     imm: None,
                     qp,
+                    gen,
                 },
             );
         }
@@ -422,6 +445,14 @@ impl Fabric {
     fn step_qp(&mut self, side: Side, qp: usize, rng: &mut Rng) {
         let s = side.index();
         if let Some((torn, finish)) = self.queues.qps[s][qp].torn.take() {
+            // The rest of a half-landed write goes only to the QP the first part went to:
+            // when the peer replaced its QPs meanwhile, the message is lost (retries run out).
+            if self.queues.gen[s][qp] != self.queues.gen[side.peer().index()][qp] {
+                if let Some(wr) = finish {
+                    self.error_qp(side, qp, &wr, WC_RETRY_EXC_ERR);
+                }
+                return;
+            }
             self.land(torn.dst_region, torn.dst_off, &torn.rest);
             if let Some(wr) = finish {
                 self.finish(side, qp, &wr);
@@ -435,7 +466,8 @@ impl Fabric {
             self.error_qp(side, qp, &wr, status);
             return;
         }
-        if self.silent[s] || self.queues.qps[side.peer().index()][qp].failed {
+        let paired = self.queues.gen[s][qp] == self.queues.gen[side.peer().index()][qp];
+        if self.silent[s] || !paired || self.queues.qps[side.peer().index()][qp].failed {
             // The peer stopped answering, or its QP is in the error state and answers
             // nothing: the transport retries run out.
             self.error_qp(side, qp, &wr, WC_RETRY_EXC_ERR);
@@ -502,6 +534,7 @@ impl Fabric {
                         status: WC_SUCCESS,
                         imm: Some(imm),
                         qp,
+                        gen: self.queues.gen[peer.index()][qp],
                     },
                 );
             }
@@ -514,6 +547,7 @@ impl Fabric {
                     status: WC_SUCCESS,
                     imm: None,
                     qp,
+                    gen: self.queues.gen[side.index()][qp],
                 },
             );
         }
@@ -545,6 +579,7 @@ impl Fabric {
             status,
             imm: None,
             qp: usize::MAX,
+            gen: 0,
         });
     }
 
@@ -573,6 +608,11 @@ impl Fabric {
             }
         }
         got
+    }
+
+    /// Everything `side`'s CQ holds (no late completions): a driver emptying it.
+    pub fn drain_cq(&mut self, side: Side) -> Vec<Wc> {
+        self.cqs[side.index()].drain(..).collect()
     }
 
     pub fn poll_flush(&mut self) -> Vec<Wc> {

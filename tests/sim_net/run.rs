@@ -11,12 +11,44 @@ use nccl_net_ferroce::error::Error;
 use nccl_net_ferroce::transport::proto::fifo::{self, RING_BYTES};
 use nccl_net_ferroce::transport::proto::limits::{self, MAX_DEVS};
 use nccl_net_ferroce::transport::proto::plan::QpRoute;
+use nccl_net_ferroce::transport::proto::recovery::{Action, Recovery, Role};
 use nccl_net_ferroce::transport::proto::recv::{Irecv, RecvBuf, RecvConfig, RecvCore, CTS_DEPTH, RQ_BATCH};
 use nccl_net_ferroce::transport::proto::request;
 use nccl_net_ferroce::transport::proto::send::{Isend, SendBuf, SendConfig, SendCore, SQ_DEPTH};
 use nccl_net_ferroce::transport::proto::split;
 use nccl_net_ferroce::transport::proto::time::Time;
+use std::collections::VecDeque;
 use std::time::Duration;
+
+/// A recovery message on the side channel (`proto::recovery`): the Hello carries the side's
+/// report (the receiver's completions taken per QP, the sender's next FIFO entry).
+#[derive(Clone, Debug)]
+pub enum ChanMsg {
+    Hello { epoch: u32, taken: Vec<u64>, head: u64 },
+    Ready { epoch: u32 },
+}
+
+/// How a run recovers from QP failures: both ends' [`Recovery`], the side channel between
+/// them, and what the oracle must allow (bytes of an unfinished message written again).
+pub struct Recovering {
+    pub ends: [Recovery; 2],
+    /// Messages on their way to each side.
+    pub inbox: [VecDeque<ChanMsg>; 2],
+    /// Every message delivered so far, for duplicates.
+    pub delivered: [Vec<ChanMsg>; 2],
+    /// The peer's last Hello each side got.
+    pub hello: [Option<ChanMsg>; 2],
+    /// Percent of channel deliveries that repeat an earlier message instead.
+    pub duplicate_percent: u64,
+    /// The side channel closed (a peer died): both ends fail.
+    pub closed: bool,
+    /// Chains replayed and CTS entries written again, over the run.
+    pub replayed_chains: usize,
+    pub landed_unacked: usize,
+    pub cts_rewritten: usize,
+    /// Called at every Rebuild (side, epoch): a test injects faults during a recovery.
+    pub on_rebuild: Option<fn(&mut Run, Side, u32)>,
+}
 
 /// One buffer of a grouped receive and the send that goes into it.
 #[derive(Clone, Copy, Debug)]
@@ -99,6 +131,11 @@ pub struct Run {
     pub sends_done: usize,
     pub groups_done: usize,
     pub truncations: usize,
+    /// Set: QP failures are recovered from instead of failing the comm.
+    pub recovery: Option<Recovering>,
+    /// Per finished receive buffer: its range in the receive region and the write counts it
+    /// had when its request was reported done (nothing may write there afterwards).
+    pub finished_writes: Vec<(usize, Vec<u16>)>,
 }
 
 pub fn routes(n: usize, local: usize, remote: usize) -> Vec<QpRoute> {
@@ -206,6 +243,196 @@ impl Run {
             sends_done: 0,
             groups_done: 0,
             truncations: 0,
+            recovery: None,
+            finished_writes: Vec::new(),
+        }
+    }
+
+    /// Recover from QP failures, bounded by `timeout` of virtual time.
+    pub fn enable_recovery(&mut self, timeout: Duration, duplicate_percent: u64) {
+        self.recovery = Some(Recovering {
+            ends: [
+                Recovery::new(Role::Sender, timeout, "the simulated receiver".into()),
+                Recovery::new(Role::Receiver, timeout, "the simulated sender".into()),
+            ],
+            inbox: [VecDeque::new(), VecDeque::new()],
+            delivered: [Vec::new(), Vec::new()],
+            hello: [None, None],
+            duplicate_percent,
+            closed: false,
+            replayed_chains: 0,
+            landed_unacked: 0,
+            cts_rewritten: 0,
+            on_rebuild: None,
+        });
+    }
+
+    fn fail_side(&mut self, side: Side, e: Error) {
+        match side {
+            Side::Sender => self.send.state.fail(e),
+            Side::Receiver => self.recv.state.fail(e),
+        };
+    }
+
+    /// Carry out what `side`'s recovery asks, and what that leads to.
+    pub fn act(&mut self, side: Side, actions: Vec<Action>) {
+        let mut todo: VecDeque<Action> = actions.into();
+        while let Some(a) = todo.pop_front() {
+            let Some(rc) = self.recovery.as_mut() else { return };
+            if rc.closed {
+                return;
+            }
+            match a {
+                Action::Pause => match side {
+                    Side::Sender => self.send.begin_recovery(),
+                    Side::Receiver => self.recv.begin_recovery(),
+                },
+                Action::Rebuild { epoch } => {
+                    match side {
+                        Side::Sender => self.send.begin_recovery(),
+                        Side::Receiver => self.recv.begin_recovery(),
+                    }
+                    // The receiver takes every completion of its old QPs before it destroys
+                    // them (the driver moves them to ERR and polls until each posted receive
+                    // flushed): a message the sender saw acknowledged is one it reports taken.
+                    // The sender may leave its completions behind: what it did not take, the
+                    // receiver's report settles.
+                    if side == Side::Receiver || self.rng.chance(50) {
+                        for wc in self.fab.drain_cq(side) {
+                            if wc.status == super::WC_SUCCESS && wc.gen == self.fab.queues.gen[side.index()][wc.qp] {
+                                self.handle_ok(side, wc);
+                            }
+                        }
+                    }
+                    self.fab.replace_qps(side, epoch);
+                    if side == Side::Receiver {
+                        let Run { fab, recv, .. } = self;
+                        if recv
+                            .repost_receives(&mut |p| fab.queues.post(Side::Receiver, p))
+                            .is_err()
+                        {
+                            continue;
+                        }
+                    }
+                    if let Some(hook) = self.recovery.as_ref().and_then(|r| r.on_rebuild) {
+                        hook(self, side, epoch);
+                    }
+                    let Some(rc) = self.recovery.as_mut() else { return };
+                    todo.extend(rc.ends[side.index()].rebuilt(epoch));
+                }
+                Action::SendHello { epoch } => {
+                    let msg = ChanMsg::Hello {
+                        epoch,
+                        taken: self.recv.taken(),
+                        head: self.send.fifo_head(),
+                    };
+                    rc.inbox[side.peer().index()].push_back(msg);
+                }
+                Action::Connect { epoch } => todo.extend(rc.ends[side.index()].connected(epoch)),
+                Action::SendReady { epoch } => rc.inbox[side.peer().index()].push_back(ChanMsg::Ready { epoch }),
+                Action::Resume { epoch } => {
+                    let Some(ChanMsg::Hello { epoch: e, taken, head }) = rc.hello[side.index()].clone() else {
+                        panic!(
+                            "seed {}: {side:?} resumes epoch {epoch} without the peer's Hello",
+                            self.case.seed
+                        );
+                    };
+                    assert_eq!(
+                        e, epoch,
+                        "seed {}: {side:?} resumes with another epoch's report",
+                        self.case.seed
+                    );
+                    let fifo = self.fifo;
+                    let Run { fab, send, recv, .. } = self;
+                    let Fabric { regions, queues, .. } = fab;
+                    match side {
+                        Side::Sender => {
+                            let view = RingView { regions, region: fifo };
+                            if let Ok(r) = send.resume(&view, &taken, &mut |p| queues.post(Side::Sender, p)) {
+                                if let Some(rc) = self.recovery.as_mut() {
+                                    rc.replayed_chains += r.chains;
+                                    rc.landed_unacked += r.landed;
+                                }
+                            }
+                        }
+                        Side::Receiver => {
+                            if let Ok(n) = recv.resume(head, &mut |p| queues.post(Side::Receiver, p)) {
+                                if let Some(rc) = self.recovery.as_mut() {
+                                    rc.cts_rewritten += n;
+                                }
+                                todo.extend(self.check_landed());
+                            }
+                        }
+                    }
+                }
+                Action::Fail(e) => self.fail_side(side, e),
+            }
+        }
+    }
+
+    /// The receiver's recovery learns that its CTS rewrites landed (after each poll).
+    fn check_landed(&mut self) -> Vec<Action> {
+        let Some(rc) = self.recovery.as_mut() else {
+            return Vec::new();
+        };
+        let end = &mut rc.ends[Side::Receiver.index()];
+        if end.landing() && self.recv.rewrites_landed() {
+            let epoch = end.epoch();
+            return end.landed(epoch);
+        }
+        Vec::new()
+    }
+
+    /// Deliver the next side-channel message to `side` (or, sometimes, one it already had);
+    /// false when there was none.
+    pub fn deliver_message(&mut self, side: Side) -> bool {
+        let Some(rc) = self.recovery.as_mut() else { return false };
+        let s = side.index();
+        let msg = if !rc.delivered[s].is_empty() && self.rng.chance(rc.duplicate_percent) {
+            let k = self.rng.below(rc.delivered[s].len() as u64) as usize;
+            rc.delivered[s][k].clone()
+        } else if let Some(m) = rc.inbox[s].pop_front() {
+            rc.delivered[s].push(m.clone());
+            m
+        } else {
+            return false;
+        };
+        let now = self.now;
+        let actions = match msg {
+            ChanMsg::Hello { epoch, .. } => {
+                let newer = match &rc.hello[s] {
+                    Some(ChanMsg::Hello { epoch: e, .. }) => epoch > *e,
+                    _ => true,
+                };
+                if newer {
+                    rc.hello[s] = Some(msg.clone());
+                }
+                rc.ends[s].peer_hello(now, epoch)
+            }
+            ChanMsg::Ready { epoch } => rc.ends[s].peer_ready(epoch),
+        };
+        self.act(side, actions);
+        true
+    }
+
+    /// The peer died: its side channel closed. Both ends fail, as the driver's read of the
+    /// side channel does.
+    pub fn close_channel(&mut self) {
+        if let Some(rc) = self.recovery.as_mut() {
+            rc.closed = true;
+        }
+        self.send
+            .state
+            .fail(Error::remote("the side channel closed (peer gone)"));
+        self.recv
+            .state
+            .fail(Error::remote("the side channel closed (peer gone)"));
+    }
+
+    fn handle_ok(&mut self, side: Side, wc: Wc) {
+        match side {
+            Side::Sender => self.send.handle_completion(wc.wr_id),
+            Side::Receiver => self.recv.handle_completion(wc.wr_id, wc.imm),
         }
     }
 
@@ -300,6 +527,8 @@ impl Run {
             self.deliver(side, wc);
         }
         if side == Side::Receiver {
+            let actions = self.check_landed();
+            self.act(Side::Receiver, actions);
             for wc in self.fab.poll_flush() {
                 if wc.status == super::WC_SUCCESS {
                     self.recv.handle_flush_completion(wc.wr_id);
@@ -313,18 +542,24 @@ impl Run {
     }
 
     pub fn deliver(&mut self, side: Side, wc: Wc) {
-        if wc.status != super::WC_SUCCESS {
-            let e = Error::remote(format!("completion error on QP {} (status {})", wc.qp, wc.status));
-            match side {
-                Side::Sender => self.send.state.fail(e),
-                Side::Receiver => self.recv.state.fail(e),
-            };
+        // A completion of a QP that was replaced: the driver tells it by its QP number.
+        if wc.gen != self.fab.queues.gen[side.index()][wc.qp] {
             return;
         }
-        match side {
-            Side::Sender => self.send.handle_completion(wc.wr_id),
-            Side::Receiver => self.recv.handle_completion(wc.wr_id, wc.imm),
+        if wc.status != super::WC_SUCCESS {
+            let cause = format!("completion error on QP {} (status {})", wc.qp, wc.status);
+            if let Some(rc) = self.recovery.as_mut() {
+                let actions = rc.ends[side.index()].local_failure(self.now, &cause);
+                self.act(side, actions);
+                return;
+            }
+            self.fail_side(side, Error::remote(cause));
+            return;
         }
+        if let Some(rc) = self.recovery.as_mut() {
+            rc.ends[side.index()].progressed();
+        }
+        self.handle_ok(side, wc);
     }
 
     pub fn test_send(&mut self, k: usize) -> Result<(), Error> {
@@ -364,6 +599,10 @@ impl Run {
         );
         for i in 0..done.n {
             self.check_buffer(g, i, done.sizes[i] as usize);
+            let ro = self.recv_off[g][i];
+            let posted = self.msg(g, i).posted;
+            self.finished_writes
+                .push((ro, self.fab.regions[self.recv_data].writes[ro..ro + posted].to_vec()));
         }
         if self.rng.chance(self.case.flush_percent) {
             self.flush(g)?;
@@ -385,7 +624,10 @@ impl Run {
             &s.bytes[so..so + want],
             "seed {seed}: group {g} buffer {i} bytes"
         );
-        if let Some(p) = r.writes[ro..ro + want].iter().position(|&w| w != 1) {
+        // With recovery a message that had not completed may be written again (its request
+        // was not done, so NCCL did not look); never after it completed (checked at the end).
+        let once = self.recovery.is_none();
+        if let Some(p) = r.writes[ro..ro + want].iter().position(|&w| w == 0 || (once && w != 1)) {
             panic!(
                 "seed {seed}: group {g} buffer {i} byte {p} written {} times",
                 r.writes[ro + p]
@@ -435,6 +677,24 @@ impl Run {
     /// One NCCL-like turn: a random one of post, send, NIC step, poll, test.
     pub fn turn(&mut self) -> Result<bool, Error> {
         self.now = self.now + Duration::from_micros(1);
+        if self.recovery.is_some() {
+            for side in [Side::Sender, Side::Receiver] {
+                let now = self.now;
+                let actions = self
+                    .recovery
+                    .as_mut()
+                    .map_or(Vec::new(), |rc| rc.ends[side.index()].tick(now));
+                self.act(side, actions);
+            }
+            if self.rng.chance(15) {
+                let side = if self.rng.chance(50) {
+                    Side::Sender
+                } else {
+                    Side::Receiver
+                };
+                return Ok(self.deliver_message(side));
+            }
+        }
         let executed = self.fab.executed;
         let before = (
             self.next_group,
@@ -491,6 +751,10 @@ impl Run {
         while !self.finished() {
             match self.turn() {
                 Ok(true) => idle = 0,
+                Ok(false) if self.recovering_now() => {
+                    // A recovery waits for its backoff: let virtual time pass.
+                    self.now = self.now + Duration::from_millis(1);
+                }
                 Ok(false) => {
                     idle += 1;
                     // Completions may be queued or late: idle turns are normal, a long streak
@@ -505,6 +769,13 @@ impl Run {
             }
         }
         self.check_quiet();
+    }
+
+    /// Whether either end is in a recovery.
+    pub fn recovering_now(&self) -> bool {
+        self.recovery
+            .as_ref()
+            .is_some_and(|rc| !rc.closed && rc.ends.iter().any(|e| e.active()))
     }
 
     pub fn progress(&self) -> String {
@@ -537,11 +808,20 @@ impl Run {
             "seed {seed}: receives left posted besides the ones posted ahead"
         );
         assert!(
-            self.recv.spare_receives() < self.case.nqps() * RQ_BATCH,
-            "seed {seed}: fewer than a batch posted ahead per QP"
+            self.recv.spare_receives() <= self.case.nqps() * RQ_BATCH,
+            "seed {seed}: at most a batch posted ahead per QP"
         );
         let r = &self.fab.regions[self.recv_data];
-        assert!(r.writes.iter().all(|&w| w <= 1), "seed {seed}: a byte written twice");
+        if self.recovery.is_none() {
+            assert!(r.writes.iter().all(|&w| w <= 1), "seed {seed}: a byte written twice");
+        }
+        for (ro, snapshot) in &self.finished_writes {
+            assert_eq!(
+                &r.writes[*ro..ro + snapshot.len()],
+                &snapshot[..],
+                "seed {seed}: a receive buffer at {ro} was written after its request completed"
+            );
+        }
         assert_eq!(self.fab.posted_receives(Side::Sender), 0);
     }
 }

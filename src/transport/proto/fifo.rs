@@ -286,6 +286,11 @@ impl RingAlloc {
         self.tail
     }
 
+    /// Absolute number of the oldest entry in use (`next_start` when none is).
+    pub fn oldest(&self) -> u64 {
+        self.head
+    }
+
     /// The absolute entry number of an entry in use, from its ring position (entries in use
     /// span at most RING consecutive numbers from the oldest one, so the position names one).
     pub fn abs_start(&self, pos: usize) -> u64 {

@@ -22,6 +22,7 @@ pub mod fifo;
 pub mod handshake;
 pub mod limits;
 pub mod plan;
+pub mod recovery;
 pub mod recv;
 pub mod request;
 pub mod send;

@@ -160,6 +160,11 @@ pub struct RecvCore {
     posted: [u64; fifo::RING],
     /// A claim past a posted size was reported (once per comm).
     oversized_reported: bool,
+    /// Between [`RecvCore::begin_recovery`] and [`RecvCore::resume`]: nothing is posted.
+    recovering: bool,
+    /// The CTS writes [`RecvCore::resume`] posted again have landed once device 0's CTS QP
+    /// retired this many.
+    rewritten_until: u64,
 }
 
 /// One QP's receive side: the requests owed a completion on it, oldest first (each in flight,
@@ -171,6 +176,8 @@ struct ReceiveQueue {
     len: u8,
     /// Posted receives beyond one per owed request (< RQ_BATCH).
     spare: u8,
+    /// Completions taken on this QP since the connection was made (what a recovery reports).
+    taken: u64,
 }
 
 const _: () = assert!(request::RECVS_IN_FLIGHT < u8::MAX as usize, "a queue length fits u8");
@@ -182,6 +189,7 @@ impl ReceiveQueue {
         head: 0,
         len: 0,
         spare: 0,
+        taken: 0,
     };
 
     /// Request `r` is owed the next completion after those already owed (false: full, which
@@ -205,6 +213,7 @@ impl ReceiveQueue {
         let r = self.front()?;
         self.head = ((usize::from(self.head) + 1) % self.owed.len()) as u8;
         self.len -= 1;
+        self.taken += 1;
         Some(r)
     }
 }
@@ -221,6 +230,8 @@ impl RecvCore {
             cts_retired: [0; MAX_DEVS],
             posted: [0; fifo::RING],
             oversized_reported: false,
+            recovering: false,
+            rewritten_until: 0,
             rqs: vec![ReceiveQueue::EMPTY; cfg.routes.len()].into_boxed_slice(),
             cfg,
         }
@@ -265,7 +276,7 @@ impl RecvCore {
         // Everything that can say "retry later" is checked before anything changes. NCCL
         // never has more than 32 receives in flight; ring entries come back in posting order
         // as receives complete; CTS credits as signaled CTS writes complete.
-        if self.recvs_in_flight >= request::RECVS_IN_FLIGHT || !self.ring.fits(n) {
+        if self.recvs_in_flight >= request::RECVS_IN_FLIGHT || !self.ring.fits(n) || self.recovering {
             return Ok(Irecv::Busy);
         }
         let id = self.counter;
@@ -563,6 +574,109 @@ impl RecvCore {
         }
         self.state.pool.free(idx);
         Ok(Some(done))
+    }
+
+    /// Stop posting: the connection's QPs failed and are being replaced ([`super::recovery`]).
+    /// irecv says "retry later" until [`RecvCore::resume`]. Completions polled from the old
+    /// QPs meanwhile are still taken (each is a message that landed); failed ones are dropped.
+    pub fn begin_recovery(&mut self) {
+        self.recovering = true;
+    }
+
+    pub fn recovering(&self) -> bool {
+        self.recovering
+    }
+
+    /// The receiver's part of a recovery report: per QP, the write-with-immediate completions
+    /// taken on it since the connection was made. Final once every completion of the old QPs
+    /// was taken: the driver moves them to ERR and polls until each posted receive flushed,
+    /// so a message the sender saw acknowledged is one this side counts.
+    pub fn taken(&self) -> Vec<u64> {
+        self.rqs.iter().map(|q| q.taken).collect()
+    }
+
+    /// Receives posted on each QP: one per request it owes a completion, and the ones to
+    /// spare (what a QP moved to ERR flushes).
+    pub fn posted_receives(&self, qp: usize) -> usize {
+        self.rqs
+            .get(qp)
+            .map_or(0, |q| usize::from(q.len) + usize::from(q.spare))
+    }
+
+    /// Post the receives of the connection's new QPs (empty receive queues): one per request
+    /// each QP still owes a completion, and a batch to spare.
+    pub fn repost_receives(&mut self, post: &mut impl FnMut(Post<'_>) -> Result<()>) -> Result<()> {
+        for qp in 0..self.rqs.len() {
+            let count = usize::from(self.rqs[qp].len) + RQ_BATCH;
+            if let Err(e) = post(Post::Recv {
+                qp,
+                wr_id: wr_id(KIND_RECV, qp as u16),
+                count,
+            }) {
+                return Err(self.state.fail(e));
+            }
+            self.rqs[qp].spare = RQ_BATCH as u8;
+        }
+        Ok(())
+    }
+
+    /// Carry on over the new QPs once the sender said where its next group starts in the FIFO
+    /// ring (`sender_head`): the CTS entries from there on may not have reached it, so they
+    /// are written again (the same bytes; at most two signaled writes, on device 0's CTS QP).
+    /// The sender must not take an entry from there before [`RecvCore::rewrites_landed`]
+    /// (a rewrite landing late would cover the sizes a grouped send stages in its entry), so
+    /// the recovery sends its Ready only then. Every CTS write of the old QPs is gone. A head
+    /// outside the entries this side posted fails the comm. Returns the entries written again.
+    pub fn resume(&mut self, sender_head: u64, post: &mut impl FnMut(Post<'_>) -> Result<()>) -> Result<usize> {
+        self.state.check()?;
+        let (oldest, next) = (self.ring.oldest(), self.ring.next_start());
+        if sender_head < oldest || sender_head > next {
+            return Err(self.state.fail(Error::remote(format!(
+                "the sender {} says its next CTS entry is {sender_head}, but this side's entries in flight are {oldest}..{next}: a corrupt or lying peer",
+                self.cfg.peer
+            ))));
+        }
+        self.cts_retired = self.cts_posted;
+        let n = (next - sender_head) as usize;
+        let d = 0;
+        let rdev = self.cfg.routes.first().map_or(0, |r| r.remote_dev).min(MAX_DEVS - 1);
+        for (pos, len) in fifo::pieces(sender_head, n) {
+            if len == 0 {
+                continue;
+            }
+            let seq = self.cts_posted[d];
+            let wr = WorkRequest {
+                wr_id: cts_wr_id(d, seq),
+                op: Op::Write,
+                local: Some(Sge {
+                    addr: self.cfg.staging.addr + (pos * fifo::ENTRY_BYTES) as u64,
+                    len: (len * fifo::ENTRY_BYTES) as u32,
+                    lkey: self.cfg.staging.lkeys[d],
+                }),
+                remote: Remote {
+                    addr: self.cfg.peer_fifo.addr + (pos * fifo::ENTRY_BYTES) as u64,
+                    rkey: self.cfg.peer_fifo.rkeys[rdev],
+                },
+                // Signaled: its completion says it landed.
+                signaled: true,
+                inline: false,
+            };
+            self.cts_posted[d] += 1;
+            if let Err(e) = post(Post::Send {
+                qp: d,
+                chain: std::slice::from_ref(&wr),
+            }) {
+                return Err(self.state.fail(e));
+            }
+        }
+        self.rewritten_until = self.cts_posted[d];
+        self.recovering = false;
+        Ok(n)
+    }
+
+    /// Whether the CTS writes of the last [`RecvCore::resume`] have landed at the sender.
+    pub fn rewrites_landed(&self) -> bool {
+        self.cts_retired[0] >= self.rewritten_until
     }
 
     /// The operation and byte count of a `wr_id` (for a completion error's WARN).

@@ -75,7 +75,8 @@ pub struct SendConfig {
 }
 
 /// The oldest group once all its entries have landed. `matched` full and `active` = complete
-/// and waiting for send-queue credits.
+/// and waiting for send-queue credits. A recovery rebuilds one of these for each group it posts
+/// again.
 struct CurGroup {
     active: bool,
     n: usize,
@@ -99,6 +100,101 @@ pub enum Isend {
     Busy,
 }
 
+/// What the sender keeps of each send request until it completes, so that a recovery can post
+/// its chains again on new QPs (NCCL keeps the buffer until the request completes): the
+/// buffer's address, and packed its length (bits 0..35: at most 7 GiB), its index in the group
+/// (bits 35..38) and the low bits of its group's posting counter (bits 38..64).
+#[derive(Clone, Copy, Default)]
+struct Kept {
+    data: u64,
+    packed: u64,
+}
+
+const KEPT_LEN_BITS: u32 = 35;
+const KEPT_BUF_SHIFT: u32 = KEPT_LEN_BITS;
+const KEPT_COUNTER_SHIFT: u32 = KEPT_BUF_SHIFT + 3;
+const KEPT_COUNTER_MASK: u64 = (1 << (64 - KEPT_COUNTER_SHIFT)) - 1;
+const _: () = assert!(
+    (1u64 << KEPT_LEN_BITS) > (limits::PIECES_PER_BUFFER * limits::MAX_WR_BYTES) as u64,
+    "the largest buffer's length fits"
+);
+
+impl Kept {
+    fn new(data: usize, len: usize, buf: usize) -> Kept {
+        Kept {
+            data: data as u64,
+            packed: (len as u64 & ((1 << KEPT_LEN_BITS) - 1)) | ((buf as u64 & 7) << KEPT_BUF_SHIFT),
+        }
+    }
+    fn len(self) -> usize {
+        (self.packed & ((1 << KEPT_LEN_BITS) - 1)) as usize
+    }
+    fn buf(self) -> usize {
+        ((self.packed >> KEPT_BUF_SHIFT) & 7) as usize
+    }
+    fn set_counter(&mut self, counter: u64) {
+        self.packed =
+            (self.packed & ((1 << KEPT_COUNTER_SHIFT) - 1)) | ((counter & KEPT_COUNTER_MASK) << KEPT_COUNTER_SHIFT);
+    }
+    fn counter_low(self) -> u64 {
+        self.packed >> KEPT_COUNTER_SHIFT
+    }
+}
+
+/// The chains of one QP posted and not yet retired by a successful completion, oldest first
+/// (RC retires them in that order), each named by the request in its lane 0, and how many
+/// chains the QP was given since the connection was made.
+#[derive(Clone, Copy)]
+struct ChainLog {
+    lane0: [u8; SQ_DEPTH],
+    head: u8,
+    len: u8,
+    posted: u64,
+}
+
+const _: () = assert!(SQ_DEPTH < u8::MAX as usize, "a chain count fits u8");
+const _: () = assert!(request::SEND_REQUESTS <= u8::MAX as usize, "a request index fits u8");
+
+impl ChainLog {
+    const EMPTY: ChainLog = ChainLog {
+        lane0: [0; SQ_DEPTH],
+        head: 0,
+        len: 0,
+        posted: 0,
+    };
+    fn push(&mut self, lane0: u16) {
+        // A chain takes ≥ 1 credit of SQ_DEPTH, so at most SQ_DEPTH are unretired.
+        if usize::from(self.len) < SQ_DEPTH {
+            self.lane0[(usize::from(self.head) + usize::from(self.len)) % SQ_DEPTH] = lane0 as u8;
+            self.len += 1;
+        }
+        self.posted += 1;
+    }
+    fn pop(&mut self) {
+        if self.len > 0 {
+            self.head = ((usize::from(self.head) + 1) % SQ_DEPTH) as u8;
+            self.len -= 1;
+        }
+    }
+    fn at(&self, k: usize) -> u16 {
+        u16::from(self.lane0[(usize::from(self.head) + k) % SQ_DEPTH])
+    }
+    /// Chains retired so far.
+    fn retired(&self) -> u64 {
+        self.posted - u64::from(self.len)
+    }
+}
+
+/// What [`SendCore::resume`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Replayed {
+    /// Chains the receiver had taken although their completions never came back here.
+    pub landed: usize,
+    /// Chains posted again, and their bytes.
+    pub chains: usize,
+    pub bytes: u64,
+}
+
 /// The sender's state machine.
 pub struct SendCore {
     pub state: CommState,
@@ -119,12 +215,35 @@ pub struct SendCore {
     /// leaves there until it posts the group the sender expects. Kept from the consumption,
     /// not sampled when the head gets there, so a rewrite that lands before the sender looks
     /// is caught too.
-    consumed: [(u64, u32); fifo::RING],
+    consumed_stamps: [u64; fifo::RING],
+    consumed_seals: [u32; fifo::RING],
+    /// Per request: its buffer (for a replay).
+    kept: Box<[Kept]>,
+    /// Per request and local member device: its buffer's lkey.
+    kept_lkeys: Box<[u32]>,
+    nldevs: usize,
+    /// Per ring position and remote member device: the rkeys of the group's first CTS entry,
+    /// which a grouped send's staged sizes overwrite in the FIFO ring.
+    first_rkeys: Box<[u32]>,
+    nrdevs: usize,
+    /// Per QP: its unretired chains.
+    chains: Box<[ChainLog]>,
+    /// Between [`SendCore::begin_recovery`] and [`SendCore::resume`]: nothing is posted.
+    recovering: bool,
 }
 
 impl SendCore {
     pub fn new(cfg: SendConfig, report: FailureReport) -> SendCore {
         let credits = vec![SQ_DEPTH as u16; cfg.routes.len()].into_boxed_slice();
+        let nldevs = cfg.routes.iter().map(|r| r.dev + 1).max().unwrap_or(1).min(MAX_DEVS);
+        let nrdevs = cfg
+            .routes
+            .iter()
+            .map(|r| r.remote_dev + 1)
+            .max()
+            .unwrap_or(1)
+            .min(MAX_DEVS);
+        let chains = vec![ChainLog::EMPTY; credits.len()].into_boxed_slice();
         SendCore {
             state: CommState::new(RequestPool::new(std::ptr::null_mut(), request::SEND_REQUESTS), report),
             cfg,
@@ -143,7 +262,15 @@ impl SendCore {
             },
             truncate_reported: false,
             landing_since: None,
-            consumed: [(0, 0); fifo::RING],
+            consumed_stamps: [0; fifo::RING],
+            consumed_seals: [0; fifo::RING],
+            kept: vec![Kept::default(); request::SEND_REQUESTS].into_boxed_slice(),
+            kept_lkeys: vec![0; request::SEND_REQUESTS * nldevs].into_boxed_slice(),
+            nldevs,
+            first_rkeys: vec![0; fifo::RING * nrdevs].into_boxed_slice(),
+            nrdevs,
+            chains,
+            recovering: false,
         }
     }
 
@@ -179,8 +306,12 @@ impl SendCore {
                 self.landing_since = None;
                 for (i, e) in es.iter().enumerate().take(n) {
                     let w = e.to_wire();
-                    self.consumed[fifo::ring_pos(self.head.wrapping_add(i as u64))] = (w.stamp, w.seal);
+                    let pos = fifo::ring_pos(self.head.wrapping_add(i as u64));
+                    self.consumed_stamps[pos] = w.stamp;
+                    self.consumed_seals[pos] = w.seal;
                 }
+                let first = fifo::ring_pos(self.head) * self.nrdevs;
+                self.first_rkeys[first..first + self.nrdevs].copy_from_slice(&es[0].rkeys[..self.nrdevs]);
                 self.cur.active = true;
                 self.cur.n = n;
                 self.cur.entries = es;
@@ -213,7 +344,7 @@ impl SendCore {
     fn check_unposted_head(&mut self, ring: &impl FifoRing, now: impl FnOnce() -> Time) -> Result<bool> {
         let pos = fifo::ring_pos(self.head);
         let entry = ring.load_entry(pos);
-        let (stamp, seal) = self.consumed[pos];
+        let (stamp, seal) = (self.consumed_stamps[pos], self.consumed_seals[pos]);
         let left_over = CtsEntry {
             stamp,
             seal,
@@ -248,7 +379,7 @@ impl SendCore {
         post: &mut impl FnMut(Post<'_>) -> Result<()>,
     ) -> Result<Isend> {
         self.state.check()?;
-        if self.waiting() {
+        if self.waiting() || self.recovering {
             return Ok(Isend::Busy);
         }
         if !self.cur.active && !self.load_group(ring, now)? {
@@ -270,6 +401,15 @@ impl SendCore {
         self.cur.len[i] = len;
         self.cur.lkeys[i] = send.lkeys;
         self.cur.matched |= 1 << i;
+        if let Some(k) = self.kept.get_mut(usize::from(r)) {
+            *k = Kept::new(send.data, len, i);
+            // The counter the group will be posted with: never one of a group in flight.
+            k.set_counter(self.counter);
+        }
+        let l = usize::from(r) * self.nldevs;
+        if let Some(dst) = self.kept_lkeys.get_mut(l..l + self.nldevs) {
+            dst.copy_from_slice(&send.lkeys[..self.nldevs]);
+        }
         let pos = fifo::ring_pos(self.head);
         if let Some(req) = self.state.pool.get_mut(r) {
             req.set_pos_n(pos, n);
@@ -288,7 +428,7 @@ impl SendCore {
         ring: &mut impl FifoRing,
         post: &mut impl FnMut(Post<'_>) -> Result<()>,
     ) -> Result<()> {
-        if !self.waiting() {
+        if !self.waiting() || self.recovering {
             return Ok(());
         }
         let id = self.counter;
@@ -321,9 +461,10 @@ impl SendCore {
             let q = split::qp_for_chunk(id, nq, j, nqps);
             // Planned above, so it fits.
             let k = split::plan_chain(&self.cur.len[..n], nq, j, ar_split, wr_bytes, &mut plan).unwrap_or(0);
-            self.build_chain(q, &plan[..k], pos, &mut chain);
+            self.build_chain(&self.cur, q, &plan[..k], pos, &mut chain);
             // Taken before posting: a partly posted chain still counts against the queue.
             self.credits[q] -= k as u16;
+            self.chains[q].push(self.cur.reqs[0]);
             if let Err(e) = post(Post::Send {
                 qp: q,
                 chain: &chain[..k],
@@ -334,6 +475,9 @@ impl SendCore {
         for &r in &self.cur.reqs[..n] {
             if let Some(req) = self.state.pool.get_mut(r) {
                 req.pending = request::pending_count(nq);
+            }
+            if let Some(k) = self.kept.get_mut(usize::from(r)) {
+                k.set_counter(id);
             }
         }
         self.counter += 1;
@@ -355,16 +499,15 @@ impl SendCore {
         ))
     }
 
-    /// Turn the planned WRs of QP `q` into work requests in `chain`.
-    fn build_chain(&self, q: usize, plan: &[WrPlan], pos: usize, chain: &mut [WorkRequest; MAX_CHAIN]) {
+    /// Turn the planned WRs of QP `q` for group `cur` into work requests in `chain`.
+    fn build_chain(&self, cur: &CurGroup, q: usize, plan: &[WrPlan], pos: usize, chain: &mut [WorkRequest; MAX_CHAIN]) {
         let k = plan.len();
         let route = self.cfg.routes[q];
         let (ldev, rdev) = (route.dev.min(MAX_DEVS - 1), route.remote_dev.min(MAX_DEVS - 1));
-        let n = self.cur.n;
-        let wr_id = SendWrId::new(&self.cur.reqs[..n], k, q).0;
-        let completion_imm = reported_size(self.cur.len[0]);
+        let n = cur.n;
+        let wr_id = SendWrId::new(&cur.reqs[..n], k, q).0;
+        let completion_imm = reported_size(cur.len[0]);
         for x in 0..k {
-            let cur = &self.cur;
             chain[x] = match plan[x] {
                 WrPlan::Data { sub, off, len, imm } => {
                     let i = usize::from(sub);
@@ -426,6 +569,9 @@ impl SendCore {
         if let Some(c) = self.credits.get_mut(w.qp()) {
             *c = (usize::from(*c) + w.chain()).min(SQ_DEPTH) as u16;
         }
+        if let Some(log) = self.chains.get_mut(w.qp()) {
+            log.pop();
+        }
         let pool = &mut self.state.pool;
         let n = pool.get(w.lane(0)).map_or(1, |r| r.n());
         for lane in 0..n {
@@ -455,6 +601,167 @@ impl SendCore {
         let size = r.size;
         self.state.pool.free(idx);
         Ok(Some(size))
+    }
+
+    /// Stop posting: the connection's QPs failed and are being replaced ([`super::recovery`]).
+    /// isend says "retry later" until [`SendCore::resume`]. Completions polled meanwhile are
+    /// still taken (a success is a chain the receiver has), failed ones are dropped.
+    pub fn begin_recovery(&mut self) {
+        self.recovering = true;
+    }
+
+    pub fn recovering(&self) -> bool {
+        self.recovering
+    }
+
+    /// The sender's part of a recovery report: the absolute FIFO entry its next group starts
+    /// at (every CTS entry before it was consumed; the receiver writes the rest again).
+    pub fn fifo_head(&self) -> u64 {
+        self.head
+    }
+
+    /// Carry on over the connection's new QPs (empty send queues) once the receiver said how
+    /// many write-with-immediate completions it took on each QP since the connection was made
+    /// (`taken`, one per QP). On each QP the chains up to that count landed: those whose
+    /// completion never came back here count as done; the rest are posted again, in their
+    /// order, into `post`. Nothing the receiver took is written again, so no buffer NCCL may
+    /// already reuse is touched. A count no honest receiver gives (fewer than this side saw
+    /// acknowledged, more than it posted) fails the comm.
+    pub fn resume(
+        &mut self,
+        ring: &impl FifoRing,
+        taken: &[u64],
+        post: &mut impl FnMut(Post<'_>) -> Result<()>,
+    ) -> Result<Replayed> {
+        self.state.check()?;
+        if taken.len() != self.qps() {
+            return Err(self.state.fail(Error::remote(format!(
+                "the receiver {} reported completions for {} QPs in its recovery message, the connection has {}: a corrupt or incompatible peer",
+                self.cfg.peer,
+                taken.len(),
+                self.qps()
+            ))));
+        }
+        for (q, (&t, log)) in taken.iter().zip(self.chains.iter()).enumerate() {
+            if t < log.retired() || t > log.posted {
+                return Err(self.state.fail(Error::remote(format!(
+                    "the receiver {} says it took {t} messages on QP {q}, but this side posted {} there and {} were acknowledged: a corrupt or lying peer",
+                    self.cfg.peer,
+                    log.posted,
+                    log.retired()
+                ))));
+            }
+        }
+        let mut done = Replayed::default();
+        let mut plan = [WrPlan::ZeroImm; MAX_CHAIN];
+        let mut chain = [WorkRequest::EMPTY; MAX_CHAIN];
+        for (q, &t) in taken.iter().enumerate() {
+            self.credits[q] = SQ_DEPTH as u16;
+            let log = self.chains[q];
+            let landed = (t - log.retired()) as usize;
+            for k in 0..usize::from(log.len) {
+                let Some((g, pos)) = self.kept_group(ring, log.at(k)) else {
+                    return Err(self.state.fail(Error::internal(format!(
+                        "recovery: chain {k} of QP {q} names no send in flight"
+                    ))));
+                };
+                if k < landed {
+                    for &r in &g.reqs[..g.n] {
+                        if let Some(req) = self.state.pool.get_mut(r) {
+                            req.complete_one();
+                        }
+                    }
+                    done.landed += 1;
+                    continue;
+                }
+                let id = self.kept_counter(log.at(k));
+                let nq = self.cfg.qps_per_req;
+                let nqps = self.qps();
+                let Some(j) = (0..nq).find(|&j| split::qp_for_chunk(id, nq, j, nqps) == q) else {
+                    return Err(self
+                        .state
+                        .fail(Error::internal(format!("recovery: group {id} has no chunk on QP {q}"))));
+                };
+                let ar_split = g.n == 1 && self.cfg.ar_threshold.is_some_and(|t| g.len[0] > t);
+                let Some(wrs) = split::plan_chain(&g.len[..g.n], nq, j, ar_split, self.cfg.wr_bytes, &mut plan) else {
+                    return Err(self.state.fail(self.oversized_group()));
+                };
+                self.build_chain(&g, q, &plan[..wrs], pos, &mut chain);
+                self.credits[q] = self.credits[q].saturating_sub(wrs as u16);
+                done.chains += 1;
+                done.bytes += chain[..wrs]
+                    .iter()
+                    .map(|w| w.local.map_or(0, |s| u64::from(s.len)))
+                    .sum::<u64>();
+                if let Err(e) = post(Post::Send {
+                    qp: q,
+                    chain: &chain[..wrs],
+                }) {
+                    return Err(self.state.fail(e));
+                }
+            }
+            // The landed chains are retired; the log keeps the ones posted again, in order.
+            let log = &mut self.chains[q];
+            for _ in 0..landed {
+                log.pop();
+            }
+        }
+        self.recovering = false;
+        Ok(done)
+    }
+
+    /// The posting counter of the group request `r` belongs to (its low bits are kept; the
+    /// group is one of the last 2^26 posted).
+    fn kept_counter(&self, r: u16) -> u64 {
+        let low = self.kept.get(usize::from(r)).map_or(0, |k| k.counter_low());
+        let back = self.counter.wrapping_sub(low) & KEPT_COUNTER_MASK;
+        self.counter.wrapping_sub(back)
+    }
+
+    /// The posted group request `r` belongs to, as it was planned: its requests, buffers and
+    /// CTS entries (from our FIFO ring, where they stay until the receiver completed the group:
+    /// only then does it post into these entries again; the first entry's rkeys from
+    /// `first_rkeys`), and its ring position. `None`: `r` is not a send in flight.
+    fn kept_group(&self, ring: &impl FifoRing, r: u16) -> Option<(CurGroup, usize)> {
+        let req = self.state.pool.get(r).filter(|q| q.kind() == ReqKind::Send)?;
+        let (pos, n) = (req.pos(), req.n());
+        let low = self.kept.get(usize::from(r))?.counter_low();
+        let mut g = CurGroup {
+            active: false,
+            n,
+            entries: [CtsEntry::default(); MAX_RECVS],
+            matched: fifo::full_mask(n),
+            reqs: [0; MAX_RECVS],
+            data: [0; MAX_RECVS],
+            len: [0; MAX_RECVS],
+            lkeys: [[0; MAX_DEVS]; MAX_RECVS],
+        };
+        let mut found = 0u8;
+        for idx in 0..self.kept.len() as u16 {
+            let Some(other) = self.state.pool.get(idx) else {
+                continue;
+            };
+            let k = self.kept[usize::from(idx)];
+            if other.kind() != ReqKind::Send || other.pos() != pos || k.counter_low() != low {
+                continue;
+            }
+            let i = k.buf().min(n - 1);
+            g.reqs[i] = idx;
+            g.data[i] = k.data as usize;
+            g.len[i] = k.len();
+            let l = usize::from(idx) * self.nldevs;
+            g.lkeys[i][..self.nldevs].copy_from_slice(&self.kept_lkeys[l..l + self.nldevs]);
+            found |= 1 << i;
+        }
+        if found != fifo::full_mask(n) {
+            return None;
+        }
+        for i in 0..n {
+            g.entries[i] = CtsEntry::from_wire(&ring.load_entry(fifo::ring_pos((pos + i) as u64)));
+        }
+        let f = pos * self.nrdevs;
+        g.entries[0].rkeys[..self.nrdevs].copy_from_slice(&self.first_rkeys[f..f + self.nrdevs]);
+        Some((g, pos))
     }
 
     /// The operation and byte count of a send `wr_id` (for a completion error's WARN).
