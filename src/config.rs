@@ -228,6 +228,14 @@ pub struct Config {
     /// FERROCE_HANG_WARN_SEC: WARN when a comm with work in flight made no progress for this
     /// long, and again at most once per interval (default 30; 0 = never).
     pub hang_warn_sec: u64,
+    /// FERROCE_RECOVERY_TIMEOUT_SEC: how long a connection whose QPs failed (link down,
+    /// retries exceeded) keeps trying to recover over new QPs before the comm fails (default
+    /// 120: a link flap, an optic reseat or a leaf-switch reload, and well inside PyTorch's
+    /// 10-minute collective watchdog, so the job still gets ferroce's error first; 0 = off).
+    pub recovery_timeout_sec: u64,
+    /// NCCL_IB_RESILIENCY_PORT_RECOVERY: 0 turns recovery off (default 1 here; NCCL's own IB
+    /// transport defaults it to 0 and covers fused NICs only).
+    pub port_recovery: bool,
     /// FERROCE_STATS: directory for the per-process statistics file
     /// (`ferroce-<host>-<pid>.json`); unset = no statistics kept unless NCCL_DEBUG asks for INFO.
     pub stats_dir: Option<String>,
@@ -277,6 +285,8 @@ impl Default for Config {
             socket_magic: 0x564a_b9f2_fc4b_9d6c,
             connect_timeout_sec: 60,
             hang_warn_sec: 30,
+            recovery_timeout_sec: 120,
+            port_recovery: true,
             stats_dir: None,
             stats_interval_sec: 10,
             debug_info: false,
@@ -383,6 +393,15 @@ impl Reader<'_> {
 }
 
 impl Config {
+    /// The recovery bound in effect (zero: recovery off).
+    pub fn recovery_timeout(&self) -> std::time::Duration {
+        if self.port_recovery {
+            std::time::Duration::from_secs(self.recovery_timeout_sec)
+        } else {
+            std::time::Duration::ZERO
+        }
+    }
+
     /// Reads every variable through `lookup`; pure, for tests.
     pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<String>) -> (Config, Vec<ConfigWarning>) {
         let d = Config::default();
@@ -454,6 +473,8 @@ impl Config {
             socket_magic: r.int("NCCL_SOCKET_MAGIC", d.socket_magic as i64, i64::MIN, i64::MAX) as u64,
             connect_timeout_sec: r.int("FERROCE_CONNECT_TIMEOUT_SEC", 60, 1, 86_400) as u64,
             hang_warn_sec: r.int("FERROCE_HANG_WARN_SEC", 30, 0, 86_400) as u64,
+            recovery_timeout_sec: r.int("FERROCE_RECOVERY_TIMEOUT_SEC", 120, 0, 86_400) as u64,
+            port_recovery: r.flag("NCCL_IB_RESILIENCY_PORT_RECOVERY", true),
             stats_dir: r.raw("FERROCE_STATS").filter(|d| !d.is_empty()),
             stats_interval_sec: r.int("FERROCE_STATS_INTERVAL_SEC", 10, 0, 86_400) as u64,
             debug_info: r
@@ -467,7 +488,7 @@ impl Config {
     pub fn settings(&self) -> Vec<Setting> {
         let flag = |b: bool| if b { "1" } else { "0" }.to_string();
         let auto = |v: i32| if v < 0 { "(auto)".to_string() } else { v.to_string() };
-        let rows: [(&'static str, String); 39] = [
+        let rows: [(&'static str, String); 41] = [
             ("NCCL_IB_HCA", self.hca.to_string()),
             ("NCCL_IB_GID_INDEX", auto(self.gid_index)),
             ("NCCL_IB_ADDR_FAMILY", self.addr_family.to_string()),
@@ -527,6 +548,8 @@ impl Config {
             ("NCCL_SOCKET_MAGIC", format!("{:#x}", self.socket_magic)),
             ("FERROCE_CONNECT_TIMEOUT_SEC", self.connect_timeout_sec.to_string()),
             ("FERROCE_HANG_WARN_SEC", self.hang_warn_sec.to_string()),
+            ("FERROCE_RECOVERY_TIMEOUT_SEC", self.recovery_timeout_sec.to_string()),
+            ("NCCL_IB_RESILIENCY_PORT_RECOVERY", flag(self.port_recovery)),
             (
                 "FERROCE_STATS",
                 self.stats_dir.clone().unwrap_or_else(|| "(off)".into()),

@@ -106,6 +106,19 @@ pub struct LocalDev {
     pub seen_generation: u32,
 }
 
+/// What a fatal async event hit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FatalKind {
+    /// The whole NIC (device fatal).
+    Device,
+    /// The port went down: the connection's QPs fail, new ones work once it is back.
+    Port,
+    /// One of the connection's QPs (QP fatal, access error).
+    Qp,
+    /// The connection's CQ (overrun).
+    Cq,
+}
+
 /// One QP of the connection and where its peer QP lives.
 pub struct ConnQp {
     pub qp: QueuePair,
@@ -268,30 +281,62 @@ pub fn bring_up(
 ) -> Result<Vec<ConnQp>> {
     let mut out = Vec::with_capacity(qps.len());
     for (i, qp) in qps.into_iter().enumerate() {
-        let ldev = i % devs.len();
-        let l = &devs[ldev].dev;
-        let rq = peer.qps[i];
-        let r = &peer.devs[rq.dev as usize];
-        let global = l.link_layer == LinkLayer::Ethernet || r.gid[..8] != l.gid[..8];
-        qp.to_rtr(&RtrAttrs {
-            path_mtu: l.active_mtu.clamp(1, 5).min(u32::from(r.mtu)),
-            dest_qpn: rq.qpn,
-            global,
-            dgid: r.gid,
-            sgid_index: l.gid_index.clamp(0, 255) as u8,
-            traffic_class: tc,
-            dlid: r.lid,
-            sl,
-            port_num: l.port,
-        })?;
-        qp.to_rts(cfg.timeout, cfg.retry_cnt)?;
+        let remote_dev = connect_qp(devs, &qp, i, peer, tc, sl, cfg)?;
         out.push(ConnQp {
             qp,
-            dev: ldev,
-            remote_dev: rq.dev as usize,
+            dev: i % devs.len(),
+            remote_dev,
         });
     }
     Ok(out)
+}
+
+/// RTR + RTS of `qp`, QP `i` of the connection, against the peer's QP `i`; the peer's member
+/// device of that QP.
+fn connect_qp(
+    devs: &[LocalDev],
+    qp: &QueuePair,
+    i: usize,
+    peer: &EndpointRepr,
+    tc: u8,
+    sl: u8,
+    cfg: &Config,
+) -> Result<usize> {
+    let l = &devs[i % devs.len()].dev;
+    let Some(rq) = peer.qps.get(i).copied() else {
+        return Err(Error::remote(format!("the peer names no QP {i} of the connection")));
+    };
+    let Some(r) = peer.devs.get(rq.dev as usize) else {
+        return Err(Error::remote(format!(
+            "the peer's QP {i} is on its device {}, of {}",
+            rq.dev,
+            peer.devs.len()
+        )));
+    };
+    let global = l.link_layer == LinkLayer::Ethernet || r.gid[..8] != l.gid[..8];
+    qp.to_rtr(&RtrAttrs {
+        path_mtu: l.active_mtu.clamp(1, 5).min(u32::from(r.mtu)),
+        dest_qpn: rq.qpn,
+        global,
+        dgid: r.gid,
+        sgid_index: l.gid_index.clamp(0, 255) as u8,
+        traffic_class: tc,
+        dlid: r.lid,
+        sl,
+        port_num: l.port,
+    })?;
+    qp.to_rts(cfg.timeout, cfg.retry_cnt)?;
+    Ok(rq.dev as usize)
+}
+
+/// How the connection's QPs were made and connected: a recovery makes its new ones alike.
+#[derive(Clone, Copy, Debug)]
+pub struct QpSpec {
+    pub caps: QpCaps,
+    pub access: u32,
+    /// Traffic class and service level of our QPs.
+    pub tc: u8,
+    pub sl: u8,
 }
 
 /// Everything a live connection holds besides its data-path buffers. Field order is drop
@@ -303,6 +348,7 @@ pub struct Conn {
     pub chan: Channel,
     /// QPs each message is spread over.
     pub qps_per_req: usize,
+    pub spec: QpSpec,
 }
 
 impl Conn {
@@ -317,6 +363,84 @@ impl Conn {
             .clamp(1, limits::MAX_WR_BYTES)
     }
 
+    /// Destroy the QPs (what they held is gone without a completion); the peer's member
+    /// device of each, for [`Self::create_qps_again`].
+    pub fn destroy_qps(&mut self) -> Vec<usize> {
+        let remote = self.qps.iter().map(|q| q.remote_dev).collect();
+        self.qps.clear();
+        remote
+    }
+
+    /// New QPs in INIT, made like the destroyed ones (a recovery).
+    pub fn create_qps_again(&mut self, remote: Vec<usize>) -> Result<()> {
+        let qps = create_qps(
+            &self.devs,
+            remote.len(),
+            self.spec.caps,
+            self.spec.access,
+            config::get(),
+        )?;
+        self.qps = qps
+            .into_iter()
+            .zip(remote)
+            .enumerate()
+            .map(|(i, (qp, remote_dev))| ConnQp {
+                qp,
+                dev: i % self.devs.len(),
+                remote_dev,
+            })
+            .collect();
+        Ok(())
+    }
+
+    /// Our new QPs and member devices as a recovery's Hello tells the peer.
+    pub fn qps_record(&self) -> EndpointRepr {
+        let mut e = endpoint(&self.devs, &[], 0, self.spec.tc, self.spec.sl, 0, 0, &[]);
+        e.qps = self
+            .qps
+            .iter()
+            .map(|q| handshake::QpRepr {
+                qpn: q.qp.qpn(),
+                dev: q.dev as u8,
+            })
+            .collect();
+        e
+    }
+
+    /// Connect our (new) QPs to the peer's new ones (its Hello's record); the peer's record
+    /// takes its new QP numbers and device addresses (its buffers and keys are unchanged).
+    pub fn connect_new_qps(&mut self, peer: &EndpointRepr) -> Result<()> {
+        if peer.qps.len() != self.qps.len() || peer.devs.len() != self.peer.devs.len() {
+            return Err(Error::remote(format!(
+                "the peer's recovery names {} QPs on {} devices; the connection has {} on {}",
+                peer.qps.len(),
+                peer.devs.len(),
+                self.qps.len(),
+                self.peer.devs.len()
+            )));
+        }
+        for (mine, theirs) in self.peer.devs.iter_mut().zip(&peer.devs) {
+            let rkey = mine.rkey;
+            *mine = *theirs;
+            mine.rkey = rkey;
+        }
+        self.peer.qps = peer.qps.clone();
+        let cfg = config::get();
+        for i in 0..self.qps.len() {
+            let remote_dev = connect_qp(
+                &self.devs,
+                &self.qps[i].qp,
+                i,
+                &self.peer,
+                self.spec.tc,
+                self.spec.sl,
+                cfg,
+            )?;
+            self.qps[i].remote_dev = remote_dev;
+        }
+        Ok(())
+    }
+
     /// The local QP numbers, in QP order.
     pub fn qp_numbers(&self) -> Vec<u32> {
         self.qps.iter().map(|q| q.qp.qpn()).collect()
@@ -328,13 +452,15 @@ impl Conn {
     }
 
     /// A fatal async event hit one of our devices or its port, one of our own QPs or our
-    /// CQ since the comm was made. Another comm's QP or CQ failing on the same device does
-    /// not fail this one.
-    pub fn fatal_event(&self) -> Option<&LocalDev> {
+    /// CQ since the comm was made (or, for a port, since [`Self::accept_port_errors`]).
+    /// Another comm's QP or CQ failing on the same device does not fail this one.
+    pub fn fatal_event(&self) -> Option<(&LocalDev, FatalKind)> {
         self.devs.iter().enumerate().find_map(|(i, d)| {
             let ctx = &d.dev.context;
-            let device_failed =
-                ctx.fatal_events.load(Ordering::Acquire) != d.fatal_base || port_errors(&d.dev) != d.port_error_base;
+            if ctx.fatal_events.load(Ordering::Acquire) != d.fatal_base {
+                return Some((d, FatalKind::Device));
+            }
+            let port_down = port_errors(&d.dev) != d.port_error_base;
             let own_qp_failed = || {
                 ctx.qp_failures.any_of_since(
                     d.qp_failure_base,
@@ -345,14 +471,29 @@ impl Conn {
                 ctx.cq_failures
                     .any_of_since(d.cq_failure_base, [d.cq.as_ptr() as usize as u64])
             };
-            (device_failed || own_qp_failed() || own_cq_failed()).then_some(d)
+            if own_cq_failed() {
+                Some((d, FatalKind::Cq))
+            } else if own_qp_failed() {
+                Some((d, FatalKind::Qp))
+            } else {
+                port_down.then_some((d, FatalKind::Port))
+            }
         })
+    }
+
+    /// A recovery took the port errors seen so far (and our old QPs' failures) into account:
+    /// only later ones count.
+    pub fn accept_port_errors(&mut self) {
+        for d in &mut self.devs {
+            d.port_error_base = port_errors(&d.dev);
+            d.qp_failure_base = d.dev.context.qp_failures.count.load(Ordering::Acquire);
+        }
     }
 
     /// The cheap check the data path makes on every call: whether any device of the comm had
     /// a fatal event since the last look (one load per member device); if so, the full
     /// [`Self::fatal_event`].
-    pub fn new_fatal_event(&mut self) -> Option<&LocalDev> {
+    pub fn new_fatal_event(&mut self) -> Option<(&LocalDev, FatalKind)> {
         let mut moved = false;
         for d in &mut self.devs {
             let g = d.dev.context.fatal_generation.load(Ordering::Acquire);

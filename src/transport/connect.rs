@@ -184,23 +184,28 @@ fn progress_connect(c: Connecting, now: Time) -> Result<Progress> {
     Ok(Progress::Pending(Box::new(Connecting { target, stage, touched })))
 }
 
+/// The sender's QPs (with the peer's traffic class and service level once known).
+fn sender_qp_spec(tc: u8, sl: u8) -> conn::QpSpec {
+    conn::QpSpec {
+        caps: QpCaps {
+            max_send_wr: SENDER_SEND_WR,
+            max_recv_wr: 0,
+            max_inline_data: conn::inline_bytes(),
+        },
+        access: sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0,
+        tc,
+        sl,
+    }
+}
+
 /// The TCP connection is up: build the sender's end and queue `ConnectReq`.
 fn request(c: &Target, mut chan: Channel, state: Dialing) -> Result<Box<Requested>> {
     let cfg = config::get();
     let ndata = c.members.len().max(c.listener.ndevs as usize);
     let nqps = (cfg.qps_per_connection.clamp(1, 128) as usize) * ndata;
     let devs = conn::local_devs(&c.members, nqps, SENDER_CQE_PER_QP, 0)?;
-    let qps = conn::create_qps(
-        &devs,
-        nqps,
-        QpCaps {
-            max_send_wr: SENDER_SEND_WR,
-            max_recv_wr: 0,
-            max_inline_data: conn::inline_bytes(),
-        },
-        sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0,
-        cfg,
-    )?;
+    let spec = sender_qp_spec(0, 0);
+    let qps = conn::create_qps(&devs, nqps, spec.caps, spec.access, cfg)?;
     // The FIFO (remote-writable) and the grouped-send sizes in one registration.
     let bufs = RegBuf::new(&devs, send::SEND_BLOCK_BYTES, conn::remote_access())?;
     let (tc, sl) = conn::tc_sl(cfg, c.traffic_class);
@@ -279,12 +284,14 @@ fn finish(
         ..
     } = *f;
     chan.release_buffers();
+    let spec = sender_qp_spec(peer.tc, peer.sl);
     let conn = Conn {
         qps,
         devs,
         peer,
         chan,
         qps_per_req,
+        spec,
     };
     let ar = match cfg.adaptive_routing {
         0 => false,

@@ -3,12 +3,15 @@
 //! comm's error (one WARN that names device, QP, peer and what to check), and notices a dead
 //! peer or a failed NIC when nothing completes.
 
-use super::conn::Conn;
+use super::conn::{Conn, FatalKind};
 use super::errors::{wc_error, WcErrorReport};
 use super::proto::plan::{Op, Post, WorkRequest};
+use super::proto::recovery::Role;
 use super::proto::recv::{RecvCore, RQ_BATCH};
 use super::proto::send::SendCore;
 use super::proto::state::CommState;
+use super::recover::{self, RecoveryIo, RecoverySink};
+use super::sidechannel::Peek;
 use super::stats::{self, CommStats};
 use crate::error::{Error, Result};
 use crate::ibv::cq::Failed;
@@ -140,7 +143,9 @@ pub struct Driver {
     /// First field: dropped (QPs destroyed) before anything the QPs point into.
     pub conn: Conn,
     /// "send" or "recv", for logs.
-    kind: &'static str,
+    pub(super) kind: &'static str,
+    /// Recovery of the connection when its QPs fail (`recover.rs`).
+    pub(super) recovery: RecoveryIo,
     /// Counters and histograms when statistics are on (FERROCE_STATS, NCCL_DEBUG=INFO).
     pub stats: Option<Arc<CommStats>>,
     /// Work requests posted and completions polled (for hang reports; always counted).
@@ -152,7 +157,7 @@ pub struct Driver {
     idle_since: Option<Instant>,
     /// The last hang WARN of this comm.
     hang_warned: Option<Instant>,
-    wcs: [WorkCompletion; POLL_BATCH],
+    pub(super) wcs: [WorkCompletion; POLL_BATCH],
     /// Scratch of one post: a sender's group of single-piece buffers ([`POST_BATCH`] WRs;
     /// longer chains go in several posts), a receiver's CTS write (1).
     wrs: Box<[sys::ibv_send_wr]>,
@@ -168,9 +173,12 @@ impl Driver {
         let devices = conn.devs.iter().map(|d| d.dev.label()).collect::<Vec<_>>().join("+");
         let qpns: Vec<u32> = conn.qps.iter().map(|q| q.qp.qpn()).collect();
         let stats = stats::for_comm(kind, conn.chan.peer.to_string(), devices, &qpns);
+        let role = if kind == "send" { Role::Sender } else { Role::Receiver };
+        let recovery = RecoveryIo::new(role, conn.chan.peer.to_string());
         Driver {
             conn,
             kind,
+            recovery,
             stats,
             wrs_posted: 0,
             completions: 0,
@@ -242,7 +250,7 @@ impl Driver {
     /// A post the provider refused: a dead NIC refuses every post (EIO), and its async event
     /// says why better than the errno does.
     fn post_failure(&mut self, e: Error) -> Error {
-        flush_cause_event(&mut self.conn).unwrap_or(e)
+        flush_cause_event(&mut self.conn).map_or(e, |(e, _)| e)
     }
 
     fn qp(conn: &Conn, i: usize) -> Result<&QueuePair> {
@@ -253,17 +261,30 @@ impl Driver {
     }
 
     /// Poll every CQ until empty, handing each successful completion to `core`. Returns
-    /// whether anything completed; a failed completion fails the comm.
-    pub fn poll(&mut self, core: &mut impl CompletionSink) -> Result<bool> {
+    /// whether anything completed. A failed completion the link may have caused (retries
+    /// exceeded, a flush) starts a recovery when it is on; any other fails the comm.
+    pub fn poll(&mut self, core: &mut impl RecoverySink) -> Result<bool> {
         core.state().check()?;
+        if self.recovery.pending() {
+            self.recovery_step(core)?;
+        }
         // Busy or idle, a comm notices a fatal event at its next call (one load per device
         // while nothing happened), even while its completions keep coming (a CQ overrun).
-        if let Some(e) = fatal_event_error(&mut self.conn) {
-            return Err(core.state().fail(e));
+        if let Some((e, kind)) = fatal_event_error(&mut self.conn) {
+            if kind == FatalKind::Port && self.recovery.enabled() {
+                self.conn.accept_port_errors();
+                self.local_failure(core, "a port of the connection went down (IBV_EVENT_PORT_ERR)")?;
+            } else {
+                return Err(core.state().fail(e));
+            }
         }
         let mut progressed = false;
         let mut error: Option<Error> = None;
         let mut only_flushed = false;
+        // The first link-caused failure, and whether it was only flushed WRs.
+        let mut lost: Option<(String, bool)> = None;
+        let replaced = self.recovery.replaced();
+        let recovering = self.recovery.enabled();
         {
             let Driver {
                 conn,
@@ -288,11 +309,22 @@ impl Driver {
                     let full = got.len() == POLL_BATCH;
                     *completions += got.len() as u64;
                     for wc in got {
+                        // A completion of a QP a recovery destroyed.
+                        if replaced && conn.qp_by_num(wc.qp_num()).is_none() {
+                            continue;
+                        }
                         if let Some(s) = stats {
                             s.completed(wc.qp_num(), wc.result().is_ok());
                         }
                         match wc.result() {
                             Ok(c) => core.handle_ok(wc.wr_id(), c.imm),
+                            Err(f) if recovering && recover::recoverable(f.status) => {
+                                let flush = f.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
+                                if lost.as_ref().is_none_or(|l| l.1 && !flush) {
+                                    let (op, bytes) = core.describe(wc.wr_id());
+                                    lost = Some((report(conn, &f, op, bytes).message, flush));
+                                }
+                            }
                             Err(f) => {
                                 let (op, bytes) = core.describe(wc.wr_id());
                                 let mut e = report(conn, &f, op, bytes);
@@ -318,9 +350,24 @@ impl Driver {
             if only_flushed {
                 // No error completion: the NIC moved the QP to ERR by itself (QP fatal, device
                 // fatal); its async event says why.
-                e = flush_cause_event(&mut self.conn).unwrap_or(e);
+                e = flush_cause_event(&mut self.conn).map_or(e, |(e, _)| e);
             }
             return Err(core.state().fail(e));
+        }
+        if let Some((cause, only_flushes)) = lost {
+            // Only flushed WRs: the NIC moved the QP to ERR by itself; a QP-fatal or device
+            // event says why, and fails the comm (a port event is recovered from).
+            if only_flushes {
+                if let Some((e, kind)) = flush_cause_event(&mut self.conn) {
+                    if kind != FatalKind::Port {
+                        return Err(core.state().fail(e));
+                    }
+                    self.conn.accept_port_errors();
+                }
+            }
+            self.local_failure(core, &cause)?;
+        } else if progressed && !self.recovery.active() {
+            self.recovery_progressed();
         }
         if progressed {
             self.idle = 0;
@@ -347,7 +394,15 @@ impl Driver {
         }
         self.last_probe = now;
         self.check_hang(now, waiting_for);
-        Ok(self.conn.chan.peer_gone())
+        match self.conn.chan.peek() {
+            Peek::Gone => Ok(true),
+            // A recovery message: the next poll reads it.
+            Peek::Data => {
+                self.recovery.readable = true;
+                Ok(false)
+            }
+            Peek::Nothing => Ok(false),
+        }
     }
 
     /// The hang report: one WARN per FERROCE_HANG_WARN_SEC while nothing completes.
@@ -441,17 +496,18 @@ fn describe_connection(c: &Conn, kind: &str) -> String {
 }
 
 /// The comm's error when a fatal async event hit one of its devices, ports, QPs or CQs since
-/// it last looked (NCCL_IB_RETURN_ASYNC_EVENTS=0: never).
-fn fatal_event_error(conn: &mut Conn) -> Option<Error> {
+/// it last looked (NCCL_IB_RETURN_ASYNC_EVENTS=0: never), and what it hit.
+fn fatal_event_error(conn: &mut Conn) -> Option<(Error, FatalKind)> {
     if !crate::config::get().return_async_events {
         return None;
     }
     let peer = conn.chan.peer.to_string();
-    conn.new_fatal_event().map(|d| {
-        Error::system(format!(
+    conn.new_fatal_event().map(|(d, kind)| {
+        let e = Error::system(format!(
             "device {} reported a fatal asynchronous event for this connection, its port or the whole NIC (see the WARN above); the connection to {peer} cannot continue",
             d.dev.label()
-        ))
+        ));
+        (e, kind)
     })
 }
 
@@ -462,7 +518,7 @@ const FLUSH_EVENT_WAIT: Duration = Duration::from_millis(200);
 /// After WRs flushed with no error completion among them, or a post the provider refused: the
 /// NIC may have moved the QP to ERR or died by itself; wait briefly for the async event saying
 /// why, and report that.
-fn flush_cause_event(conn: &mut Conn) -> Option<Error> {
+fn flush_cause_event(conn: &mut Conn) -> Option<(Error, FatalKind)> {
     let end = Instant::now() + FLUSH_EVENT_WAIT;
     loop {
         if let Some(e) = fatal_event_error(conn) {

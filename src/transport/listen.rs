@@ -309,6 +309,7 @@ struct RecvParts {
     bufs: RegBuf,
     peer: EndpointRepr,
     qps_per_req: usize,
+    spec: conn::QpSpec,
 }
 
 impl RecvParts {
@@ -321,6 +322,7 @@ impl RecvParts {
             peer: p.peer,
             chan,
             qps_per_req: p.qps_per_req,
+            spec: p.spec,
         };
         recv::RecvDp::new(conn, p.flush, p.bufs, config::get().use_inline)
     }
@@ -346,19 +348,25 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
     }
     let flush = flush_wanted(members);
     let devs = conn::local_devs(members, nqps, RECEIVER_CQE_PER_QP, RECEIVER_CQE_CTS)?;
-    let qps = conn::create_qps(
-        &devs,
-        nqps,
-        QpCaps {
+    // Our QPs carry the CTS writes: NCCL_IB_FIFO_TC if set, else the sender's data tc.
+    let tc = if cfg.fifo_tc >= 0 {
+        (cfg.fifo_tc & 0xff) as u8
+    } else {
+        req.tc
+    };
+    let spec = conn::QpSpec {
+        caps: QpCaps {
             max_send_wr: RECEIVER_SEND_WR,
             max_recv_wr: RECEIVER_RECV_WR,
             max_inline_data: conn::inline_bytes(),
         },
-        sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
+        access: sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
             | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
             | sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0,
-        cfg,
-    )?;
+        tc,
+        sl: req.sl,
+    };
+    let qps = conn::create_qps(&devs, nqps, spec.caps, spec.access, cfg)?;
     conn::check_peer(&devs, nqps, req)?;
     // The CTS staging, which also holds the completion records, in one registration; the peer
     // is told the completion records' address.
@@ -374,12 +382,6 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
         (bufs.addr() + recv::CMPL_OFF) as u64,
         &rkeys,
     );
-    // Our QPs carry the CTS writes: NCCL_IB_FIFO_TC if set, else the sender's data tc.
-    let tc = if cfg.fifo_tc >= 0 {
-        (cfg.fifo_tc & 0xff) as u8
-    } else {
-        req.tc
-    };
     let qps = conn::bring_up(&devs, qps, req, tc, req.sl, cfg)?;
     let split = req.flags & FLAG_SPLIT != 0;
     let parts = RecvParts {
@@ -389,6 +391,7 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
         bufs,
         peer: req.clone(),
         qps_per_req: split::qps_per_request(split, nqps, ndata),
+        spec,
     };
     Ok((parts, resp))
 }

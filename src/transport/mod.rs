@@ -41,6 +41,7 @@ pub mod errors;
 pub mod listen;
 pub mod mr_cache;
 pub mod proto;
+pub mod recover;
 pub mod recv;
 pub mod registration;
 pub mod ring_memory;

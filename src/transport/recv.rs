@@ -314,6 +314,11 @@ impl RecvDp {
         phandles: &[*mut c_void],
     ) -> Result<Option<*mut Request>> {
         self.core.state.check()?;
+        // A recovery moves on in every call NCCL makes: with no receive in flight, irecv is
+        // the only one.
+        if self.io.recovery.pending() {
+            self.poll()?;
+        }
         if self.prof.is_none() && phandles.iter().any(|p| !p.is_null()) && profiler::enabled() {
             self.prof = Some(Box::new(RecvProfiling {
                 events: OpenEvents::new(),

@@ -13,6 +13,7 @@ use super::proto::plan::{Op, Post};
 use super::proto::request::{Request, SendWrId, SEND_REQUESTS};
 use super::proto::send::{Isend, SendBuf, SendConfig, SendCore};
 use super::proto::time::Time;
+use super::recover::SendSide;
 use super::ring_memory::RingMemory;
 use super::stats;
 use super::{clock, MemHandle};
@@ -168,7 +169,10 @@ impl SendDp {
 
     /// Poll the CQs; completions give back send-queue credits and complete requests.
     fn poll(&mut self) -> Result<bool> {
-        self.io.poll(&mut self.core)
+        self.io.poll(&mut SendSide {
+            core: &mut self.core,
+            ring: &self.ring,
+        })
     }
 
     /// Plan and post the waiting group if its chains fit now.
@@ -223,6 +227,10 @@ impl SendDp {
         phandle: *mut c_void,
     ) -> Result<Option<*mut Request>> {
         self.core.state.check()?;
+        // A recovery moves on in every call NCCL makes, isend too.
+        if self.io.recovery.pending() {
+            self.poll()?;
+        }
         if self.prof.is_none() && !phandle.is_null() && profiler::enabled() {
             self.prof = Some(SendProfiling::new());
         }

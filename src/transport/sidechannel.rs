@@ -387,6 +387,14 @@ impl std::fmt::Display for ChannelError {
     }
 }
 
+/// What [`Channel::peek`] saw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peek {
+    Nothing,
+    Data,
+    Gone,
+}
+
 /// A connected, non-blocking stream carrying framed [`Message`]s.
 pub struct Channel {
     stream: TcpStream,
@@ -455,9 +463,9 @@ impl Channel {
         }
     }
 
-    /// After setup nothing more is sent; readable means EOF/reset (or a stray byte): the peer
-    /// closed or died. One `recv(MSG_PEEK | MSG_DONTWAIT)`.
-    pub fn peer_gone(&self) -> bool {
+    /// Whether the peer closed or died (EOF, reset), or sent something (after setup only a
+    /// recovery message, read with [`Channel::poll_recv`]). One `recv(MSG_PEEK | MSG_DONTWAIT)`.
+    pub fn peek(&self) -> Peek {
         let mut b = [0u8; 1];
         // SAFETY: valid fd and a 1-byte buffer.
         let n = unsafe {
@@ -468,14 +476,23 @@ impl Channel {
                 libc::MSG_PEEK | libc::MSG_DONTWAIT,
             )
         };
-        if n == 0 {
-            return true;
+        match n {
+            0 => Peek::Gone,
+            n if n > 0 => Peek::Data,
+            _ => {
+                let e = io::Error::last_os_error();
+                if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) {
+                    Peek::Nothing
+                } else {
+                    Peek::Gone
+                }
+            }
         }
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return !matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted);
-        }
-        false
+    }
+
+    /// The peer closed or died.
+    pub fn peer_gone(&self) -> bool {
+        self.peek() == Peek::Gone
     }
 }
 

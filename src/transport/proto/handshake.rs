@@ -30,6 +30,10 @@
 //!   name), every QP (number, device), the FIFO / completion-record address, tc, sl, flags.
 //! * `Ready` (connector → listener): the nonce; sent once the connector's QPs are in RTS.
 //! * `Reject` (either way): a reason code and a UTF-8 text, sent before closing on a mismatch.
+//! * `RecoverHello` (either way, after setup; `proto::recovery`): the epoch (u32), the
+//!   sender's next FIFO entry (u64), the count n (u32) of the receiver's completions taken per
+//!   QP and those n u64s (n = 0 from a sender), then the new QPs as an [`EndpointRepr`].
+//! * `RecoverReady` (either way): the epoch (u32).
 //!
 //! Anything else — wrong magic, version, kind, oversize length, inconsistent counts — is a
 //! [`WireError`]; the listener WARNs and drops that TCP connection only.
@@ -46,8 +50,10 @@ pub const STAGE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceS");
 /// `[slot]` lies `slot × fifo::SLOT_BYTES` past the advertised address (inside its CTS staging).
 /// 3: the CTS FIFO is a ring of 64 entries (4 KiB) that groups fill in posting order (spec
 /// §8.8 slots of 8 entries no longer); the completion record of the group at ring position `p`
-/// lies `p × fifo::ENTRY_BYTES` past the advertised address.
-pub const WIRE_VERSION: u16 = 3;
+/// lies `p × fifo::ENTRY_BYTES` past the advertised address. 4: the side channel also carries
+/// `RecoverHello` and `RecoverReady` after setup (a peer of version 3 could not take part in a
+/// recovery, so it is refused at setup with a clear reason).
+pub const WIRE_VERSION: u16 = 4;
 /// Size of the handle NCCL allocates.
 pub const HANDLE_BYTES: usize = 128;
 /// Largest frame body accepted.
@@ -257,6 +263,8 @@ pub enum Kind {
     ConnectResp,
     Ready,
     Reject,
+    RecoverHello,
+    RecoverReady,
     Unknown(u8),
 }
 
@@ -267,6 +275,8 @@ impl From<u8> for Kind {
             2 => Kind::ConnectResp,
             3 => Kind::Ready,
             4 => Kind::Reject,
+            5 => Kind::RecoverHello,
+            6 => Kind::RecoverReady,
             x => Kind::Unknown(x),
         }
     }
@@ -279,6 +289,8 @@ impl From<Kind> for u8 {
             Kind::ConnectResp => 2,
             Kind::Ready => 3,
             Kind::Reject => 4,
+            Kind::RecoverHello => 5,
+            Kind::RecoverReady => 6,
             Kind::Unknown(x) => x,
         }
     }
@@ -523,8 +535,24 @@ impl EndpointRepr {
 pub enum Message {
     ConnectReq(EndpointRepr),
     ConnectResp(EndpointRepr),
-    Ready { nonce: u64 },
-    Reject { code: u32, text: String },
+    Ready {
+        nonce: u64,
+    },
+    Reject {
+        code: u32,
+        text: String,
+    },
+    /// A recovery's Hello: its epoch, the sender's next FIFO entry (`head`), the receiver's
+    /// completions taken per QP (`taken`, empty from a sender), and the new QPs.
+    RecoverHello {
+        epoch: u32,
+        head: u64,
+        taken: Vec<u64>,
+        qps: Box<EndpointRepr>,
+    },
+    RecoverReady {
+        epoch: u32,
+    },
 }
 
 impl Message {
@@ -549,6 +577,25 @@ impl Message {
                 let t = text.as_bytes();
                 body.extend_from_slice(&t[..t.len().min(1024)]);
                 Kind::Reject
+            }
+            Message::RecoverHello {
+                epoch,
+                head,
+                taken,
+                qps,
+            } => {
+                body.extend_from_slice(&epoch.to_le_bytes());
+                body.extend_from_slice(&head.to_le_bytes());
+                body.extend_from_slice(&(taken.len() as u32).to_le_bytes());
+                for t in taken {
+                    body.extend_from_slice(&t.to_le_bytes());
+                }
+                qps.emit(&mut body);
+                Kind::RecoverHello
+            }
+            Message::RecoverReady { epoch } => {
+                body.extend_from_slice(&epoch.to_le_bytes());
+                Kind::RecoverReady
             }
         };
         HeaderRepr {
@@ -584,6 +631,44 @@ impl Message {
                 Ok(Message::Reject {
                     code: u32_at(body, 0..4),
                     text: String::from_utf8_lossy(&body[4..]).into_owned(),
+                })
+            }
+            Kind::RecoverHello => {
+                if body.len() < 16 {
+                    return Err(WireError::Truncated {
+                        need: 16,
+                        got: body.len(),
+                    });
+                }
+                let n = u32_at(body, 12..16) as usize;
+                if n > MAX_QPS {
+                    return Err(WireError::BadField(
+                        "recovery completion count past the most QPs of a connection",
+                    ));
+                }
+                let end = 16 + n * 8;
+                if body.len() < end {
+                    return Err(WireError::Truncated {
+                        need: end,
+                        got: body.len(),
+                    });
+                }
+                Ok(Message::RecoverHello {
+                    epoch: u32_at(body, 0..4),
+                    head: u64_at(body, 4..12),
+                    taken: (0..n).map(|i| u64_at(body, 16 + i * 8..24 + i * 8)).collect(),
+                    qps: Box::new(EndpointRepr::parse(&body[end..])?),
+                })
+            }
+            Kind::RecoverReady => {
+                if body.len() != 4 {
+                    return Err(WireError::Truncated {
+                        need: 4,
+                        got: body.len(),
+                    });
+                }
+                Ok(Message::RecoverReady {
+                    epoch: u32_at(body, 0..4),
                 })
             }
             Kind::Unknown(k) => Err(WireError::BadKind(k)),
@@ -639,6 +724,47 @@ impl FrameReader {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn recovery_messages_round_trip_and_a_lying_count_is_refused() {
+        let qps = EndpointRepr {
+            nonce: 0,
+            tc: 0,
+            sl: 0,
+            flags: 0,
+            addr: 0,
+            devs: vec![DevRepr {
+                gid: [7; 16],
+                lid: 0,
+                port: 1,
+                link_layer: LinkLayer::Ethernet,
+                mtu: 3,
+                gid_index: 1,
+                rkey: 0,
+                name: [0; NAME_BYTES],
+            }],
+            qps: vec![QpRepr { qpn: 0x33, dev: 0 }],
+        };
+        for m in [
+            Message::RecoverHello {
+                epoch: 3,
+                head: 77,
+                taken: vec![5, 1 << 40],
+                qps: Box::new(qps.clone()),
+            },
+            Message::RecoverReady { epoch: 9 },
+        ] {
+            let mut out = Vec::new();
+            m.emit(&mut out);
+            let h = HeaderRepr::parse(&out).unwrap();
+            assert_eq!(Message::parse(h.kind, &out[HEADER_BYTES..]).unwrap(), m);
+        }
+        let mut body = vec![0u8; 16];
+        body[12..16].copy_from_slice(&(u32::MAX).to_le_bytes());
+        assert!(Message::parse(Kind::RecoverHello, &body).is_err());
+        assert!(Message::parse(Kind::RecoverHello, &body[..10]).is_err());
+        assert!(Message::parse(Kind::RecoverReady, &[1, 2]).is_err());
+    }
+
     use super::*;
 
     fn endpoint(ndevs: usize, nqps: usize) -> EndpointRepr {
@@ -726,7 +852,7 @@ mod tests {
         let mut h = [0u8; HANDLE_BYTES];
         r.emit(&mut h);
         assert_eq!(&h[0..8], b"ferroceH");
-        assert_eq!(&h[8..16], &[3, 0, 4, 1, 0x12, 0x34, 0, 0]);
+        assert_eq!(&h[8..16], &[4, 0, 4, 1, 0x12, 0x34, 0, 0]);
         assert_eq!(&h[16..20], &[10, 1, 2, 3]);
         assert_eq!(&h[40..48], &[8, 7, 6, 5, 4, 3, 2, 1]);
         assert!(h[48..].iter().all(|&b| b == 0));
@@ -805,7 +931,7 @@ mod tests {
     fn frame_header_literal() {
         let mut out = Vec::new();
         Message::Ready { nonce: 1 }.emit(&mut out);
-        assert_eq!(&out[..16], b"ferroceW\x03\x00\x03\x00\x08\x00\x00\x00");
+        assert_eq!(&out[..16], b"ferroceW\x04\x00\x03\x00\x08\x00\x00\x00");
     }
 
     #[test]

@@ -595,6 +595,11 @@ impl RecvCore {
         self.rqs.iter().map(|q| q.taken).collect()
     }
 
+    /// Whether `wr_id` is one of our receives (a QP moved to ERR flushes each).
+    pub fn is_receive(wr_id: u64) -> bool {
+        wr_id >> KIND_SHIFT == KIND_RECV
+    }
+
     /// Receives posted on each QP: one per request it owes a completion, and the ones to
     /// spare (what a QP moved to ERR flushes).
     pub fn posted_receives(&self, qp: usize) -> usize {
@@ -607,13 +612,18 @@ impl RecvCore {
     /// each QP still owes a completion, and a batch to spare.
     pub fn repost_receives(&mut self, post: &mut impl FnMut(Post<'_>) -> Result<()>) -> Result<()> {
         for qp in 0..self.rqs.len() {
-            let count = usize::from(self.rqs[qp].len) + RQ_BATCH;
-            if let Err(e) = post(Post::Recv {
-                qp,
-                wr_id: wr_id(KIND_RECV, qp as u16),
-                count,
-            }) {
-                return Err(self.state.fail(e));
+            // In batches of at most RQ_BATCH, as every receive post.
+            let mut left = usize::from(self.rqs[qp].len) + RQ_BATCH;
+            while left > 0 {
+                let count = left.min(RQ_BATCH);
+                if let Err(e) = post(Post::Recv {
+                    qp,
+                    wr_id: wr_id(KIND_RECV, qp as u16),
+                    count,
+                }) {
+                    return Err(self.state.fail(e));
+                }
+                left -= count;
             }
             self.rqs[qp].spare = RQ_BATCH as u8;
         }

@@ -72,6 +72,8 @@ pub fn kind_name(m: &Message) -> &'static str {
         Message::ConnectResp(_) => "ConnectResp",
         Message::Ready { .. } => "Ready",
         Message::Reject { .. } => "Reject",
+        Message::RecoverHello { .. } => "RecoverHello",
+        Message::RecoverReady { .. } => "RecoverReady",
     }
 }
 
