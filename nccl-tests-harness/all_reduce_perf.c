@@ -14,6 +14,9 @@
  * (ALLREDUCE_SLICESTEPS 2: 1 MiB), one network message per slice, --steps / --slicesteps slices in
  * flight per comm (8 / 2 = 4, NCCL's 4 MiB buffer): a step of the chunk (send, recvReduceSend, ...)
  * handles its slices in order, so a reduced slice goes on while the next one is still arriving.
+ * Slices are sized as NCCL's: half the step each, but at least 1/32 of a full slice (32 KiB), so
+ * a step of at most 32 KiB moves as one message and a 0-byte one (NCCL's proxy sends an empty
+ * slice too).
  * --chunksteps 1 --slicesteps 1 gives one message per chunk and step.
  * Reduce-scatter receives land in registered slots per channel (NCCL's per-connection FIFO) or,
  * with --direct 1 (default, out of place), in the output buffer; the CPU reduces them with the
@@ -68,6 +71,7 @@ static void build_ops(hctx_t* h, achan_t* a, int c, size_t count) {
   size_t CE = h->o->chunk_bytes * (size_t)h->o->chunk_steps / sizeof(float);
   size_t slices = (size_t)(h->o->chunk_steps / h->o->slice_steps);
   size_t loop = (size_t)C * n * CE;
+  size_t min_se = h->o->chunk_bytes * (size_t)h->o->slice_steps / 32 / sizeof(float);
   a->nops = 0;
   for (size_t base = 0; base < count; base += loop) {
     size_t end = base + loop < count ? base + loop : count;
@@ -85,10 +89,19 @@ static void build_ops(hctx_t* h, achan_t* a, int c, size_t count) {
       else kind = OP_RECV, chunk = (r + 1) % n;
       size_t off = chbase + (size_t)chunk * real;
       size_t nelem = off < end ? (end - off < real ? end - off : real) : 0;
-      /* the step's slices, in order (16-byte aligned, as NCCL's) */
-      size_t se = (real + slices - 1) / slices;
-      se = (se + 3) & ~(size_t)3;
-      for (size_t done = 0; done < nelem; done += se) push(a, off + done, nelem - done < se ? nelem - done : se, kind);
+      /* the step's slices, in order, sized as NCCL's genericOp (prims_simple.h): sliceSize =
+       * max(divUp(nelem, 16 * SlicePerChunk) * 16, stepSize * StepPerSlice / 32) elements, so a
+       * slice is at least 1/32 of a full one (32 KiB at the defaults); every step has
+       * SlicePerChunk slices, and an empty one still moves as a 0-byte message (the proxy
+       * posts one isend/irecv per slice: nsteps / sliceSteps of them) */
+      size_t se = (nelem + 16 * slices - 1) / (16 * slices) * 16;
+      if (se < min_se) se = min_se;
+      if (se > CE / slices) se = CE / slices; /* a slot's size (NCCL's stepSize is a power of 2) */
+      for (size_t k = 0, done = 0; k < slices; k++) {
+        size_t n_k = nelem - done < se ? nelem - done : se;
+        push(a, off + done, n_k, kind);
+        done += n_k;
+      }
     }
   }
 }

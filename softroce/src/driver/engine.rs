@@ -7,7 +7,7 @@
 //! async events to the owning context. Posting threads drain their own QP
 //! directly after `post_send` (lowest latency) — except small messages on a
 //! QP with packets outstanding, which are left to this thread's next batch
-//! (`SOFTROCE_DEFER`) — and wake this thread only when they armed a timer
+//! or to the posting thread's next empty CQ poll (`SOFTROCE_DEFER`) — and wake this thread only when they armed a timer
 //! earlier than the one it sleeps on. While packets arrive, the thread polls
 //! its socket for `SOFTROCE_SPIN_US` before blocking. An application thread
 //! whose CQ poll finds nothing receives the next batch itself when this
@@ -228,6 +228,9 @@ pub fn post_send(dev: &Device, qp: &Arc<QpShared>, wrs: impl IntoIterator<Item =
         let deadline = core.poll_timeout();
         drop(core);
         dev.engine.note_deadline(deadline);
+        // ... or, if that answer is a round trip away, this thread's next
+        // empty CQ poll does (see `idle::note_deferred`).
+        super::idle::note_deferred();
     } else {
         drain_and_note(dev, qp, core, t);
     }

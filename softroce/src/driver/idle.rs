@@ -20,6 +20,15 @@ use crate::config;
 /// before the CQ was found empty. Returns whether it did NIC work (the CQ may
 /// have completions now).
 pub fn idle_poll(seen: u32, mut receive: impl FnMut() -> bool) -> bool {
+    // Small messages this thread left to the engine (`SOFTROCE_DEFER`) go
+    // out now, batched with what it posted since: waiting for the next
+    // answer costs a round trip when few packets are outstanding (a
+    // receiver's second CTS write waits for its first one's ACK), and a
+    // thread that polls an empty CQ has nothing better to do. The inline
+    // receive sends the device's deferred packets after its batch.
+    if DEFERRED.with(|d| d.replace(false)) && receive_inline(&mut receive) {
+        return true;
+    }
     let mut streak = POLL_STREAK.with(|e| e.get());
     let action = streak.next_action(&mut receive);
     POLL_STREAK.with(|e| e.set(streak));
@@ -100,6 +109,17 @@ thread_local! {
 /// whether it handled anything (the CQ may now hold completions).
 fn receive_inline(receive: &mut impl FnMut() -> bool) -> bool {
     config::inline_rx() && receive()
+}
+
+thread_local! {
+    /// This thread deferred small messages since its last empty CQ poll.
+    static DEFERRED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A posting thread left small messages to the engine (`post_send`): its
+/// next empty CQ poll sends them (see [`idle_poll`]).
+pub fn note_deferred() {
+    DEFERRED.with(|d| d.set(true));
 }
 
 /// A poll that found a completion ends the thread's empty streak.
