@@ -141,7 +141,8 @@ pub fn spin_us() -> u64 {
 /// `SOFTROCE_DEFER` (default 1): a posted message of at most 4 KiB on a QP
 /// that already has packets outstanding is left to the engine, which sends
 /// it when the next answer arrives, batched with the other due packets (one
-/// GSO datagram instead of a syscall per message). 0: the posting thread
+/// GSO datagram instead of a syscall per message), or the posting thread's
+/// next empty CQ poll sends it when that comes first (a round trip may be long). 0: the posting thread
 /// always transmits at once.
 pub fn defer() -> bool {
     static V: OnceLock<bool> = OnceLock::new();
