@@ -1,0 +1,176 @@
+#!/bin/bash
+# Resilience (issue 11): the harness over softroce, 2 ranks on 127.0.70.x (one device each), while
+# softroce-ctl breaks rank 1's link:
+#   * sendrecv and all_reduce while rank 1's port goes down for 1 s and back, three times: the run
+#     completes, every result is checked (#wrong 0), both ends WARN each loss and each recovery;
+#     the bandwidth of the run is printed next to an unflapped run's of the same sizes;
+#   * the link blackholed for 0.3 s (more than NCCL_IB_TIMEOUT x NCCL_IB_RETRY_CNT: the QPs fail)
+#     and healed: the run completes, checked;
+#   * blackholed past FERROCE_RECOVERY_TIMEOUT_SEC: both ranks fail with the "could not be
+#     recovered" WARN within the bound, no hang;
+#   * the peer killed while a recovery is in progress: rank 0 fails within a few seconds (its
+#     side channel closed), far inside the recovery bound;
+#   * the flaps again with 1 % packet loss.
+# Every run is bounded by `timeout`; the launcher kills its ranks, this script whatever is left.
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+ROOT=$PWD
+H=$ROOT/target/release/harness
+SR=$ROOT/target/release/softroce
+CTL=$SR/softroce-ctl
+D=$(mktemp -d /tmp/ferroce-70.XXXXXX)
+# shellcheck source=ci/tests/lib/checks.sh
+. ci/tests/lib/checks.sh
+PIDS=""
+cleanup() {
+    for p in $PIDS; do kill -- "$p" 2>/dev/null; done
+    wait 2>/dev/null
+    rm -rf "$D"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+need "$H/all_reduce_perf" "$H/sendrecv_perf" "$ROOT/target/release/libnccl-net-ferroce.so" "$SR/libibverbs.so.1" "$CTL"
+
+export SOFTROCE_CTL_DIR=$D/ctl
+export LD_LIBRARY_PATH=$SR:$ROOT/target/release
+export NCCL_SOCKET_IFNAME=lo
+# Retries run out in 4 x 16.8 ms: a broken link is noticed fast.
+export NCCL_IB_TIMEOUT=12 NCCL_IB_RETRY_CNT=3
+BASE=127.0.70
+R1=$BASE.2
+
+# start NAME OUT PROGRAM ARGS...: the harness in the background (pid in $PID)
+start() {
+    local name=$1 out=$2
+    shift 2
+    echo "== $name: $(basename "$1") ${*:2}"
+    timeout -k 5 120 "$@" --addr-base $BASE --timeout 110 >"$out" 2>&1 &
+    PID=$!
+    PIDS="$PIDS $PID"
+}
+
+# wait_dev ADDR: until the device on ADDR answers softroce-ctl (20 s)
+wait_dev() {
+    for _ in $(seq 400); do
+        "$CTL" "$1" status >/dev/null 2>&1 && return 0
+        sleep 0.05
+    done
+    return 1
+}
+
+# flaps ADDR N: N times port-down for 1 s, then port-up and 1 s of traffic
+flaps() {
+    for _ in $(seq "$2"); do
+        "$CTL" "$1" port-down >/dev/null && sleep 1 && "$CTL" "$1" port-up >/dev/null && sleep 1 || return 1
+    done
+}
+
+# busbw FILE: the out-of-place busbw of the table's last row (size count type redop root time
+# algbw busbw #wrong)
+busbw() { awk '$1 ~ /^[0-9]+$/ && NF >= 9 {b = $8} END {print b}' "$1"; }
+# wrong FILE: the sum of the #wrong column of every row
+wrong() { awk '$1 ~ /^[0-9]+$/ && NF >= 9 {w += $9; n++} END {if (n == 0) print "no rows"; else print w}' "$1"; }
+# figures FILE: what the recovery WARNs of a run say (time to recover, what was sent again)
+figures() {
+    python3 - "$1" <<'EOF'
+import re, sys
+t = open(sys.argv[1], errors="replace").read()
+ms = [int(m) for m in re.findall(r"recovered over new QPs \(local QPNs [^)]*\) in (\d+) ms", t)]
+chains = [(int(a), int(b)) for a, b in re.findall(r"chains posted again: (\d+) \((\d+) bytes\)", t)]
+cts = [int(n) for n in re.findall(r"CTS entries written again: (\d+)", t)]
+if ms:
+    print(f"recovered in {min(ms)}-{max(ms)} ms; {sum(c for c, _ in chains)} chains ({sum(b for _, b in chains)} bytes) posted again; {sum(cts)} CTS entries written again")
+EOF
+}
+# count FILE WORDS: lines of FILE containing WORDS
+count() { grep -c -- "$2" "$1"; }
+
+# checked_through_flaps NAME PROGRAM ARGS...: the run through 3 flaps of rank 1's port
+checked_through_flaps() {
+    local name=$1 out=$D/$1.out
+    shift
+    start "$name" "$out" "$@"
+    local pid=$PID
+    if ! wait_dev $R1; then
+        ko "$name: rank 1's device never came up" "$out"
+        return
+    fi
+    sleep 0.5
+    flaps $R1 3 || ko "$name: softroce-ctl port-down/port-up failed" "$out"
+    wait "$pid"
+    local rc=$? lost recovered
+    lost=$(count "$out" "recovering over new QPs")
+    recovered=$(count "$out" "recovered over new QPs")
+    if [ $rc -eq 0 ] && [ "$(wrong "$out")" = 0 ] && [ "$lost" -ge 3 ] && [ "$recovered" -ge 3 ]; then
+        ok "$name: rc 0, #wrong 0, $lost losses and $recovered recoveries WARNed, busbw $(busbw "$out") GB/s through 3 flaps; $(figures "$out")"
+    else
+        ko "$name (rc $rc, #wrong $(wrong "$out"), $lost lost, $recovered recovered)" "$out"
+    fi
+}
+
+SR_ARGS=(-N 2 -b 1M -e 1M -n 4000 -w 1)
+AR_ARGS=(-N 2 -b 4M -e 4M -n 1500 -w 1)
+
+# The same runs without a fault, for the bandwidth the flapped runs are read against.
+start "sendrecv unflapped" "$D/sr0.out" env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 500 -w 1
+wait "$PID"
+SR0=$(busbw "$D/sr0.out")
+checked_through_flaps sendrecv-flaps env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/sendrecv_perf" "${SR_ARGS[@]}"
+echo "   sendrecv 1 MiB busbw: $SR0 GB/s unflapped (500 iterations), $(busbw "$D/sendrecv-flaps.out") GB/s over the 3 flaps (6 s of them with the port down or recovering)"
+checked_through_flaps all_reduce-flaps env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/all_reduce_perf" "${AR_ARGS[@]}"
+checked_through_flaps sendrecv-flaps-1pct-loss env SOFTROCE_LOSS=0.01 FERROCE_RECOVERY_TIMEOUT_SEC=30 NCCL_IB_RETRY_CNT=7 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 6000 -w 1
+
+echo "== blackhole 0.3 s and heal"
+out=$D/heal.out
+start "sendrecv, blackhole healed" "$out" env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 2000 -w 1
+pid=$PID
+wait_dev $R1 && sleep 0.5 && "$CTL" $R1 blackhole $BASE.1 >/dev/null && sleep 0.3 && "$CTL" $R1 heal >/dev/null
+wait "$pid"
+rc=$?
+if [ $rc -eq 0 ] && [ "$(wrong "$out")" = 0 ] && grep -q "recovered over new QPs" "$out"; then
+    ok "blackhole 0.3 s then heal: rc 0, #wrong 0; $(figures "$out")"
+else
+    ko "blackhole then heal (rc $rc, #wrong $(wrong "$out"))" "$out"
+fi
+
+echo "== blackhole past FERROCE_RECOVERY_TIMEOUT_SEC=3"
+out=$D/bound.out
+start "sendrecv, blackhole for good" "$out" env FERROCE_RECOVERY_TIMEOUT_SEC=3 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 100000 -w 1
+pid=$PID
+wait_dev $R1 && sleep 0.5 && "$CTL" $R1 blackhole $BASE.1 >/dev/null
+t0=$(date +%s)
+wait "$pid"
+rc=$?
+took=$(($(date +%s) - t0))
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 20 ] && grep -q "could not be recovered within" "$out"; then
+    ok "blackhole for good: the run fails after $took s (bound 3 s) with the 'could not be recovered' WARN"
+else
+    ko "blackhole for good (rc $rc after $took s)" "$out"
+fi
+
+echo "== the peer killed during a recovery"
+out=$D/kill.out
+start "sendrecv, peer killed while recovering" "$out" env FERROCE_RECOVERY_TIMEOUT_SEC=60 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 100000 -w 1
+pid=$PID
+victim=""
+if wait_dev $R1; then
+    sleep 0.5
+    "$CTL" $R1 blackhole $BASE.1 >/dev/null
+    sleep 1
+    # rank 1: the launcher (timeout's child) forks its ranks in rank order
+    launcher=$(pgrep -P "$pid" | head -n 1)
+    victim=$(pgrep -P "$launcher" | sort -n | sed -n 2p)
+    [ -n "$victim" ] && kill -9 "$victim"
+fi
+t0=$(date +%s)
+wait "$pid"
+rc=$?
+took=$(($(date +%s) - t0))
+if [ -n "$victim" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 15 ] && grep -q "closed the connection" "$out"; then
+    ok "peer killed during a recovery: rank 0 fails $took s later (recovery bound 60 s) naming the closed connection"
+else
+    ko "peer killed during a recovery (victim '${victim}', rc $rc after $took s)" "$out"
+fi
+
+finish
