@@ -158,17 +158,12 @@ pub struct Driver {
     /// The last hang WARN of this comm.
     hang_warned: Option<Instant>,
     pub(super) wcs: [WorkCompletion; POLL_BATCH],
-    /// Scratch of one post: a sender's group of single-piece buffers ([`POST_BATCH`] WRs;
-    /// longer chains go in several posts), a receiver's CTS write (1).
-    wrs: Box<[sys::ibv_send_wr]>,
-    sges: Box<[sys::ibv_sge]>,
 }
 
 impl Driver {
     /// The driver of a connection just set up (`kind`: "send" or "recv"): logs the
     /// connection's INFO line, as NCCL's IB transport does.
     pub fn new(conn: Conn, kind: &'static str) -> Driver {
-        let chain = if kind == "send" { POST_BATCH } else { 1 };
         crate::log_info!(crate::log::subsys::NET, "{}", describe_connection(&conn, kind));
         let devices = conn.devs.iter().map(|d| d.dev.label()).collect::<Vec<_>>().join("+");
         let qpns: Vec<u32> = conn.qps.iter().map(|q| q.qp.qpn()).collect();
@@ -187,15 +182,6 @@ impl Driver {
             idle_since: None,
             hang_warned: None,
             wcs: std::array::from_fn(|_| WorkCompletion::default()),
-            // SAFETY: plain data; zero is an empty value.
-            wrs: (0..chain).map(|_| unsafe { std::mem::zeroed() }).collect(),
-            sges: (0..chain)
-                .map(|_| sys::ibv_sge {
-                    addr: 0,
-                    length: 0,
-                    lkey: 0,
-                })
-                .collect(),
         }
     }
 
@@ -212,8 +198,15 @@ impl Driver {
                 if let Some(s) = &self.stats {
                     s.posted(qp, chain.len(), chain.iter().map(|w| w.len() as u64).sum());
                 }
+                // The WRs of one post on the stack, not in the comm (memory per connection):
+                // a sender's group of single-piece buffers ([`POST_BATCH`] WRs; longer chains
+                // go in several posts), a receiver's CTS write.
+                // SAFETY: ibv_send_wr and ibv_sge are plain data; zero is an empty value.
+                let mut wrs: [sys::ibv_send_wr; POST_BATCH] = unsafe { std::mem::zeroed() };
+                // SAFETY: as above.
+                let mut sges: [sys::ibv_sge; POST_BATCH] = unsafe { std::mem::zeroed() };
                 // SAFETY: as the caller guarantees.
-                let posted = unsafe { post_chain(q, chain, &mut self.wrs, &mut self.sges) };
+                let posted = unsafe { post_chain(q, chain, &mut wrs, &mut sges) };
                 posted.map_err(|e| self.post_failure(e))
             }
             Post::Recv { qp, wr_id, count } => {
