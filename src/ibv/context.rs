@@ -359,7 +359,7 @@ impl Context {
                     if let Some(c) = usize::try_from(port).ok().and_then(|p| port_errors.get(p)) {
                         c.fetch_add(1, Ordering::AcqRel);
                     }
-                    crate::log_warn!("device {name} port {port}: the port went down ('{text}'): its link is down or the switch port is disabled. Connections over this port fail; the device's other ports go on. Check `ibv_devinfo`, the cable and the switch port");
+                    crate::log_warn!("device {name} port {port}: the port went down ('{text}'): its link is down or the switch port is disabled. Connections over this port recover over new QPs when it comes back within FERROCE_RECOVERY_TIMEOUT_SEC, else fail; the device's other ports go on. Check `ibv_devinfo`, the cable and the switch port");
                 } else if kind == IBV_EVENT_CQ_ERR {
                     cq_failures.record(cq);
                     crate::log_warn!("device {name}: fatal async event '{text}': a completion queue overran (more completions than its size were left unpolled), so completions may be lost — the connection using that CQ fails; the others go on. If it repeats, report it: ferroce sizes each CQ for every work request it can have in flight");
