@@ -7,11 +7,11 @@ use super::conn::{Conn, FatalKind};
 use super::errors::{wc_error, WcErrorReport};
 use super::proto::plan::{Op, Post, WorkRequest};
 use super::proto::recovery::Role;
-use super::proto::recv::{RecvCore, RQ_BATCH};
-use super::proto::send::SendCore;
+use super::proto::recv::RQ_BATCH;
 use super::proto::state::CommState;
-use super::recover::{self, RecoveryIo, RecoverySink};
+use super::recovery::{self, RecoveryIo};
 use super::sidechannel::Peek;
+use super::sink::{CompletionSink, RecoverySink};
 use super::stats::{self, CommStats};
 use crate::error::{Error, Result};
 use crate::ibv::cq::Failed;
@@ -29,39 +29,6 @@ const POST_BATCH: usize = super::proto::limits::MAX_RECVS + 1;
 const PROBE_EVERY: u32 = 64;
 /// Minimum time between two probe syscalls.
 const PROBE_INTERVAL: Duration = Duration::from_millis(50);
-
-/// How the driver hands completions to a core.
-pub trait CompletionSink {
-    fn state(&mut self) -> &mut CommState;
-    /// A successful completion of `wr_id` (with its immediate, host order).
-    fn handle_ok(&mut self, wr_id: u64, imm: Option<u32>);
-    /// The operation and byte count of `wr_id`, for the WARN of a failed completion.
-    fn describe(&self, wr_id: u64) -> (&'static str, usize);
-}
-
-impl CompletionSink for SendCore {
-    fn state(&mut self) -> &mut CommState {
-        &mut self.state
-    }
-    fn handle_ok(&mut self, wr_id: u64, _imm: Option<u32>) {
-        self.handle_completion(wr_id);
-    }
-    fn describe(&self, wr_id: u64) -> (&'static str, usize) {
-        SendCore::describe(self, wr_id)
-    }
-}
-
-impl CompletionSink for RecvCore {
-    fn state(&mut self) -> &mut CommState {
-        &mut self.state
-    }
-    fn handle_ok(&mut self, wr_id: u64, imm: Option<u32>) {
-        self.handle_completion(wr_id, imm);
-    }
-    fn describe(&self, wr_id: u64) -> (&'static str, usize) {
-        RecvCore::describe(self, wr_id)
-    }
-}
 
 /// The cores' [`super::proto::state::FailureReport`]: the comm's first fatal error, WARNed.
 pub fn warn_failure(e: &Error) {
@@ -136,6 +103,17 @@ pub unsafe fn post_chain(
         unsafe { qp.post_send(&mut wrs[0])? };
     }
     Ok(())
+}
+
+/// What one sweep of a comm's CQs found.
+struct Polled {
+    progressed: bool,
+    /// The comm's failure (a completion error a recovery cannot cure, a failed poll).
+    error: Option<Error>,
+    /// That error is a flushed WR with no cause found among the completions.
+    only_flushed: bool,
+    /// The first link-caused failure, and whether it was only flushed WRs.
+    lost: Option<(String, bool)>,
 }
 
 /// One comm's verbs side: its connection and the scratch its posts and polls use.
@@ -271,10 +249,47 @@ impl Driver {
                 return Err(core.state().fail(e));
             }
         }
+        let Polled {
+            progressed,
+            error,
+            only_flushed,
+            lost,
+        } = self.take_completions(core);
+        if let Some(mut e) = error {
+            if only_flushed {
+                // No error completion: the NIC moved the QP to ERR by itself (QP fatal, device
+                // fatal); its async event says why.
+                e = flush_cause_event(&mut self.conn).map_or(e, |(e, _)| e);
+            }
+            return Err(core.state().fail(e));
+        }
+        if let Some((cause, only_flushes)) = lost {
+            // Only flushed WRs: the NIC moved the QP to ERR by itself; a QP-fatal or device
+            // event says why, and fails the comm (a port event is recovered from).
+            if only_flushes {
+                if let Some((e, kind)) = flush_cause_event(&mut self.conn) {
+                    if kind != FatalKind::Port {
+                        return Err(core.state().fail(e));
+                    }
+                    self.conn.accept_port_errors();
+                }
+            }
+            self.local_failure(core, &cause)?;
+        } else if progressed && !self.recovery.active() {
+            self.recovery_progressed();
+        }
+        if progressed {
+            self.idle = 0;
+            self.idle_since = None;
+        }
+        Ok(progressed)
+    }
+
+    /// Poll every CQ until empty (or the first failure that is not the link's).
+    fn take_completions(&mut self, core: &mut impl RecoverySink) -> Polled {
         let mut progressed = false;
         let mut error: Option<Error> = None;
         let mut only_flushed = false;
-        // The first link-caused failure, and whether it was only flushed WRs.
         let mut lost: Option<(String, bool)> = None;
         let replaced = self.recovery.replaced();
         let recovering = self.recovery.enabled();
@@ -311,7 +326,7 @@ impl Driver {
                         }
                         match wc.result() {
                             Ok(c) => core.handle_ok(wc.wr_id(), c.imm),
-                            Err(f) if recovering && recover::recoverable(f.status) => {
+                            Err(f) if recovering && recovery::recoverable(f.status) => {
                                 let flush = f.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
                                 if lost.as_ref().is_none_or(|l| l.1 && !flush) {
                                     let (op, bytes) = core.describe(wc.wr_id());
@@ -339,34 +354,12 @@ impl Driver {
                 }
             }
         }
-        if let Some(mut e) = error {
-            if only_flushed {
-                // No error completion: the NIC moved the QP to ERR by itself (QP fatal, device
-                // fatal); its async event says why.
-                e = flush_cause_event(&mut self.conn).map_or(e, |(e, _)| e);
-            }
-            return Err(core.state().fail(e));
+        Polled {
+            progressed,
+            error,
+            only_flushed,
+            lost,
         }
-        if let Some((cause, only_flushes)) = lost {
-            // Only flushed WRs: the NIC moved the QP to ERR by itself; a QP-fatal or device
-            // event says why, and fails the comm (a port event is recovered from).
-            if only_flushes {
-                if let Some((e, kind)) = flush_cause_event(&mut self.conn) {
-                    if kind != FatalKind::Port {
-                        return Err(core.state().fail(e));
-                    }
-                    self.conn.accept_port_errors();
-                }
-            }
-            self.local_failure(core, &cause)?;
-        } else if progressed && !self.recovery.active() {
-            self.recovery_progressed();
-        }
-        if progressed {
-            self.idle = 0;
-            self.idle_since = None;
-        }
-        Ok(progressed)
     }
 
     /// Called when a request is not done yet: every so often, check whether the peer's side

@@ -42,11 +42,13 @@ pub mod listen;
 pub mod mr_cache;
 pub mod proto;
 pub mod recover;
+pub mod recovery;
 pub mod recv;
 pub mod registration;
 pub mod ring_memory;
 pub mod send;
 pub mod sidechannel;
+pub mod sink;
 pub mod stats;
 
 use crate::error::Error;

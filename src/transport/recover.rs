@@ -5,111 +5,18 @@
 //! up).
 
 use super::clock;
-use super::driver::{CompletionSink, Driver};
-use super::proto::handshake::{EndpointRepr, Message};
-use super::proto::plan::Post;
-use super::proto::recovery::{Action, Recovery, Role};
-use super::proto::recv::RecvCore;
-use super::proto::send::{FifoRing, SendCore};
-use super::proto::state::CommState;
+use super::driver::Driver;
+use super::proto::handshake::Message;
+use super::proto::recovery::Action;
+use super::recovery::PeerHello;
 use super::sidechannel::ChannelError;
+use super::sink::RecoverySink;
 use crate::error::{Error, Result};
-use crate::ibv::sys;
 use std::time::{Duration, Instant};
-
-/// What a recovery needs of a core besides its completions.
-pub trait RecoverySink: CompletionSink {
-    fn role(&self) -> Role;
-    /// Stop posting until [`RecoverySink::resume`].
-    fn begin_recovery(&mut self);
-    /// Whether `wr_id` is one of the receives the core posted (a QP moved to ERR flushes
-    /// each); a sender posts none.
-    fn is_receive(&self, _wr_id: u64) -> bool {
-        false
-    }
-    /// Receives posted on QP `qp`.
-    fn posted_receives(&self, _qp: usize) -> usize {
-        0
-    }
-    /// What must be posted on new QPs before the Hello (the receiver's receives).
-    fn after_rebuild(&mut self, _post: &mut dyn FnMut(Post<'_>) -> Result<()>) -> Result<()> {
-        Ok(())
-    }
-    /// This side's report: the sender's next FIFO entry, the receiver's completions per QP.
-    fn report(&self) -> (u64, Vec<u64>);
-    /// Carry on over the new QPs with the peer's report; what it did, in words.
-    fn resume(&mut self, head: u64, taken: &[u64], post: &mut dyn FnMut(Post<'_>) -> Result<()>) -> Result<String>;
-    /// Whether what [`RecoverySink::resume`] posted that the peer must see first has landed.
-    fn landed(&self) -> bool {
-        true
-    }
-}
 
 /// How long the receiver waits for its old QPs to flush every receive before it destroys
 /// them (each flushed receive proves every completion before it on that QP was taken).
 const DRAIN_WAIT: Duration = Duration::from_secs(1);
-
-/// What the peer's Hello said: its epoch, its next FIFO entry (a sender), its completions
-/// taken per QP (a receiver), its new QPs.
-struct PeerHello {
-    epoch: u32,
-    head: u64,
-    taken: Vec<u64>,
-    qps: Box<EndpointRepr>,
-}
-
-/// A connection's recovery state, kept by its driver.
-pub struct RecoveryIo {
-    machine: Recovery,
-    /// The peer's last Hello.
-    hello: Option<PeerHello>,
-    /// A liveness probe saw side-channel bytes: read them at the next poll.
-    pub readable: bool,
-    /// When the recovery in progress began.
-    started: Option<Instant>,
-    /// What the last resume did (for the WARN once the connection made progress).
-    resumed: Option<String>,
-}
-
-impl RecoveryIo {
-    pub fn new(role: Role, peer: String) -> RecoveryIo {
-        RecoveryIo {
-            machine: Recovery::new(role, crate::config::get().recovery_timeout(), peer),
-            hello: None,
-            readable: false,
-            started: None,
-            resumed: None,
-        }
-    }
-
-    /// Whether a recovery ever replaced the QPs (completions of destroyed QPs may arrive).
-    pub fn replaced(&self) -> bool {
-        self.machine.epoch() > 0
-    }
-
-    pub fn enabled(&self) -> bool {
-        self.machine.enabled()
-    }
-
-    /// Whether the next poll has recovery work: messages to read, a recovery in progress, or
-    /// one that has not yet seen a completion.
-    pub fn pending(&self) -> bool {
-        self.readable || self.machine.active() || self.machine.unproven()
-    }
-
-    /// Whether a recovery is in progress (nothing completes until it is over).
-    pub fn active(&self) -> bool {
-        self.machine.active()
-    }
-}
-
-/// A completion status a new QP may not meet: the path or the peer's NIC stopped answering
-/// (link or port down, a broken path), or the QP was flushed by such a failure. Anything else
-/// (a protection or access error, a bad request) would fail again the same way.
-pub fn recoverable(status: u32) -> bool {
-    use sys::ibv_wc_status as S;
-    status == S::IBV_WC_RETRY_EXC_ERR || status == S::IBV_WC_RNR_RETRY_EXC_ERR || status == S::IBV_WC_WR_FLUSH_ERR
-}
 
 impl Driver {
     /// The connection lost its QPs (`cause` in words): recover, or fail the comm when
@@ -350,71 +257,5 @@ impl Driver {
         self.conn.accept_port_errors();
         // SAFETY: zero-SGE receives name no memory.
         core.after_rebuild(&mut |p| unsafe { self.post(p) })
-    }
-}
-
-impl RecoverySink for RecvCore {
-    fn role(&self) -> Role {
-        Role::Receiver
-    }
-    fn begin_recovery(&mut self) {
-        RecvCore::begin_recovery(self)
-    }
-    fn is_receive(&self, wr_id: u64) -> bool {
-        RecvCore::is_receive(wr_id)
-    }
-    fn posted_receives(&self, qp: usize) -> usize {
-        RecvCore::posted_receives(self, qp)
-    }
-    fn after_rebuild(&mut self, post: &mut dyn FnMut(Post<'_>) -> Result<()>) -> Result<()> {
-        self.repost_receives(&mut |p| post(p))
-    }
-    fn report(&self) -> (u64, Vec<u64>) {
-        (0, self.taken())
-    }
-    fn resume(&mut self, head: u64, _taken: &[u64], post: &mut dyn FnMut(Post<'_>) -> Result<()>) -> Result<String> {
-        let n = RecvCore::resume(self, head, &mut |p| post(p))?;
-        Ok(format!("CTS entries written again: {n}"))
-    }
-    fn landed(&self) -> bool {
-        self.rewrites_landed()
-    }
-}
-
-/// The sender's core with its FIFO ring (a replay reads the CTS entries of the sends in
-/// flight there).
-pub struct SendSide<'a, R: FifoRing> {
-    pub core: &'a mut SendCore,
-    pub ring: &'a R,
-}
-
-impl<R: FifoRing> CompletionSink for SendSide<'_, R> {
-    fn state(&mut self) -> &mut CommState {
-        &mut self.core.state
-    }
-    fn handle_ok(&mut self, wr_id: u64, _imm: Option<u32>) {
-        self.core.handle_completion(wr_id);
-    }
-    fn describe(&self, wr_id: u64) -> (&'static str, usize) {
-        self.core.describe(wr_id)
-    }
-}
-
-impl<R: FifoRing> RecoverySink for SendSide<'_, R> {
-    fn role(&self) -> Role {
-        Role::Sender
-    }
-    fn begin_recovery(&mut self) {
-        self.core.begin_recovery()
-    }
-    fn report(&self) -> (u64, Vec<u64>) {
-        (self.core.fifo_head(), Vec::new())
-    }
-    fn resume(&mut self, _head: u64, taken: &[u64], post: &mut dyn FnMut(Post<'_>) -> Result<()>) -> Result<String> {
-        let r = self.core.resume(self.ring, taken, &mut |p| post(p))?;
-        Ok(format!(
-            "chains posted again: {} ({} bytes); taken by the receiver but not acknowledged: {}",
-            r.chains, r.bytes, r.landed
-        ))
     }
 }

@@ -1,0 +1,69 @@
+//! A connection's recovery state as its driver keeps it (the machine is `proto::recovery`; the
+//! driver's actions are `recover.rs`), and which failed completions a recovery can cure.
+
+use super::proto::handshake::EndpointRepr;
+use super::proto::recovery::{Recovery, Role};
+use crate::ibv::sys;
+use std::time::Instant;
+
+/// What the peer's Hello said: its epoch, its next FIFO entry (a sender), its completions
+/// taken per QP (a receiver), its new QPs.
+pub struct PeerHello {
+    pub epoch: u32,
+    pub head: u64,
+    pub taken: Vec<u64>,
+    pub qps: Box<EndpointRepr>,
+}
+
+/// A connection's recovery state, kept by its driver.
+pub struct RecoveryIo {
+    pub machine: Recovery,
+    /// The peer's last Hello.
+    pub hello: Option<PeerHello>,
+    /// A liveness probe saw side-channel bytes: read them at the next poll.
+    pub readable: bool,
+    /// When the recovery in progress began.
+    pub started: Option<Instant>,
+    /// What the last resume did (for the WARN once the connection made progress).
+    pub resumed: Option<String>,
+}
+
+impl RecoveryIo {
+    pub fn new(role: Role, peer: String) -> RecoveryIo {
+        RecoveryIo {
+            machine: Recovery::new(role, crate::config::get().recovery_timeout(), peer),
+            hello: None,
+            readable: false,
+            started: None,
+            resumed: None,
+        }
+    }
+
+    /// Whether a recovery ever replaced the QPs (completions of destroyed QPs may arrive).
+    pub fn replaced(&self) -> bool {
+        self.machine.epoch() > 0
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.machine.enabled()
+    }
+
+    /// Whether the next poll has recovery work: messages to read, a recovery in progress, or
+    /// one that has not yet seen a completion.
+    pub fn pending(&self) -> bool {
+        self.readable || self.machine.active() || self.machine.unproven()
+    }
+
+    /// Whether a recovery is in progress (nothing completes until it is over).
+    pub fn active(&self) -> bool {
+        self.machine.active()
+    }
+}
+
+/// A completion status a new QP may not meet: the path or the peer's NIC stopped answering
+/// (link or port down, a broken path), or the QP was flushed by such a failure. Anything else
+/// (a protection or access error, a bad request) would fail again the same way.
+pub fn recoverable(status: u32) -> bool {
+    use sys::ibv_wc_status as S;
+    status == S::IBV_WC_RETRY_EXC_ERR || status == S::IBV_WC_RNR_RETRY_EXC_ERR || status == S::IBV_WC_WR_FLUSH_ERR
+}
