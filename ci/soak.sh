@@ -2,7 +2,7 @@
 # ci/soak.sh --minutes N [soak options]: the soak under faults (README: Reliability). Four rank
 # processes on 127.0.72.1-4 over softroce with 1 % loss, 1 % reordering and 1 % duplication,
 # driving the real plugin (dlopen, as NCCL) through connect/close cycles with sendrecv and
-# all_reduce traffic, kills, aborts, closes in flight and concurrent registrations
+# all_reduce traffic, kills, aborts, port flaps, closes in flight and concurrent registrations
 # (nccl-tests-harness/soak.c says what it checks). N may be fractional (1 = 60 s). Exit status 0
 # only when every check passed; the rank logs are kept (and their tails shown) when one failed.
 set -u
@@ -30,7 +30,7 @@ limit=$(python3 -c "import sys; print(int(float(sys.argv[1]) * 60 + 120))" "$min
 # as in use, so with it the heap samples drift by a few hundred bytes a cycle that no one owns
 # (README: Reliability); without the tcache they are the bytes the process really holds.
 env LD_LIBRARY_PATH="$ROOT/target/release/softroce" GLIBC_TUNABLES=glibc.malloc.tcache_count=0 \
-    SOFTROCE_LOSS=0.01 SOFTROCE_REORDER=0.01 SOFTROCE_DUP=0.01 SOFTROCE_FAULT_COUNTS="$D/faults" \
+    SOFTROCE_LOSS=0.01 SOFTROCE_REORDER=0.01 SOFTROCE_DUP=0.01 SOFTROCE_FAULT_COUNTS="$D/faults" SOFTROCE_CTL_DIR="$D/ctl" \
     NCCL_IB_TIMEOUT=14 NCCL_SOCKET_IFNAME=lo FERROCE_HANG_WARN_SEC=10 FERROCE_CONNECT_TIMEOUT_SEC=20 \
     timeout -k 5 "$limit" "$SOAK" --minutes "$minutes" --logdir "$D" --addr-base 127.0.72 "${args[@]}"
 rc=$?

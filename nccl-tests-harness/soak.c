@@ -2,8 +2,10 @@
  * the faults softroce injects (loss, reordering, duplication: SOFTROCE_* set by ci/soak.sh) and the
  * faults this program injects: a rank SIGKILLed or closing every comm with requests in flight
  * while the others are busy with it (each survivor must see an error within --error-bound, then
- * the rank is restarted), closes with requests in flight on both sides, and registrations from a
- * second thread concurrent with the traffic.
+ * the rank is restarted), a rank's port going down for 0.3-0.8 s during the traffic and back
+ * (softroce's fault control: every comm recovers over new QPs, no error is allowed, every byte
+ * still checked), closes with requests in flight on both sides, and registrations from a second
+ * thread concurrent with the traffic.
  *
  * Every cycle: each rank listens once per peer, the coordinator (the parent) passes the handles,
  * the ranks connect a full mesh (a send comm to and a recv comm from every peer), then run
@@ -38,6 +40,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -58,7 +61,7 @@ static struct {
   double hang_bound, error_bound, rss_slack_mib;
   const char* addr_base;
   const char* logdir;
-  int fault_every; /* one cycle in this many kills or aborts a rank */
+  int fault_every; /* one cycle in this many kills or aborts a rank, or flaps its port */
   int corrupt;     /* --corrupt-check N: the checker flips a byte of message N (proves the check) */
   int scan_only;   /* --scan-logs DIR: only the WARN scan of a finished run's logs */
 } g_opt = {1.0, 0, 4, 20.0, 10.0, 8.0, "127.0.72", NULL, 4, -1, 0};
@@ -88,8 +91,13 @@ static int stream_group(int c, int src, int dst) { return 1 + (int)(draw(3, (uin
 
 /* ---- coordinator <-> rank messages ---- */
 enum { M_PLAN = 1, M_HANDLES, M_ALL_HANDLES, M_CONNECTED, M_GO, M_PEER_ERROR, M_ABORT, M_STOP, M_CLOSING, M_CLOSE, M_DONE };
-enum { F_NONE = 0, F_KILL, F_ABORT };
-static const char* const fault_names[] = {"none", "kill", "abort"}; /* in the rank logs, read by scan_warns */
+enum { F_NONE = 0, F_KILL, F_ABORT, F_FLAP };
+static const char* const fault_names[] = {"none", "kill", "abort", "flap"}; /* in the rank logs, read by scan_warns */
+/* A kill or an abort: the victim's peers see errors. A flap is not one: every request must
+ * complete. In every fault cycle the streams run until the coordinator says stop, so that every
+ * comm has requests in flight while the fault lasts (as a training job's comms do; a comm NCCL
+ * does not call takes part in a recovery only at its next call). */
+static int peer_fault(int f) { return f == F_KILL || f == F_ABORT; }
 
 typedef struct {
   int32_t cycle, victim, fault, close_inflight, allreduce;
@@ -216,7 +224,7 @@ static void fail(rank_t* r, const char* fmt, ...) {
   _exit(1);
 }
 
-static int is_victim_comm(rank_t* r, stream_t* s) { return r->plan.fault != F_NONE && s->peer == r->plan.victim; }
+static int is_victim_comm(rank_t* r, stream_t* s) { return peer_fault(r->plan.fault) && s->peer == r->plan.victim; }
 
 /* The plugin returned an error for stream s: expected only on a comm with this cycle's victim, or
  * for a request posted at the close (its peer may have closed the comm, in flight, already). */
@@ -393,7 +401,7 @@ static void streams_open(rank_t* r, long limit_scale) {
 
 /* Runs the streams until they are done, or (kill/abort cycles) until the coordinator says stop. */
 static void run_streams(rank_t* r) {
-  int fault = r->plan.fault != F_NONE, me_victim = fault && r->rank == r->plan.victim, reported = 0;
+  int fault = r->plan.fault != F_NONE, me_victim = peer_fault(r->plan.fault) && r->rank == r->plan.victim, reported = 0;
   for (;;) {
     int progress = 0, left = 0;
     for (int p = 0; p < r->n && !r->aborted; p++) {
@@ -405,7 +413,7 @@ static void run_streams(rank_t* r) {
         left += !s->failed && !s->stopped && (s->done < s->posted || s->limit < 0 || s->next_msg < s->limit);
       }
     }
-    if (fault && !me_victim && !reported && r->tx[r->plan.victim].failed && r->rx[r->plan.victim].failed) {
+    if (peer_fault(r->plan.fault) && !me_victim && !reported && r->tx[r->plan.victim].failed && r->rx[r->plan.victim].failed) {
       peer_error_t e = {r->plan.victim, r->tx[r->plan.victim].t_err, r->rx[r->plan.victim].t_err};
       if (send_msg(r->fd, M_PEER_ERROR, &e, sizeof e)) fail(r, "lost the coordinator");
       reported = 1;
@@ -579,7 +587,7 @@ static slot_t g_slot[S_MAX_RANKS];
 static hopts_t g_hopts;
 static const char* g_fail_reason;
 static struct {
-  double msgs, bytes, sends, regs, cycles, kills, aborts, inflight_closes, expected_errors, err_remote, err_system, err_other;
+  double msgs, bytes, sends, regs, cycles, kills, aborts, flaps, inflight_closes, expected_errors, err_remote, err_system, err_other;
   double err_at_close;
   double peak_hwm, max_error_latency;
   int restarts;
@@ -670,6 +678,41 @@ static int tell(int who, uint32_t type, const void* p, uint32_t len) {
   for (int i = 0; i < g_opt.nranks; i++)
     if ((who & (1 << i)) && send_msg(g_slot[i].fd, type, p, len)) return -1;
   return 0;
+}
+
+/* `softroce-ctl ADDR CMD`, spoken directly: one line to the device's control socket
+ * ($SOFTROCE_CTL_DIR/ADDR.sock), an answer starting "ok:". */
+static int softroce_ctl(const char* addr, const char* cmd) {
+  const char* dir = getenv("SOFTROCE_CTL_DIR");
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s/%s.sock", dir && *dir ? dir : "/tmp/softroce", addr);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  char answer[512] = {0};
+  int ok = connect(fd, (struct sockaddr*)&sa, sizeof sa) == 0 && dprintf(fd, "%s\n", cmd) > 0;
+  size_t got = 0;
+  ssize_t n;
+  while (ok && got < sizeof answer - 1 && (n = read(fd, answer + got, sizeof answer - 1 - got)) > 0) got += (size_t)n;
+  close(fd);
+  if (!ok || strncmp(answer, "ok:", 3) != 0) {
+    coord_fail("softroce-ctl %s %s: %s", addr, cmd, got ? answer : "no answer (is SOFTROCE_CTL_DIR the ranks'?)");
+    return -1;
+  }
+  return 0;
+}
+
+/* The flap: the victim's port goes down during the traffic, for 0.3-0.8 s, and comes back; the
+ * traffic goes on for 3 s more (the recovery's backoff reaches 1.5 s), then stops. */
+static int flap_port(const plan_t* pl, int all) {
+  char addr[64];
+  snprintf(addr, sizeof addr, "%s.%d", g_opt.addr_base, pl->victim + 1);
+  usleep((useconds_t)(50000 + draw(7, (uint64_t)pl->cycle, 1, 0) % 250000));
+  if (softroce_ctl(addr, "port-down")) return -1;
+  usleep((useconds_t)(300000 + draw(7, (uint64_t)pl->cycle, 2, 0) % 500000));
+  if (softroce_ctl(addr, "port-up")) return -1;
+  g_tot.flaps++;
+  usleep(3000000);
+  return tell(all, M_STOP, NULL, 0);
 }
 
 /* The fault: SIGKILL or abort the victim during its traffic; every survivor must report an error
@@ -792,11 +835,16 @@ static int softroce_faults(double* lost, double* reordered, double* duplicated) 
  *  - a local access violation (a peer's write into a buffer this rank deregistered with the
  *    receive in flight, as NCCL deregisters before it closes): only between this rank's "closes
  *    with requests in flight" and "done" of the cycle (the plugin logs the event before the close
- *    that destroys the QP returns).
+ *    that destroys the QP returns);
+ *  - a recovery (a connection lost its QPs: recovering, the peer lost them, recovered; the port
+ *    event): on any rank in a flap cycle, as is a closed connection (the cycle closes every comm,
+ *    possibly while one still recovers); in a kill or abort cycle as a peer gone (a survivor's
+ *    QPs to the victim fail, and the recovery meets the closed side channel).
  * Anything else, or a WARN line not named by the log's rank, is unexpected. */
-enum { K_CLOSED, K_RETRY, K_REMOTE_ACCESS, K_LOCAL_ACCESS, K_N };
-static const char* const warn_kinds[K_N] = {"closed the connection", "transport retry counter exceeded", "remote access error",
-                                            "local access violation"};
+enum { K_RECOVERING, K_PEER_LOST, K_RECOVERED, K_PORT_DOWN, K_CLOSED, K_RETRY, K_REMOTE_ACCESS, K_LOCAL_ACCESS, K_N };
+static const char* const warn_kinds[K_N] = {"recovering over new QPs", "the peer lost its QPs", "recovered over new QPs",
+                                            "the port went down",      "closed the connection", "transport retry counter exceeded",
+                                            "remote access error",     "local access violation"};
 
 typedef struct {
   long expected[K_N], unexpected, files;
@@ -807,7 +855,11 @@ typedef struct {
 } log_state_t;
 
 static int warn_expected(const log_state_t* st, int kind, const char* line) {
+  /* a flap cycle ends with every comm closed, possibly while one still recovers: its peer sees
+   * the side channel close during the recovery */
+  if (st->fault == F_FLAP && (kind <= K_PORT_DOWN || kind == K_CLOSED)) return 1;
   if (kind == K_LOCAL_ACCESS || st->closing) return st->closing;
+  if (kind == K_RECOVERED || kind == K_PORT_DOWN) return 0;
   if (st->fault == F_NONE || st->rank == st->victim) return 0;
   const char* g = strstr(line, "peer GID ::ffff:");
   char want[64];
@@ -823,7 +875,7 @@ static void log_follow(log_state_t* st, const char* line) {
   char fault[16];
   if (sscanf(m, "soak: cycle %d begins: fault %15[a-z], victim %d", &c, fault, &st->victim) == 3) {
     st->cycle = c, st->closing = 0, st->fault = -1;
-    for (int f = F_NONE; f <= F_ABORT; f++)
+    for (int f = F_NONE; f <= F_FLAP; f++)
       if (strcmp(fault, fault_names[f]) == 0) st->fault = f;
   } else if (sscanf(m, "soak: cycle %d", &c) == 1 && c == st->cycle) {
     if (strstr(m, " closes with requests in flight")) st->closing = 1;
@@ -898,7 +950,7 @@ static void usage(int rc) {
           "  --hang-bound SEC  a request without progress this long fails the run (default 20)\n"
           "  --error-bound SEC each survivor of a kill/abort must see an error within this (default 10)\n"
           "  --rss-slack MIB   RSS growth allowed per rank process over its cycles (default 8)\n"
-          "  --fault-every K   one cycle in K (on average) kills or aborts a rank (default 4)\n"
+          "  --fault-every K   one cycle in K (on average) kills or aborts a rank or flaps its port (default 4)\n"
           "  --corrupt-check M the checker expects a wrong byte in message M of every stream (proves the check fails)\n"
           "  --logdir DIR      rank logs (rank-N.PID.log) and where the WARN scan reads them\n"
           "  --scan-logs DIR   run nothing: the WARN scan of the rank logs in DIR (of a run with the same --ranks\n"
@@ -945,7 +997,7 @@ static void parse(int argc, char** argv) {
 static plan_t make_plan(int cycle) {
   uint64_t x = draw(8, (uint64_t)cycle, 0, 0);
   plan_t p = {cycle, (int)(x % (uint64_t)g_opt.nranks), F_NONE, (int)((x >> 8) % 3 == 0), (int)((x >> 12) % 2 == 0)};
-  if (cycle > 0 && (x >> 16) % (uint64_t)g_opt.fault_every == 0) p.fault = (x >> 24) % 2 ? F_KILL : F_ABORT;
+  if (cycle > 0 && (x >> 16) % (uint64_t)g_opt.fault_every == 0) p.fault = F_KILL + (int)((x >> 24) % 3);
   return p;
 }
 
@@ -960,7 +1012,8 @@ static int coord_cycle(const plan_t* pl) {
       tell(all, M_GO, NULL, 0))
     return -1;
   int alive = all;
-  if (pl->fault != F_NONE) {
+  if (pl->fault == F_FLAP && flap_port(pl, all)) return -1;
+  if (peer_fault(pl->fault)) {
     if (inject_fault(pl, all)) return -1;
     if (pl->fault == F_KILL) alive &= ~(1 << pl->victim);
   }
@@ -1022,8 +1075,8 @@ int main(int argc, char** argv) {
          g_opt.nranks, 2 * (g_opt.nranks - 1));
   printf("soak: messages %.0f, bytes %.0f (every one verified), sends %.0f, registrations from the second thread %.0f\n", g_tot.msgs,
          g_tot.bytes, g_tot.sends, g_tot.regs);
-  printf("soak: faults injected: packets lost %.0f, reordered %.0f, duplicated %.0f; ranks killed %.0f (restarted %d), aborted %.0f; closes with requests in flight %.0f cycles\n",
-         lost, reordered, duplicated, g_tot.kills, g_tot.restarts, g_tot.aborts, g_tot.inflight_closes);
+  printf("soak: faults injected: packets lost %.0f, reordered %.0f, duplicated %.0f; ranks killed %.0f (restarted %d), aborted %.0f; ports flapped %.0f; closes with requests in flight %.0f cycles\n",
+         lost, reordered, duplicated, g_tot.kills, g_tot.restarts, g_tot.aborts, g_tot.flaps, g_tot.inflight_closes);
   printf("soak: errors seen: %.0f, all expected (remote %.0f, system %.0f, other %.0f; %.0f on comms with a killed or aborted rank, the slowest %.2f s after the fault; %.0f of requests posted at a close in flight)\n",
          g_tot.expected_errors, g_tot.err_remote, g_tot.err_system, g_tot.err_other, g_tot.expected_errors - g_tot.err_at_close,
          g_tot.max_error_latency, g_tot.err_at_close);
