@@ -236,6 +236,13 @@ pub struct Config {
     /// NCCL_IB_RESILIENCY_PORT_RECOVERY: 0 turns recovery off (default 1 here; NCCL's own IB
     /// transport defaults it to 0 and covers fused NICs only).
     pub port_recovery: bool,
+    /// NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY (ms): the wait after a failed attempt
+    /// before the next, doubling up to 5 s (default 100; the first attempt is at once).
+    pub recovery_start_delay_ms: u64,
+    /// NCCL_IB_RESILIENCY_PORT_RECOVERY_ATTEMPTS_MAX: attempts of one recovery before the comm
+    /// fails (default 0: only FERROCE_RECOVERY_TIMEOUT_SEC bounds it, so a port being replaced
+    /// is waited for).
+    pub recovery_attempts_max: u32,
     /// FERROCE_STATS: directory for the per-process statistics file
     /// (`ferroce-<host>-<pid>.json`); unset = no statistics kept unless NCCL_DEBUG asks for INFO.
     pub stats_dir: Option<String>,
@@ -287,6 +294,8 @@ impl Default for Config {
             hang_warn_sec: 30,
             recovery_timeout_sec: 120,
             port_recovery: true,
+            recovery_start_delay_ms: 100,
+            recovery_attempts_max: 0,
             stats_dir: None,
             stats_interval_sec: 10,
             debug_info: false,
@@ -475,6 +484,8 @@ impl Config {
             hang_warn_sec: r.int("FERROCE_HANG_WARN_SEC", 30, 0, 86_400) as u64,
             recovery_timeout_sec: r.int("FERROCE_RECOVERY_TIMEOUT_SEC", 120, 0, 86_400) as u64,
             port_recovery: r.flag("NCCL_IB_RESILIENCY_PORT_RECOVERY", true),
+            recovery_start_delay_ms: r.int("NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY", 100, 0, 5_000) as u64,
+            recovery_attempts_max: r.int("NCCL_IB_RESILIENCY_PORT_RECOVERY_ATTEMPTS_MAX", 0, 0, 1_000_000) as u32,
             stats_dir: r.raw("FERROCE_STATS").filter(|d| !d.is_empty()),
             stats_interval_sec: r.int("FERROCE_STATS_INTERVAL_SEC", 10, 0, 86_400) as u64,
             debug_info: r
@@ -488,7 +499,7 @@ impl Config {
     pub fn settings(&self) -> Vec<Setting> {
         let flag = |b: bool| if b { "1" } else { "0" }.to_string();
         let auto = |v: i32| if v < 0 { "(auto)".to_string() } else { v.to_string() };
-        let rows: [(&'static str, String); 41] = [
+        let rows: [(&'static str, String); 43] = [
             ("NCCL_IB_HCA", self.hca.to_string()),
             ("NCCL_IB_GID_INDEX", auto(self.gid_index)),
             ("NCCL_IB_ADDR_FAMILY", self.addr_family.to_string()),
@@ -550,6 +561,14 @@ impl Config {
             ("FERROCE_HANG_WARN_SEC", self.hang_warn_sec.to_string()),
             ("FERROCE_RECOVERY_TIMEOUT_SEC", self.recovery_timeout_sec.to_string()),
             ("NCCL_IB_RESILIENCY_PORT_RECOVERY", flag(self.port_recovery)),
+            (
+                "NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY",
+                format!("{} ms", self.recovery_start_delay_ms),
+            ),
+            (
+                "NCCL_IB_RESILIENCY_PORT_RECOVERY_ATTEMPTS_MAX",
+                self.recovery_attempts_max.to_string(),
+            ),
             (
                 "FERROCE_STATS",
                 self.stats_dir.clone().unwrap_or_else(|| "(off)".into()),

@@ -16,7 +16,7 @@ mod softroce_common;
 
 use nccl_net_ferroce::api::{self, RecvHandle, SendHandle};
 use nccl_net_ferroce::error::{code, Error};
-use softroce_common::{pair, softroce_lib, transfer};
+use softroce_common::{pair, transfer};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
@@ -29,31 +29,18 @@ fn root() -> &'static str {
 /// Runs the child test `child` with two softroce devices on `addrs` ("A,B"); its stdout and
 /// stderr, after checking that it passed.
 fn run_child(child: &str, addrs: &str) -> String {
-    let dir = std::env::temp_dir().join(format!("ferroce-events-{child}-{}", std::process::id()));
-    let out = Command::new(std::env::current_exe().expect("test binary"))
-        .args([child, "--exact", "--ignored", "--nocapture", "--test-threads", "1"])
-        .env("EVENTS_CHILD", "1")
-        .env("NCCL_IBVERBS_LIB", softroce_lib())
-        .env("SOFTROCE_DEVICES", "2")
-        .env("SOFTROCE_ADDR", addrs)
-        .env("SOFTROCE_CTL_DIR", &dir)
-        .env("NCCL_SOCKET_IFNAME", "lo")
-        .env("NCCL_IB_TIMEOUT", "12")
-        .env("NCCL_IB_RETRY_CNT", "2")
-        .env("FERROCE_CONNECT_TIMEOUT_SEC", "10")
-        // Which comms an event fails, so without recovery (a port that goes down is
-        // recovered from otherwise: tests/recovery_softroce.rs).
-        .env("FERROCE_RECOVERY_TIMEOUT_SEC", "0")
-        .output()
-        .expect("run the child");
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success(), "child failed:\n{text}");
-    assert!(
-        text.contains(&format!("{child}: done")),
-        "the child did not run:\n{text}"
-    );
-    text
+    softroce_common::run_child(
+        "EVENTS",
+        child,
+        &[
+            ("SOFTROCE_DEVICES", "2"),
+            ("SOFTROCE_ADDR", addrs),
+            ("NCCL_IB_RETRY_CNT", "2"),
+            // Which comms an event fails, so without recovery (a port that goes down is
+            // recovered from otherwise: tests/recovery_softroce.rs).
+            ("FERROCE_RECOVERY_TIMEOUT_SEC", "0"),
+        ],
+    )
 }
 
 /// Whether this run is the parent of a softroce test (FERROCE_TEST_SOFTROCE=1).

@@ -16,7 +16,7 @@ mod softroce_common;
 
 use nccl_net_ferroce::api::{self, RecvHandle, SendHandle};
 use nccl_net_ferroce::error::Error;
-use softroce_common::{pair, reg, softroce_lib};
+use softroce_common::{pair, reg};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -27,31 +27,15 @@ fn root() -> &'static str {
 /// Runs the child test `child` with one softroce device on `addr` and `env`; its output,
 /// after checking that it passed.
 fn run_child(child: &str, addr: &str, env: &[(&str, &str)]) -> String {
-    let dir = std::env::temp_dir().join(format!("ferroce-recovery-{child}-{}", std::process::id()));
-    let out = Command::new(std::env::current_exe().expect("test binary"))
-        .args([child, "--exact", "--ignored", "--nocapture", "--test-threads", "1"])
-        .env("RECOVERY_CHILD", "1")
-        .env("RECOVERY_ADDR", addr)
-        .env("NCCL_IBVERBS_LIB", softroce_lib())
-        .env("SOFTROCE_DEVICES", "1")
-        .env("SOFTROCE_ADDR", addr)
-        .env("SOFTROCE_CTL_DIR", &dir)
-        .env("NCCL_SOCKET_IFNAME", "lo")
+    let mut all = vec![
+        ("RECOVERY_ADDR", addr),
+        ("SOFTROCE_DEVICES", "1"),
+        ("SOFTROCE_ADDR", addr),
         // Retries run out in 4 × 16.8 ms: the loss is noticed fast.
-        .env("NCCL_IB_TIMEOUT", "12")
-        .env("NCCL_IB_RETRY_CNT", "3")
-        .env("FERROCE_CONNECT_TIMEOUT_SEC", "10")
-        .envs(env.iter().copied())
-        .output()
-        .expect("run the child");
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success(), "child failed:\n{text}");
-    assert!(
-        text.contains(&format!("{child}: done")),
-        "the child did not run:\n{text}"
-    );
-    text
+        ("NCCL_IB_RETRY_CNT", "3"),
+    ];
+    all.extend_from_slice(env);
+    softroce_common::run_child("RECOVERY", child, &all)
 }
 
 fn softroce_enabled() -> bool {
@@ -276,10 +260,9 @@ fn port_flap_child() {
     println!("port_flap_child: done");
 }
 
-#[test]
-#[ignore = "the child process of a_port_that_stays_down_fails_the_comm_at_the_bound, which runs it"]
-fn port_stays_down_child() {
-    assert!(is_child());
+/// A stream through which the port goes down for good after 20 messages: the comm fails, with
+/// an error (no hang), within `bound`.
+fn fails_after_port_down(bound: Duration) {
     let ctx = api::init(None, -1, false).expect("init");
     let (s, r) = pair(&ctx, 0);
     let t0 = Instant::now();
@@ -294,13 +277,17 @@ fn port_stays_down_child() {
     )
     .expect_err("the comm fails");
     assert!(!err.message.contains("a hang"), "{}", err.message);
-    assert!(
-        t0.elapsed() < Duration::from_secs(15),
-        "within the 2 s bound and its last attempt: {:?}",
-        t0.elapsed()
-    );
+    assert!(t0.elapsed() < bound, "within {bound:?}: {:?}", t0.elapsed());
     drop((s, r));
     api::finalize(ctx).expect("finalize");
+}
+
+#[test]
+#[ignore = "the child process of a_port_that_stays_down_fails_the_comm_at_the_bound, which runs it"]
+fn port_stays_down_child() {
+    assert!(is_child());
+    // The 2 s bound and its last attempt.
+    fails_after_port_down(Duration::from_secs(15));
     println!("port_stays_down_child: done");
 }
 
@@ -308,20 +295,6 @@ fn port_stays_down_child() {
 #[ignore = "the child process of recovery_off_fails_at_the_first_failure, which runs it"]
 fn recovery_off_child() {
     assert!(is_child());
-    let ctx = api::init(None, -1, false).expect("init");
-    let (s, r) = pair(&ctx, 0);
-    let err = stream(
-        &s,
-        &r,
-        1000,
-        &SIZES,
-        20,
-        &mut || ctl(&["port-down"]),
-        Duration::from_secs(30),
-    )
-    .expect_err("the comm fails");
-    assert!(!err.message.contains("a hang"), "{}", err.message);
-    drop((s, r));
-    api::finalize(ctx).expect("finalize");
+    fails_after_port_down(Duration::from_secs(15));
     println!("recovery_off_child: done");
 }

@@ -4,7 +4,7 @@
 use super::proto::handshake::EndpointRepr;
 use super::proto::recovery::{Recovery, Role};
 use crate::ibv::sys;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// What the peer's Hello said: its epoch, its next FIFO entry (a sender), its completions
 /// taken per QP (a receiver), its new QPs.
@@ -31,7 +31,13 @@ pub struct RecoveryIo {
 impl RecoveryIo {
     pub fn new(role: Role, peer: String) -> RecoveryIo {
         RecoveryIo {
-            machine: Recovery::new(role, crate::config::get().recovery_timeout(), peer),
+            machine: {
+                let c = crate::config::get();
+                Recovery::new(role, c.recovery_timeout(), peer).with_limits(
+                    Duration::from_millis(c.recovery_start_delay_ms),
+                    c.recovery_attempts_max,
+                )
+            },
             hello: None,
             readable: false,
             started: None,

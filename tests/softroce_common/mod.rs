@@ -6,6 +6,7 @@ use nccl_net_ferroce::api::{self, CommContext, RecvHandle, SendHandle};
 use nccl_net_ferroce::error::Error;
 use nccl_net_ferroce::transport::{MemHandle, MemKind};
 use std::ffi::c_void;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// The softroce libibverbs the plugin loads in these tests: FERROCE_TEST_SOFTROCE_LIB when set
@@ -104,4 +105,31 @@ pub fn transfer(
     api::dereg_mr(smh).expect("deregMr");
     api::dereg_mr(rmh).expect("deregMr");
     result
+}
+
+/// Runs the `#[ignore]`d test `child` of this test binary as a child process (`{tag}_CHILD=1`,
+/// softroce as the plugin's libibverbs, its own fault-control directory, the side channel on
+/// lo, short transport and setup timeouts) with `env` on top; its stdout and stderr, after
+/// checking that it passed and printed "`child`: done".
+pub fn run_child(tag: &str, child: &str, env: &[(&str, &str)]) -> String {
+    let dir = std::env::temp_dir().join(format!("ferroce-{tag}-{child}-{}", std::process::id()));
+    let out = Command::new(std::env::current_exe().expect("test binary"))
+        .args([child, "--exact", "--ignored", "--nocapture", "--test-threads", "1"])
+        .env(format!("{tag}_CHILD"), "1")
+        .env("NCCL_IBVERBS_LIB", softroce_lib())
+        .env("SOFTROCE_CTL_DIR", &dir)
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("NCCL_IB_TIMEOUT", "12")
+        .env("FERROCE_CONNECT_TIMEOUT_SEC", "10")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run the child");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "child failed:\n{text}");
+    assert!(
+        text.contains(&format!("{child}: done")),
+        "the child did not run:\n{text}"
+    );
+    text
 }

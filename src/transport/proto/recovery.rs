@@ -34,7 +34,7 @@ use super::time::Time;
 use crate::error::Error;
 use std::time::Duration;
 
-/// The first wait before a new attempt; it doubles up to [`MAX_BACKOFF`].
+/// The first wait before a new attempt (unless set otherwise); it doubles up to [`MAX_BACKOFF`].
 pub const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// The longest wait between two attempts.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
@@ -100,6 +100,11 @@ pub struct Recovery {
     since: Option<Time>,
     timeout: Duration,
     backoff: Duration,
+    first_backoff: Duration,
+    /// Attempts of one recovery before it gives up (0: only the time bound).
+    max_attempts: u32,
+    /// Attempts of the recovery in progress.
+    attempts_now: u32,
     /// Attempts started, and recoveries completed, since the comm was made.
     pub attempts: u32,
     pub recovered: u32,
@@ -121,11 +126,23 @@ impl Recovery {
             since: None,
             timeout,
             backoff: FIRST_BACKOFF,
+            first_backoff: FIRST_BACKOFF,
+            max_attempts: 0,
+            attempts_now: 0,
             attempts: 0,
             recovered: 0,
             last_cause: String::new(),
             peer,
         }
+    }
+
+    /// The first wait between two attempts, and the most attempts of one recovery (0: no
+    /// bound but the time).
+    pub fn with_limits(mut self, first_backoff: Duration, max_attempts: u32) -> Recovery {
+        self.first_backoff = first_backoff.min(MAX_BACKOFF);
+        self.backoff = self.first_backoff;
+        self.max_attempts = max_attempts;
+        self
     }
 
     pub fn enabled(&self) -> bool {
@@ -155,7 +172,12 @@ impl Recovery {
         self.epoch = epoch;
         self.phase = Phase::Rebuilding;
         self.attempts += 1;
+        self.attempts_now += 1;
         Action::Rebuild { epoch }
+    }
+
+    fn attempts_in_recovery(&self) -> u32 {
+        self.attempts_now
     }
 
     fn give_up(&mut self, now: Time) -> Action {
@@ -163,7 +185,7 @@ impl Recovery {
             "the connection to {} lost its QPs and could not be recovered within {:?} ({} attempts; last: {}): check the link and port state (ibv_devinfo) on both hosts, and FERROCE_RECOVERY_TIMEOUT_SEC",
             self.peer,
             self.elapsed(now),
-            self.attempts,
+            self.attempts_now,
             self.last_cause
         ));
         self.phase = Phase::Running;
@@ -186,7 +208,8 @@ impl Recovery {
             }
             Phase::Running => {
                 self.since = Some(now);
-                self.backoff = FIRST_BACKOFF;
+                self.backoff = self.first_backoff;
+                self.attempts_now = 0;
                 self.peer_hello = None;
                 self.peer_ready = None;
                 vec![self.start_epoch(self.epoch.wrapping_add(1))]
@@ -205,7 +228,8 @@ impl Recovery {
     /// failed): wait, then try again — or give up past the bound.
     pub fn attempt_failed(&mut self, now: Time, cause: &str) -> Vec<Action> {
         self.last_cause = cause.to_string();
-        if self.elapsed(now) >= self.timeout {
+        let out_of_attempts = self.max_attempts > 0 && self.attempts_in_recovery() >= self.max_attempts;
+        if self.elapsed(now) >= self.timeout || out_of_attempts {
             return vec![self.give_up(now)];
         }
         self.phase = Phase::Backoff { at: now + self.backoff };
@@ -244,7 +268,8 @@ impl Recovery {
             // The peer saw a failure first, or a newer one: join its epoch.
             if self.phase == Phase::Running {
                 self.since = Some(now);
-                self.backoff = FIRST_BACKOFF;
+                self.backoff = self.first_backoff;
+                self.attempts_now = 0;
                 self.last_cause = format!("the peer {} reported its QPs failed", self.peer);
             }
             self.peer_hello = Some(epoch);
@@ -306,7 +331,8 @@ impl Recovery {
     pub fn progressed(&mut self) {
         if self.phase == Phase::Running {
             self.since = None;
-            self.backoff = FIRST_BACKOFF;
+            self.backoff = self.first_backoff;
+            self.attempts_now = 0;
         }
     }
 
@@ -447,6 +473,23 @@ mod tests {
             vec![Action::Rebuild { epoch: 3 }],
             "a new bound"
         );
+    }
+
+    #[test]
+    fn a_bound_on_attempts_gives_up_after_that_many() {
+        let mut a = Recovery::new(Role::Sender, Duration::from_secs(100), "peer".into())
+            .with_limits(Duration::from_millis(10), 2);
+        a.local_failure(t(0), "x");
+        assert_eq!(a.attempt_failed(t(1), "RTR failed"), vec![], "attempt 1 of 2");
+        assert_eq!(
+            a.tick(t(12)),
+            vec![Action::Rebuild { epoch: 2 }],
+            "after the 10 ms first wait"
+        );
+        match a.attempt_failed(t(13), "RTR failed").as_slice() {
+            [Action::Fail(e)] => assert!(e.message.contains("2 attempts"), "{}", e.message),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -353,37 +353,50 @@ impl RecvCore {
             ring.store_entry(pos, &e.to_wire());
             self.posted[pos] = b.size as u64;
         }
-        let rdev = self.cfg.routes.get(d).map_or(0, |r| r.remote_dev).min(MAX_DEVS - 1);
         for (pos, len) in fifo::pieces(start, n) {
             if len == 0 {
                 continue;
             }
-            let bytes = (len * fifo::ENTRY_BYTES) as u32;
-            let seq = self.cts_posted[d];
-            let wr = WorkRequest {
-                wr_id: cts_wr_id(d, seq),
-                op: Op::Write,
-                local: Some(Sge {
-                    addr: self.cfg.staging.addr + (pos * fifo::ENTRY_BYTES) as u64,
-                    len: bytes,
-                    lkey: self.cfg.staging.lkeys[d],
-                }),
-                remote: Remote {
-                    addr: self.cfg.peer_fifo.addr + (pos * fifo::ENTRY_BYTES) as u64,
-                    rkey: self.cfg.peer_fifo.rkeys[rdev],
-                },
-                // Regularly reap the send queue (unsignaled WRs stay outstanding until then).
-                signaled: seq % CTS_SIGNAL_EVERY == CTS_SIGNAL_EVERY - 1,
-                inline: bytes <= self.cfg.cts_inline_max[d],
-            };
-            // Counted before posting: a WR the provider may hold counts against the queue.
-            self.cts_posted[d] += 1;
-            post(Post::Send {
-                qp: d,
-                chain: std::slice::from_ref(&wr),
-            })?;
+            // Regularly reap the send queue (unsignaled WRs stay outstanding until then).
+            let signaled = self.cts_posted[d] % CTS_SIGNAL_EVERY == CTS_SIGNAL_EVERY - 1;
+            self.post_cts(d, pos, len, signaled, post)?;
         }
         Ok(())
+    }
+
+    /// Post the CTS write of the `len` staged entries from ring position `pos` into the same
+    /// entries of the sender's FIFO, on device `d`'s CTS QP.
+    fn post_cts(
+        &mut self,
+        d: usize,
+        pos: usize,
+        len: usize,
+        signaled: bool,
+        post: &mut impl FnMut(Post<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let rdev = self.cfg.routes.get(d).map_or(0, |r| r.remote_dev).min(MAX_DEVS - 1);
+        let bytes = (len * fifo::ENTRY_BYTES) as u32;
+        let wr = WorkRequest {
+            wr_id: cts_wr_id(d, self.cts_posted[d]),
+            op: Op::Write,
+            local: Some(Sge {
+                addr: self.cfg.staging.addr + (pos * fifo::ENTRY_BYTES) as u64,
+                len: bytes,
+                lkey: self.cfg.staging.lkeys[d],
+            }),
+            remote: Remote {
+                addr: self.cfg.peer_fifo.addr + (pos * fifo::ENTRY_BYTES) as u64,
+                rkey: self.cfg.peer_fifo.rkeys[rdev],
+            },
+            signaled,
+            inline: bytes <= self.cfg.cts_inline_max[d],
+        };
+        // Counted before posting: a WR the provider may hold counts against the queue.
+        self.cts_posted[d] += 1;
+        post(Post::Send {
+            qp: d,
+            chain: std::slice::from_ref(&wr),
+        })
     }
 
     /// The QPs group `id`'s message completes on (one per QP it is spread over).
@@ -649,33 +662,12 @@ impl RecvCore {
         self.cts_retired = self.cts_posted;
         let n = (next - sender_head) as usize;
         let d = 0;
-        let rdev = self.cfg.routes.first().map_or(0, |r| r.remote_dev).min(MAX_DEVS - 1);
         for (pos, len) in fifo::pieces(sender_head, n) {
             if len == 0 {
                 continue;
             }
-            let seq = self.cts_posted[d];
-            let wr = WorkRequest {
-                wr_id: cts_wr_id(d, seq),
-                op: Op::Write,
-                local: Some(Sge {
-                    addr: self.cfg.staging.addr + (pos * fifo::ENTRY_BYTES) as u64,
-                    len: (len * fifo::ENTRY_BYTES) as u32,
-                    lkey: self.cfg.staging.lkeys[d],
-                }),
-                remote: Remote {
-                    addr: self.cfg.peer_fifo.addr + (pos * fifo::ENTRY_BYTES) as u64,
-                    rkey: self.cfg.peer_fifo.rkeys[rdev],
-                },
-                // Signaled: its completion says it landed.
-                signaled: true,
-                inline: false,
-            };
-            self.cts_posted[d] += 1;
-            if let Err(e) = post(Post::Send {
-                qp: d,
-                chain: std::slice::from_ref(&wr),
-            }) {
+            // Signaled: its completion says it landed.
+            if let Err(e) = self.post_cts(d, pos, len, true, post) {
                 return Err(self.state.fail(e));
             }
         }
