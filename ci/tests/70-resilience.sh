@@ -10,7 +10,7 @@
 #     recovered" WARN within the bound, no hang;
 #   * the peer killed while a recovery is in progress: rank 0 fails within a few seconds (its
 #     side channel closed), far inside the recovery bound;
-#   * the flaps again with 1 % packet loss.
+#   * the flaps, the blackholes and the kill again with 1 % packet loss.
 # Every run is bounded by `timeout`; the launcher kills its ranks, this script whatever is left.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
@@ -121,56 +121,65 @@ echo "   sendrecv 1 MiB busbw: $SR0 GB/s unflapped (500 iterations), $(busbw "$D
 checked_through_flaps all_reduce-flaps env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/all_reduce_perf" "${AR_ARGS[@]}"
 checked_through_flaps sendrecv-flaps-1pct-loss env SOFTROCE_LOSS=0.01 FERROCE_RECOVERY_TIMEOUT_SEC=30 NCCL_IB_RETRY_CNT=7 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 6000 -w 1
 
-echo "== blackhole 0.3 s and heal"
-out=$D/heal.out
-start "sendrecv, blackhole healed" "$out" env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 2000 -w 1
-pid=$PID
-wait_dev $R1 && sleep 0.5 && "$CTL" $R1 blackhole $BASE.1 >/dev/null && sleep 0.3 && "$CTL" $R1 heal >/dev/null
-wait "$pid"
-rc=$?
-if [ $rc -eq 0 ] && [ "$(wrong "$out")" = 0 ] && grep -q "recovered over new QPs" "$out"; then
-    ok "blackhole 0.3 s then heal: rc 0, #wrong 0; $(figures "$out")"
-else
-    ko "blackhole then heal (rc $rc, #wrong $(wrong "$out"))" "$out"
-fi
+# broken_links LOSS: the healed blackhole, the permanent one and the peer killed during a
+# recovery, with SOFTROCE_LOSS=LOSS
+broken_links() {
+    local LOSS=$1 TAG="" SUFFIX="" out pid rc took victim launcher t0
+    if [ "$LOSS" != 0 ]; then TAG=" (loss $LOSS)" SUFFIX=-loss; fi
+    echo "== blackhole 0.3 s and heal$TAG"
+    out=$D/heal$SUFFIX.out
+    start "sendrecv, blackhole healed" "$out" env SOFTROCE_LOSS=$LOSS FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 2000 -w 1
+    pid=$PID
+    wait_dev $R1 && sleep 0.5 && "$CTL" $R1 blackhole $BASE.1 >/dev/null && sleep 0.3 && "$CTL" $R1 heal >/dev/null
+    wait "$pid"
+    rc=$?
+    if [ $rc -eq 0 ] && [ "$(wrong "$out")" = 0 ] && grep -q "recovered over new QPs" "$out"; then
+        ok "blackhole 0.3 s then heal$TAG: rc 0, #wrong 0; $(figures "$out")"
+    else
+        ko "blackhole then heal$TAG (rc $rc, #wrong $(wrong "$out"))" "$out"
+    fi
 
-echo "== blackhole past FERROCE_RECOVERY_TIMEOUT_SEC=3"
-out=$D/bound.out
-start "sendrecv, blackhole for good" "$out" env FERROCE_RECOVERY_TIMEOUT_SEC=3 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 100000 -w 1
-pid=$PID
-wait_dev $R1 && sleep 0.5 && "$CTL" $R1 blackhole $BASE.1 >/dev/null
-t0=$(date +%s)
-wait "$pid"
-rc=$?
-took=$(($(date +%s) - t0))
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 20 ] && grep -q "could not be recovered within" "$out"; then
-    ok "blackhole for good: the run fails after $took s (bound 3 s) with the 'could not be recovered' WARN"
-else
-    ko "blackhole for good (rc $rc after $took s)" "$out"
-fi
+    echo "== blackhole past FERROCE_RECOVERY_TIMEOUT_SEC=3$TAG"
+    out=$D/bound$SUFFIX.out
+    start "sendrecv, blackhole for good" "$out" env SOFTROCE_LOSS=$LOSS FERROCE_RECOVERY_TIMEOUT_SEC=3 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 100000 -w 1
+    pid=$PID
+    wait_dev $R1 && sleep 0.5 && "$CTL" $R1 blackhole $BASE.1 >/dev/null
+    t0=$(date +%s)
+    wait "$pid"
+    rc=$?
+    took=$(($(date +%s) - t0))
+    if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 20 ] && grep -q "could not be recovered within" "$out"; then
+        ok "blackhole for good$TAG: the run fails after $took s (bound 3 s) with the 'could not be recovered' WARN"
+    else
+        ko "blackhole for good$TAG (rc $rc after $took s)" "$out"
+    fi
 
-echo "== the peer killed during a recovery"
-out=$D/kill.out
-start "sendrecv, peer killed while recovering" "$out" env FERROCE_RECOVERY_TIMEOUT_SEC=60 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 100000 -w 1
-pid=$PID
-victim=""
-if wait_dev $R1; then
-    sleep 0.5
-    "$CTL" $R1 blackhole $BASE.1 >/dev/null
-    sleep 1
-    # rank 1: the launcher (timeout's child) forks its ranks in rank order
-    launcher=$(pgrep -P "$pid" | head -n 1)
-    victim=$(pgrep -P "$launcher" | sort -n | sed -n 2p)
-    [ -n "$victim" ] && kill -9 "$victim"
-fi
-t0=$(date +%s)
-wait "$pid"
-rc=$?
-took=$(($(date +%s) - t0))
-if [ -n "$victim" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 15 ] && grep -q "closed the connection" "$out"; then
-    ok "peer killed during a recovery: rank 0 fails $took s later (recovery bound 60 s) naming the closed connection"
-else
-    ko "peer killed during a recovery (victim '${victim}', rc $rc after $took s)" "$out"
-fi
+    echo "== the peer killed during a recovery$TAG"
+    out=$D/kill$SUFFIX.out
+    start "sendrecv, peer killed while recovering" "$out" env SOFTROCE_LOSS=$LOSS FERROCE_RECOVERY_TIMEOUT_SEC=60 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 100000 -w 1
+    pid=$PID
+    victim=""
+    if wait_dev $R1; then
+        sleep 0.5
+        "$CTL" $R1 blackhole $BASE.1 >/dev/null
+        sleep 1
+        # rank 1: the launcher (timeout's child) forks its ranks in rank order
+        launcher=$(pgrep -P "$pid" | head -n 1)
+        victim=$(pgrep -P "$launcher" | sort -n | sed -n 2p)
+        [ -n "$victim" ] && kill -9 "$victim"
+    fi
+    t0=$(date +%s)
+    wait "$pid"
+    rc=$?
+    took=$(($(date +%s) - t0))
+    if [ -n "$victim" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 15 ] && grep -q "closed the connection" "$out"; then
+        ok "peer killed during a recovery$TAG: rank 0 fails $took s later (recovery bound 60 s) naming the closed connection"
+    else
+        ko "peer killed during a recovery$TAG (victim '${victim}', rc $rc after $took s)" "$out"
+    fi
+}
+
+broken_links 0
+broken_links 0.01
 
 finish
