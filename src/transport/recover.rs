@@ -22,26 +22,43 @@ impl Driver {
     /// The connection lost its QPs (`cause` in words): recover, or fail the comm when
     /// recovery is off or over its bound.
     pub fn local_failure(&mut self, core: &mut impl RecoverySink, cause: &str) -> Result<()> {
-        if !self.recovery.machine.active() && !self.recovery.machine.unproven() {
-            crate::log_warn!(
-                "{} comm with {}: {cause}; recovering over new QPs (both ends replace them and send again what did not arrive; FERROCE_RECOVERY_TIMEOUT_SEC={} bounds it)",
-                self.kind,
-                self.conn.chan.peer,
-                crate::config::get().recovery_timeout().as_secs()
-            );
-            self.recovery.started = Some(Instant::now());
-        }
+        self.note_loss(&format!(
+            "{cause}; recovering over new QPs (both ends replace them and send again what did not arrive; FERROCE_RECOVERY_TIMEOUT_SEC={} bounds it)",
+            crate::config::get().recovery_timeout().as_secs()
+        ));
         let actions = self.recovery.machine.local_failure(clock::now(), cause);
         self.act(core, actions)
+    }
+
+    /// The WARN that a recovery begins (`what` happened), once per recovery, and its start.
+    fn note_loss(&mut self, what: &str) {
+        if self.recovery.machine.active() || self.recovery.machine.unproven() {
+            return;
+        }
+        crate::log_warn!("{} comm with {}: {what}", self.kind, self.conn.chan.peer);
+        self.recovery.started = Some(Instant::now());
+    }
+
+    /// The comm's error when its peer closed the side channel (`e`): the peer is gone.
+    fn peer_closed(&self, core: &mut impl RecoverySink, e: &ChannelError) -> Error {
+        let during = if self.recovery.machine.active() {
+            " during a recovery of the connection"
+        } else {
+            ""
+        };
+        core.state().fail(Error::remote(format!(
+            "the peer {} closed the connection{during} ({e}): the peer process exited, crashed or closed its comm — check the peer's log",
+            self.conn.chan.peer
+        )))
     }
 
     /// Read side-channel messages, move the recovery on with the time, and notice the
     /// receiver's rewrites landing. A closed side channel fails the comm: the peer is gone.
     pub fn recovery_step(&mut self, core: &mut impl RecoverySink) -> Result<()> {
         self.recovery.readable = false;
+        self.flush_channel(core)?;
         loop {
-            let got = self.conn.chan.flush().and_then(|_| self.conn.chan.poll_recv());
-            let actions = match got {
+            let actions = match self.conn.chan.poll_recv() {
                 Ok(None) => break,
                 Ok(Some(Message::RecoverHello {
                     epoch,
@@ -58,14 +75,7 @@ impl Driver {
                             qps,
                         });
                     }
-                    if !self.recovery.machine.active() && !self.recovery.machine.unproven() {
-                        crate::log_warn!(
-                            "{} comm with {}: the peer lost its QPs of this connection; recovering over new QPs",
-                            self.kind,
-                            self.conn.chan.peer
-                        );
-                        self.recovery.started = Some(Instant::now());
-                    }
+                    self.note_loss("the peer lost its QPs of this connection; recovering over new QPs");
                     self.recovery.machine.peer_hello(clock::now(), epoch)
                 }
                 Ok(Some(Message::RecoverReady { epoch })) => self.recovery.machine.peer_ready(epoch),
@@ -82,17 +92,7 @@ impl Driver {
                         self.conn.chan.peer
                     ))))
                 }
-                Err(e) => {
-                    let during = if self.recovery.machine.active() {
-                        " during a recovery of the connection"
-                    } else {
-                        ""
-                    };
-                    return Err(core.state().fail(Error::remote(format!(
-                        "the peer {} closed the connection{during} ({e}): the peer process exited, crashed or closed its comm — check the peer's log",
-                        self.conn.chan.peer
-                    ))));
-                }
+                Err(e) => return Err(self.peer_closed(core, &e)),
             };
             self.act(core, actions)?;
         }
@@ -153,7 +153,7 @@ impl Driver {
                     self.flush_channel(core)?;
                 }
                 Action::Connect { epoch } => {
-                    let Some(h) = self.recovery.hello.as_ref().filter(|h| h.epoch == epoch) else {
+                    let Some(h) = self.recovery.hello_of(epoch) else {
                         return Err(core
                             .state()
                             .fail(Error::internal("recovery: connect without the peer's Hello")));
@@ -169,7 +169,7 @@ impl Driver {
                     self.flush_channel(core)?;
                 }
                 Action::Resume { epoch } => {
-                    let Some(h) = self.recovery.hello.as_ref().filter(|h| h.epoch == epoch) else {
+                    let Some(h) = self.recovery.hello_of(epoch) else {
                         return Err(core
                             .state()
                             .fail(Error::internal("recovery: resume without the peer's Hello")));
@@ -200,10 +200,7 @@ impl Driver {
     fn flush_channel(&mut self, core: &mut impl RecoverySink) -> Result<()> {
         match self.conn.chan.flush() {
             Ok(_) => Ok(()),
-            Err(e) => Err(core.state().fail(Error::remote(format!(
-                "the peer {} closed the connection during a recovery ({e}): the peer process exited, crashed or closed its comm",
-                self.conn.chan.peer
-            )))),
+            Err(e) => Err(self.peer_closed(core, &e)),
         }
     }
 

@@ -45,6 +45,11 @@ impl RecoveryIo {
         }
     }
 
+    /// The peer's Hello of `epoch`, if it is the last one it sent.
+    pub fn hello_of(&self, epoch: u32) -> Option<&PeerHello> {
+        self.hello.as_ref().filter(|h| h.epoch == epoch)
+    }
+
     /// Whether a recovery ever replaced the QPs (completions of destroyed QPs may arrive).
     pub fn replaced(&self) -> bool {
         self.machine.epoch() > 0

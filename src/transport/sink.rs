@@ -2,7 +2,6 @@
 //! cores' side of the driver (`driver.rs`) and of a recovery (`recover.rs`).
 
 use super::proto::plan::Post;
-use super::proto::recovery::Role;
 use super::proto::recv::RecvCore;
 use super::proto::send::{FifoRing, SendCore};
 use super::proto::state::CommState;
@@ -15,18 +14,6 @@ pub trait CompletionSink {
     fn handle_ok(&mut self, wr_id: u64, imm: Option<u32>);
     /// The operation and byte count of `wr_id`, for the WARN of a failed completion.
     fn describe(&self, wr_id: u64) -> (&'static str, usize);
-}
-
-impl CompletionSink for SendCore {
-    fn state(&mut self) -> &mut CommState {
-        &mut self.state
-    }
-    fn handle_ok(&mut self, wr_id: u64, _imm: Option<u32>) {
-        self.handle_completion(wr_id);
-    }
-    fn describe(&self, wr_id: u64) -> (&'static str, usize) {
-        SendCore::describe(self, wr_id)
-    }
 }
 
 impl CompletionSink for RecvCore {
@@ -43,7 +30,6 @@ impl CompletionSink for RecvCore {
 
 /// What a recovery needs of a core besides its completions.
 pub trait RecoverySink: CompletionSink {
-    fn role(&self) -> Role;
     /// Stop posting until [`RecoverySink::resume`].
     fn begin_recovery(&mut self);
     /// Whether `wr_id` is one of the receives the core posted (a QP moved to ERR flushes
@@ -70,9 +56,6 @@ pub trait RecoverySink: CompletionSink {
 }
 
 impl RecoverySink for RecvCore {
-    fn role(&self) -> Role {
-        Role::Receiver
-    }
     fn begin_recovery(&mut self) {
         RecvCore::begin_recovery(self)
     }
@@ -117,9 +100,6 @@ impl<R: FifoRing> CompletionSink for SendSide<'_, R> {
 }
 
 impl<R: FifoRing> RecoverySink for SendSide<'_, R> {
-    fn role(&self) -> Role {
-        Role::Sender
-    }
     fn begin_recovery(&mut self) {
         self.core.begin_recovery()
     }

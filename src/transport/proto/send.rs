@@ -403,7 +403,8 @@ impl SendCore {
         self.cur.matched |= 1 << i;
         if let Some(k) = self.kept.get_mut(usize::from(r)) {
             *k = Kept::new(send.data, len, i);
-            // The counter the group will be posted with: never one of a group in flight.
+            // The counter the group will be posted with (the current group is posted next,
+            // as `self.counter`): never one of a group in flight.
             k.set_counter(self.counter);
         }
         let l = usize::from(r) * self.nldevs;
@@ -475,9 +476,6 @@ impl SendCore {
         for &r in &self.cur.reqs[..n] {
             if let Some(req) = self.state.pool.get_mut(r) {
                 req.pending = request::pending_count(nq);
-            }
-            if let Some(k) = self.kept.get_mut(usize::from(r)) {
-                k.set_counter(id);
             }
         }
         self.counter += 1;
