@@ -18,20 +18,12 @@ if [ ! -x "$CTL" ]; then
     exit 1
 fi
 free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-# wait_sock ADDR: until the device on ADDR answers (5 s).
-wait_sock() {
-    for _ in $(seq 100); do
-        "$CTL" "$1" status >/dev/null 2>&1 && return 0
-        sleep 0.05
-    done
-    return 1
-}
 
 echo "== port events: port-down, port-up, gid-change reach ibv_asyncwatch"
 env LD_LIBRARY_PATH="$LIB" SOFTROCE_ADDR=127.0.22.1 timeout 20 ibv_asyncwatch >"$D/watch" 2>&1 &
 wpid=$!
 PIDS="$PIDS $wpid"
-if wait_sock 127.0.22.1 && "$CTL" 127.0.22.1 port-down >"$D/ctl1" && "$CTL" 127.0.22.1 status >>"$D/ctl1" &&
+if wait_dev 127.0.22.1 && "$CTL" 127.0.22.1 port-down >"$D/ctl1" && "$CTL" 127.0.22.1 status >>"$D/ctl1" &&
     "$CTL" 127.0.22.1 port-up >>"$D/ctl1" && "$CTL" 127.0.22.1 gid-change >>"$D/ctl1"; then
     sleep 0.5
     kill "$wpid" 2>/dev/null
@@ -50,7 +42,7 @@ echo "== device-fatal reaches ibv_asyncwatch; the device then says DEAD"
 env LD_LIBRARY_PATH="$LIB" SOFTROCE_ADDR=127.0.22.11 timeout 20 ibv_asyncwatch >"$D/fatal.watch" 2>&1 &
 wpid=$!
 PIDS="$PIDS $wpid"
-if wait_sock 127.0.22.11 && "$CTL" 127.0.22.11 device-fatal >"$D/fatal.ctl" && "$CTL" 127.0.22.11 status >>"$D/fatal.ctl"; then
+if wait_dev 127.0.22.11 && "$CTL" 127.0.22.11 device-fatal >"$D/fatal.ctl" && "$CTL" 127.0.22.11 status >>"$D/fatal.ctl"; then
     sleep 0.5
     kill "$wpid" 2>/dev/null
     wait "$wpid" 2>/dev/null
@@ -145,7 +137,7 @@ echo "== clear answers"
 env LD_LIBRARY_PATH="$LIB" SOFTROCE_ADDR=127.0.22.10 timeout 20 ibv_asyncwatch >/dev/null 2>&1 &
 wpid=$!
 PIDS="$PIDS $wpid"
-wait_sock 127.0.22.10
+wait_dev 127.0.22.10
 "$CTL" 127.0.22.10 reboot >"$D/bad" 2>&1
 brc=$?
 "$CTL" 127.0.22.250 status >"$D/none" 2>&1

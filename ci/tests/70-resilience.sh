@@ -13,22 +13,11 @@
 #   * the flaps, the blackholes and the kill again with 1 % packet loss.
 # Every run is bounded by `timeout`; the launcher kills its ranks, this script whatever is left.
 set -u
-cd "$(dirname "$0")/../.." || exit 1
-ROOT=$PWD
+# shellcheck source-path=SCRIPTDIR source=lib/softroce.sh
+. "$(dirname "$0")/lib/softroce.sh"
 H=$ROOT/target/release/harness
-SR=$ROOT/target/release/softroce
+SR=$LIB
 CTL=$SR/softroce-ctl
-D=$(mktemp -d /tmp/ferroce-70.XXXXXX)
-# shellcheck source=ci/tests/lib/checks.sh
-. ci/tests/lib/checks.sh
-PIDS=""
-cleanup() {
-    for p in $PIDS; do kill -- "$p" 2>/dev/null; done
-    wait 2>/dev/null
-    rm -rf "$D"
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
 
 need "$H/all_reduce_perf" "$H/sendrecv_perf" "$ROOT/target/release/libnccl-net-ferroce.so" "$SR/libibverbs.so.1" "$CTL"
 
@@ -48,15 +37,6 @@ start() {
     timeout -k 5 120 "$@" --addr-base $BASE --timeout 110 >"$out" 2>&1 &
     PID=$!
     PIDS="$PIDS $PID"
-}
-
-# wait_dev ADDR: until the device on ADDR answers softroce-ctl (20 s)
-wait_dev() {
-    for _ in $(seq 400); do
-        "$CTL" "$1" status >/dev/null 2>&1 && return 0
-        sleep 0.05
-    done
-    return 1
 }
 
 # flaps ADDR N: N times port-down for 1 s, then port-up and 1 s of traffic
@@ -92,7 +72,7 @@ checked_through_flaps() {
     shift
     start "$name" "$out" "$@"
     local pid=$PID
-    if ! wait_dev $R1; then
+    if ! wait_dev $R1 20; then
         ko "$name: rank 1's device never came up" "$out"
         return
     fi
@@ -130,7 +110,7 @@ broken_links() {
     out=$D/heal$SUFFIX.out
     start "sendrecv, blackhole healed" "$out" env SOFTROCE_LOSS=$LOSS FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 2000 -w 1
     pid=$PID
-    wait_dev $R1 && sleep 0.5 && "$CTL" $R1 blackhole $BASE.1 >/dev/null && sleep 0.3 && "$CTL" $R1 heal >/dev/null
+    wait_dev $R1 20 && sleep 0.5 && "$CTL" $R1 blackhole $BASE.1 >/dev/null && sleep 0.3 && "$CTL" $R1 heal >/dev/null
     wait "$pid"
     rc=$?
     if [ $rc -eq 0 ] && [ "$(wrong "$out")" = 0 ] && grep -q "recovered over new QPs" "$out"; then
@@ -143,7 +123,7 @@ broken_links() {
     out=$D/bound$SUFFIX.out
     start "sendrecv, blackhole for good" "$out" env SOFTROCE_LOSS=$LOSS FERROCE_RECOVERY_TIMEOUT_SEC=3 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 100000 -w 1
     pid=$PID
-    wait_dev $R1 && sleep 0.5 && "$CTL" $R1 blackhole $BASE.1 >/dev/null
+    wait_dev $R1 20 && sleep 0.5 && "$CTL" $R1 blackhole $BASE.1 >/dev/null
     t0=$(date +%s)
     wait "$pid"
     rc=$?
@@ -159,7 +139,7 @@ broken_links() {
     start "sendrecv, peer killed while recovering" "$out" env SOFTROCE_LOSS=$LOSS FERROCE_RECOVERY_TIMEOUT_SEC=60 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 100000 -w 1
     pid=$PID
     victim=""
-    if wait_dev $R1; then
+    if wait_dev $R1 20; then
         sleep 0.5
         "$CTL" $R1 blackhole $BASE.1 >/dev/null
         sleep 1

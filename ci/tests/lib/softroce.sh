@@ -1,7 +1,7 @@
 # Shared by the ci/tests/20-softroce-*.sh scripts (sourced, not run): the repository root,
 # the softroce library, a scratch directory and process list cleaned up on exit, the result
-# bookkeeping of lib/checks.sh (ok, ko, need, finish), and the helpers free_port, wait_port and
-# pair.
+# bookkeeping of lib/checks.sh (ok, ko, need, finish), and the helpers free_port, wait_port,
+# wait_dev and pair.
 #
 # Loopback ranges: every script and every softroce-using test binds its own 127.0.N.x, so two
 # of them never collide, whatever runs at once. One owner per N (check:
@@ -53,6 +53,16 @@ trap 'exit 130' INT TERM
 # runs of these tests on one host never collide on a fixed port.
 free_port() {
     python3 -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
+}
+
+# wait_dev ADDR [SECONDS]: until the softroce device on ADDR answers softroce-ctl (default 5 s;
+# SOFTROCE_CTL_DIR as the process's).
+wait_dev() {
+    for _ in $(seq $((${2:-5} * 20))); do
+        "$LIB/softroce-ctl" "$1" status >/dev/null 2>&1 && return 0
+        sleep 0.05
+    done
+    return 1
 }
 
 # wait_port PORT [NETNS]: until a TCP listener is on PORT (5 s).
