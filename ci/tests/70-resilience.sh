@@ -89,8 +89,8 @@ checked_through_flaps() {
     fi
 }
 
-SR_ARGS=(-N 2 -b 1M -e 1M -n 4000 -w 1)
-AR_ARGS=(-N 2 -b 4M -e 4M -n 1500 -w 1)
+SR_ARGS=(-N 2 -b 1M -e 1M -n 16000 -w 1)
+AR_ARGS=(-N 2 -b 4M -e 4M -n 2500 -w 1)
 
 # The same runs without a fault, for the bandwidth the flapped runs are read against.
 start "sendrecv unflapped" "$D/sr0.out" env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 500 -w 1
@@ -99,7 +99,7 @@ SR0=$(busbw "$D/sr0.out")
 checked_through_flaps sendrecv-flaps env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/sendrecv_perf" "${SR_ARGS[@]}"
 echo "   sendrecv 1 MiB busbw: $SR0 GB/s unflapped (500 iterations), $(busbw "$D/sendrecv-flaps.out") GB/s over the 3 flaps (6 s of them with the port down or recovering)"
 checked_through_flaps all_reduce-flaps env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/all_reduce_perf" "${AR_ARGS[@]}"
-checked_through_flaps sendrecv-flaps-1pct-loss env SOFTROCE_LOSS=0.01 FERROCE_RECOVERY_TIMEOUT_SEC=30 NCCL_IB_RETRY_CNT=7 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 6000 -w 1
+checked_through_flaps sendrecv-flaps-1pct-loss env SOFTROCE_LOSS=0.01 FERROCE_RECOVERY_TIMEOUT_SEC=30 NCCL_IB_RETRY_CNT=7 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 12000 -w 1
 
 # broken_links LOSS: the healed blackhole, the permanent one and the peer killed during a
 # recovery, with SOFTROCE_LOSS=LOSS
