@@ -236,6 +236,9 @@ pub struct Config {
     /// NCCL_IB_RESILIENCY_PORT_RECOVERY: 0 turns recovery off (default 1 here; NCCL's own IB
     /// transport defaults it to 0 and covers fused NICs only).
     pub port_recovery: bool,
+    /// NCCL_IB_RESILIENCY_PORT_FAILOVER: a fused device's recovery moves the QPs of a member
+    /// whose port is down onto the members whose ports are up, and back once it is up again.
+    pub port_failover: bool,
     /// NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY (ms): the wait after a failed attempt
     /// before the next, doubling up to 5 s (default 100; the first attempt is at once).
     pub recovery_start_delay_ms: u64,
@@ -294,6 +297,7 @@ impl Default for Config {
             hang_warn_sec: 30,
             recovery_timeout_sec: 120,
             port_recovery: true,
+            port_failover: true,
             recovery_start_delay_ms: 100,
             recovery_attempts_max: 0,
             stats_dir: None,
@@ -484,6 +488,7 @@ impl Config {
             hang_warn_sec: r.int("FERROCE_HANG_WARN_SEC", 30, 0, 86_400) as u64,
             recovery_timeout_sec: r.int("FERROCE_RECOVERY_TIMEOUT_SEC", 120, 0, 86_400) as u64,
             port_recovery: r.flag("NCCL_IB_RESILIENCY_PORT_RECOVERY", true),
+            port_failover: r.flag("NCCL_IB_RESILIENCY_PORT_FAILOVER", true),
             recovery_start_delay_ms: r.int("NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY", 100, 0, 5_000) as u64,
             recovery_attempts_max: r.int("NCCL_IB_RESILIENCY_PORT_RECOVERY_ATTEMPTS_MAX", 0, 0, 1_000_000) as u32,
             stats_dir: r.raw("FERROCE_STATS").filter(|d| !d.is_empty()),
@@ -499,7 +504,7 @@ impl Config {
     pub fn settings(&self) -> Vec<Setting> {
         let flag = |b: bool| if b { "1" } else { "0" }.to_string();
         let auto = |v: i32| if v < 0 { "(auto)".to_string() } else { v.to_string() };
-        let rows: [(&'static str, String); 43] = [
+        let rows: [(&'static str, String); 44] = [
             ("NCCL_IB_HCA", self.hca.to_string()),
             ("NCCL_IB_GID_INDEX", auto(self.gid_index)),
             ("NCCL_IB_ADDR_FAMILY", self.addr_family.to_string()),
@@ -561,6 +566,7 @@ impl Config {
             ("FERROCE_HANG_WARN_SEC", self.hang_warn_sec.to_string()),
             ("FERROCE_RECOVERY_TIMEOUT_SEC", self.recovery_timeout_sec.to_string()),
             ("NCCL_IB_RESILIENCY_PORT_RECOVERY", flag(self.port_recovery)),
+            ("NCCL_IB_RESILIENCY_PORT_FAILOVER", flag(self.port_failover)),
             (
                 "NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY",
                 format!("{} ms", self.recovery_start_delay_ms),

@@ -139,6 +139,46 @@ fn the_loss_of_a_member_device_is_recovered() {
     assert!(t.recovered >= 50, "{t:?}");
 }
 
+/// Failover: the new QPs of the sender's member device 0 are made on its device 1 (its port
+/// is down), so the replay and everything after go over other keys on both sides.
+fn move_off_device_0(r: &mut Run, side: Side, _epoch: u32) {
+    if side == Side::Sender && r.case.sender_devs > 1 {
+        for q in (0..r.case.nqps()).step_by(r.case.sender_devs) {
+            r.fab.place_qp(Side::Sender, q, 1);
+        }
+    }
+}
+
+#[test]
+fn the_loss_of_a_member_device_fails_over_to_the_others() {
+    let mut moved = 0;
+    for seed in 400..520 {
+        let mut r = run_with(
+            seed,
+            Duration::from_secs(30),
+            &|r| {
+                for q in (0..r.case.nqps()).step_by(r.case.sender_devs) {
+                    r.fab.fail_qp(Side::Sender, q, WC_RETRY_EXC_ERR);
+                }
+            },
+            Some(move_off_device_0),
+        );
+        assert!(
+            !r.send.state.failed() && !r.recv.state.failed(),
+            "seed {seed}: the comm failed: {:?} / {:?} in {}",
+            r.send.state.check().err().map(|e| e.message),
+            r.recv.state.check().err().map(|e| e.message),
+            r.progress()
+        );
+        r.check_quiet();
+        moved += usize::from(r.case.sender_devs > 1 && r.fab.routes(Side::Sender).iter().all(|q| q.dev != 0));
+    }
+    assert!(
+        moved >= 20,
+        "seeds whose sender ended on its other devices only: {moved}"
+    );
+}
+
 #[test]
 fn the_receiver_failing_first_is_recovered() {
     let t = all_recover(600..720, &|r| fail_some_qp(r, Side::Receiver, WC_REM_ACCESS_ERR), None);

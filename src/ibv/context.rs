@@ -110,11 +110,14 @@ pub struct Context {
     /// Per port (index = port number, up to [`MAX_PORTS`]): `IBV_EVENT_PORT_ERR`s seen. A comm
     /// fails when the count of the port it uses moves; the device's other ports go on.
     pub port_errors: Arc<[AtomicU32; MAX_PORTS + 1]>,
+    /// Per port: `IBV_EVENT_PORT_ACTIVE`s seen. A fused comm that moved its QPs off a port
+    /// moves them back (fails back) when this count of that port moves.
+    pub port_actives: Arc<[AtomicU32; MAX_PORTS + 1]>,
     /// QP-level fatal events (QP fatal, request error, access error), attributed to QP numbers.
     pub qp_failures: Arc<ElementFailures>,
     /// `IBV_EVENT_CQ_ERR` (a CQ overran), attributed to the CQ's address.
     pub cq_failures: Arc<ElementFailures>,
-    /// Bumped (Release) after any of the four above moved: the data path loads only this on
+    /// Bumped (Release) after any of the five above moved: the data path loads only this on
     /// every test() and looks closer when it changed.
     pub fatal_generation: Arc<AtomicU32>,
     stop: Arc<AtomicBool>,
@@ -178,6 +181,7 @@ impl Context {
             info,
             fatal_events: Arc::new(AtomicU32::new(0)),
             port_errors: Arc::new(std::array::from_fn(|_| AtomicU32::new(0))),
+            port_actives: Arc::new(std::array::from_fn(|_| AtomicU32::new(0))),
             qp_failures: Arc::new(ElementFailures::default()),
             cq_failures: Arc::new(ElementFailures::default()),
             fatal_generation: Arc::new(AtomicU32::new(0)),
@@ -308,6 +312,7 @@ impl Context {
         let stop = self.stop.clone();
         let fatal = self.fatal_events.clone();
         let port_errors = self.port_errors.clone();
+        let port_actives = self.port_actives.clone();
         let qp_failures = self.qp_failures.clone();
         let cq_failures = self.cq_failures.clone();
         let generation = self.fatal_generation.clone();
@@ -347,6 +352,11 @@ impl Context {
                     )
                 };
                 let text = verbs.event_type_str(kind as u32);
+                if kind == IBV_EVENT_PORT_ACTIVE {
+                    if let Some(c) = usize::try_from(port).ok().and_then(|p| port_actives.get(p)) {
+                        c.fetch_add(1, Ordering::AcqRel);
+                    }
+                }
                 if is_qp_event {
                     qp_failures.record(u64::from(qpn));
                     let hint = if kind == IBV_EVENT_QP_ACCESS_ERR {
@@ -359,7 +369,7 @@ impl Context {
                     if let Some(c) = usize::try_from(port).ok().and_then(|p| port_errors.get(p)) {
                         c.fetch_add(1, Ordering::AcqRel);
                     }
-                    crate::log_warn!("device {name} port {port}: the port went down ('{text}'): its link is down or the switch port is disabled. Connections over this port recover over new QPs when it comes back within FERROCE_RECOVERY_TIMEOUT_SEC, else fail; the device's other ports go on. Check `ibv_devinfo`, the cable and the switch port");
+                    crate::log_warn!("device {name} port {port}: the port went down ('{text}'): its link is down or the switch port is disabled. Connections over this port recover over new QPs: a fused device's on its members whose ports are up, at once (and back here when the port is up), others when it comes back within FERROCE_RECOVERY_TIMEOUT_SEC, else they fail; the device's other ports go on. Check `ibv_devinfo`, the cable and the switch port");
                 } else if kind == IBV_EVENT_CQ_ERR {
                     cq_failures.record(cq);
                     crate::log_warn!("device {name}: fatal async event '{text}': a completion queue overran (more completions than its size were left unpolled), so completions may be lost — the connection using that CQ fails; the others go on. If it repeats, report it: ferroce sizes each CQ for every work request it can have in flight");
@@ -369,7 +379,7 @@ impl Context {
                 } else {
                     crate::log_info!(crate::log::subsys::NET, "device {name}{}: {}", if is_port_event { format!(" port {port}") } else { String::new() }, event_words(kind, &text));
                 }
-                if is_qp_event || matches!(kind, IBV_EVENT_PORT_ERR | IBV_EVENT_CQ_ERR | IBV_EVENT_DEVICE_FATAL | IBV_EVENT_SRQ_ERR) {
+                if is_qp_event || matches!(kind, IBV_EVENT_PORT_ERR | IBV_EVENT_PORT_ACTIVE | IBV_EVENT_CQ_ERR | IBV_EVENT_DEVICE_FATAL | IBV_EVENT_SRQ_ERR) {
                     // The comms' data paths look at their devices' failures when this moves.
                     generation.fetch_add(1, Ordering::Release);
                 }

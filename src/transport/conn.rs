@@ -104,6 +104,13 @@ pub struct LocalDev {
     /// `fatal_generation` when [`Conn::fatal_event`] last looked (the data path compares it
     /// on every test()).
     pub seen_generation: u32,
+    /// How the CQ is sized: entries per QP it serves, plus `cq_extra`; `cq_qps` QPs fit.
+    pub cqe_per_qp: usize,
+    pub cq_extra: usize,
+    pub cq_qps: usize,
+    /// A recovery moved this member's QPs to the others (its port was down): `port_actives`
+    /// of its port then, so that the port coming back is noticed (failback).
+    pub failed_over: Option<u32>,
 }
 
 /// What a fatal async event hit.
@@ -166,28 +173,67 @@ pub fn local_devs(members: &[Arc<NetDevice>], nqps: usize, cqe_per_qp: usize, ex
         .enumerate()
         .map(|(d, dev)| {
             let qps_here = (d..nqps).step_by(nl).count();
-            let cqe = (qps_here * cqe_per_qp + extra).min(i32::MAX as usize) as i32;
             let ctx = &dev.context;
             // The generation first: an event racing with the bases below is looked at again.
             let seen_generation = ctx.fatal_generation.load(Ordering::Acquire);
             Ok(LocalDev {
                 dev: dev.clone(),
-                cq: CompletionQueue::new(ctx.clone(), cqe)?,
+                cq: CompletionQueue::new(ctx.clone(), cq_entries(qps_here, cqe_per_qp, extra))?,
                 fatal_base: ctx.fatal_events.load(Ordering::Acquire),
                 port_error_base: port_errors(dev),
                 qp_failure_base: ctx.qp_failures.count.load(Ordering::Acquire),
                 cq_failure_base: ctx.cq_failures.count.load(Ordering::Acquire),
                 seen_generation,
+                cqe_per_qp,
+                cq_extra: extra,
+                cq_qps: qps_here,
+                failed_over: None,
             })
         })
         .collect()
 }
 
+fn cq_entries(qps: usize, cqe_per_qp: usize, extra: usize) -> i32 {
+    (qps * cqe_per_qp + extra).min(i32::MAX as usize) as i32
+}
+
+/// `IBV_EVENT_PORT_ACTIVE`s seen so far on the port `dev` uses.
+fn port_actives(dev: &NetDevice) -> u32 {
+    dev.context
+        .port_actives
+        .get(usize::from(dev.port))
+        .map_or(0, |c| c.load(Ordering::Acquire))
+}
+
+/// Whether `ibv_query_port` says the port `dev` uses is ACTIVE now.
+fn port_is_active(dev: &NetDevice) -> bool {
+    dev.context
+        .query_port(dev.port)
+        .is_ok_and(|p| p.state == crate::device::PORT_ACTIVE)
+}
+
+/// QP i of `nqps` on local device i mod ndevs: how a connection starts.
+fn striped(ndevs: usize, nqps: usize) -> Vec<usize> {
+    (0..nqps).map(|i| i % ndevs.max(1)).collect()
+}
+
 /// Create `nqps` RC QPs striped over the local devices (QP i on device i mod ndevs), in INIT.
 pub fn create_qps(devs: &[LocalDev], nqps: usize, caps: QpCaps, access: u32, cfg: &Config) -> Result<Vec<QueuePair>> {
-    (0..nqps)
-        .map(|i| {
-            let d = &devs[i % devs.len()];
+    create_placed_qps(devs, &striped(devs.len(), nqps), caps, access, cfg)
+}
+
+/// Create RC QPs in INIT, QP i on local device `placement[i]`.
+fn create_placed_qps(
+    devs: &[LocalDev],
+    placement: &[usize],
+    caps: QpCaps,
+    access: u32,
+    cfg: &Config,
+) -> Result<Vec<QueuePair>> {
+    placement
+        .iter()
+        .map(|&dev| {
+            let d = &devs[dev];
             let qp = QueuePair::new_rc(d.dev.pd.clone(), d.cq.clone(), d.cq.clone(), caps, modify_retry(cfg))?;
             qp.to_init(d.dev.port, cfg.pkey_index, access)?;
             Ok(qp)
@@ -243,7 +289,7 @@ pub fn endpoint(
             .enumerate()
             .map(|(i, q)| QpRepr {
                 qpn: q.qpn(),
-                dev: (i % devs.len()) as u8,
+                dev: (i % devs.len().max(1)) as u8,
             })
             .collect(),
     }
@@ -281,20 +327,17 @@ pub fn bring_up(
 ) -> Result<Vec<ConnQp>> {
     let mut out = Vec::with_capacity(qps.len());
     for (i, qp) in qps.into_iter().enumerate() {
-        let remote_dev = connect_qp(devs, &qp, i, peer, tc, sl, cfg)?;
-        out.push(ConnQp {
-            qp,
-            dev: i % devs.len(),
-            remote_dev,
-        });
+        let dev = i % devs.len();
+        let remote_dev = connect_qp(&devs[dev].dev, &qp, i, peer, tc, sl, cfg)?;
+        out.push(ConnQp { qp, dev, remote_dev });
     }
     Ok(out)
 }
 
-/// RTR + RTS of `qp`, QP `i` of the connection, against the peer's QP `i`; the peer's member
-/// device of that QP.
+/// RTR + RTS of `qp`, QP `i` of the connection on our device `l`, against the peer's QP `i`;
+/// the peer's member device of that QP.
 fn connect_qp(
-    devs: &[LocalDev],
+    l: &NetDevice,
     qp: &QueuePair,
     i: usize,
     peer: &EndpointRepr,
@@ -302,7 +345,6 @@ fn connect_qp(
     sl: u8,
     cfg: &Config,
 ) -> Result<usize> {
-    let l = &devs[i % devs.len()].dev;
     let Some(rq) = peer.qps.get(i).copied() else {
         return Err(Error::remote(format!("the peer names no QP {i} of the connection")));
     };
@@ -371,26 +413,76 @@ impl Conn {
         remote
     }
 
-    /// New QPs in INIT, made like the destroyed ones (a recovery).
+    /// New QPs in INIT, made like the destroyed ones (a recovery), after their CQs were
+    /// drained. A fused device's QPs go to the members whose ports are up
+    /// (NCCL_IB_RESILIENCY_PORT_FAILOVER; striped as at the start once all are up again).
     pub fn create_qps_again(&mut self, remote: Vec<usize>) -> Result<()> {
-        let qps = create_qps(
-            &self.devs,
-            remote.len(),
-            self.spec.caps,
-            self.spec.access,
-            config::get(),
-        )?;
+        let placement = self.placement(remote.len());
+        self.fit_cqs(&placement)?;
+        let qps = create_placed_qps(&self.devs, &placement, self.spec.caps, self.spec.access, config::get())?;
         self.qps = qps
             .into_iter()
+            .zip(placement)
             .zip(remote)
-            .enumerate()
-            .map(|(i, (qp, remote_dev))| ConnQp {
-                qp,
-                dev: i % self.devs.len(),
-                remote_dev,
-            })
+            .map(|((qp, dev), remote_dev)| ConnQp { qp, dev, remote_dev })
             .collect();
         Ok(())
+    }
+
+    /// Where a recovery puts the connection's `nqps` QPs: striped over the members whose
+    /// ports are up (all of them when none is, so that the attempt fails and is retried). A
+    /// member left out is marked failed over, with its port's `port_actives` then.
+    fn placement(&mut self, nqps: usize) -> Vec<usize> {
+        let failover = config::get().port_failover && self.devs.len() > 1;
+        let mut up = Vec::with_capacity(self.devs.len());
+        for (i, d) in self.devs.iter_mut().enumerate() {
+            // The count first: a PORT_ACTIVE after the query is then a change.
+            let actives = port_actives(&d.dev);
+            if !failover || port_is_active(&d.dev) {
+                d.failed_over = None;
+                up.push(i);
+            } else {
+                d.failed_over = Some(actives);
+            }
+        }
+        if up.is_empty() {
+            for d in &mut self.devs {
+                d.failed_over = None;
+            }
+            return striped(self.devs.len(), nqps);
+        }
+        (0..nqps).map(|i| up[i % up.len()]).collect()
+    }
+
+    /// A CQ that is to serve more QPs than it was sized for is replaced by a larger one (its
+    /// QPs are destroyed and it is drained, so nothing refers to it any more).
+    fn fit_cqs(&mut self, placement: &[usize]) -> Result<()> {
+        for (i, d) in self.devs.iter_mut().enumerate() {
+            let n = placement.iter().filter(|&&p| p == i).count();
+            if n > d.cq_qps {
+                d.cq = CompletionQueue::new(d.dev.context.clone(), cq_entries(n, d.cqe_per_qp, d.cq_extra))?;
+                d.cq_qps = n;
+            }
+        }
+        Ok(())
+    }
+
+    /// A member whose QPs a recovery moved to the others has its port up again (an
+    /// `IBV_EVENT_PORT_ACTIVE` since, and ACTIVE now): its label, so the QPs move back.
+    pub fn member_back(&self) -> Option<String> {
+        self.devs.iter().find_map(|d| {
+            let base = d.failed_over?;
+            (port_actives(&d.dev) != base && port_is_active(&d.dev)).then(|| d.dev.label())
+        })
+    }
+
+    /// Labels of the members the connection's QPs left (their ports were down).
+    pub fn failed_over_members(&self) -> Vec<String> {
+        self.devs
+            .iter()
+            .filter(|d| d.failed_over.is_some())
+            .map(|d| d.dev.label())
+            .collect()
     }
 
     /// Our new QPs and member devices as a recovery's Hello tells the peer.
@@ -428,7 +520,7 @@ impl Conn {
         let cfg = config::get();
         for i in 0..self.qps.len() {
             let remote_dev = connect_qp(
-                &self.devs,
+                &self.devs[self.qps[i].dev].dev,
                 &self.qps[i].qp,
                 i,
                 &self.peer,
@@ -460,7 +552,9 @@ impl Conn {
             if ctx.fatal_events.load(Ordering::Acquire) != d.fatal_base {
                 return Some((d, FatalKind::Device));
             }
-            let port_down = port_errors(&d.dev) != d.port_error_base;
+            // A member the QPs left (its port was down) holds none of ours: its port going
+            // down again changes nothing.
+            let port_down = port_errors(&d.dev) != d.port_error_base && d.failed_over.is_none();
             let own_qp_failed = || {
                 ctx.qp_failures.any_of_since(
                     d.qp_failure_base,

@@ -249,6 +249,14 @@ impl Driver {
                 return Err(core.state().fail(e));
             }
         }
+        if !self.recovery.pending() && self.recovery.enabled() {
+            if let Some(member) = self.conn.member_back() {
+                self.local_failure(
+                    core,
+                    &format!("the port of member {member} of the fused device is up again (IBV_EVENT_PORT_ACTIVE); moving its QPs back to it (failback)"),
+                )?;
+            }
+        }
         let Polled {
             progressed,
             error,

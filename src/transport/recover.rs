@@ -113,8 +113,17 @@ impl Driver {
         }
         self.recovery.machine.progressed();
         let took = self.recovery.started.take().map_or(Duration::ZERO, |t| t.elapsed());
+        let left = self.conn.failed_over_members();
+        let members = if left.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " on the fused device's members whose ports are up (failover: {} left until its port is up again)",
+                left.join(", ")
+            )
+        };
         crate::log_warn!(
-            "{} comm with {}: recovered over new QPs (local QPNs {}) in {} ms, {} attempt(s) so far in this comm; {}",
+            "{} comm with {}: recovered over new QPs (local QPNs {}){members} in {} ms, {} attempt(s) so far in this comm; {}",
             self.kind,
             self.conn.chan.peer,
             self.conn
@@ -160,7 +169,12 @@ impl Driver {
                     };
                     let peer = h.qps.clone();
                     match self.conn.connect_new_qps(&peer) {
-                        Ok(()) => todo.extend(self.recovery.machine.connected(epoch)),
+                        Ok(()) => {
+                            if let Err(e) = core.reroute(&super::send::routes(&self.conn)) {
+                                return Err(core.state().fail(e));
+                            }
+                            todo.extend(self.recovery.machine.connected(epoch))
+                        }
                         Err(e) => todo.extend(self.recovery.machine.attempt_failed(clock::now(), &e.message)),
                     }
                 }

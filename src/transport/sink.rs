@@ -1,7 +1,7 @@
 //! How the driver hands completions to a core, and what a recovery needs of it besides: the
 //! cores' side of the driver (`driver.rs`) and of a recovery (`recover.rs`).
 
-use super::proto::plan::Post;
+use super::proto::plan::{Post, QpRoute};
 use super::proto::recv::RecvCore;
 use super::proto::send::{FifoRing, SendCore};
 use super::proto::state::CommState;
@@ -45,6 +45,8 @@ pub trait RecoverySink: CompletionSink {
     fn after_rebuild(&mut self, _post: &mut dyn FnMut(Post<'_>) -> Result<()>) -> Result<()> {
         Ok(())
     }
+    /// The new QPs sit on these members (a fused device's failover or failback).
+    fn reroute(&mut self, routes: &[QpRoute]) -> Result<()>;
     /// This side's report: the sender's next FIFO entry, the receiver's completions per QP.
     fn report(&self) -> (u64, Vec<u64>);
     /// Carry on over the new QPs with the peer's report; what it did, in words.
@@ -67,6 +69,9 @@ impl RecoverySink for RecvCore {
     }
     fn after_rebuild(&mut self, post: &mut dyn FnMut(Post<'_>) -> Result<()>) -> Result<()> {
         self.repost_receives(&mut |p| post(p))
+    }
+    fn reroute(&mut self, routes: &[QpRoute]) -> Result<()> {
+        RecvCore::reroute(self, routes)
     }
     fn report(&self) -> (u64, Vec<u64>) {
         (0, self.taken())
@@ -102,6 +107,9 @@ impl<R: FifoRing> CompletionSink for SendSide<'_, R> {
 impl<R: FifoRing> RecoverySink for SendSide<'_, R> {
     fn begin_recovery(&mut self) {
         self.core.begin_recovery()
+    }
+    fn reroute(&mut self, routes: &[QpRoute]) -> Result<()> {
+        self.core.reroute(routes)
     }
     fn report(&self) -> (u64, Vec<u64>) {
         (self.core.fifo_head(), Vec::new())

@@ -368,6 +368,18 @@ impl Fabric {
         }
     }
 
+    /// A recovery put `side`'s QP `qp` on its member device `dev` (a fused device's failover):
+    /// the peer's QP `qp` now talks to that device.
+    pub fn place_qp(&mut self, side: Side, qp: usize, dev: usize) {
+        self.routes[side.index()][qp].dev = dev;
+        self.routes[side.peer().index()][qp].remote_dev = dev;
+    }
+
+    /// Where `side`'s QPs live now.
+    pub fn routes(&self, side: Side) -> &[QpRoute] {
+        &self.routes[side.index()]
+    }
+
     /// Whether any work is left to execute.
     pub fn busy(&self) -> bool {
         !self.queues.flush_sq.is_empty()

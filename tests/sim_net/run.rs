@@ -328,7 +328,19 @@ impl Run {
                     };
                     rc.inbox[side.peer().index()].push_back(msg);
                 }
-                Action::Connect { epoch } => todo.extend(rc.ends[side.index()].connected(epoch)),
+                Action::Connect { epoch } => {
+                    // The new QPs sit where the Hellos say (a failover may have moved them).
+                    let moved = match side {
+                        Side::Sender => self.send.reroute(self.fab.routes(Side::Sender)),
+                        Side::Receiver => self.recv.reroute(self.fab.routes(Side::Receiver)),
+                    };
+                    if let Err(e) = moved {
+                        self.fail_side(side, e);
+                        continue;
+                    }
+                    let Some(rc) = self.recovery.as_mut() else { return };
+                    todo.extend(rc.ends[side.index()].connected(epoch))
+                }
                 Action::SendReady { epoch } => rc.inbox[side.peer().index()].push_back(ChanMsg::Ready { epoch }),
                 Action::Resume { epoch } => {
                     let Some(ChanMsg::Hello { epoch: e, taken, head }) = rc.hello[side.index()].clone() else {

@@ -77,6 +77,21 @@ pub struct QpRoute {
     pub remote_dev: usize,
 }
 
+/// Take a recovery's new routes (a fused device's QPs moved between members): as many QPs as
+/// before, each on a local device below `ldevs` and a peer device below `rdevs` (the devices
+/// the connection's buffers and keys cover).
+pub fn reroute(routes: &mut [QpRoute], new: &[QpRoute], ldevs: usize, rdevs: usize) -> crate::error::Result<()> {
+    let fits = new.len() == routes.len() && new.iter().all(|r| r.dev < ldevs && r.remote_dev < rdevs);
+    if !fits {
+        return Err(crate::error::Error::internal(format!(
+            "recovery: new routes {new:?} do not fit the connection's {} QPs over {ldevs} local and {rdevs} peer devices",
+            routes.len()
+        )));
+    }
+    routes.copy_from_slice(new);
+    Ok(())
+}
+
 /// A registered block of this side (the sender's FIFO, the receiver's CTS staging): its
 /// address and its lkey on every member device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -91,4 +106,24 @@ pub struct LocalBlock {
 pub struct RemoteBlock {
     pub addr: u64,
     pub rkeys: [u32; super::limits::MAX_DEVS],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(dev: usize, remote_dev: usize) -> QpRoute {
+        QpRoute { dev, remote_dev }
+    }
+
+    #[test]
+    fn reroute_takes_routes_within_the_connections_devices_only() {
+        let mut routes = vec![r(0, 0), r(1, 1)];
+        reroute(&mut routes, &[r(0, 0), r(0, 1)], 2, 2).expect("fits");
+        assert_eq!(routes, vec![r(0, 0), r(0, 1)]);
+        for bad in [vec![r(0, 0)], vec![r(2, 0), r(0, 0)], vec![r(0, 0), r(0, 2)]] {
+            assert!(reroute(&mut routes, &bad, 2, 2).is_err(), "{bad:?}");
+            assert_eq!(routes, vec![r(0, 0), r(0, 1)], "a refused reroute changes nothing");
+        }
+    }
 }

@@ -596,6 +596,12 @@ impl RecvCore {
         self.recovering = true;
     }
 
+    /// The recovery placed the QPs on other members (failover, failback): the CTS writes,
+    /// also the rewrite, take the new routes.
+    pub fn reroute(&mut self, routes: &[QpRoute]) -> Result<()> {
+        super::plan::reroute(&mut self.cfg.routes, routes, MAX_DEVS, MAX_DEVS)
+    }
+
     pub fn recovering(&self) -> bool {
         self.recovering
     }

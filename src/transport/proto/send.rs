@@ -608,6 +608,12 @@ impl SendCore {
         self.recovering = true;
     }
 
+    /// The recovery placed the QPs on other members (failover, failback): later chains and
+    /// the replay take the new routes.
+    pub fn reroute(&mut self, routes: &[QpRoute]) -> Result<()> {
+        super::plan::reroute(&mut self.cfg.routes, routes, self.nldevs, self.nrdevs)
+    }
+
     pub fn recovering(&self) -> bool {
         self.recovering
     }
