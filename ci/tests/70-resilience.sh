@@ -10,6 +10,9 @@
 #     recovered" WARN within the bound, no hang;
 #   * the peer killed while a recovery is in progress: rank 0 fails within a few seconds (its
 #     side channel closed), far inside the recovery bound;
+#   * a fused device of 2 members per rank, sendrecv and all_reduce while one member's port
+#     goes down for 1 s and back, three times: the QPs move to the other member and back, all
+#     checked; the sendrecv busbw after the last failback next to the 2- and 1-member figures;
 #   * the flaps, the blackholes and the kill again with 1 % packet loss.
 # Every run is bounded by `timeout`; the launcher kills its ranks, this script whatever is left.
 set -u
@@ -100,6 +103,57 @@ checked_through_flaps sendrecv-flaps env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/sen
 echo "   sendrecv 1 MiB busbw: $SR0 GB/s unflapped (500 iterations), $(busbw "$D/sendrecv-flaps.out") GB/s over the 3 flaps (6 s of them with the port down or recovering)"
 checked_through_flaps all_reduce-flaps env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/all_reduce_perf" "${AR_ARGS[@]}"
 checked_through_flaps sendrecv-flaps-1pct-loss env SOFTROCE_LOSS=0.01 FERROCE_RECOVERY_TIMEOUT_SEC=30 NCCL_IB_RETRY_CNT=7 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 12000 -w 1
+
+# row FILE SIZE FIELD: the FIELD-th column of the table's row of SIZE bytes (6 time, 8 busbw)
+row() { awk -v s="$2" -v f="$3" '$1 == s && NF >= 9 {v = $f} END {print v}' "$1"; }
+
+# A fused device of 2 members per rank (--vdev 2: rank 0 on .1,.2, rank 1 on .3,.4) while
+# rank 1's second member (.4) flaps 3 times: the QPs move to the member that is up (failover)
+# and back once its port is (failback). The run's first size (768 KiB) spans the flaps; its
+# second (1 MiB) runs after the last failback and is read against the 2-member and the
+# 1-member figures of unflapped runs.
+VNIC=(-N 2 --vdev 2 -w 1)
+M1=$BASE.4
+start "sendrecv 1 member unflapped" "$D/v1.out" env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/sendrecv_perf" -N 2 -w 1 -b 768K -e 1M -i 256K -n 500
+wait "$PID"
+start "sendrecv 2 members unflapped" "$D/v2.out" env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/sendrecv_perf" "${VNIC[@]}" -b 768K -e 1M -i 256K -n 500
+wait "$PID"
+ONE=$(row "$D/v1.out" 1048576 8) TWO=$(row "$D/v2.out" 1048576 8) T768=$(row "$D/v2.out" 786432 6)
+# iterations for the first size to last 8 s unflapped (the flaps take 6 s, and each failover
+# and failback pauses the traffic)
+ITERS=$(awk -v t="$T768" 'BEGIN {n = t > 0 ? int(8e6 / t) : 0; print (n < 2000 ? 2000 : n)}')
+failover_run() {
+    local name=$1 out=$D/$1.out
+    shift
+    start "$name" "$out" "$@"
+    local pid=$PID rows_at_end=0
+    if wait_dev $M1 20; then
+        sleep 0.5
+        flaps $M1 3 || ko "$name: softroce-ctl port-down/port-up failed" "$out"
+        rows_at_end=$(awk '$1 ~ /^[0-9]+$/ && NF >= 9' "$out" | wc -l)
+    else
+        ko "$name: rank 1's second member never came up" "$out"
+    fi
+    wait "$pid"
+    local rc=$? back left
+    back=$(count "$out" "moving its QPs back to it (failback)")
+    left=$(count "$out" "failover: .* left until its port is up again")
+    if [ $rc -eq 0 ] && [ "$(wrong "$out")" = 0 ] && [ "$back" -ge 3 ] && [ "$left" -ge 3 ]; then
+        ok "$name: rc 0, #wrong 0 through 3 flaps of a member: $left recoveries over the member that stayed up, $back failbacks WARNed; $(figures "$out")"
+    else
+        ko "$name (rc $rc, #wrong $(wrong "$out"), $left failovers, $back failbacks)" "$out"
+    fi
+    ROWS_AT_END=$rows_at_end
+}
+failover_run vnic-sendrecv-flaps env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/sendrecv_perf" "${VNIC[@]}" -b 768K -e 1M -i 256K -n "$ITERS"
+AFTER=$(row "$D/vnic-sendrecv-flaps.out" 1048576 8)
+echo "   sendrecv 1 MiB busbw: 1 member $ONE GB/s, 2 members $TWO GB/s unflapped; after the 3rd failback $AFTER GB/s (rows printed when the flaps ended: $ROWS_AT_END)"
+if [ "$ROWS_AT_END" = 0 ] && awk -v a="$AFTER" -v t="$TWO" 'BEGIN {exit !(a > 0 && a >= 0.6 * t)}'; then
+    ok "after failback the 1 MiB sendrecv runs at $AFTER GB/s, the 2-member figure is $TWO GB/s (1 member: $ONE GB/s)"
+else
+    ko "after failback: $AFTER GB/s against 2 members' $TWO GB/s (at least 0.6 x), rows done before the flaps ended: $ROWS_AT_END (0 wanted)" "$D/vnic-sendrecv-flaps.out"
+fi
+failover_run vnic-all_reduce-flaps env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/all_reduce_perf" "${VNIC[@]}" -b 4M -e 4M -n 2500
 
 # broken_links LOSS: the healed blackhole, the permanent one and the peer killed during a
 # recovery, with SOFTROCE_LOSS=LOSS
