@@ -78,17 +78,22 @@ fn all_recover(seeds: std::ops::Range<u64>, inject: &dyn Fn(&mut Run), hook: Opt
     let mut t = Tally::default();
     for seed in seeds {
         let mut r = run_with(seed, Duration::from_secs(30), inject, hook);
-        assert!(
-            !r.send.state.failed() && !r.recv.state.failed(),
-            "seed {seed}: the comm failed: {:?} / {:?} in {}",
-            r.send.state.check().err().map(|e| e.message),
-            r.recv.state.check().err().map(|e| e.message),
-            r.progress()
-        );
-        r.check_quiet();
+        assert_recovered(seed, &mut r);
         tally(&mut t, &r);
     }
     t
+}
+
+/// Neither end failed, and nothing was left in flight.
+fn assert_recovered(seed: u64, r: &mut Run) {
+    assert!(
+        !r.send.state.failed() && !r.recv.state.failed(),
+        "seed {seed}: the comm failed: {:?} / {:?} in {}",
+        r.send.state.check().err().map(|e| e.message),
+        r.recv.state.check().err().map(|e| e.message),
+        r.progress()
+    );
+    r.check_quiet();
 }
 
 fn fail_some_qp(r: &mut Run, side: Side, status: u32) {
@@ -123,18 +128,16 @@ fn the_loss_of_every_qp_on_both_sides_is_recovered() {
     assert!(t.recovered >= 50, "{t:?}");
 }
 
+/// Every QP of the sender's member device 0 fails (in a fused vNIC, one NIC's port).
+fn fail_device_0(r: &mut Run) {
+    for q in (0..r.case.nqps()).step_by(r.case.sender_devs) {
+        r.fab.fail_qp(Side::Sender, q, WC_RETRY_EXC_ERR);
+    }
+}
+
 #[test]
 fn the_loss_of_a_member_device_is_recovered() {
-    let t = all_recover(
-        400..520,
-        &|r| {
-            // Every QP of the sender's member device 0 (in a fused vNIC, one NIC's port).
-            for q in (0..r.case.nqps()).step_by(r.case.sender_devs) {
-                r.fab.fail_qp(Side::Sender, q, WC_RETRY_EXC_ERR);
-            }
-        },
-        None,
-    );
+    let t = all_recover(400..520, &fail_device_0, None);
     eprintln!("{t:?}");
     assert!(t.recovered >= 50, "{t:?}");
 }
@@ -153,24 +156,8 @@ fn move_off_device_0(r: &mut Run, side: Side, _epoch: u32) {
 fn the_loss_of_a_member_device_fails_over_to_the_others() {
     let mut moved = 0;
     for seed in 400..520 {
-        let mut r = run_with(
-            seed,
-            Duration::from_secs(30),
-            &|r| {
-                for q in (0..r.case.nqps()).step_by(r.case.sender_devs) {
-                    r.fab.fail_qp(Side::Sender, q, WC_RETRY_EXC_ERR);
-                }
-            },
-            Some(move_off_device_0),
-        );
-        assert!(
-            !r.send.state.failed() && !r.recv.state.failed(),
-            "seed {seed}: the comm failed: {:?} / {:?} in {}",
-            r.send.state.check().err().map(|e| e.message),
-            r.recv.state.check().err().map(|e| e.message),
-            r.progress()
-        );
-        r.check_quiet();
+        let mut r = run_with(seed, Duration::from_secs(30), &fail_device_0, Some(move_off_device_0));
+        assert_recovered(seed, &mut r);
         moved += usize::from(r.case.sender_devs > 1 && r.fab.routes(Side::Sender).iter().all(|q| q.dev != 0));
     }
     assert!(
