@@ -538,9 +538,10 @@ impl Conn {
         self.qps.iter().map(|q| q.qp.qpn()).collect()
     }
 
-    /// The device index and paired peer device of the QP with this number (for WARNs).
-    pub fn qp_by_num(&self, qpn: u32) -> Option<&ConnQp> {
-        self.qps.iter().find(|q| q.qp.qpn() == qpn)
+    /// The QP with this number on local member `dev` (QP numbers are per device: two
+    /// members may each have a QP of the same number).
+    pub fn qp_by_num(&self, dev: usize, qpn: u32) -> Option<&ConnQp> {
+        self.qps.iter().find(|q| q.dev == dev && q.qp.qpn() == qpn)
     }
 
     /// A fatal async event hit one of our devices or its port, one of our own QPs or our

@@ -309,7 +309,7 @@ impl Driver {
                 completions,
                 ..
             } = self;
-            'devs: for d in conn.devs.iter() {
+            'devs: for (di, d) in conn.devs.iter().enumerate() {
                 loop {
                     let got = match d.cq.poll(wcs) {
                         Ok(g) => g,
@@ -326,7 +326,7 @@ impl Driver {
                     *completions += got.len() as u64;
                     for wc in got {
                         // A completion of a QP a recovery destroyed.
-                        if replaced && conn.qp_by_num(wc.qp_num()).is_none() {
+                        if replaced && conn.qp_by_num(di, wc.qp_num()).is_none() {
                             continue;
                         }
                         if let Some(s) = stats {
@@ -338,12 +338,12 @@ impl Driver {
                                 let flush = f.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
                                 if lost.as_ref().is_none_or(|l| l.1 && !flush) {
                                     let (op, bytes) = core.describe(wc.wr_id());
-                                    lost = Some((report(conn, &f, op, bytes).message, flush));
+                                    lost = Some((report(conn, di, &f, op, bytes).message, flush));
                                 }
                             }
                             Err(f) => {
                                 let (op, bytes) = core.describe(wc.wr_id());
-                                let mut e = report(conn, &f, op, bytes);
+                                let mut e = report(conn, di, &f, op, bytes);
                                 if f.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
                                     // A flushed WR is a consequence; look for the cause.
                                     match root_cause(conn, wcs, core) {
@@ -529,14 +529,14 @@ fn flush_cause_event(conn: &mut Conn) -> Option<(Error, FatalKind)> {
 fn root_cause(conn: &Conn, wcs: &mut [WorkCompletion; POLL_BATCH], core: &impl CompletionSink) -> Option<Error> {
     for _ in 0..64 {
         let mut any = false;
-        for d in conn.devs.iter() {
+        for (di, d) in conn.devs.iter().enumerate() {
             let Ok(got) = d.cq.poll(wcs) else { continue };
             any |= !got.is_empty();
             for wc in got {
                 if let Err(f) = wc.result() {
                     if f.status != sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
                         let (op, bytes) = core.describe(wc.wr_id());
-                        return Some(report(conn, &f, op, bytes));
+                        return Some(report(conn, di, &f, op, bytes));
                     }
                 }
             }
@@ -548,9 +548,9 @@ fn root_cause(conn: &Conn, wcs: &mut [WorkCompletion; POLL_BATCH], core: &impl C
     None
 }
 
-fn report(conn: &Conn, f: &Failed, op: &str, bytes: usize) -> Error {
-    let qp = conn.qp_by_num(f.qp_num);
-    let ldev = qp.map_or(0, |q| q.dev);
+/// The WARN of failed completion `f`, polled from the CQ of local member `ldev`.
+fn report(conn: &Conn, ldev: usize, f: &Failed, op: &str, bytes: usize) -> Error {
+    let qp = conn.qp_by_num(ldev, f.qp_num);
     let dev = &conn.devs[ldev.min(conn.devs.len() - 1)].dev;
     let peer_gid = qp
         .and_then(|q| conn.peer.devs.get(q.remote_dev))

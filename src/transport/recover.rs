@@ -234,11 +234,11 @@ impl Driver {
         loop {
             let mut any = false;
             let Driver { conn, wcs, .. } = &mut *self;
-            for d in conn.devs.iter() {
+            for (di, d) in conn.devs.iter().enumerate() {
                 let Ok(got) = d.cq.poll(wcs) else { continue };
                 any |= !got.is_empty();
                 for wc in got.iter() {
-                    let Some(q) = conn.qps.iter().position(|q| q.qp.qpn() == wc.qp_num()) else {
+                    let Some(q) = conn.qps.iter().position(|q| q.dev == di && q.qp.qpn() == wc.qp_num()) else {
                         continue;
                     };
                     match wc.result() {
