@@ -3,6 +3,7 @@
 //! handshake records describing this side (spec §8.5).
 
 use super::proto::handshake::{self, DevRepr, EndpointRepr, LinkLayer as WireLinkLayer, QpRepr};
+use super::proto::plan::QpRoute;
 use super::proto::{fifo, limits, request};
 use super::sidechannel::Channel;
 use crate::config::{self, Config};
@@ -541,7 +542,23 @@ impl Conn {
     /// The QP with this number on local member `dev` (QP numbers are per device: two
     /// members may each have a QP of the same number).
     pub fn qp_by_num(&self, dev: usize, qpn: u32) -> Option<&ConnQp> {
-        self.qps.iter().find(|q| q.dev == dev && q.qp.qpn() == qpn)
+        self.qp_index(dev, qpn).map(|i| &self.qps[i])
+    }
+
+    /// The index in the connection of that QP.
+    pub fn qp_index(&self, dev: usize, qpn: u32) -> Option<usize> {
+        self.qps.iter().position(|q| q.dev == dev && q.qp.qpn() == qpn)
+    }
+
+    /// Per QP of the connection: its local and remote member device (the cores' routes).
+    pub fn routes(&self) -> Vec<QpRoute> {
+        self.qps
+            .iter()
+            .map(|q| QpRoute {
+                dev: q.dev,
+                remote_dev: q.remote_dev,
+            })
+            .collect()
     }
 
     /// A fatal async event hit one of our devices or its port, one of our own QPs or our

@@ -170,7 +170,7 @@ impl Driver {
                     let peer = h.qps.clone();
                     match self.conn.connect_new_qps(&peer) {
                         Ok(()) => {
-                            if let Err(e) = core.reroute(&super::send::routes(&self.conn)) {
+                            if let Err(e) = core.reroute(&self.conn.routes()) {
                                 return Err(core.state().fail(e));
                             }
                             todo.extend(self.recovery.machine.connected(epoch))
@@ -238,7 +238,7 @@ impl Driver {
                 let Ok(got) = d.cq.poll(wcs) else { continue };
                 any |= !got.is_empty();
                 for wc in got.iter() {
-                    let Some(q) = conn.qps.iter().position(|q| q.dev == di && q.qp.qpn() == wc.qp_num()) else {
+                    let Some(q) = conn.qp_index(di, wc.qp_num()) else {
                         continue;
                     };
                     match wc.result() {

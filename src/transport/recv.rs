@@ -19,7 +19,6 @@ use super::proto::request::{ReqKind, Request, RECV_REQUESTS};
 use super::proto::time::Time;
 use super::proto::{fifo, split};
 use super::ring_memory::RingMemory;
-use super::send::routes;
 use super::stats;
 use super::{clock, MemHandle};
 use super::{FLUSH_CQE, FLUSH_SEND_WR};
@@ -235,7 +234,7 @@ impl RecvDp {
             }
         }
         let cfg = RecvConfig {
-            routes: routes(&conn),
+            routes: conn.routes(),
             ndevs: conn.devs.len(),
             qps_per_req: conn.qps_per_req,
             staging: LocalBlock {

@@ -8,7 +8,7 @@ use super::conn::{Conn, RegBuf};
 use super::driver::{self, Driver};
 use super::proto::fifo;
 use super::proto::limits::MAX_DEVS;
-use super::proto::plan::{LocalBlock, QpRoute, RemoteBlock};
+use super::proto::plan::{LocalBlock, RemoteBlock};
 use super::proto::plan::{Op, Post};
 use super::proto::request::{Request, SendWrId, SEND_REQUESTS};
 use super::proto::send::{Isend, SendBuf, SendConfig, SendCore};
@@ -125,22 +125,11 @@ fn local_block(bufs: &RegBuf) -> LocalBlock {
     }
 }
 
-/// Per QP of the connection: its local and remote member device.
-pub fn routes(conn: &Conn) -> Vec<QpRoute> {
-    conn.qps
-        .iter()
-        .map(|q| QpRoute {
-            dev: q.dev,
-            remote_dev: q.remote_dev,
-        })
-        .collect()
-}
-
 impl SendDp {
     /// `ar`: adaptive routing (messages above `ar_threshold` complete with a separate write).
     pub fn new(conn: Conn, bufs: RegBuf, ar: bool, ar_threshold: usize) -> Box<SendDp> {
         let cfg = SendConfig {
-            routes: routes(&conn),
+            routes: conn.routes(),
             qps_per_req: conn.qps_per_req,
             ar_threshold: ar.then_some(ar_threshold),
             landing_timeout: Duration::from_secs(crate::config::get().connect_timeout_sec.max(1)),
