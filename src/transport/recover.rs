@@ -219,11 +219,11 @@ impl Driver {
     }
 
     /// Replace the connection's QPs. The receiver first moves its old ones to ERR and takes
-    /// every completion they hold (until each posted receive flushed, bounded): a message the
-    /// sender saw acknowledged must be one it reports taken.
+    /// every completion they hold (until each posted receive completed or flushed, bounded): a
+    /// message the sender saw acknowledged must be one it reports taken.
     fn rebuild(&mut self, core: &mut impl RecoverySink) -> Result<()> {
         let receives: Vec<usize> = (0..self.conn.qps.len()).map(|q| core.posted_receives(q)).collect();
-        let mut flushed = vec![0usize; receives.len()];
+        let mut ended = vec![0usize; receives.len()];
         if receives.iter().any(|&r| r > 0) {
             for q in &self.conn.qps {
                 // A QP already in ERR stays there; refusing is no reason to stop.
@@ -241,14 +241,17 @@ impl Driver {
                     let Some(q) = conn.qp_index(di, wc.qp_num()) else {
                         continue;
                     };
-                    match wc.result() {
-                        Ok(c) => core.handle_ok(wc.wr_id(), c.imm),
-                        Err(_) if core.is_receive(wc.wr_id()) => flushed[q] += 1,
-                        Err(_) => {}
+                    // A receive ends once, completed or flushed: a data write that landed
+                    // during the drain took a receive the count above still holds.
+                    if core.is_receive(wc.wr_id()) {
+                        ended[q] += 1;
+                    }
+                    if let Ok(c) = wc.result() {
+                        core.handle_ok(wc.wr_id(), c.imm);
                     }
                 }
             }
-            let drained = flushed.iter().zip(&receives).all(|(f, r)| f >= r);
+            let drained = ended.iter().zip(&receives).all(|(e, r)| e >= r);
             if drained || (!any && Instant::now() >= end) {
                 break;
             }
