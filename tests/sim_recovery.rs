@@ -26,6 +26,19 @@ struct Tally {
 /// `inject` once after a random number of turns; returns the run when it ended (all done, or
 /// both ends failed). Panics with the seed on a hang or a wrong result.
 fn run_with(seed: u64, timeout: Duration, inject: &dyn Fn(&mut Run), hook: Option<fn(&mut Run, Side, u32)>) -> Run {
+    run_scheduled(seed, timeout, &[(0, inject)], hook)
+}
+
+/// A fault a case injects: `(offset, inject)` runs `offset` turns after the random first turn.
+type Injection<'a> = (u64, &'a dyn Fn(&mut Run));
+
+/// [`run_with`] with several injections.
+fn run_scheduled(
+    seed: u64,
+    timeout: Duration,
+    schedule: &[Injection<'_>],
+    hook: Option<fn(&mut Run, Side, u32)>,
+) -> Run {
     let mut case = random_case(seed);
     case.groups.truncate(24);
     let mut r = Run::new(case);
@@ -44,8 +57,10 @@ fn run_with(seed: u64, timeout: Duration, inject: &dyn Fn(&mut Run), hook: Optio
         }
         turns += 1;
         assert!(turns < 3_000_000, "seed {seed}: no end: {}", r.progress());
-        if turns == fail_at {
-            inject(&mut r);
+        for (offset, inject) in schedule {
+            if turns == fail_at + offset {
+                inject(&mut r);
+            }
         }
         match r.turn() {
             Ok(true) => idle = 0,
@@ -164,6 +179,89 @@ fn the_loss_of_a_member_device_fails_over_to_the_others() {
         moved >= 20,
         "seeds whose sender ended on its other devices only: {moved}"
     );
+}
+
+/// The sender's QPs go where a fused device's recovery puts them: striped over its members as
+/// at the start, less those whose ports are down (`sender_members_down`).
+fn place_by_ports(r: &mut Run, side: Side, _epoch: u32) {
+    let devs = r.case.sender_devs;
+    let Some(rc) = r.recovery.as_ref() else { return };
+    if side != Side::Sender || devs < 2 {
+        return;
+    }
+    let up: Vec<usize> = (0..devs).filter(|d| !rc.sender_members_down.contains(d)).collect();
+    for q in 0..r.case.nqps() {
+        let home = q % devs;
+        let dev = if up.contains(&home) { home } else { up[q % up.len()] };
+        r.fab.place_qp(Side::Sender, q, dev);
+    }
+}
+
+/// The sender's member device 0's port goes down (its QPs there fail) or comes up again (a
+/// failback), as the driver sees it: a port event starts a recovery.
+fn member_0_port(r: &mut Run, down: bool) {
+    let Some(rc) = r.recovery.as_mut() else { return };
+    if down {
+        rc.sender_members_down = vec![0];
+        let on_0: Vec<usize> = (0..r.case.nqps())
+            .filter(|&q| r.fab.routes(Side::Sender)[q].dev == 0)
+            .collect();
+        for q in on_0 {
+            r.fab.fail_qp(Side::Sender, q, WC_RETRY_EXC_ERR);
+        }
+        r.local_event(Side::Sender, "member 0's port went down");
+    } else {
+        rc.sender_members_down.clear();
+        r.local_event(Side::Sender, "member 0's port is up again (failback)");
+    }
+}
+
+/// A member's port flaps: down (failover), up (failback), down again a few turns into the
+/// failback's recovery (so in any of its phases), up again: every message exactly once, and
+/// the QPs end striped over both members.
+#[test]
+fn a_member_port_that_goes_down_again_during_its_failback_is_failed_over_again() {
+    let (mut striped, mut flapped) = (0, 0);
+    for seed in 1200..1320 {
+        let again = [1, 3, 10, 40, 120][seed as usize % 5];
+        let down = |r: &mut Run| member_0_port(r, true);
+        let up = |r: &mut Run| member_0_port(r, false);
+        let schedule: [Injection<'_>; 4] = [(0, &down), (300, &up), (300 + again, &down), (900, &up)];
+        let mut r = run_scheduled(seed, Duration::from_secs(30), &schedule, Some(place_by_ports));
+        assert_recovered(seed, &mut r);
+        let rc = r.recovery.as_ref().expect("recovery");
+        let attempts = rc.ends.iter().map(|e| e.attempts).max().unwrap_or(0);
+        if r.case.sender_devs > 1 && attempts >= 4 {
+            flapped += 1;
+            let devs: std::collections::BTreeSet<usize> = r.fab.routes(Side::Sender).iter().map(|q| q.dev).collect();
+            striped += usize::from(devs.len() == r.case.sender_devs.min(r.case.nqps()));
+        }
+    }
+    assert!(flapped >= 15, "seeds through both flaps on a fused sender: {flapped}");
+    assert_eq!(
+        striped, flapped,
+        "after the last failback the QPs are striped over every member"
+    );
+}
+
+/// Recovery messages the peer never got (it missed them): the attempt waits PEER_WAIT, fails,
+/// and the newer one the peer joins recovers — never a wait for the whole bound.
+#[test]
+fn lost_recovery_messages_are_made_up_by_a_newer_attempt() {
+    let t = all_recover(
+        1400..1520,
+        &|r| {
+            fail_some_qp(r, Side::Sender, WC_RETRY_EXC_ERR);
+            let lose = 1 + r.rng.below(3) as u32;
+            if let Some(rc) = r.recovery.as_mut() {
+                rc.lose_messages = lose;
+            }
+        },
+        None,
+    );
+    eprintln!("{t:?}");
+    assert!(t.recovered >= 50, "{t:?}");
+    assert!(t.attempts >= t.recovered + 40, "a lost message cost an attempt: {t:?}");
 }
 
 #[test]

@@ -48,6 +48,22 @@ pub struct Recovering {
     pub cts_rewritten: usize,
     /// Called at every Rebuild (side, epoch): a test injects faults during a recovery.
     pub on_rebuild: Option<fn(&mut Run, Side, u32)>,
+    /// The next this many messages either side sends are lost (a peer that missed them).
+    pub lose_messages: u32,
+    /// The sender's member devices whose ports are down (a test's rebuild hook places no QP
+    /// there).
+    pub sender_members_down: Vec<usize>,
+}
+
+impl Recovering {
+    /// `side` sends `msg` to its peer (unless it is one of the messages to lose).
+    fn send_message(&mut self, side: Side, msg: ChanMsg) {
+        if self.lose_messages > 0 {
+            self.lose_messages -= 1;
+            return;
+        }
+        self.inbox[side.peer().index()].push_back(msg);
+    }
 }
 
 /// One buffer of a grouped receive and the send that goes into it.
@@ -264,6 +280,8 @@ impl Run {
             landed_unacked: 0,
             cts_rewritten: 0,
             on_rebuild: None,
+            lose_messages: 0,
+            sender_members_down: Vec::new(),
         });
     }
 
@@ -326,7 +344,7 @@ impl Run {
                         taken: self.recv.taken(),
                         head: self.send.fifo_head(),
                     };
-                    rc.inbox[side.peer().index()].push_back(msg);
+                    rc.send_message(side, msg);
                 }
                 Action::Connect { epoch } => {
                     // The new QPs sit where the Hellos say (a failover may have moved them).
@@ -341,7 +359,7 @@ impl Run {
                     let Some(rc) = self.recovery.as_mut() else { return };
                     todo.extend(rc.ends[side.index()].connected(epoch))
                 }
-                Action::SendReady { epoch } => rc.inbox[side.peer().index()].push_back(ChanMsg::Ready { epoch }),
+                Action::SendReady { epoch } => rc.send_message(side, ChanMsg::Ready { epoch }),
                 Action::Resume { epoch } => {
                     let Some(ChanMsg::Hello { epoch: e, taken, head }) = rc.hello[side.index()].clone() else {
                         panic!(
@@ -425,6 +443,15 @@ impl Run {
         };
         self.act(side, actions);
         true
+    }
+
+    /// `side`'s driver starts a recovery without a failed completion (a port event, a
+    /// fused device's member back for a failback): `cause` in words.
+    pub fn local_event(&mut self, side: Side, cause: &str) {
+        let now = self.now;
+        let Some(rc) = self.recovery.as_mut() else { return };
+        let actions = rc.ends[side.index()].local_failure(now, cause);
+        self.act(side, actions);
     }
 
     /// The peer died: its side channel closed. Both ends fail, as the driver's read of the

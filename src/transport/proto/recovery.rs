@@ -21,8 +21,9 @@
 //! 5. The sender, with the receiver's Ready: **resume** — complete what the receiver took and
 //!    post the rest again (`SendCore::resume`).
 //!
-//! A failure during an attempt (the new QPs fail too, creating or connecting them fails) starts
-//! the next epoch after a backoff that doubles up to [`MAX_BACKOFF`]; the attempts go on until
+//! A failure during an attempt (the new QPs fail too, creating or connecting them fails, or
+//! the peer's next message does not come within [`PEER_WAIT`]) starts the next epoch after a
+//! backoff that doubles up to [`MAX_BACKOFF`]; the attempts go on until
 //! the bound (`FERROCE_RECOVERY_TIMEOUT_SEC`) since the first failure, then the comm fails with
 //! what was tried. Messages of an older epoch are dropped (late or duplicated), a newer one is
 //! joined. A peer whose side channel closed is an error at once, never a recovery (the
@@ -38,6 +39,12 @@ use std::time::Duration;
 pub const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 /// The longest wait between two attempts.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How long an attempt waits for the peer's next message (its Hello, its Ready) or for the
+/// receiver's rewrites to land before it counts as failed and the next one starts. The peer
+/// answers within its rebuild (the receiver's drain: at most a second) and a side-channel
+/// round trip; one that missed an epoch joins the next (newer epochs are always joined), so
+/// an attempt never waits on the peer for the whole bound.
+pub const PEER_WAIT: Duration = Duration::from_secs(3);
 
 /// Which end of the connection this is: the receiver's Ready waits for its CTS rewrites.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -92,6 +99,9 @@ pub struct Recovery {
     role: Role,
     epoch: u32,
     phase: Phase,
+    /// When the first [`Recovery::tick`] saw the phase that waits on the peer (unset at each
+    /// change of phase).
+    waiting_since: Option<Time>,
     peer_hello: Option<u32>,
     peer_ready: Option<u32>,
     /// When the first failure of the recovery in progress happened. Kept after a resume until
@@ -121,6 +131,7 @@ impl Recovery {
             role,
             epoch: 0,
             phase: Phase::Running,
+            waiting_since: None,
             peer_hello: None,
             peer_ready: None,
             since: None,
@@ -168,9 +179,14 @@ impl Recovery {
         self.since.map_or(Duration::ZERO, |s| now.saturating_since(s))
     }
 
+    fn set_phase(&mut self, phase: Phase) {
+        self.phase = phase;
+        self.waiting_since = None;
+    }
+
     fn start_epoch(&mut self, epoch: u32) -> Action {
         self.epoch = epoch;
-        self.phase = Phase::Rebuilding;
+        self.set_phase(Phase::Rebuilding);
         self.attempts += 1;
         self.attempts_now += 1;
         Action::Rebuild { epoch }
@@ -188,7 +204,7 @@ impl Recovery {
             self.attempts_now,
             self.last_cause
         ));
-        self.phase = Phase::Running;
+        self.set_phase(Phase::Running);
         Action::Fail(e)
     }
 
@@ -232,7 +248,7 @@ impl Recovery {
         if self.elapsed(now) >= self.timeout || out_of_attempts {
             return vec![self.give_up(now)];
         }
-        self.phase = Phase::Backoff { at: now + self.backoff };
+        self.set_phase(Phase::Backoff { at: now + self.backoff });
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
         Vec::new()
     }
@@ -244,10 +260,10 @@ impl Recovery {
             return Vec::new();
         }
         if self.peer_hello == Some(epoch) {
-            self.phase = Phase::Connecting;
+            self.set_phase(Phase::Connecting);
             vec![Action::SendHello { epoch }, Action::Connect { epoch }]
         } else {
-            self.phase = Phase::AwaitHello;
+            self.set_phase(Phase::AwaitHello);
             vec![Action::SendHello { epoch }]
         }
     }
@@ -278,7 +294,7 @@ impl Recovery {
         }
         self.peer_hello = Some(epoch);
         if self.phase == Phase::AwaitHello {
-            self.phase = Phase::Connecting;
+            self.set_phase(Phase::Connecting);
             return vec![Action::Connect { epoch }];
         }
         Vec::new()
@@ -290,7 +306,7 @@ impl Recovery {
         if epoch != self.epoch || self.phase != Phase::Connecting {
             return Vec::new();
         }
-        self.phase = Phase::AwaitReady;
+        self.set_phase(Phase::AwaitReady);
         let mut out = Vec::new();
         if self.role == Role::Sender {
             out.push(Action::SendReady { epoch });
@@ -316,13 +332,13 @@ impl Recovery {
     fn resume(&mut self) -> Action {
         match self.role {
             Role::Sender => self.finish(),
-            Role::Receiver => self.phase = Phase::Landing,
+            Role::Receiver => self.set_phase(Phase::Landing),
         }
         Action::Resume { epoch: self.epoch }
     }
 
     fn finish(&mut self) {
-        self.phase = Phase::Running;
+        self.set_phase(Phase::Running);
         self.recovered += 1;
     }
 
@@ -350,7 +366,8 @@ impl Recovery {
         self.phase == Phase::Landing
     }
 
-    /// The time: the next attempt when its backoff is over; the end past the bound.
+    /// The time: the next attempt when its backoff is over; an attempt that waited
+    /// [`PEER_WAIT`] on the peer failed; the end past the bound.
     pub fn tick(&mut self, now: Time) -> Vec<Action> {
         match self.phase {
             Phase::Running => Vec::new(),
@@ -359,6 +376,23 @@ impl Recovery {
                 self.peer_hello = None;
                 self.peer_ready = None;
                 vec![self.start_epoch(self.epoch.wrapping_add(1))]
+            }
+            Phase::AwaitHello | Phase::AwaitReady | Phase::Landing => {
+                let since = *self.waiting_since.get_or_insert(now);
+                if now.saturating_since(since) < PEER_WAIT {
+                    return Vec::new();
+                }
+                let (epoch, peer) = (self.epoch, &self.peer);
+                let cause = match self.phase {
+                    Phase::AwaitHello => {
+                        format!("attempt {epoch}: no Hello (new QPs) from the peer {peer} within {PEER_WAIT:?}")
+                    }
+                    Phase::AwaitReady => format!("attempt {epoch}: no Ready from the peer {peer} within {PEER_WAIT:?}"),
+                    _ => format!(
+                        "attempt {epoch}: the CTS rewrites to the peer {peer} did not complete within {PEER_WAIT:?}"
+                    ),
+                };
+                self.attempt_failed(now, &cause)
             }
             _ => Vec::new(),
         }
@@ -425,6 +459,64 @@ mod tests {
             a.rebuilt(3),
             vec![Action::SendHello { epoch: 3 }, Action::Connect { epoch: 3 }]
         );
+    }
+
+    #[test]
+    fn an_attempt_the_peer_does_not_answer_is_followed_by_a_newer_one_the_peer_joins() {
+        let (mut a, mut b) = pair();
+        a.local_failure(t(0), "port down");
+        assert_eq!(a.rebuilt(1), vec![Action::SendHello { epoch: 1 }]);
+        // The Hello of epoch 1 never reaches b (it missed it).
+        assert_eq!(a.tick(t(10)), vec![]);
+        assert_eq!(a.tick(t(2999)), vec![], "within PEER_WAIT of the first tick");
+        assert_eq!(a.tick(t(3010)), vec![], "the wait failed the attempt: backoff");
+        assert_eq!(a.tick(t(3110)), vec![Action::Rebuild { epoch: 2 }]);
+        assert_eq!(a.rebuilt(2), vec![Action::SendHello { epoch: 2 }]);
+        assert_eq!(b.peer_hello(t(3120), 2), vec![Action::Rebuild { epoch: 2 }]);
+        assert_eq!(
+            b.rebuilt(2),
+            vec![Action::SendHello { epoch: 2 }, Action::Connect { epoch: 2 }]
+        );
+        assert_eq!(b.connected(2), vec![]);
+        assert_eq!(a.peer_hello(t(3130), 2), vec![Action::Connect { epoch: 2 }]);
+        assert_eq!(a.connected(2), vec![Action::SendReady { epoch: 2 }]);
+        // Each wait starts anew with its phase: the Ready is waited for from here.
+        assert_eq!(a.tick(t(6000)), vec![]);
+        assert_eq!(b.peer_ready(2), vec![Action::Resume { epoch: 2 }]);
+        assert_eq!(b.landed(2), vec![Action::SendReady { epoch: 2 }]);
+        assert_eq!(a.peer_ready(2), vec![Action::Resume { epoch: 2 }]);
+        assert!(!a.active() && !b.active());
+        assert_eq!(a.attempts, 2);
+    }
+
+    #[test]
+    fn a_peer_that_never_answers_fails_the_comm_at_the_bound_naming_what_was_awaited() {
+        let mut a = Recovery::new(Role::Receiver, Duration::from_secs(10), "peer".into());
+        a.local_failure(t(0), "port down");
+        a.rebuilt(1);
+        let mut failed = None;
+        for ms in (0..11_000).step_by(10) {
+            for act in a.tick(t(ms)) {
+                match act {
+                    Action::Rebuild { epoch } => {
+                        a.rebuilt(epoch);
+                    }
+                    Action::Fail(e) => failed = Some((ms, e)),
+                    other => panic!("{other:?}"),
+                }
+            }
+            if failed.is_some() {
+                break;
+            }
+        }
+        let (ms, e) = failed.expect("gave up");
+        assert_eq!(ms, 10_000, "at the bound");
+        assert!(
+            e.message.contains("no Hello (new QPs) from the peer peer"),
+            "{}",
+            e.message
+        );
+        assert!(a.attempts >= 3, "{} attempts", a.attempts);
     }
 
     #[test]
