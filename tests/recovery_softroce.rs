@@ -8,7 +8,10 @@
 //! * the port stays down past FERROCE_RECOVERY_TIMEOUT_SEC: a clear error within the bound
 //!   (what was tried, how long), no hang;
 //! * recovery turned off (NCCL_IB_RESILIENCY_PORT_RECOVERY=0): the first failure fails the
-//!   comm, as before.
+//!   comm, as before;
+//! * the port flaps under a send while its receiver is never called (its receive was posted
+//!   before, as NCCL leaves a comm it has nothing more for): the receiver answers the
+//!   sender's recovery anyway (the plugin's watcher thread), and the send completes.
 //!
 //! Addresses 127.0.46.x (ci/tests/lib/softroce.sh has the table), one per child.
 
@@ -226,6 +229,22 @@ fn recovery_off_fails_at_the_first_failure() {
     assert!(!text.contains("recovering over new QPs"), "{text}");
 }
 
+#[test]
+fn a_receiver_nccl_does_not_call_answers_the_senders_recovery() {
+    if !softroce_enabled() {
+        return;
+    }
+    let text = run_child(
+        "idle_receiver_child",
+        "127.0.46.4",
+        &[("FERROCE_RECOVERY_TIMEOUT_SEC", "60")],
+    );
+    assert!(
+        text.contains("recovered over new QPs"),
+        "the recovery is WARNed:\n{text}"
+    );
+}
+
 const SIZES: [usize; 5] = [8, 4096, 65536, 1 << 20, 300_000];
 
 #[test]
@@ -297,4 +316,63 @@ fn recovery_off_child() {
     assert!(is_child());
     fails_after_port_down(Duration::from_secs(15));
     println!("recovery_off_child: done");
+}
+
+#[test]
+#[ignore = "the child process of a_receiver_nccl_does_not_call_answers_the_senders_recovery, which runs it"]
+fn idle_receiver_child() {
+    assert!(is_child());
+    let ctx = api::init(None, -1, false).expect("init");
+    let (s, r) = pair(&ctx, 0);
+    const SIZE: usize = 1 << 20;
+    let src: Vec<u8> = (0..SIZE).map(|i| (i * 13 + 1) as u8).collect();
+    let mut dst = vec![0u8; SIZE];
+    let (smh, rmh) = (reg(&*s, &src), reg(&*r, &dst));
+    // SAFETY: live handle; the buffer is registered and outlives the request (tested below).
+    let recv = unsafe { api::irecv(&r, &[dst.as_mut_ptr() as usize], &[SIZE], &[3], &[&rmh], false) }
+        .expect("irecv")
+        .expect("a receive slot");
+    // The CTS lands at the sender, then the port goes down under the send.
+    std::thread::sleep(Duration::from_millis(200));
+    ctl(&["port-down"]);
+    let flapper = std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_secs(1));
+        ctl(&["port-up"]);
+    });
+    let t0 = Instant::now();
+    let send = loop {
+        // SAFETY: as above.
+        if let Some(q) = unsafe { api::isend(&s, src.as_ptr() as usize, SIZE, 3, &smh) }.expect("isend") {
+            break q;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the CTS never reached the sender"
+        );
+    };
+    // Only the sender is called from here on: NCCL has nothing more for the receiver.
+    let mut size = [0i32];
+    // SAFETY: in flight until test says done.
+    while !unsafe { api::test(send, size.as_mut_ptr()) }.expect("the send recovers") {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "the send did not complete: its receiver, not called, never answered the recovery"
+        );
+        std::thread::sleep(Duration::from_micros(100));
+    }
+    assert_eq!(size[0] as usize, SIZE);
+    flapper.join().expect("flapper");
+    // SAFETY: as above.
+    while !unsafe { api::test(recv, size.as_mut_ptr()) }.expect("the receive") {}
+    assert_eq!(size[0] as usize, SIZE);
+    assert!(dst == src, "the bytes arrived");
+    println!(
+        "idle_receiver_child: the send completed in {:?} with its receiver idle",
+        t0.elapsed()
+    );
+    api::dereg_mr(smh).expect("deregMr");
+    api::dereg_mr(rmh).expect("deregMr");
+    drop((s, r));
+    api::finalize(ctx).expect("finalize");
+    println!("idle_receiver_child: done");
 }

@@ -15,7 +15,12 @@ use crate::ibv::{CompletionQueue, QueuePair};
 use crate::memory::AlignedBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// The first wait before a member whose path stopped answering is tried again; it doubles
+/// with each failure of that member, up to [`PATH_RETRY_MAX`].
+const PATH_RETRY_FIRST: Duration = Duration::from_secs(1);
+const PATH_RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// Inline bytes requested when NCCL_IB_USE_INLINE=1 (one CTS entry).
 const INLINE_BYTES: u32 = fifo::ENTRY_BYTES as u32;
@@ -109,9 +114,15 @@ pub struct LocalDev {
     pub cqe_per_qp: usize,
     pub cq_extra: usize,
     pub cq_qps: usize,
-    /// A recovery moved this member's QPs to the others (its port was down): `port_actives`
-    /// of its port then, so that the port coming back is noticed (failback).
+    /// A recovery moved this member's QPs to the others (its port was down, or its path
+    /// stopped answering): `port_actives` of its port then, so that the port coming back is
+    /// noticed (failback).
     pub failed_over: Option<u32>,
+    /// A QP of this member ran out of retries with its port up (a broken path): the
+    /// recovery leaves it out while others answer, until this time (failback tries it again).
+    pub path_retry_at: Option<Instant>,
+    /// How often that happened: the wait before trying it again doubles each time.
+    pub path_failures: u32,
 }
 
 /// What a fatal async event hit.
@@ -189,6 +200,8 @@ pub fn local_devs(members: &[Arc<NetDevice>], nqps: usize, cqe_per_qp: usize, ex
                 cq_extra: extra,
                 cq_qps: qps_here,
                 failed_over: None,
+                path_retry_at: None,
+                path_failures: 0,
             })
         })
         .collect()
@@ -435,24 +448,49 @@ impl Conn {
     /// member left out is marked failed over, with its port's `port_actives` then.
     fn placement(&mut self, nqps: usize) -> Vec<usize> {
         let failover = config::get().port_failover && self.devs.len() > 1;
-        let mut up = Vec::with_capacity(self.devs.len());
-        for (i, d) in self.devs.iter_mut().enumerate() {
-            // The count first: a PORT_ACTIVE after the query is then a change.
-            let actives = port_actives(&d.dev);
-            if !failover || port_is_active(&d.dev) {
-                d.failed_over = None;
-                up.push(i);
-            } else {
-                d.failed_over = Some(actives);
+        let now = Instant::now();
+        // The counts first: a PORT_ACTIVE after the query is then a change.
+        let actives: Vec<u32> = self.devs.iter().map(|d| port_actives(&d.dev)).collect();
+        let up: Vec<bool> = self.devs.iter().map(|d| !failover || port_is_active(&d.dev)).collect();
+        for (d, &up) in self.devs.iter_mut().zip(&up) {
+            if !up || d.path_retry_at.is_some_and(|t| now >= t) {
+                // A port that is down explains the failed retries; a wait that is over ends.
+                d.path_retry_at = None;
             }
         }
-        if up.is_empty() {
-            for d in &mut self.devs {
-                d.failed_over = None;
-            }
+        let answering: Vec<usize> = (0..self.devs.len())
+            .filter(|&i| up[i] && self.devs[i].path_retry_at.is_none())
+            .collect();
+        let chosen = if !answering.is_empty() {
+            answering
+        } else {
+            (0..self.devs.len()).filter(|&i| up[i]).collect()
+        };
+        for (i, d) in self.devs.iter_mut().enumerate() {
+            d.failed_over = (!chosen.is_empty() && !chosen.contains(&i)).then_some(actives[i]);
+        }
+        if chosen.is_empty() {
             return striped(self.devs.len(), nqps);
         }
-        (0..nqps).map(|i| up[i % up.len()]).collect()
+        (0..nqps).map(|i| chosen[i % chosen.len()]).collect()
+    }
+
+    /// A QP on member `dev` ran out of retries: on a fused device with failover, the member
+    /// is left out of the next recovery while another answers, for a wait that doubles per
+    /// failure.
+    pub fn note_path_failure(&mut self, dev: usize) {
+        if !config::get().port_failover || self.devs.len() < 2 || dev >= self.devs.len() {
+            return;
+        }
+        let d = &mut self.devs[dev];
+        if d.path_retry_at.is_some() {
+            return;
+        }
+        let wait = PATH_RETRY_FIRST
+            .saturating_mul(1u32 << d.path_failures.min(6))
+            .min(PATH_RETRY_MAX);
+        d.path_failures += 1;
+        d.path_retry_at = Some(Instant::now() + wait);
     }
 
     /// A CQ that is to serve more QPs than it was sized for is replaced by a larger one (its
@@ -468,12 +506,20 @@ impl Conn {
         Ok(())
     }
 
-    /// A member whose QPs a recovery moved to the others has its port up again (an
-    /// `IBV_EVENT_PORT_ACTIVE` since, and ACTIVE now): its label, so the QPs move back.
-    pub fn member_back(&self) -> Option<String> {
+    /// A member whose QPs a recovery moved to the others is to be used again: its port is up
+    /// again (an `IBV_EVENT_PORT_ACTIVE` since, and ACTIVE now), or the wait after its path
+    /// failed is over (and its port is ACTIVE). Its label, and why, so the QPs move back.
+    pub fn member_back(&self) -> Option<(String, &'static str)> {
+        let now = Instant::now();
         self.devs.iter().find_map(|d| {
             let base = d.failed_over?;
-            (port_actives(&d.dev) != base && port_is_active(&d.dev)).then(|| d.dev.label())
+            let why = match d.path_retry_at {
+                Some(t) if now >= t => "the wait after its path stopped answering is over",
+                Some(_) => return None,
+                None if port_actives(&d.dev) != base => "its port is up again (IBV_EVENT_PORT_ACTIVE)",
+                None => return None,
+            };
+            port_is_active(&d.dev).then(|| (d.dev.label(), why))
         })
     }
 

@@ -114,6 +114,8 @@ struct Polled {
     only_flushed: bool,
     /// The first link-caused failure, and whether it was only flushed WRs.
     lost: Option<(String, bool)>,
+    /// The member devices whose QPs ran out of retries (their paths stopped answering).
+    path_failed: Vec<usize>,
 }
 
 /// One comm's verbs side: its connection and the scratch its posts and polls use.
@@ -250,10 +252,10 @@ impl Driver {
             }
         }
         if !self.recovery.pending() && self.recovery.enabled() {
-            if let Some(member) = self.conn.member_back() {
+            if let Some((member, why)) = self.conn.member_back() {
                 self.local_failure(
                     core,
-                    &format!("the port of member {member} of the fused device is up again (IBV_EVENT_PORT_ACTIVE); moving its QPs back to it (failback)"),
+                    &format!("member {member} of the fused device is to be used again: {why}; moving its QPs back to it (failback)"),
                 )?;
             }
         }
@@ -262,7 +264,16 @@ impl Driver {
             error,
             only_flushed,
             lost,
+            path_failed,
         } = self.take_completions(core);
+        // Retries that ran out while the peer was already replacing its QPs (its Hello is
+        // here, or this end is recovering) say nothing about the path.
+        let peer_first = || self.recovery.active() || self.conn.chan.peek() == super::sidechannel::Peek::Data;
+        if !path_failed.is_empty() && !peer_first() {
+            for dev in path_failed {
+                self.conn.note_path_failure(dev);
+            }
+        }
         if let Some(mut e) = error {
             if only_flushed {
                 // No error completion: the NIC moved the QP to ERR by itself (QP fatal, device
@@ -299,6 +310,7 @@ impl Driver {
         let mut error: Option<Error> = None;
         let mut only_flushed = false;
         let mut lost: Option<(String, bool)> = None;
+        let mut path_failed = Vec::new();
         let replaced = self.recovery.replaced();
         let recovering = self.recovery.enabled();
         {
@@ -336,6 +348,9 @@ impl Driver {
                             Ok(c) => core.handle_ok(wc.wr_id(), c.imm),
                             Err(f) if recovering && recovery::recoverable(f.status) => {
                                 let flush = f.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
+                                if f.status == sys::ibv_wc_status::IBV_WC_RETRY_EXC_ERR && !path_failed.contains(&di) {
+                                    path_failed.push(di);
+                                }
                                 if lost.as_ref().is_none_or(|l| l.1 && !flush) {
                                     let (op, bytes) = core.describe(wc.wr_id());
                                     lost = Some((report(conn, di, &f, op, bytes).message, flush));
@@ -367,6 +382,7 @@ impl Driver {
             error,
             only_flushed,
             lost,
+            path_failed,
         }
     }
 
@@ -397,6 +413,20 @@ impl Driver {
             }
             Peek::Nothing => Ok(false),
         }
+    }
+
+    /// For the watcher (NCCL has not called the comm for a while): whether a poll would move
+    /// anything on — a recovery in progress, or a side-channel message waiting (then marked
+    /// for the poll to read). A closed channel is left to NCCL's next call to report.
+    pub fn wants_idle_step(&mut self) -> bool {
+        if self.recovery.pending() {
+            return true;
+        }
+        if self.conn.chan.peek() == Peek::Data {
+            self.recovery.readable = true;
+            return true;
+        }
+        false
     }
 
     /// The hang report: one WARN per FERROCE_HANG_WARN_SEC while nothing completes.

@@ -10,6 +10,7 @@ use super::proto::setup::{AwaitReady, AwaitRequest, Incoming, Refusal, SetupErro
 use super::proto::split;
 use super::proto::time::Time;
 use super::sidechannel::{self, Channel, ChannelError};
+use super::watch::Guarded;
 use super::{clock, recv, RecvComm};
 use crate::config;
 use crate::device::{NetDevice, VirtualDevice};
@@ -313,7 +314,7 @@ struct RecvParts {
 }
 
 impl RecvParts {
-    fn finish(self, mut chan: Channel) -> Box<recv::RecvDp> {
+    fn finish(self, mut chan: Channel) -> Box<Guarded<recv::RecvDp>> {
         let p = self;
         chan.release_buffers();
         let conn = Conn {

@@ -50,8 +50,10 @@ pub mod send;
 pub mod sidechannel;
 pub mod sink;
 pub mod stats;
+pub mod watch;
 
 use crate::error::Error;
+use watch::Guarded;
 
 pub(crate) use conn::{FLUSH_CQE, FLUSH_SEND_WR};
 pub use connect::{connect, forget_pending_connects};
@@ -68,12 +70,12 @@ type Result<T> = std::result::Result<T, Error>;
 
 /// The sending end of a connection.
 pub struct SendComm {
-    dp: Box<send::SendDp>,
+    dp: Box<Guarded<send::SendDp>>,
 }
 
 /// The receiving end of a connection.
 pub struct RecvComm {
-    dp: Box<recv::RecvDp>,
+    dp: Box<Guarded<recv::RecvDp>>,
 }
 
 impl SendComm {
@@ -88,17 +90,17 @@ impl SendComm {
         mh: &MemHandle,
         phandle: *mut std::ffi::c_void,
     ) -> Result<Option<*mut Request>> {
-        self.dp.isend(data, size, tag, mh, phandle)
+        self.dp.enter().isend(data, size, tag, mh, phandle)
     }
 
     /// Requests in flight (for tests).
     pub fn in_flight(&self) -> usize {
-        self.dp.in_flight()
+        self.dp.enter().in_flight()
     }
 
     /// The connection's local QP numbers, as its INFO line prints them (for tests and tools).
     pub fn qp_numbers(&self) -> Vec<u32> {
-        self.dp.io.conn.qp_numbers()
+        self.dp.enter().io.conn.qp_numbers()
     }
 }
 
@@ -114,38 +116,38 @@ impl RecvComm {
         _optional_completion_hint: bool,
         phandles: &[*mut std::ffi::c_void],
     ) -> Result<Option<*mut Request>> {
-        self.dp.irecv(data, sizes, tags, mhs, phandles)
+        self.dp.enter().irecv(data, sizes, tags, mhs, phandles)
     }
 
     /// `None` = nothing to flush (flush disabled or every size is 0).
     pub fn iflush(&mut self, data: &[usize], sizes: &[i32], mhs: &[&MemHandle]) -> Result<Option<*mut Request>> {
-        self.dp.iflush(data, sizes, mhs)
+        self.dp.enter().iflush(data, sizes, mhs)
     }
 
     /// The connection's local data QP numbers, as its INFO line prints them (for tests and tools).
     pub fn qp_numbers(&self) -> Vec<u32> {
-        self.dp.io.conn.qp_numbers()
+        self.dp.enter().io.conn.qp_numbers()
     }
 
     /// Whether iflush issues RDMA reads (peer memory / DMA-BUF and NCCL_GDR_FLUSH_DISABLE=0).
     pub fn flush_enabled(&self) -> bool {
-        self.dp.flush_enabled()
+        self.dp.enter().flush_enabled()
     }
 
     /// Loopback flush QPs of this comm (for tests): 0 until its first iflush that reads, then
     /// one per local device.
     pub fn flush_qps(&self) -> usize {
-        self.dp.flush_qps()
+        self.dp.enter().flush_qps()
     }
 
     /// Flush requests in flight (for tests).
     pub fn flushes_in_flight(&self) -> usize {
-        self.dp.flushes_in_flight()
+        self.dp.enter().flushes_in_flight()
     }
 
     /// Requests in flight (for tests).
     pub fn in_flight(&self) -> usize {
-        self.dp.in_flight()
+        self.dp.enter().in_flight()
     }
 }
 
@@ -164,12 +166,12 @@ pub unsafe fn test(req: *mut Request, sizes: *mut i32) -> Result<bool> {
     // by value and the borrow ends before the comm is borrowed mutably.
     let (owner, kind) = unsafe { ((*req).owner, (*req).kind()) };
     match kind {
-        // SAFETY: a Send request's owner is the boxed SendDp of its (open) comm, used only by
-        // this thread (NCCL's progress thread); `sizes` as the caller guarantees.
-        proto::request::ReqKind::Send => unsafe { (*(owner as *mut send::SendDp)).test(req, sizes) },
+        // SAFETY: a Send request's owner is the Guarded SendDp of its (open) comm (entered
+        // under its lock); `sizes` as the caller guarantees.
+        proto::request::ReqKind::Send => unsafe { (*(owner as *const Guarded<send::SendDp>)).enter().test(req, sizes) },
         // SAFETY: as above for the RecvDp; `sizes` as the caller guarantees.
         proto::request::ReqKind::Recv | proto::request::ReqKind::Flush => unsafe {
-            (*(owner as *mut recv::RecvDp)).test(req, sizes)
+            (*(owner as *const Guarded<recv::RecvDp>)).enter().test(req, sizes)
         },
         proto::request::ReqKind::Free => Err(Error::internal(
             "test: the request is not in flight (tested again after done?)",

@@ -118,7 +118,7 @@ impl Driver {
             String::new()
         } else {
             format!(
-                " on the fused device's members whose ports are up (failover: {} left until its port is up again)",
+                " on the fused device's members that answer (failover: {} left out until its port is up again or its wait is over)",
                 left.join(", ")
             )
         };

@@ -20,6 +20,7 @@ use super::proto::time::Time;
 use super::proto::{fifo, split};
 use super::ring_memory::RingMemory;
 use super::stats;
+use super::watch::{Guarded, Watched};
 use super::{clock, MemHandle};
 use super::{FLUSH_CQE, FLUSH_SEND_WR};
 use crate::config;
@@ -215,9 +216,22 @@ impl FlushDev {
 // flush WRs into its boxed `Flush`); one thread at a time.
 unsafe impl Send for RecvDp {}
 
+impl Watched for RecvDp {
+    fn set_owner(&mut self, owner: *mut ()) {
+        self.core.state.pool.set_owner(owner);
+    }
+
+    fn idle_step(&mut self) {
+        if self.io.wants_idle_step() {
+            // An error is the comm's state now: NCCL's next call returns it.
+            let _ = self.poll();
+        }
+    }
+}
+
 impl RecvDp {
     /// `flush_wanted`: iflush issues RDMA reads (its QPs are made by the first one).
-    pub fn new(conn: Conn, flush_wanted: bool, bufs: RegBuf, use_inline: bool) -> Box<RecvDp> {
+    pub fn new(conn: Conn, flush_wanted: bool, bufs: RegBuf, use_inline: bool) -> Box<Guarded<RecvDp>> {
         let mut lkeys = [0; MAX_DEVS];
         for (k, m) in lkeys.iter_mut().zip(&bufs.mrs) {
             *k = m.lkey();
@@ -253,7 +267,7 @@ impl RecvDp {
         let ring = unsafe { RingMemory::new(&bufs) };
         let io = Driver::new(conn, "recv");
         let started = io.stats.is_some().then(|| Box::new([Time::ZERO; RECV_REQUESTS]));
-        let mut dp = Box::new(RecvDp {
+        Guarded::new(RecvDp {
             io,
             flush: None,
             flush_wanted,
@@ -262,10 +276,7 @@ impl RecvDp {
             core: RecvCore::new(cfg, driver::warn_failure),
             started,
             prof: None,
-        });
-        let owner = &mut *dp as *mut RecvDp as *mut ();
-        dp.core.state.pool.set_owner(owner);
-        dp
+        })
     }
 
     /// Whether iflush issues RDMA reads.
@@ -376,8 +387,27 @@ impl RecvDp {
                 }
                 Ok(Some(self.core.state.pool.ptr(idx)))
             }
-            Irecv::Busy | Irecv::NoCtsCredit => Ok(None),
+            Irecv::Busy | Irecv::NoCtsCredit => self.refused(),
         }
+    }
+
+    /// `irecv` was refused (every request slot in flight, ring space or CTS credits short, a
+    /// recovery): reap completions (they return credits; a CTS write that failed starts a
+    /// recovery) and look at the side channel now and then. With no receive in flight NCCL
+    /// calls nothing else on this comm, and the peer's recovery (its Hello) must not wait for
+    /// a call that only comes once its own sends complete.
+    fn refused(&mut self) -> Result<Option<*mut Request>> {
+        self.poll()?;
+        let in_flight = self.in_flight();
+        let waiting = || {
+            format!("room for the next receive ({in_flight} in flight): CTS writes to the sender that do not complete, or a recovery of the connection")
+        };
+        if self.io.idle_probe(&mut self.core.state, waiting)? {
+            return Err(self
+                .io
+                .fail_peer_gone(&mut self.core.state, "a receive waiting for CTS credits"));
+        }
+        Ok(None)
     }
 
     fn post_irecv(&mut self, bufs: &[RecvBuf]) -> Result<Irecv> {

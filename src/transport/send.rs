@@ -16,6 +16,7 @@ use super::proto::time::Time;
 use super::ring_memory::RingMemory;
 use super::sink::SendSide;
 use super::stats;
+use super::watch::{Guarded, Watched};
 use super::{clock, MemHandle};
 use crate::error::{Error, Result};
 use crate::ibv::sys;
@@ -98,8 +99,21 @@ impl SendProfiling {
 }
 
 // SAFETY: the raw pointers (requests' owner, the ring view, WR scratch) all point into this
-// boxed object or memory it owns; it is used by one thread at a time (NCCL's contract).
+// boxed object or memory it owns; it is used by one thread at a time (its `Guarded` lock).
 unsafe impl Send for SendDp {}
+
+impl Watched for SendDp {
+    fn set_owner(&mut self, owner: *mut ()) {
+        self.core.state.pool.set_owner(owner);
+    }
+
+    fn idle_step(&mut self) {
+        if self.io.wants_idle_step() {
+            // An error is the comm's state now: NCCL's next call returns it.
+            let _ = self.poll();
+        }
+    }
+}
 
 /// The receiver block fields of a connection's peer record, by member device.
 fn remote_block(conn: &Conn) -> RemoteBlock {
@@ -127,7 +141,7 @@ fn local_block(bufs: &RegBuf) -> LocalBlock {
 
 impl SendDp {
     /// `ar`: adaptive routing (messages above `ar_threshold` complete with a separate write).
-    pub fn new(conn: Conn, bufs: RegBuf, ar: bool, ar_threshold: usize) -> Box<SendDp> {
+    pub fn new(conn: Conn, bufs: RegBuf, ar: bool, ar_threshold: usize) -> Box<Guarded<SendDp>> {
         let cfg = SendConfig {
             routes: conn.routes(),
             qps_per_req: conn.qps_per_req,
@@ -142,7 +156,7 @@ impl SendDp {
         let ring = unsafe { RingMemory::new(&bufs) };
         let io = Driver::new(conn, "send");
         let started = io.stats.is_some().then(|| Box::new([Time::ZERO; SEND_REQUESTS]));
-        let mut dp = Box::new(SendDp {
+        Guarded::new(SendDp {
             io,
             bufs,
             ring,
@@ -150,10 +164,7 @@ impl SendDp {
             started,
             cts_wait_since: None,
             prof: None,
-        });
-        let owner = &mut *dp as *mut SendDp as *mut ();
-        dp.core.state.pool.set_owner(owner);
-        dp
+        })
     }
 
     /// Poll the CQs; completions give back send-queue credits and complete requests.

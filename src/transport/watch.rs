@@ -1,0 +1,172 @@
+//! Progress for comms NCCL is not calling. NCCL calls a comm only while it has something in
+//! flight on it: a receiver whose last message arrived is not called again until the next
+//! operation, and that may wait for the peer's sends — which, when the connection lost its
+//! QPs, wait for this comm to answer the peer's recovery. So one thread per process looks at
+//! the comms no NCCL call reached for a round ([`ROUND`]) and moves on those with a recovery
+//! in progress or a side-channel message waiting, exactly as the next NCCL call would.
+//!
+//! Each comm's data path sits in a [`Guarded`]: every NCCL call and the watcher's step take
+//! its lock (uncontended for NCCL: the watcher only tries it, and only on a comm idle for a
+//! round), so the data path is never run by two threads at once.
+
+use parking_lot::{Mutex, MutexGuard};
+use std::cell::UnsafeCell;
+use std::ops::{Deref, DerefMut};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// How often the watcher looks; a comm NCCL did not call for a whole round is stepped.
+const ROUND: Duration = Duration::from_millis(10);
+
+/// What the watcher asks of an idle comm's data path.
+pub trait Watched {
+    /// Requests in flight name their comm by this address (the [`Guarded`] holding it).
+    fn set_owner(&mut self, owner: *mut ());
+    /// Move a recovery on, or read the side channel when a message is waiting (as the next
+    /// NCCL call would); nothing otherwise. An error stays in the comm's state for NCCL's
+    /// next call.
+    fn idle_step(&mut self);
+}
+
+/// A comm's data path and the count of NCCL calls on it, under one lock.
+pub struct Guarded<T: Watched> {
+    calls: Mutex<u64>,
+    dp: UnsafeCell<T>,
+}
+
+/// The data path while its lock is held.
+pub struct Entered<'a, T: Watched> {
+    _calls: MutexGuard<'a, u64>,
+    dp: &'a mut T,
+}
+
+impl<T: Watched> Deref for Entered<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.dp
+    }
+}
+
+impl<T: Watched> DerefMut for Entered<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        self.dp
+    }
+}
+
+impl<T: Watched + 'static> Guarded<T> {
+    /// Box `dp`, point its requests at the box, and let the watcher see it.
+    pub fn new(dp: T) -> Box<Guarded<T>> {
+        let g = Box::new(Guarded {
+            calls: Mutex::new(0),
+            dp: UnsafeCell::new(dp),
+        });
+        let owner = &*g as *const Guarded<T> as *mut ();
+        g.enter_uncounted().set_owner(owner);
+        register(Entry {
+            comm: owner.cast_const(),
+            step: step::<T>,
+            seen: u64::MAX,
+        });
+        g
+    }
+}
+
+impl<T: Watched> Guarded<T> {
+    /// An NCCL call: the data path, exclusively.
+    pub fn enter(&self) -> Entered<'_, T> {
+        let mut calls = self.calls.lock();
+        *calls = calls.wrapping_add(1);
+        // SAFETY: the lock is held for as long as the reference lives (both in `Entered`),
+        // and every access to `dp` takes it first.
+        Entered {
+            _calls: calls,
+            dp: unsafe { &mut *self.dp.get() },
+        }
+    }
+
+    fn enter_uncounted(&self) -> Entered<'_, T> {
+        let calls = self.calls.lock();
+        // SAFETY: as in `enter`.
+        Entered {
+            _calls: calls,
+            dp: unsafe { &mut *self.dp.get() },
+        }
+    }
+}
+
+impl<T: Watched> Drop for Guarded<T> {
+    fn drop(&mut self) {
+        // Before the data path is freed: the watcher steps comms under the registry's lock,
+        // so once this returns it neither steps nor holds this one.
+        unregister(self as *const Guarded<T> as *const ());
+    }
+}
+
+// SAFETY: the data path is reached only under `calls`' lock (see `enter`); what it holds
+// (verbs objects, sockets, its own memory) is usable from any thread.
+unsafe impl<T: Watched> Sync for Guarded<T> {}
+// SAFETY: as above.
+unsafe impl<T: Watched> Send for Guarded<T> {}
+
+/// One watched comm.
+struct Entry {
+    comm: *const (),
+    /// Steps the comm at `comm` when no call reached it since `seen` calls.
+    step: unsafe fn(*const (), &mut u64),
+    /// NCCL's call count when the watcher last looked.
+    seen: u64,
+}
+
+// SAFETY: `comm` is only dereferenced through `step`, under the registry lock, while the comm
+// is registered (it unregisters before it is freed).
+unsafe impl Send for Entry {}
+
+/// # Safety
+/// `comm` is a registered (so live) `Guarded<T>`.
+unsafe fn step<T: Watched>(comm: *const (), seen: &mut u64) {
+    // SAFETY: per the contract.
+    let g = unsafe { &*(comm as *const Guarded<T>) };
+    let Some(calls) = g.calls.try_lock() else {
+        return;
+    };
+    let idle = *calls == *seen;
+    *seen = *calls;
+    if idle {
+        // SAFETY: the lock is held.
+        unsafe { &mut *g.dp.get() }.idle_step();
+    }
+}
+
+fn registry() -> &'static Mutex<Vec<Entry>> {
+    static REGISTRY: OnceLock<Mutex<Vec<Entry>>> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let spawned = std::thread::Builder::new()
+            .name("ferroce-watch".into())
+            .spawn(watch);
+        if let Err(e) = spawned {
+            crate::log_warn!(
+                "cannot start the thread that moves recoveries of idle comms on ({e}): a comm NCCL stops calling answers its peer's recovery only at its next call"
+            );
+        }
+        Mutex::new(Vec::new())
+    })
+}
+
+fn register(e: Entry) {
+    registry().lock().push(e);
+}
+
+fn unregister(comm: *const ()) {
+    registry().lock().retain(|e| e.comm != comm);
+}
+
+fn watch() {
+    loop {
+        std::thread::sleep(ROUND);
+        let mut list = registry().lock();
+        for e in list.iter_mut() {
+            // SAFETY: registered entries are live comms (the registry lock is held).
+            unsafe { (e.step)(e.comm, &mut e.seen) };
+        }
+    }
+}
