@@ -342,7 +342,7 @@ impl Driver {
                             continue;
                         }
                         if let Some(s) = stats {
-                            s.completed(wc.qp_num(), wc.result().is_ok());
+                            s.completed(conn.qp_index(di, wc.qp_num()), wc.result().is_ok());
                         }
                         match wc.result() {
                             Ok(c) => core.handle_ok(wc.wr_id(), c.imm),

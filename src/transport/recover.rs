@@ -268,6 +268,9 @@ impl Driver {
             while d.cq.poll(wcs).is_ok_and(|got| !got.is_empty()) {}
         }
         self.conn.create_qps_again(remote)?;
+        if let Some(s) = &self.stats {
+            s.renumber(&self.conn.qp_numbers());
+        }
         self.conn.accept_port_errors();
         // SAFETY: zero-SGE receives name no memory.
         core.after_rebuild(&mut |p| unsafe { self.post(p) })

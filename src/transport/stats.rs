@@ -14,7 +14,7 @@
 use super::proto::time::Time;
 use parking_lot::{Condvar, Mutex};
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -72,7 +72,8 @@ impl Histogram {
 /// Counters of one QP of a comm.
 #[derive(Default)]
 pub struct QpStats {
-    pub qpn: u32,
+    /// The QP's number now (a recovery gives the connection new QPs: [`CommStats::renumber`]).
+    pub qpn: AtomicU32,
     pub wrs: AtomicU64,
     pub bytes: AtomicU64,
     pub completions: AtomicU64,
@@ -117,11 +118,21 @@ impl CommStats {
         }
     }
 
-    /// A completion on the QP with number `qpn` (`ok`: success).
-    pub fn completed(&self, qpn: u32, ok: bool) {
+    /// A completion on the connection's QP `qp` (`None`: of a QP a recovery replaced; `ok`:
+    /// success). By index, not number: a fused device's members can each have a QP of the
+    /// same number.
+    pub fn completed(&self, qp: Option<usize>, ok: bool) {
         Self::add(if ok { &self.completions } else { &self.errors }, 1);
-        if let Some(q) = self.qps.iter().find(|q| q.qpn == qpn) {
+        if let Some(q) = qp.and_then(|i| self.qps.get(i)) {
             Self::add(if ok { &q.completions } else { &q.errors }, 1);
+        }
+    }
+
+    /// A recovery replaced the connection's QPs: their numbers now, in QP order (the counts
+    /// go on per QP index).
+    pub fn renumber(&self, qpns: &[u32]) {
+        for (q, &n) in self.qps.iter().zip(qpns) {
+            q.qpn.store(n, Ordering::Relaxed);
         }
     }
 
@@ -192,7 +203,7 @@ impl CommStats {
                 out,
                 "{}{{\"qpn\":{},\"wrs\":{},\"bytes\":{},\"completions\":{},\"errors\":{}}}",
                 if i > 0 { "," } else { "" },
-                q.qpn,
+                q.qpn.load(Ordering::Relaxed),
                 Self::get(&q.wrs),
                 Self::get(&q.bytes),
                 Self::get(&q.completions),
@@ -274,7 +285,7 @@ pub fn for_comm(kind: &'static str, peer: String, devices: String, qpns: &[u32])
         qps: qpns
             .iter()
             .map(|&qpn| QpStats {
-                qpn,
+                qpn: AtomicU32::new(qpn),
                 ..QpStats::default()
             })
             .collect(),
@@ -528,15 +539,16 @@ mod tests {
             cts_wait_ns: AtomicU64::new(7),
             latency: Histogram::default(),
             qps: vec![QpStats {
-                qpn: 17,
+                qpn: AtomicU32::new(16),
                 ..QpStats::default()
             }]
             .into_boxed_slice(),
             closed: AtomicBool::new(false),
         };
         s.posted(0, 2, 10);
-        s.completed(17, true);
-        s.completed(99, false);
+        s.completed(Some(0), true);
+        s.completed(None, false);
+        s.renumber(&[17]);
         let mut out = String::new();
         s.json(&mut out);
         assert!(out.contains("\"peer\":\"127.0.0.1:5\\\"x\""), "{out}");
