@@ -11,7 +11,8 @@
 //!   comm, as before;
 //! * the port flaps under a send while its receiver is never called (its receive was posted
 //!   before, as NCCL leaves a comm it has nothing more for): the receiver answers the
-//!   sender's recovery anyway (the plugin's watcher thread), and the send completes.
+//!   sender's recovery anyway (the waiting send steps the comms NCCL is not calling), and the
+//!   send completes.
 //!
 //! Addresses 127.0.46.x (ci/tests/lib/softroce.sh has the table), one per child.
 

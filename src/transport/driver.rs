@@ -404,6 +404,9 @@ impl Driver {
         }
         self.last_probe = now;
         self.check_hang(now, waiting_for);
+        // While this comm waits, the process's comms NCCL is not calling move on (their
+        // peers' recoveries may be what this one waits for).
+        super::watch::step_idle_comms();
         match self.conn.chan.peek() {
             Peek::Gone => Ok(true),
             // A recovery message: the next poll reads it.
@@ -415,7 +418,7 @@ impl Driver {
         }
     }
 
-    /// For the watcher (NCCL has not called the comm for a while): whether a poll would move
+    /// For a round of `watch` (NCCL has not called the comm for a while): whether a poll would move
     /// anything on — a recovery in progress, or a side-channel message waiting (then marked
     /// for the poll to read). A closed channel is left to NCCL's next call to report.
     pub fn wants_idle_step(&mut self) -> bool {

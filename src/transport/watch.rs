@@ -1,24 +1,28 @@
 //! Progress for comms NCCL is not calling. NCCL calls a comm only while it has something in
 //! flight on it: a receiver whose last message arrived is not called again until the next
 //! operation, and that may wait for the peer's sends — which, when the connection lost its
-//! QPs, wait for this comm to answer the peer's recovery. So one thread per process looks at
-//! the comms no NCCL call reached for a round ([`ROUND`]) and moves on those with a recovery
-//! in progress or a side-channel message waiting, exactly as the next NCCL call would.
+//! QPs, wait for this comm to answer the peer's recovery. So a comm that waits (its
+//! [`Driver::idle_probe`](super::driver::Driver::idle_probe), at most every 50 ms) also steps
+//! the process's comms no NCCL call reached since the last such round ([`ROUND`]) that have a
+//! recovery in progress or a side-channel message waiting, exactly as their next NCCL call
+//! would. It runs on the thread of that waiting call (an NCCL thread that posts anyway: no
+//! thread of our own, no per-thread state of the NIC library made late).
 //!
-//! Each comm's data path sits in a [`Guarded`]: every NCCL call and the watcher's step take
-//! its lock (uncontended for NCCL: the watcher only tries it, and only on a comm idle for a
-//! round), so the data path is never run by two threads at once.
+//! Each comm's data path sits in a [`Guarded`]: every NCCL call takes its lock (uncontended:
+//! a step only tries it, and only on a comm idle for a round), so the data path is never run
+//! by two threads at once.
 
 use parking_lot::{Mutex, MutexGuard};
 use std::cell::UnsafeCell;
 use std::ops::{Deref, DerefMut};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// How often the watcher looks; a comm NCCL did not call for a whole round is stepped.
-const ROUND: Duration = Duration::from_millis(10);
+/// The shortest time between two rounds (of any thread); a comm NCCL did not call from one
+/// round to the next is stepped.
+const ROUND: Duration = Duration::from_millis(50);
 
-/// What the watcher asks of an idle comm's data path.
+/// What a round asks of an idle comm's data path.
 pub trait Watched {
     /// Requests in flight name their comm by this address (the [`Guarded`] holding it).
     fn set_owner(&mut self, owner: *mut ());
@@ -54,7 +58,7 @@ impl<T: Watched> DerefMut for Entered<'_, T> {
 }
 
 impl<T: Watched + 'static> Guarded<T> {
-    /// Box `dp`, point its requests at the box, and let the watcher see it.
+    /// Box `dp`, point its requests at the box, and let the rounds see it.
     pub fn new(dp: T) -> Box<Guarded<T>> {
         let g = Box::new(Guarded {
             calls: Mutex::new(0),
@@ -96,8 +100,8 @@ impl<T: Watched> Guarded<T> {
 
 impl<T: Watched> Drop for Guarded<T> {
     fn drop(&mut self) {
-        // Before the data path is freed: the watcher steps comms under the registry's lock,
-        // so once this returns it neither steps nor holds this one.
+        // Before the data path is freed: rounds step comms under the registry's lock, so once
+        // this returns none steps or holds this one.
         unregister(self as *const Guarded<T> as *const ());
     }
 }
@@ -113,7 +117,7 @@ struct Entry {
     comm: *const (),
     /// Steps the comm at `comm` when no call reached it since `seen` calls.
     step: unsafe fn(*const (), &mut u64),
-    /// NCCL's call count when the watcher last looked.
+    /// NCCL's call count when the last round looked.
     seen: u64,
 }
 
@@ -139,17 +143,7 @@ unsafe fn step<T: Watched>(comm: *const (), seen: &mut u64) {
 
 fn registry() -> &'static Mutex<Vec<Entry>> {
     static REGISTRY: OnceLock<Mutex<Vec<Entry>>> = OnceLock::new();
-    REGISTRY.get_or_init(|| {
-        let spawned = std::thread::Builder::new()
-            .name("ferroce-watch".into())
-            .spawn(watch);
-        if let Err(e) = spawned {
-            crate::log_warn!(
-                "cannot start the thread that moves recoveries of idle comms on ({e}): a comm NCCL stops calling answers its peer's recovery only at its next call"
-            );
-        }
-        Mutex::new(Vec::new())
-    })
+    REGISTRY.get_or_init(|| Mutex::new(Vec::new()))
 }
 
 fn register(e: Entry) {
@@ -160,13 +154,24 @@ fn unregister(comm: *const ()) {
     registry().lock().retain(|e| e.comm != comm);
 }
 
-fn watch() {
-    loop {
-        std::thread::sleep(ROUND);
-        let mut list = registry().lock();
-        for e in list.iter_mut() {
-            // SAFETY: registered entries are live comms (the registry lock is held).
-            unsafe { (e.step)(e.comm, &mut e.seen) };
-        }
+/// A round, unless another thread runs one or had one less than [`ROUND`] ago: step the
+/// comms no NCCL call reached since the last round. Called by a comm that waits, holding its
+/// own lock (a round only tries the others', so it skips that one and never blocks).
+pub fn step_idle_comms() {
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    let Some(mut last) = LAST.try_lock() else {
+        return;
+    };
+    let now = Instant::now();
+    if last.is_some_and(|t| now.duration_since(t) < ROUND) {
+        return;
+    }
+    *last = Some(now);
+    let Some(mut list) = registry().try_lock() else {
+        return;
+    };
+    for e in list.iter_mut() {
+        // SAFETY: registered entries are live comms (the registry lock is held).
+        unsafe { (e.step)(e.comm, &mut e.seen) };
     }
 }
