@@ -319,6 +319,7 @@ impl Driver {
                 wcs,
                 stats,
                 completions,
+                recovery: rio,
                 ..
             } = self;
             'devs: for (di, d) in conn.devs.iter().enumerate() {
@@ -348,6 +349,16 @@ impl Driver {
                             Ok(c) => core.handle_ok(wc.wr_id(), c.imm),
                             Err(f) if recovering && recovery::recoverable(f.status) => {
                                 let flush = f.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
+                                // A receive this poll took that the rebuild's drain then need
+                                // not wait for.
+                                if core.is_receive(wc.wr_id()) {
+                                    if let Some(q) = conn.qp_index(di, wc.qp_num()) {
+                                        if rio.receives_ended.len() <= q {
+                                            rio.receives_ended.resize(q + 1, 0);
+                                        }
+                                        rio.receives_ended[q] += 1;
+                                    }
+                                }
                                 if f.status == sys::ibv_wc_status::IBV_WC_RETRY_EXC_ERR && !path_failed.contains(&di) {
                                     path_failed.push(di);
                                 }

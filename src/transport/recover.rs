@@ -223,7 +223,9 @@ impl Driver {
     /// message the sender saw acknowledged must be one it reports taken.
     fn rebuild(&mut self, core: &mut impl RecoverySink) -> Result<()> {
         let receives: Vec<usize> = (0..self.conn.qps.len()).map(|q| core.posted_receives(q)).collect();
-        let mut ended = vec![0usize; receives.len()];
+        // Receives the data path already saw end (flushed) count as ended.
+        let mut ended = std::mem::take(&mut self.recovery.receives_ended);
+        ended.resize(receives.len(), 0);
         if receives.iter().any(|&r| r > 0) {
             for q in &self.conn.qps {
                 // A QP already in ERR stays there; refusing is no reason to stop.

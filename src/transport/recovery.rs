@@ -26,6 +26,9 @@ pub struct RecoveryIo {
     pub started: Option<Instant>,
     /// What the last resume did (for the WARN once the connection made progress).
     pub resumed: Option<String>,
+    /// Per QP: the receiver's receives that completed with an error (flushed) in a data-path
+    /// poll before the rebuild's drain, which therefore does not wait for them again.
+    pub receives_ended: Vec<usize>,
 }
 
 impl RecoveryIo {
@@ -42,6 +45,7 @@ impl RecoveryIo {
             readable: false,
             started: None,
             resumed: None,
+            receives_ended: Vec::new(),
         }
     }
 
