@@ -65,7 +65,8 @@ impl<T: Watched + 'static> Guarded<T> {
             dp: UnsafeCell::new(dp),
         });
         let owner = &*g as *const Guarded<T> as *mut ();
-        g.enter_uncounted().set_owner(owner);
+        // Counted as a call: the first round only notes the count.
+        g.enter().set_owner(owner);
         register(Entry {
             comm: owner.cast_const(),
             step: step::<T>,
@@ -82,15 +83,6 @@ impl<T: Watched> Guarded<T> {
         *calls = calls.wrapping_add(1);
         // SAFETY: the lock is held for as long as the reference lives (both in `Entered`),
         // and every access to `dp` takes it first.
-        Entered {
-            _calls: calls,
-            dp: unsafe { &mut *self.dp.get() },
-        }
-    }
-
-    fn enter_uncounted(&self) -> Entered<'_, T> {
-        let calls = self.calls.lock();
-        // SAFETY: as in `enter`.
         Entered {
             _calls: calls,
             dp: unsafe { &mut *self.dp.get() },
