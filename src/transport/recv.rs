@@ -249,7 +249,7 @@ impl RecvDp {
         }
         let cfg = RecvConfig {
             routes: conn.routes(),
-            ndevs: conn.devs.len(),
+            cts_qps: conn.devs.len().min(conn.qps.len()),
             qps_per_req: conn.qps_per_req,
             staging: LocalBlock {
                 addr: bufs.addr() as u64,

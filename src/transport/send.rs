@@ -144,6 +144,8 @@ impl SendDp {
     pub fn new(conn: Conn, bufs: RegBuf, ar: bool, ar_threshold: usize) -> Box<Guarded<SendDp>> {
         let cfg = SendConfig {
             routes: conn.routes(),
+            local_devs: conn.devs.len(),
+            peer_devs: conn.peer.devs.len(),
             qps_per_req: conn.qps_per_req,
             ar_threshold: ar.then_some(ar_threshold),
             landing_timeout: Duration::from_secs(crate::config::get().connect_timeout_sec.max(1)),

@@ -213,6 +213,8 @@ impl Run {
         let send = SendCore::new(
             SendConfig {
                 routes: sroutes,
+                local_devs: nl,
+                peer_devs: nr,
                 qps_per_req,
                 ar_threshold: case.ar_threshold,
                 landing_timeout: Duration::from_millis(100),
@@ -226,7 +228,7 @@ impl Run {
         let recv = RecvCore::new(
             RecvConfig {
                 routes: rroutes,
-                ndevs: nr,
+                cts_qps: nr.min(nqps),
                 qps_per_req,
                 staging: fab.local_block(staging),
                 peer_fifo: fab.remote_block(fifo, 0),

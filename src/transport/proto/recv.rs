@@ -75,11 +75,11 @@ pub trait StagingRing {
 /// What the receiver needs to know of its connection.
 #[derive(Clone, Debug)]
 pub struct RecvConfig {
-    /// Per QP of the connection: its local and the peer's member device. QP `d` (< local
-    /// devices) carries the CTS writes of device `d`.
+    /// Per QP of the connection: its local and the peer's member device.
     pub routes: Vec<QpRoute>,
-    /// Local member devices.
-    pub ndevs: usize,
+    /// The QPs that carry the CTS writes, receive by receive in turn: QP 0 ..`cts_qps` (one
+    /// per local member device; fewer when the connection has fewer QPs, as active-standby's).
+    pub cts_qps: usize,
     /// QPs each message is spread over.
     pub qps_per_req: usize,
     /// Our CTS staging block.
@@ -280,7 +280,7 @@ impl RecvCore {
             return Ok(Irecv::Busy);
         }
         let id = self.counter;
-        let d = (id % self.cfg.ndevs.max(1) as u64) as usize;
+        let d = (id % self.cfg.cts_qps.max(1) as u64) as usize;
         let start = self.ring.next_start();
         let writes = fifo::pieces(start, n).iter().filter(|p| p.1 > 0).count() as u64;
         if !self.cts_room(d, writes) {

@@ -55,6 +55,10 @@ pub trait FifoRing {
 pub struct SendConfig {
     /// Per QP of the connection: its local and the peer's member device.
     pub routes: Vec<QpRoute>,
+    /// Member devices of this side and of the peer: every key and buffer covers them all, and
+    /// a recovery may move QPs to any of them (the routes may use fewer: active-standby).
+    pub local_devs: usize,
+    pub peer_devs: usize,
     /// QPs each message is spread over.
     pub qps_per_req: usize,
     /// Adaptive routing: single messages larger than this complete with a separate zero-byte
@@ -235,14 +239,9 @@ pub struct SendCore {
 impl SendCore {
     pub fn new(cfg: SendConfig, report: FailureReport) -> SendCore {
         let credits = vec![SQ_DEPTH as u16; cfg.routes.len()].into_boxed_slice();
-        let nldevs = cfg.routes.iter().map(|r| r.dev + 1).max().unwrap_or(1).min(MAX_DEVS);
-        let nrdevs = cfg
-            .routes
-            .iter()
-            .map(|r| r.remote_dev + 1)
-            .max()
-            .unwrap_or(1)
-            .min(MAX_DEVS);
+        let routed = |dev: fn(&QpRoute) -> usize| cfg.routes.iter().map(|r| dev(r) + 1).max().unwrap_or(1);
+        let nldevs = cfg.local_devs.max(routed(|r| r.dev)).min(MAX_DEVS);
+        let nrdevs = cfg.peer_devs.max(routed(|r| r.remote_dev)).min(MAX_DEVS);
         let chains = vec![ChainLog::EMPTY; credits.len()].into_boxed_slice();
         SendCore {
             state: CommState::new(RequestPool::new(std::ptr::null_mut(), request::SEND_REQUESTS), report),
