@@ -239,6 +239,11 @@ pub struct Config {
     /// NCCL_IB_RESILIENCY_PORT_FAILOVER: a fused device's recovery moves the QPs of a member
     /// whose port is down onto the members whose ports are up, and back once it is up again.
     pub port_failover: bool,
+    /// FERROCE_ACTIVE_STANDBY: a fused device's connections put all their QPs on the first
+    /// member that is up (the primary) and keep one probed QP on each other member (the
+    /// standbys), instead of striping over every member; a failover then moves them to the
+    /// first standby that answers. Both ends must set it alike. Needs port failover.
+    pub active_standby: bool,
     /// NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY (ms): the wait after a failed attempt
     /// before the next, doubling up to 5 s (default 100; the first attempt is at once).
     pub recovery_start_delay_ms: u64,
@@ -298,6 +303,7 @@ impl Default for Config {
             recovery_timeout_sec: 120,
             port_recovery: true,
             port_failover: true,
+            active_standby: false,
             recovery_start_delay_ms: 100,
             recovery_attempts_max: 0,
             stats_dir: None,
@@ -406,6 +412,12 @@ impl Reader<'_> {
 }
 
 impl Config {
+    /// Whether a fused device of `members` members runs active-standby (FERROCE_ACTIVE_STANDBY
+    /// with port failover on; a single device has nothing to stand by).
+    pub fn active_standby_for(&self, members: usize) -> bool {
+        self.active_standby && self.port_failover && members > 1
+    }
+
     /// The recovery bound in effect (zero: recovery off).
     pub fn recovery_timeout(&self) -> std::time::Duration {
         if self.port_recovery {
@@ -489,6 +501,7 @@ impl Config {
             recovery_timeout_sec: r.int("FERROCE_RECOVERY_TIMEOUT_SEC", 120, 0, 86_400) as u64,
             port_recovery: r.flag("NCCL_IB_RESILIENCY_PORT_RECOVERY", true),
             port_failover: r.flag("NCCL_IB_RESILIENCY_PORT_FAILOVER", true),
+            active_standby: r.flag("FERROCE_ACTIVE_STANDBY", false),
             recovery_start_delay_ms: r.int("NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY", 100, 0, 5_000) as u64,
             recovery_attempts_max: r.int("NCCL_IB_RESILIENCY_PORT_RECOVERY_ATTEMPTS_MAX", 0, 0, 1_000_000) as u32,
             stats_dir: r.raw("FERROCE_STATS").filter(|d| !d.is_empty()),
@@ -504,7 +517,7 @@ impl Config {
     pub fn settings(&self) -> Vec<Setting> {
         let flag = |b: bool| if b { "1" } else { "0" }.to_string();
         let auto = |v: i32| if v < 0 { "(auto)".to_string() } else { v.to_string() };
-        let rows: [(&'static str, String); 44] = [
+        let rows: [(&'static str, String); 45] = [
             ("NCCL_IB_HCA", self.hca.to_string()),
             ("NCCL_IB_GID_INDEX", auto(self.gid_index)),
             ("NCCL_IB_ADDR_FAMILY", self.addr_family.to_string()),
@@ -567,6 +580,7 @@ impl Config {
             ("FERROCE_RECOVERY_TIMEOUT_SEC", self.recovery_timeout_sec.to_string()),
             ("NCCL_IB_RESILIENCY_PORT_RECOVERY", flag(self.port_recovery)),
             ("NCCL_IB_RESILIENCY_PORT_FAILOVER", flag(self.port_failover)),
+            ("FERROCE_ACTIVE_STANDBY", flag(self.active_standby)),
             (
                 "NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY",
                 format!("{} ms", self.recovery_start_delay_ms),

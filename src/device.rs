@@ -142,11 +142,14 @@ impl VirtualDevice {
         })
     }
 
+    /// Striped, the members' speeds add up; active-standby, one member carries the traffic.
     pub fn speed_mbps(&self) -> i32 {
-        self.members
-            .iter()
-            .map(|d| d.speed_mbps)
-            .fold(0i32, i32::saturating_add)
+        let speeds = self.members.iter().map(|d| d.speed_mbps);
+        if crate::config::get().active_standby_for(self.members.len()) {
+            speeds.max().unwrap_or(0)
+        } else {
+            speeds.fold(0i32, i32::saturating_add)
+        }
     }
 }
 

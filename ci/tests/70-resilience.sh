@@ -15,6 +15,10 @@
 #     checked; the sendrecv busbw after the last failback next to the 2- and 1-member figures;
 #     and one member's path blackholed for 3 s (its port up): its QPs move to the other member
 #     and are tried on it again after a doubling wait, the run completes, checked;
+#   * the fused device active-standby (FERROCE_ACTIVE_STANDBY=1): while healthy the standby
+#     member carries only its probes' zero-length writes; the primary's port flaps three times
+#     (the QPs move to the standby and back), then the standby's path is blackholed for 3 s (its
+#     probes fail and say so, the data stays on the primary): the run completes, checked;
 #   * the flaps, the blackholes and the kill again with 1 % packet loss.
 # Every run is bounded by `timeout`; the launcher kills its ranks, this script whatever is left.
 set -u
@@ -174,6 +178,47 @@ if [ $rc -eq 0 ] && [ "$(wrong "$out")" = 0 ] && [ "$left" -ge 1 ] && [ "$retrie
     ok "a member's path blackholed 3 s: rc 0, #wrong 0, $left recoveries left a member out, $retried tried it again after the wait; $(figures "$out")"
 else
     ko "a member's path blackholed (rc $rc, #wrong $(wrong "$out"), $left left out, $retried tried again)" "$out"
+fi
+
+# Active-standby: every QP on each rank's first member (rank 1's .3), the second (.4) connected
+# and probed. Read from rank 1's softroce counters before the faults: the standby's QPs (one
+# probe per comm) posted writes but moved no payload, the primary moved the data. Then the
+# primary's port flaps 3 times (failover to the standby, failback), then the standby's path to
+# rank 0's .2 is blackholed for 3 s: its probes fail with a WARN, a failover would pass it over.
+echo "== fused device active-standby: the primary's port flaps, then the standby's path is blackholed"
+P1=$BASE.3
+out=$D/standby.out
+T1M=$(row "$D/v2.out" 1048576 6)
+SB_ITERS=$(awk -v t="$T1M" 'BEGIN {n = t > 0 ? int(16e6 / t) : 0; print (n < 4000 ? 4000 : n)}')
+start "sendrecv, active-standby" "$out" env FERROCE_ACTIVE_STANDBY=1 FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/sendrecv_perf" "${VNIC[@]}" -b 1M -e 1M -n "$SB_ITERS"
+pid=$PID
+standby_qps="" standby_bytes="" standby_posts="" primary_bytes=""
+if wait_dev $M1 20; then
+    sleep 1.5
+    # "qp N: ... send_wrs=W ... tx_bytes=B ...": per QP of the device; payload bytes are what
+    # write_imm (data) and write WRs carry, so a probe-only QP has no write_imm and few bytes.
+    read -r standby_qps standby_posts standby_bytes < <("$CTL" $M1 counters | awk '/^qp / {n++; for (i = 3; i <= NF; i++) {split($i, kv, "="); if (kv[1] == "send_wrs") w += kv[2]; if (kv[1] == "write_imm_wrs") m += kv[2]; if (kv[1] == "tx_bytes") b += kv[2]}} END {printf "%d %d %.0f\n", n, w, (m > 0 ? -1 : b)}')
+    primary_bytes=$("$CTL" $P1 counters | awk '/^qp / {for (i = 3; i <= NF; i++) {split($i, kv, "="); if (kv[1] == "tx_bytes") b += kv[2]}} END {printf "%.0f\n", b}')
+    flaps $P1 3 || ko "active-standby: softroce-ctl port-down/port-up failed" "$out"
+    "$CTL" $M1 blackhole $BASE.2 >/dev/null && sleep 3 && "$CTL" $M1 heal >/dev/null
+else
+    ko "active-standby: rank 1's second member never came up" "$out"
+fi
+wait "$pid"
+rc=$?
+left=$(count "$out" "failover: .* left out until")
+back=$(count "$out" "moving its QPs back to it (failback)")
+unanswered=$(count "$out" "standby member .* does not answer")
+echo "   before the faults: rank 1's standby has $standby_qps QPs, $standby_posts probe writes, $standby_bytes bytes sent (-1: it carried data); its primary sent $primary_bytes bytes"
+if [ "$standby_qps" = 2 ] && [ "${standby_posts:-0}" -ge 2 ] && [ "${standby_bytes:--1}" -ge 0 ] && [ "$standby_bytes" -lt 65536 ] && [ "${primary_bytes:-0}" -gt 104857600 ]; then
+    ok "active-standby: the standby carried only its probes ($standby_qps probe QPs, $standby_posts zero-length writes, $standby_bytes bytes of headers), the primary $primary_bytes bytes"
+else
+    ko "active-standby: the standby's QPs ($standby_qps, 2 wanted), probe writes $standby_posts, bytes $standby_bytes, primary bytes $primary_bytes" "$out"
+fi
+if [ $rc -eq 0 ] && [ "$(wrong "$out")" = 0 ] && [ "$left" -ge 3 ] && [ "$back" -ge 3 ] && [ "$unanswered" -ge 1 ]; then
+    ok "active-standby: rc 0, #wrong 0 through 3 flaps of the primary ($left recoveries onto the standby, $back failbacks) and the standby's blackholed path ($unanswered probe failures WARNed); $(figures "$out")"
+else
+    ko "active-standby (rc $rc, #wrong $(wrong "$out"), $left failovers, $back failbacks, $unanswered probe failures)" "$out"
 fi
 
 # broken_links LOSS: the healed blackhole, the permanent one and the peer killed during a

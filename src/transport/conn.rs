@@ -2,7 +2,7 @@
 //! they pair with the peer's, internally registered buffers, QP bring-up (spec §8.7) and the
 //! handshake records describing this side (spec §8.5).
 
-use super::proto::handshake::{self, DevRepr, EndpointRepr, LinkLayer as WireLinkLayer, QpRepr};
+use super::proto::handshake::{self, DevRepr, EndpointRepr, LinkLayer as WireLinkLayer, QpRepr, FLAG_STANDBY};
 use super::proto::plan::QpRoute;
 use super::proto::{fifo, limits, request};
 use super::sidechannel::Channel;
@@ -177,14 +177,19 @@ fn port_errors(dev: &NetDevice) -> u32 {
         .map_or(0, |c| c.load(Ordering::Acquire))
 }
 
-/// Member devices with a CQ of `cqe_per_qp × (QPs on that device) + extra` entries.
-pub fn local_devs(members: &[Arc<NetDevice>], nqps: usize, cqe_per_qp: usize, extra: usize) -> Result<Vec<LocalDev>> {
-    let nl = members.len();
+/// Member devices with a CQ of `cqe_per_qp × (QPs `placement` puts on that device) + extra`
+/// entries.
+pub fn local_devs(
+    members: &[Arc<NetDevice>],
+    placement: &[usize],
+    cqe_per_qp: usize,
+    extra: usize,
+) -> Result<Vec<LocalDev>> {
     members
         .iter()
         .enumerate()
         .map(|(d, dev)| {
-            let qps_here = (d..nqps).step_by(nl).count();
+            let qps_here = placement.iter().filter(|&&p| p == d).count();
             let ctx = &dev.context;
             // The generation first: an event racing with the bases below is looked at again.
             let seen_generation = ctx.fatal_generation.load(Ordering::Acquire);
@@ -226,18 +231,23 @@ fn port_is_active(dev: &NetDevice) -> bool {
         .is_ok_and(|p| p.state == crate::device::PORT_ACTIVE)
 }
 
-/// QP i of `nqps` on local device i mod ndevs: how a connection starts.
+/// QP i of `nqps` on local device i mod ndevs.
 fn striped(ndevs: usize, nqps: usize) -> Vec<usize> {
     (0..nqps).map(|i| i % ndevs.max(1)).collect()
 }
 
-/// Create `nqps` RC QPs striped over the local devices (QP i on device i mod ndevs), in INIT.
-pub fn create_qps(devs: &[LocalDev], nqps: usize, caps: QpCaps, access: u32, cfg: &Config) -> Result<Vec<QueuePair>> {
-    create_placed_qps(devs, &striped(devs.len(), nqps), caps, access, cfg)
+/// Where a connection's `nqps` QPs start: striped over the members, or, active-standby, all
+/// on the first member whose port is ACTIVE (the first member when none is).
+pub fn initial_placement(members: &[Arc<NetDevice>], nqps: usize) -> Vec<usize> {
+    if !config::get().active_standby_for(members.len()) {
+        return striped(members.len(), nqps);
+    }
+    let primary = members.iter().position(|m| port_is_active(m)).unwrap_or(0);
+    vec![primary; nqps]
 }
 
 /// Create RC QPs in INIT, QP i on local device `placement[i]`.
-fn create_placed_qps(
+pub fn create_qps(
     devs: &[LocalDev],
     placement: &[usize],
     caps: QpCaps,
@@ -263,10 +273,11 @@ fn wire_ll(l: LinkLayer) -> WireLinkLayer {
 }
 
 #[allow(clippy::too_many_arguments)]
-/// This side's handshake record. `rkeys[d]` is the rkey of the buffer at `addr` on device d.
+/// This side's handshake record. `rkeys[d]` is the rkey of the buffer at `addr` on device d;
+/// `qps` as [`qp_list`] makes it.
 pub fn endpoint(
     devs: &[LocalDev],
-    qps: &[QueuePair],
+    qps: Vec<QpRepr>,
     nonce: u64,
     tc: u8,
     sl: u8,
@@ -298,25 +309,75 @@ pub fn endpoint(
                 r
             })
             .collect(),
-        qps: qps
-            .iter()
-            .enumerate()
-            .map(|(i, q)| QpRepr {
-                qpn: q.qpn(),
-                dev: (i % devs.len().max(1)) as u8,
-            })
-            .collect(),
+        qps,
     }
 }
 
-/// Check the peer's record against ours: every QP paired, link layers equal.
-pub fn check_peer(devs: &[LocalDev], nqps: usize, peer: &EndpointRepr) -> Result<()> {
-    if peer.qps.len() != nqps {
-        return Err(Error::remote(format!(
-            "the peer has {} QPs for this connection, this side {nqps}: are NCCL_IB_QPS_PER_CONNECTION and the fused devices the same on both ends?",
-            peer.qps.len()
-        )));
+/// The QP list of a handshake record: the data QPs (number and member, in QP order), then the
+/// probe QPs (active-standby).
+pub fn qp_list(data: impl Iterator<Item = (u32, usize)>, probes: &[Probe]) -> Vec<QpRepr> {
+    let data = data.map(|(qpn, dev)| QpRepr { qpn, dev: dev as u8 });
+    let probes = probes.iter().map(|p| QpRepr {
+        qpn: p.qp.qpn(),
+        dev: p.dev as u8,
+    });
+    data.chain(probes).collect()
+}
+
+/// A standby member's probe QP (active-standby). It pairs with the peer's probe QP on the
+/// member of the same index and carries one signalled zero-length RDMA WRITE every
+/// [`PROBE_INTERVAL`](super::standby::PROBE_INTERVAL), so that a failover knows before it
+/// needs the standby whether its path answers. Its own small CQ keeps its completions out of
+/// the data path's.
+pub struct Probe {
+    /// First: destroyed before its CQ.
+    pub qp: QueuePair,
+    pub cq: Arc<CompletionQueue>,
+    /// The local member it probes.
+    pub dev: usize,
+    /// A probe write is outstanding.
+    pub in_flight: bool,
+    /// When the next one is due.
+    pub next_at: Instant,
+    /// A probe write failed: the QP is in ERR, and the member does not answer until a recovery
+    /// makes a new probe.
+    pub failed: bool,
+}
+
+/// One probe QP, in INIT, on every member after the first (active-standby; none otherwise).
+pub fn create_probes(devs: &[LocalDev], standby: bool, cfg: &Config) -> Result<Vec<Probe>> {
+    if !standby {
+        return Ok(Vec::new());
     }
+    let caps = QpCaps {
+        max_send_wr: 1,
+        max_recv_wr: 0,
+        max_inline_data: 0,
+    };
+    let access = crate::ibv::sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
+    (1..devs.len())
+        .map(|dev| {
+            let d = &devs[dev];
+            // One write in flight, and its flush when the QP fails.
+            let cq = CompletionQueue::new(d.dev.context.clone(), 2)?;
+            let qp = QueuePair::new_rc(d.dev.pd.clone(), cq.clone(), cq.clone(), caps, modify_retry(cfg))?;
+            qp.to_init(d.dev.port, cfg.pkey_index, access)?;
+            Ok(Probe {
+                qp,
+                cq,
+                dev,
+                in_flight: false,
+                next_at: Instant::now(),
+                failed: false,
+            })
+        })
+        .collect()
+}
+
+/// Check the peer's record against ours: both in active-standby or neither (`standby`, with
+/// as many probes), every QP paired, link layers equal.
+pub fn check_peer(devs: &[LocalDev], nqps: usize, standby: bool, peer: &EndpointRepr) -> Result<()> {
+    check_mode(devs.len(), nqps, standby, peer)?;
     let ours = wire_ll(devs[0].dev.link_layer);
     if let Some(d) = peer.devs.iter().find(|d| d.link_layer != ours) {
         return Err(Error::remote(format!(
@@ -330,22 +391,72 @@ pub fn check_peer(devs: &[LocalDev], nqps: usize, peer: &EndpointRepr) -> Result
     Ok(())
 }
 
-/// RTR + RTS of QP i against the peer's QP i.
+/// Both ends in active-standby or neither, with as many members, and as many data QPs.
+fn check_mode(ndevs: usize, nqps: usize, standby: bool, peer: &EndpointRepr) -> Result<()> {
+    let peer_standby = peer.flags & FLAG_STANDBY != 0;
+    if peer_standby != standby {
+        let (yes, no) = if standby {
+            ("this side", "the peer")
+        } else {
+            ("the peer", "this side")
+        };
+        return Err(Error::remote(format!(
+            "{yes} runs its fused device active-standby and {no} does not: set FERROCE_ACTIVE_STANDBY (and NCCL_IB_RESILIENCY_PORT_FAILOVER) alike on both ends, with fused devices on both"
+        )));
+    }
+    if standby && peer.devs.len() != ndevs {
+        return Err(Error::remote(format!(
+            "active-standby needs fused devices of as many members on both ends (each standby is probed against the peer's member of the same index): the peer has {}, this side {}",
+            peer.devs.len(),
+            ndevs
+        )));
+    }
+    if peer.data_qp_count() != nqps {
+        return Err(Error::remote(format!(
+            "the peer has {} QPs for this connection, this side {nqps}: are NCCL_IB_QPS_PER_CONNECTION and the fused devices the same on both ends?",
+            peer.data_qp_count()
+        )));
+    }
+    Ok(())
+}
+
+/// RTR + RTS of data QP i (on member `placement[i]`) against the peer's QP i, and of probe j
+/// against the peer's probe j.
 pub fn bring_up(
     devs: &[LocalDev],
     qps: Vec<QueuePair>,
+    placement: &[usize],
+    probes: &[Probe],
+    peer: &EndpointRepr,
+    tc: u8,
+    sl: u8,
+) -> Result<Vec<ConnQp>> {
+    let cfg = config::get();
+    let nqps = qps.len();
+    let mut out = Vec::with_capacity(nqps);
+    for ((i, qp), &dev) in qps.into_iter().enumerate().zip(placement) {
+        let remote_dev = connect_qp(&devs[dev].dev, &qp, i, peer, tc, sl, cfg)?;
+        out.push(ConnQp { qp, dev, remote_dev });
+    }
+    connect_probes(devs, probes, nqps, peer, tc, sl, cfg)?;
+    Ok(out)
+}
+
+/// RTR + RTS of each probe against the peer's probe of the same index (its list after the
+/// `nqps` data QPs).
+fn connect_probes(
+    devs: &[LocalDev],
+    probes: &[Probe],
+    nqps: usize,
     peer: &EndpointRepr,
     tc: u8,
     sl: u8,
     cfg: &Config,
-) -> Result<Vec<ConnQp>> {
-    let mut out = Vec::with_capacity(qps.len());
-    for (i, qp) in qps.into_iter().enumerate() {
-        let dev = i % devs.len();
-        let remote_dev = connect_qp(&devs[dev].dev, &qp, i, peer, tc, sl, cfg)?;
-        out.push(ConnQp { qp, dev, remote_dev });
+) -> Result<()> {
+    for (j, p) in probes.iter().enumerate() {
+        connect_qp(&devs[p.dev].dev, &p.qp, nqps + j, peer, tc, sl, cfg)?;
     }
-    Ok(out)
+    Ok(())
 }
 
 /// RTR + RTS of `qp`, QP `i` of the connection on our device `l`, against the peer's QP `i`;
@@ -393,12 +504,16 @@ pub struct QpSpec {
     /// Traffic class and service level of our QPs.
     pub tc: u8,
     pub sl: u8,
+    /// Active-standby: the QPs go on one member, each other member has a probe QP.
+    pub standby: bool,
 }
 
 /// Everything a live connection holds besides its data-path buffers. Field order is drop
 /// order: QPs are destroyed before the CQs and before the caller's registered buffers.
 pub struct Conn {
     pub qps: Vec<ConnQp>,
+    /// Active-standby: one probe QP per standby member (empty otherwise).
+    pub probes: Vec<Probe>,
     pub devs: Vec<LocalDev>,
     pub peer: EndpointRepr,
     pub chan: Channel,
@@ -424,16 +539,20 @@ impl Conn {
     pub fn destroy_qps(&mut self) -> Vec<usize> {
         let remote = self.qps.iter().map(|q| q.remote_dev).collect();
         self.qps.clear();
+        self.probes.clear();
         remote
     }
 
     /// New QPs in INIT, made like the destroyed ones (a recovery), after their CQs were
     /// drained. A fused device's QPs go to the members whose ports are up
-    /// (NCCL_IB_RESILIENCY_PORT_FAILOVER; striped as at the start once all are up again).
+    /// (NCCL_IB_RESILIENCY_PORT_FAILOVER; striped as at the start once all are up again), or,
+    /// active-standby, to the first of them, with new probes on the others.
     pub fn create_qps_again(&mut self, remote: Vec<usize>) -> Result<()> {
         let placement = self.placement(remote.len());
         self.fit_cqs(&placement)?;
-        let qps = create_placed_qps(&self.devs, &placement, self.spec.caps, self.spec.access, config::get())?;
+        let cfg = config::get();
+        let qps = create_qps(&self.devs, &placement, self.spec.caps, self.spec.access, cfg)?;
+        self.probes = create_probes(&self.devs, self.spec.standby, cfg)?;
         self.qps = qps
             .into_iter()
             .zip(placement)
@@ -444,8 +563,9 @@ impl Conn {
     }
 
     /// Where a recovery puts the connection's `nqps` QPs: striped over the members whose
-    /// ports are up (all of them when none is, so that the attempt fails and is retried). A
-    /// member left out is marked failed over, with its port's `port_actives` then.
+    /// ports are up (all of them when none is, so that the attempt fails and is retried), or,
+    /// active-standby, all on the first of them. A member left out that the QPs would
+    /// otherwise use is marked failed over, with its port's `port_actives` then.
     fn placement(&mut self, nqps: usize) -> Vec<usize> {
         let failover = config::get().port_failover && self.devs.len() > 1;
         let now = Instant::now();
@@ -458,21 +578,15 @@ impl Conn {
                 d.path_retry_at = None;
             }
         }
-        let answering: Vec<usize> = (0..self.devs.len())
-            .filter(|&i| up[i] && self.devs[i].path_retry_at.is_none())
-            .collect();
-        let chosen = if !answering.is_empty() {
-            answering
-        } else {
-            (0..self.devs.len()).filter(|&i| up[i]).collect()
-        };
+        let answering: Vec<bool> = self.devs.iter().map(|d| d.path_retry_at.is_none()).collect();
+        let chosen = choose_members(self.spec.standby, &up, &answering);
         for (i, d) in self.devs.iter_mut().enumerate() {
-            d.failed_over = (!chosen.is_empty() && !chosen.contains(&i)).then_some(actives[i]);
+            d.failed_over = chosen.left_out.contains(&i).then_some(actives[i]);
         }
-        if chosen.is_empty() {
+        if chosen.used.is_empty() {
             return striped(self.devs.len(), nqps);
         }
-        (0..nqps).map(|i| chosen[i % chosen.len()]).collect()
+        (0..nqps).map(|i| chosen.used[i % chosen.used.len()]).collect()
     }
 
     /// A QP on member `dev` ran out of retries: on a fused device with failover, the member
@@ -509,17 +623,33 @@ impl Conn {
     /// A member whose QPs a recovery moved to the others is to be used again: its port is up
     /// again (an `IBV_EVENT_PORT_ACTIVE` since, and ACTIVE now), or the wait after its path
     /// failed is over (and its port is ACTIVE). Its label, and why, so the QPs move back.
-    pub fn member_back(&self) -> Option<(String, &'static str)> {
+    ///
+    /// Active-standby, a standby whose probe failed is probed again (over a new probe QP, which
+    /// takes a recovery) once its wait is over. The cause in words, for the recovery's WARN.
+    pub fn member_back(&self) -> Option<String> {
         let now = Instant::now();
-        self.devs.iter().find_map(|d| {
-            let base = d.failed_over?;
-            let why = match d.path_retry_at {
-                Some(t) if now >= t => "the wait after its path stopped answering is over",
-                Some(_) => return None,
-                None if port_actives(&d.dev) != base => "its port is up again (IBV_EVENT_PORT_ACTIVE)",
-                None => return None,
+        self.devs.iter().enumerate().find_map(|(i, d)| {
+            let waited = d.path_retry_at.is_none_or(|t| now >= t);
+            let cause = if let Some(base) = d.failed_over {
+                let why = match d.path_retry_at {
+                    Some(t) if now >= t => "the wait after its path stopped answering is over",
+                    Some(_) => return None,
+                    None if port_actives(&d.dev) != base => "its port is up again (IBV_EVENT_PORT_ACTIVE)",
+                    None => return None,
+                };
+                format!(
+                    "member {} of the fused device is to be used again: {why}; moving its QPs back to it (failback)",
+                    d.dev.label()
+                )
+            } else if waited && self.probes.iter().any(|p| p.dev == i && p.failed) {
+                format!(
+                    "standby member {} of the fused device is to be probed again (the wait after its probe failed is over); making a new probe QP for it",
+                    d.dev.label()
+                )
+            } else {
+                return None;
             };
-            port_is_active(&d.dev).then(|| (d.dev.label(), why))
+            port_is_active(&d.dev).then_some(cause)
         })
     }
 
@@ -532,29 +662,22 @@ impl Conn {
             .collect()
     }
 
-    /// Our new QPs and member devices as a recovery's Hello tells the peer.
+    /// Our new QPs (data, then probes) and member devices as a recovery's Hello tells the peer.
     pub fn qps_record(&self) -> EndpointRepr {
-        let mut e = endpoint(&self.devs, &[], 0, self.spec.tc, self.spec.sl, 0, 0, &[]);
-        e.qps = self
-            .qps
-            .iter()
-            .map(|q| handshake::QpRepr {
-                qpn: q.qp.qpn(),
-                dev: q.dev as u8,
-            })
-            .collect();
-        e
+        let list = qp_list(self.qps.iter().map(|q| (q.qp.qpn(), q.dev)), &self.probes);
+        let flags = if self.spec.standby { FLAG_STANDBY } else { 0 };
+        endpoint(&self.devs, list, 0, self.spec.tc, self.spec.sl, flags, 0, &[])
     }
 
     /// Connect our (new) QPs to the peer's new ones (its Hello's record); the peer's record
     /// takes its new QP numbers and device addresses (its buffers and keys are unchanged).
     pub fn connect_new_qps(&mut self, peer: &EndpointRepr) -> Result<()> {
-        if peer.qps.len() != self.qps.len() || peer.devs.len() != self.peer.devs.len() {
+        let ours = self.qps.len() + self.probes.len();
+        if peer.qps.len() != ours || peer.devs.len() != self.peer.devs.len() {
             return Err(Error::remote(format!(
-                "the peer's recovery names {} QPs on {} devices; the connection has {} on {}",
+                "the peer's recovery names {} QPs on {} devices; the connection has {ours} on {}",
                 peer.qps.len(),
                 peer.devs.len(),
-                self.qps.len(),
                 self.peer.devs.len()
             )));
         }
@@ -577,7 +700,15 @@ impl Conn {
             )?;
             self.qps[i].remote_dev = remote_dev;
         }
-        Ok(())
+        let Conn {
+            devs,
+            probes,
+            peer,
+            spec,
+            qps,
+            ..
+        } = &*self;
+        connect_probes(devs, probes, qps.len(), peer, spec.tc, spec.sl, cfg)
     }
 
     /// The local QP numbers, in QP order.
@@ -616,9 +747,9 @@ impl Conn {
             if ctx.fatal_events.load(Ordering::Acquire) != d.fatal_base {
                 return Some((d, FatalKind::Device));
             }
-            // A member the QPs left (its port was down) holds none of ours: its port going
-            // down again changes nothing.
-            let port_down = port_errors(&d.dev) != d.port_error_base && d.failed_over.is_none();
+            // A member that holds none of our data QPs (the QPs left it, or it stands by) loses
+            // nothing when its port goes down (a standby's probe notices).
+            let port_down = port_errors(&d.dev) != d.port_error_base && self.qps.iter().any(|q| q.dev == i);
             let own_qp_failed = || {
                 ctx.qp_failures.any_of_since(
                     d.qp_failure_base,
@@ -665,5 +796,126 @@ impl Conn {
         } else {
             None
         }
+    }
+}
+
+/// Which members a placement uses, and which of the others it marks failed over.
+#[derive(Debug, PartialEq, Eq)]
+struct Chosen {
+    used: Vec<usize>,
+    left_out: Vec<usize>,
+}
+
+/// The placement's decision from each member's state: `up` (its port is ACTIVE) and
+/// `answering` (not left out after its path failed). Striped: every member up and answering
+/// (else every one up), the rest failed over. Active-standby: the first such member; those
+/// before it (preferred, but down or not answering) failed over, those after stand by. None up:
+/// nothing used, nothing failed over (the attempt fails and is tried again).
+fn choose_members(standby: bool, up: &[bool], answering: &[bool]) -> Chosen {
+    let n = up.len();
+    let healthy: Vec<usize> = (0..n).filter(|&i| up[i] && answering[i]).collect();
+    let mut used = if healthy.is_empty() {
+        (0..n).filter(|&i| up[i]).collect()
+    } else {
+        healthy
+    };
+    if standby {
+        used.truncate(1);
+    }
+    let left_out = match used.first() {
+        None => Vec::new(),
+        Some(&first) if standby => (0..first).collect(),
+        Some(_) => (0..n).filter(|i| !used.contains(i)).collect(),
+    };
+    Chosen { used, left_out }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chosen(used: &[usize], left_out: &[usize]) -> Chosen {
+        Chosen {
+            used: used.to_vec(),
+            left_out: left_out.to_vec(),
+        }
+    }
+
+    /// A peer's record of `ndevs` members, `nqps` data QPs and, with `standby`, its probes.
+    fn record(ndevs: usize, nqps: usize, standby: bool) -> EndpointRepr {
+        let dev = DevRepr {
+            gid: [0; 16],
+            lid: 0,
+            port: 1,
+            link_layer: WireLinkLayer::Ethernet,
+            mtu: 3,
+            gid_index: 0,
+            rkey: 1,
+            name: [0; handshake::NAME_BYTES],
+        };
+        let probes = if standby { ndevs - 1 } else { 0 };
+        EndpointRepr {
+            nonce: 0,
+            tc: 0,
+            sl: 0,
+            flags: if standby { FLAG_STANDBY } else { 0 },
+            addr: 0,
+            devs: vec![dev; ndevs],
+            qps: (0..nqps + probes)
+                .map(|i| QpRepr {
+                    qpn: 0x10 + i as u32,
+                    dev: if i < nqps { 0 } else { (i - nqps + 1) as u8 },
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn both_ends_must_agree_on_active_standby() {
+        let msg = |r: Result<()>| r.err().map(|e| e.message).unwrap_or_default();
+        assert!(check_mode(2, 1, true, &record(2, 1, true)).is_ok());
+        assert!(check_mode(2, 2, false, &record(2, 2, false)).is_ok());
+        assert!(msg(check_mode(2, 1, true, &record(2, 2, false)))
+            .contains("this side runs its fused device active-standby and the peer does not"));
+        assert!(msg(check_mode(2, 2, false, &record(2, 1, true)))
+            .contains("the peer runs its fused device active-standby and this side does not"));
+        assert!(msg(check_mode(2, 1, true, &record(3, 1, true))).contains("as many members on both ends"));
+        // The probes do not count as data QPs.
+        assert!(msg(check_mode(3, 2, true, &record(3, 1, true)))
+            .contains("the peer has 1 QPs for this connection, this side 2"));
+    }
+
+    #[test]
+    fn striping_uses_every_member_that_is_up_and_answers() {
+        let all = [true, true, true];
+        assert_eq!(choose_members(false, &all, &all), chosen(&[0, 1, 2], &[]));
+        assert_eq!(choose_members(false, &[true, false, true], &all), chosen(&[0, 2], &[1]));
+        assert_eq!(choose_members(false, &all, &[true, false, true]), chosen(&[0, 2], &[1]));
+        // None answers: every member that is up, rather than none.
+        assert_eq!(
+            choose_members(false, &[true, true, false], &[false, false, true]),
+            chosen(&[0, 1], &[2])
+        );
+        assert_eq!(choose_members(false, &[false, false], &[true, true]), chosen(&[], &[]));
+    }
+
+    #[test]
+    fn active_standby_uses_the_first_healthy_member_and_keeps_the_rest_standing_by() {
+        let all = [true, true, true];
+        assert_eq!(choose_members(true, &all, &all), chosen(&[0], &[]));
+        // The primary down: the first standby that answers; the primary is failed over (failback
+        // when it is back), the standby after it still stands by.
+        assert_eq!(choose_members(true, &[false, true, true], &all), chosen(&[1], &[0]));
+        // The first standby's probe failed: the next one.
+        assert_eq!(
+            choose_members(true, &[false, true, true], &[true, false, true]),
+            chosen(&[2], &[0, 1])
+        );
+        // Nobody answers: the first member that is up.
+        assert_eq!(
+            choose_members(true, &[false, true, true], &[false, false, false]),
+            chosen(&[1], &[0])
+        );
+        assert_eq!(choose_members(true, &[false, false], &[true, true]), chosen(&[], &[]));
     }
 }

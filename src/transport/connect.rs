@@ -3,8 +3,8 @@
 //! the data path. Non-blocking: NCCL re-enters [`connect`] with the same handle until it
 //! returns a comm. The protocol decisions are [`proto::setup`](super::proto::setup)'s.
 
-use super::conn::{self, Conn, ConnQp, LocalDev, RegBuf};
-use super::proto::handshake::{self, EndpointRepr, HandleRepr, Message, FLAG_SPLIT};
+use super::conn::{self, Conn, ConnQp, LocalDev, Probe, RegBuf};
+use super::proto::handshake::{self, EndpointRepr, HandleRepr, Message, FLAG_SPLIT, FLAG_STANDBY};
 use super::proto::setup::{AwaitResponse, Dialing, Finishing, SetupError};
 use super::proto::time::Time;
 use super::proto::{request, split};
@@ -39,6 +39,9 @@ struct Requested {
     state: AwaitResponse,
     devs: Vec<LocalDev>,
     qps: Vec<QueuePair>,
+    /// The member of each QP.
+    placement: Vec<usize>,
+    probes: Vec<Probe>,
     bufs: RegBuf,
     qps_per_req: usize,
 }
@@ -49,6 +52,7 @@ struct Answered {
     state: Finishing,
     devs: Vec<LocalDev>,
     qps: Vec<ConnQp>,
+    probes: Vec<Probe>,
     peer: EndpointRepr,
     bufs: RegBuf,
     qps_per_req: usize,
@@ -185,7 +189,7 @@ fn progress_connect(c: Connecting, now: Time) -> Result<Progress> {
 }
 
 /// The sender's QPs (with the peer's traffic class and service level once known).
-fn sender_qp_spec(tc: u8, sl: u8) -> conn::QpSpec {
+fn sender_qp_spec(tc: u8, sl: u8, standby: bool) -> conn::QpSpec {
     conn::QpSpec {
         caps: QpCaps {
             max_send_wr: SENDER_SEND_WR,
@@ -195,29 +199,44 @@ fn sender_qp_spec(tc: u8, sl: u8) -> conn::QpSpec {
         access: sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0,
         tc,
         sl,
+        standby,
     }
 }
 
 /// The TCP connection is up: build the sender's end and queue `ConnectReq`.
 fn request(c: &Target, mut chan: Channel, state: Dialing) -> Result<Box<Requested>> {
     let cfg = config::get();
-    let ndata = c.members.len().max(c.listener.ndevs as usize);
+    let standby = cfg.active_standby_for(c.members.len());
+    // Active-standby, one member carries the data: one member's QPs.
+    let ndata = if standby {
+        1
+    } else {
+        c.members.len().max(c.listener.ndevs as usize)
+    };
     let nqps = (cfg.qps_per_connection.clamp(1, 128) as usize) * ndata;
-    let devs = conn::local_devs(&c.members, nqps, SENDER_CQE_PER_QP, 0)?;
-    let spec = sender_qp_spec(0, 0);
-    let qps = conn::create_qps(&devs, nqps, spec.caps, spec.access, cfg)?;
+    let placement = conn::initial_placement(&c.members, nqps);
+    let devs = conn::local_devs(&c.members, &placement, SENDER_CQE_PER_QP, 0)?;
+    let spec = sender_qp_spec(0, 0, standby);
+    let qps = conn::create_qps(&devs, &placement, spec.caps, spec.access, cfg)?;
+    let probes = conn::create_probes(&devs, standby, cfg)?;
     // The FIFO (remote-writable) and the grouped-send sizes in one registration.
     let bufs = RegBuf::new(&devs, send::SEND_BLOCK_BYTES, conn::remote_access())?;
     let (tc, sl) = conn::tc_sl(cfg, c.traffic_class);
     let rkeys: Vec<u32> = bufs.mrs.iter().map(|m| m.rkey()).collect();
-    let flags = if cfg.split_data_on_qps { FLAG_SPLIT } else { 0 };
-    let req = conn::endpoint(&devs, &qps, state.nonce(), tc, sl, flags, bufs.addr() as u64, &rkeys);
+    let mut flags = if cfg.split_data_on_qps { FLAG_SPLIT } else { 0 };
+    if standby {
+        flags |= FLAG_STANDBY;
+    }
+    let list = conn::qp_list(qps.iter().map(QueuePair::qpn).zip(placement.iter().copied()), &probes);
+    let req = conn::endpoint(&devs, list, state.nonce(), tc, sl, flags, bufs.addr() as u64, &rkeys);
     chan.queue(&Message::ConnectReq(req));
     Ok(Box::new(Requested {
         chan,
         state: state.handle_dialed(),
         devs,
         qps,
+        placement,
+        probes,
         bufs,
         qps_per_req: split::qps_per_request(cfg.split_data_on_qps, nqps, ndata),
     }))
@@ -243,11 +262,13 @@ fn await_response(mut r: Box<Requested>, now: Time) -> Result<std::result::Resul
         state,
         devs,
         qps,
+        placement,
+        probes,
         bufs,
         qps_per_req,
     } = *r;
-    conn::check_peer(&devs, qps.len(), &resp)?;
-    let qps = conn::bring_up(&devs, qps, &resp, resp.tc, resp.sl, config::get())?;
+    conn::check_peer(&devs, qps.len(), !probes.is_empty(), &resp)?;
+    let qps = conn::bring_up(&devs, qps, &placement, &probes, &resp, resp.tc, resp.sl)?;
     let (state, ready) = state.handle_brought_up();
     chan.queue(&ready);
     Ok(Ok(Box::new(Answered {
@@ -255,6 +276,7 @@ fn await_response(mut r: Box<Requested>, now: Time) -> Result<std::result::Resul
         state,
         devs,
         qps,
+        probes,
         peer: resp,
         bufs,
         qps_per_req,
@@ -278,15 +300,17 @@ fn finish(
         mut chan,
         devs,
         qps,
+        probes,
         peer,
         bufs,
         qps_per_req,
         ..
     } = *f;
     chan.release_buffers();
-    let spec = sender_qp_spec(peer.tc, peer.sl);
+    let spec = sender_qp_spec(peer.tc, peer.sl, !probes.is_empty());
     let conn = Conn {
         qps,
+        probes,
         devs,
         peer,
         chan,

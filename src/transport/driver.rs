@@ -252,11 +252,8 @@ impl Driver {
             }
         }
         if !self.recovery.pending() && self.recovery.enabled() {
-            if let Some((member, why)) = self.conn.member_back() {
-                self.local_failure(
-                    core,
-                    &format!("member {member} of the fused device is to be used again: {why}; moving its QPs back to it (failback)"),
-                )?;
+            if let Some(cause) = self.conn.member_back() {
+                self.local_failure(core, &cause)?;
             }
         }
         let Polled {
@@ -425,7 +422,12 @@ impl Driver {
                 self.recovery.readable = true;
                 Ok(false)
             }
-            Peek::Nothing => Ok(false),
+            Peek::Nothing => {
+                if !self.conn.probes.is_empty() && !self.recovery.pending() {
+                    self.probe_standbys(now);
+                }
+                Ok(false)
+            }
         }
     }
 

@@ -16,7 +16,7 @@ use crate::config;
 use crate::device::{NetDevice, VirtualDevice};
 use crate::error::{Error, Result};
 use crate::ibv::qp::QpCaps;
-use crate::ibv::sys;
+use crate::ibv::{sys, QueuePair};
 use std::net::TcpListener;
 use std::sync::Arc;
 
@@ -305,6 +305,7 @@ impl ListenComm {
 struct RecvParts {
     devs: Vec<LocalDev>,
     qps: Vec<conn::ConnQp>,
+    probes: Vec<conn::Probe>,
     /// iflush issues reads (its flush QPs are made by the first one).
     flush: bool,
     bufs: RegBuf,
@@ -319,6 +320,7 @@ impl RecvParts {
         chan.release_buffers();
         let conn = Conn {
             qps: p.qps,
+            probes: p.probes,
             devs: p.devs,
             peer: p.peer,
             chan,
@@ -340,15 +342,13 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
     let cfg = config::get();
     let nl = members.len();
     let nr = req.devs.len();
-    let nqps = req.qps.len();
-    let ndata = nl.max(nr);
-    if nqps < ndata {
-        return Err(Error::remote(format!(
-            "the sender offers {nqps} QPs for {ndata} device pairs"
-        )));
-    }
+    let nqps = req.data_qp_count();
+    let standby = cfg.active_standby_for(nl);
+    // Active-standby (checked against the sender's below), one member carries the data.
+    let ndata = if standby { 1 } else { nl.max(nr) };
     let flush = flush_wanted(members);
-    let devs = conn::local_devs(members, nqps, RECEIVER_CQE_PER_QP, RECEIVER_CQE_CTS)?;
+    let placement = conn::initial_placement(members, nqps);
+    let devs = conn::local_devs(members, &placement, RECEIVER_CQE_PER_QP, RECEIVER_CQE_CTS)?;
     // Our QPs carry the CTS writes: NCCL_IB_FIFO_TC if set, else the sender's data tc.
     let tc = if cfg.fifo_tc >= 0 {
         (cfg.fifo_tc & 0xff) as u8
@@ -366,16 +366,24 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
             | sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0,
         tc,
         sl: req.sl,
+        standby,
     };
-    let qps = conn::create_qps(&devs, nqps, spec.caps, spec.access, cfg)?;
-    conn::check_peer(&devs, nqps, req)?;
+    conn::check_peer(&devs, nqps, standby, req)?;
+    if nqps < ndata {
+        return Err(Error::remote(format!(
+            "the sender offers {nqps} QPs for {ndata} device pairs"
+        )));
+    }
+    let qps = conn::create_qps(&devs, &placement, spec.caps, spec.access, cfg)?;
+    let probes = conn::create_probes(&devs, standby, cfg)?;
     // The CTS staging, which also holds the completion records, in one registration; the peer
     // is told the completion records' address.
     let bufs = RegBuf::new(&devs, recv::RECV_BLOCK_BYTES, conn::remote_access())?;
     let rkeys: Vec<u32> = bufs.mrs.iter().map(|m| m.rkey()).collect();
+    let list = conn::qp_list(qps.iter().map(QueuePair::qpn).zip(placement.iter().copied()), &probes);
     let resp = conn::endpoint(
         &devs,
-        &qps,
+        list,
         nonce,
         req.tc,
         req.sl,
@@ -383,11 +391,12 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
         (bufs.addr() + recv::CMPL_OFF) as u64,
         &rkeys,
     );
-    let qps = conn::bring_up(&devs, qps, req, tc, req.sl, cfg)?;
+    let qps = conn::bring_up(&devs, qps, &placement, &probes, req, tc, req.sl)?;
     let split = req.flags & FLAG_SPLIT != 0;
     let parts = RecvParts {
         devs,
         qps,
+        probes,
         flush,
         bufs,
         peer: req.clone(),

@@ -22,7 +22,9 @@
 //! tc/sl; the receiver's QPs are already RTS) → `Ready` (the sender's QPs are RTS). Both ends
 //! give up after `FERROCE_CONNECT_TIMEOUT_SEC`. QP *i* lives on member device *i mod ndevs*,
 //! `NCCL_IB_QPS_PER_CONNECTION × max(ndevs local, remote)` QPs in all; the receiver adopts
-//! the sender's QP count and split mode.
+//! the sender's QP count and split mode. Active-standby (`FERROCE_ACTIVE_STANDBY`, flag in the
+//! records, both ends alike): `NCCL_IB_QPS_PER_CONNECTION` QPs on the first member that is up,
+//! and the QP lists end with one probe QP per other member ([`standby`]).
 //!
 //! Limits: 32 receives in flight per recv comm (NCCL_NET_MAX_REQUESTS) holding at most 64 CTS
 //! entries in all (the FIFO ring: NCCL_STEPS 8 × maxRecvs 8), 32 flushes besides (an error
@@ -49,6 +51,7 @@ pub mod ring_memory;
 pub mod send;
 pub mod sidechannel;
 pub mod sink;
+pub mod standby;
 pub mod stats;
 pub mod watch;
 

@@ -10,7 +10,7 @@
 use nccl_net_ferroce::config;
 use nccl_net_ferroce::device::NetDevice;
 use nccl_net_ferroce::ibv::qp::QpCaps;
-use nccl_net_ferroce::ibv::{sys, WorkCompletion};
+use nccl_net_ferroce::ibv::{sys, QueuePair, WorkCompletion};
 use nccl_net_ferroce::transport::conn::{self, ConnQp, LocalDev, RegBuf};
 use nccl_net_ferroce::transport::driver::to_ibv;
 use nccl_net_ferroce::transport::proto::fifo::{CtsEntry, ENTRY_BYTES, RING_BYTES};
@@ -46,19 +46,18 @@ fn access() -> u32 {
 }
 
 /// Devices, QPs in INIT and the registered block for a rogue end of `nqps` QPs.
-fn resources(
-    members: &[Arc<NetDevice>],
-    nqps: usize,
-) -> (Vec<LocalDev>, Vec<nccl_net_ferroce::ibv::QueuePair>, RegBuf) {
-    let devs = conn::local_devs(members, nqps, 64, 64).expect("rogue CQ");
+fn resources(members: &[Arc<NetDevice>], nqps: usize) -> (Vec<LocalDev>, Vec<QueuePair>, Vec<usize>, RegBuf) {
+    // Striped, as ferroce stripes them.
+    let placement: Vec<usize> = (0..nqps).map(|i| i % members.len()).collect();
+    let devs = conn::local_devs(members, &placement, 64, 64).expect("rogue CQ");
     let caps = QpCaps {
         max_send_wr: 64,
         max_recv_wr: 64,
         max_inline_data: 0,
     };
-    let qps = conn::create_qps(&devs, nqps, caps, access(), config::get()).expect("rogue QPs");
+    let qps = conn::create_qps(&devs, &placement, caps, access(), config::get()).expect("rogue QPs");
     let block = RegBuf::new(&devs, BLOCK, conn::remote_access()).expect("rogue block");
-    (devs, qps, block)
+    (devs, qps, placement, block)
 }
 
 /// Send one side-channel message.
@@ -127,11 +126,12 @@ pub fn rogue_receiver(members: &[Arc<NetDevice>], l: &TcpListener, recvs_per_qp:
     let Message::ConnectReq(req) = read_msg(&mut stream, pump) else {
         panic!("ferroce's first message is not ConnectReq")
     };
-    let (devs, qps, block) = resources(members, req.qps.len());
+    let (devs, qps, placement, block) = resources(members, req.qps.len());
     let rkeys: Vec<u32> = block.mrs.iter().map(|m| m.rkey()).collect();
+    let list = conn::qp_list(qps.iter().map(QueuePair::qpn).zip(placement.iter().copied()), &[]);
     let resp = conn::endpoint(
         &devs,
-        &qps,
+        list,
         req.nonce,
         req.tc,
         req.sl,
@@ -139,7 +139,7 @@ pub fn rogue_receiver(members: &[Arc<NetDevice>], l: &TcpListener, recvs_per_qp:
         block.addr() as u64,
         &rkeys,
     );
-    let qps = conn::bring_up(&devs, qps, &req, req.tc, req.sl, config::get()).expect("rogue RTS");
+    let qps = conn::bring_up(&devs, qps, &placement, &[], &req, req.tc, req.sl).expect("rogue RTS");
     // ferroce's writes with immediate each take a receive (else RNR: they would never end).
     for q in &qps {
         for i in 0..recvs_per_qp {
@@ -172,14 +172,15 @@ pub fn rogue_sender(members: &[Arc<NetDevice>], handle: &[u8; 128], pump: &mut d
         panic!("an IPv4 side channel on lo")
     };
     let mut stream = TcpStream::connect((std::net::Ipv4Addr::from(ip), port)).expect("dial ferroce");
-    let (devs, qps, block) = resources(members, members.len());
+    let (devs, qps, placement, block) = resources(members, members.len());
     let rkeys: Vec<u32> = block.mrs.iter().map(|m| m.rkey()).collect();
-    let req = conn::endpoint(&devs, &qps, h.nonce, 0, 0, 0, block.addr() as u64, &rkeys);
+    let list = conn::qp_list(qps.iter().map(QueuePair::qpn).zip(placement.iter().copied()), &[]);
+    let req = conn::endpoint(&devs, list, h.nonce, 0, 0, 0, block.addr() as u64, &rkeys);
     send_msg(&mut stream, &Message::ConnectReq(req.clone()));
     let Message::ConnectResp(resp) = read_msg(&mut stream, pump) else {
         panic!("ferroce did not answer with ConnectResp")
     };
-    let qps = conn::bring_up(&devs, qps, &resp, 0, 0, config::get()).expect("rogue RTS");
+    let qps = conn::bring_up(&devs, qps, &placement, &[], &resp, 0, 0).expect("rogue RTS");
     send_msg(&mut stream, &Message::Ready { nonce: h.nonce });
     Rogue {
         stream,

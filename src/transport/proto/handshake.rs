@@ -409,6 +409,10 @@ pub struct QpRepr {
 
 /// Flag: the connector splits every message over all QPs (NCCL_IB_SPLIT_DATA_ON_QPS=1).
 pub const FLAG_SPLIT: u8 = 1;
+/// Flag: active-standby (FERROCE_ACTIVE_STANDBY): the QP list ends with one probe QP per
+/// member device after the first (member 1, 2, …), which carries no data; the data QPs come
+/// first.
+pub const FLAG_STANDBY: u8 = 2;
 
 /// Everything one side needs to know about the other to bring QPs up and move data.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -424,6 +428,20 @@ pub struct EndpointRepr {
 }
 
 impl EndpointRepr {
+    /// The probe QPs at the end of the QP list (active-standby; none otherwise).
+    pub fn probe_count(&self) -> usize {
+        if self.flags & FLAG_STANDBY != 0 {
+            self.devs.len().saturating_sub(1)
+        } else {
+            0
+        }
+    }
+
+    /// The QPs that carry data: the list before the probes.
+    pub fn data_qp_count(&self) -> usize {
+        self.qps.len().saturating_sub(self.probe_count())
+    }
+
     pub fn buffer_len(&self) -> usize {
         field::E_DEVS + self.devs.len() * DEV_BYTES + self.qps.len() * QP_BYTES
     }
