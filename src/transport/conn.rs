@@ -326,7 +326,7 @@ pub fn qp_list(data: impl Iterator<Item = (u32, usize)>, probes: &[Probe]) -> Ve
 
 /// A standby member's probe QP (active-standby). It pairs with the peer's probe QP on the
 /// member of the same index and carries one signalled zero-length RDMA WRITE every
-/// [`PROBE_INTERVAL`](super::standby::PROBE_INTERVAL), so that a failover knows before it
+/// [`PROBE_WRITE_EVERY`](super::standby::PROBE_WRITE_EVERY), so that a failover knows before it
 /// needs the standby whether its path answers. Its own small CQ keeps its completions out of
 /// the data path's.
 pub struct Probe {

@@ -1,5 +1,5 @@
 //! Active-standby's probes (FERROCE_ACTIVE_STANDBY): while a comm is in use, each standby
-//! member's probe QP carries one signalled zero-length RDMA WRITE every [`PROBE_INTERVAL`]. A
+//! member's probe QP carries one signalled zero-length RDMA WRITE every [`PROBE_WRITE_EVERY`]. A
 //! probe that fails (retries exceeded: the standby's path or port does not answer) marks its
 //! member as not answering, so that a failover passes it over, until the member's wait (1 s
 //! doubling to 60 s, as for a broken data path) is over and a recovery gives it a new probe
@@ -11,7 +11,7 @@ use crate::ibv::sys;
 use std::time::{Duration, Instant};
 
 /// Time between two probe writes on a standby's QP (after the last one completed).
-pub const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+pub const PROBE_WRITE_EVERY: Duration = Duration::from_secs(1);
 
 impl Driver {
     /// Take the probes' completions and post the writes that are due. The caller skips it
@@ -38,7 +38,7 @@ impl Driver {
                 for wc in got {
                     p.in_flight = false;
                     match wc.result() {
-                        Ok(_) => p.next_at = now + PROBE_INTERVAL,
+                        Ok(_) => p.next_at = now + PROBE_WRITE_EVERY,
                         Err(f) => {
                             p.failed = true;
                             failed.push((
