@@ -239,6 +239,10 @@ pub struct Config {
     /// NCCL_IB_RESILIENCY_PORT_FAILOVER: a fused device's recovery moves the QPs of a member
     /// whose port is down onto the members whose ports are up, and back once it is up again.
     pub port_failover: bool,
+    /// FERROCE_WIRE_VERSION: the newest wire version this process speaks (default 0: the
+    /// newest this build knows; peers run the newest both speak). Lower it to run as an older
+    /// build would, e.g. to check that a job mixing builds works.
+    pub wire_version: u16,
     /// FERROCE_ACTIVE_STANDBY: a fused device's connections put all their QPs on the first
     /// member that is up (the primary) and keep one probed QP on each other member (the
     /// standbys), instead of striping over every member; a failover then moves them to the
@@ -304,6 +308,7 @@ impl Default for Config {
             port_recovery: true,
             port_failover: true,
             active_standby: false,
+            wire_version: 0,
             recovery_start_delay_ms: 100,
             recovery_attempts_max: 0,
             stats_dir: None,
@@ -502,6 +507,7 @@ impl Config {
             port_recovery: r.flag("NCCL_IB_RESILIENCY_PORT_RECOVERY", true),
             port_failover: r.flag("NCCL_IB_RESILIENCY_PORT_FAILOVER", true),
             active_standby: r.flag("FERROCE_ACTIVE_STANDBY", false),
+            wire_version: r.int("FERROCE_WIRE_VERSION", 0, 0, i64::from(u16::MAX)) as u16,
             recovery_start_delay_ms: r.int("NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY", 100, 0, 5_000) as u64,
             recovery_attempts_max: r.int("NCCL_IB_RESILIENCY_PORT_RECOVERY_ATTEMPTS_MAX", 0, 0, 1_000_000) as u32,
             stats_dir: r.raw("FERROCE_STATS").filter(|d| !d.is_empty()),
@@ -517,7 +523,7 @@ impl Config {
     pub fn settings(&self) -> Vec<Setting> {
         let flag = |b: bool| if b { "1" } else { "0" }.to_string();
         let auto = |v: i32| if v < 0 { "(auto)".to_string() } else { v.to_string() };
-        let rows: [(&'static str, String); 45] = [
+        let rows: [(&'static str, String); 46] = [
             ("NCCL_IB_HCA", self.hca.to_string()),
             ("NCCL_IB_GID_INDEX", auto(self.gid_index)),
             ("NCCL_IB_ADDR_FAMILY", self.addr_family.to_string()),
@@ -581,6 +587,13 @@ impl Config {
             ("NCCL_IB_RESILIENCY_PORT_RECOVERY", flag(self.port_recovery)),
             ("NCCL_IB_RESILIENCY_PORT_FAILOVER", flag(self.port_failover)),
             ("FERROCE_ACTIVE_STANDBY", flag(self.active_standby)),
+            (
+                "FERROCE_WIRE_VERSION",
+                match self.wire_version {
+                    0 => "(newest)".into(),
+                    v => v.to_string(),
+                },
+            ),
             (
                 "NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY",
                 format!("{} ms", self.recovery_start_delay_ms),

@@ -17,7 +17,7 @@ use nccl_net_ferroce::transport::proto::handshake::*;
 /// What a reader produced: the messages in order, then the first error, if any.
 #[derive(Debug, PartialEq)]
 struct Outcome {
-    messages: Vec<Message>,
+    messages: Vec<Frame>,
     error: Option<WireError>,
 }
 
@@ -65,18 +65,19 @@ fn read_in_pieces(data: &[u8], mut cut: impl FnMut(&FrameReader, usize) -> usize
     out
 }
 
-fn round_trip_message(m: &Message) {
+fn round_trip_message(version: u16, m: &Message) {
     if let Message::Reject { text, .. } = m {
         if text.len() > 1024 {
             return; // emit keeps the first 1 KiB only
         }
     }
     let mut out = Vec::new();
-    m.emit(&mut out);
+    m.emit(version, &mut out);
     let h = HeaderRepr::parse(&out).expect("an emitted header parses");
     assert_eq!(h.body_len + HEADER_BYTES, out.len());
+    assert_eq!(h.version, version);
     assert_eq!(
-        &Message::parse(h.kind, &out[HEADER_BYTES..]).expect("an emitted body parses"),
+        &Message::parse(version, h.kind, &out[HEADER_BYTES..]).expect("an emitted body parses"),
         m
     );
 }
@@ -127,14 +128,16 @@ fuzz_target!(|data: &[u8]| {
         );
     }
     for k in [1u8, 2, 3, 4, data.first().copied().unwrap_or(0)] {
-        if let Ok(m) = Message::parse(Kind::from(k), data) {
-            round_trip_message(&m);
+        for v in OLDEST_WIRE_VERSION..=WIRE_VERSION {
+            if let Ok(m) = Message::parse(v, Kind::from(k), data) {
+                round_trip_message(v, &m);
+            }
         }
     }
     // The stream: whole, byte by byte, in want()-sized pieces, and split where the input says.
     let whole = read_in_pieces(data, |_, left| left);
-    for m in &whole.messages {
-        round_trip_message(m);
+    for f in &whole.messages {
+        round_trip_message(f.version, &f.message);
     }
     assert_eq!(read_in_pieces(data, |_, _| 1), whole, "byte by byte");
     assert_eq!(read_in_pieces(data, |r, _| r.want()), whole, "in want()-sized pieces");

@@ -70,6 +70,8 @@ struct Target {
     /// Recorded in the handle's stage bytes; finds the connect again.
     id: u64,
     listener: HandleRepr,
+    /// The wire version the connection runs: the newest both ends speak.
+    version: u16,
     members: Vec<Arc<NetDevice>>,
     traffic_class: i32,
 }
@@ -112,6 +114,18 @@ pub fn connect(traffic_class: i32, dev: &Arc<VirtualDevice>, handle: &mut [u8; 1
             "connect: the handle is not a ferroce listen handle ({e}); do both ranks load the same plugin?"
         ))
     })?;
+    let version = listener
+        .negotiate(handshake::local_max_version(config::get().wire_version))
+        .map_err(|e| {
+            Error::internal(format!(
+                "connect: the listener speaks wire versions {}..={} and this side {}..={} (FERROCE_WIRE_VERSION={}): {e}; run the same ferroce on both ranks",
+                listener.min_version,
+                listener.max_version,
+                handshake::OLDEST_WIRE_VERSION,
+                handshake::WIRE_VERSION,
+                config::get().wire_version
+            ))
+        })?;
     conn::check_members(dev)?;
     let timeout = conn::setup_timeout();
     let now = clock::now();
@@ -129,6 +143,7 @@ pub fn connect(traffic_class: i32, dev: &Arc<VirtualDevice>, handle: &mut [u8; 1
                 target: Target {
                     id: NEXT_CONNECT_ID.fetch_add(1, Ordering::Relaxed),
                     listener,
+                    version,
                     members: dev.members.clone(),
                     traffic_class,
                 },
@@ -229,6 +244,7 @@ fn request(c: &Target, mut chan: Channel, state: Dialing) -> Result<Box<Requeste
     }
     let list = conn::qp_list(qps.iter().map(QueuePair::qpn).zip(placement.iter().copied()), &probes);
     let req = conn::endpoint(&devs, list, state.nonce(), tc, sl, flags, bufs.addr() as u64, &rkeys);
+    chan.set_version(c.version);
     chan.queue(&Message::ConnectReq(req));
     Ok(Box::new(Requested {
         chan,

@@ -5,7 +5,7 @@
 //! Malformed or foreign connections are WARNed and dropped; the listener keeps working.
 
 use super::conn::{self, Conn, LocalDev, RegBuf};
-use super::proto::handshake::{EndpointRepr, HandleRepr, Message, FLAG_SPLIT};
+use super::proto::handshake::{self, EndpointRepr, HandleRepr, Message, FLAG_SPLIT};
 use super::proto::setup::{AwaitReady, AwaitRequest, Incoming, Refusal, SetupError};
 use super::proto::split;
 use super::proto::time::Time;
@@ -89,6 +89,8 @@ pub fn listen(dev: &Arc<VirtualDevice>, handle: &mut [u8; 128]) -> Result<Box<Li
         addr: sidechannel::listen_addr(addr),
         ndevs: dev.members.len() as u8,
         nonce,
+        min_version: handshake::OLDEST_WIRE_VERSION,
+        max_version: handshake::local_max_version(crate::config::get().wire_version),
     }
     .emit(handle);
     Ok(Box::new(ListenComm {

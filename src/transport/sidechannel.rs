@@ -5,7 +5,7 @@
 //! The peer-liveness probe ([`Channel::peer_gone`]) is how a comm notices a killed peer whose
 //! RDMA traffic has stopped (RDMA alone would wait forever on a posted receive).
 
-use super::proto::handshake::{FrameReader, ListenAddr, Message, WireError};
+use super::proto::handshake::{FrameReader, ListenAddr, Message, WireError, OLDEST_WIRE_VERSION};
 use crate::config::{AddrFamily, DeviceFilter};
 use crate::error::{limit_suffix, Error, Result};
 use once_cell::sync::OnceCell;
@@ -402,6 +402,9 @@ pub struct Channel {
     reader: FrameReader,
     out: Vec<u8>,
     out_pos: usize,
+    /// The connection's wire version: the connector's choice, which the listener takes from
+    /// the first frame; `None` on a listener before it.
+    version: Option<u16>,
 }
 
 impl Channel {
@@ -412,11 +415,23 @@ impl Channel {
             reader: FrameReader::default(),
             out: Vec::new(),
             out_pos: 0,
+            version: None,
         }
     }
 
+    /// The connector's negotiated wire version, set before its first message.
+    pub fn set_version(&mut self, v: u16) {
+        self.version = Some(v);
+    }
+
+    /// The connection's wire version (the oldest before it is known: what a refusal to an
+    /// unidentified peer is written in).
+    pub fn version(&self) -> u16 {
+        self.version.unwrap_or(OLDEST_WIRE_VERSION)
+    }
+
     pub fn queue(&mut self, m: &Message) {
-        m.emit(&mut self.out);
+        m.emit(self.version(), &mut self.out);
     }
 
     /// Write what the socket takes now; `Ok(true)` when everything queued is sent.
@@ -449,8 +464,12 @@ impl Channel {
     pub fn poll_recv(&mut self) -> std::result::Result<Option<Message>, ChannelError> {
         let mut buf = [0u8; 4096];
         loop {
-            if let Some(m) = self.reader.poll_message().map_err(ChannelError::Wire)? {
-                return Ok(Some(m));
+            if let Some(f) = self.reader.poll_message().map_err(ChannelError::Wire)? {
+                // Every frame of a connection is of the version its first one set.
+                if *self.version.get_or_insert(f.version) != f.version {
+                    return Err(ChannelError::Wire(WireError::BadVersion(f.version)));
+                }
+                return Ok(Some(f.message));
             }
             let want = self.reader.want().min(buf.len());
             match self.stream.read(&mut buf[..want]) {

@@ -14,7 +14,9 @@ use nccl_net_ferroce::ibv::{sys, QueuePair, WorkCompletion};
 use nccl_net_ferroce::transport::conn::{self, ConnQp, LocalDev, RegBuf};
 use nccl_net_ferroce::transport::driver::to_ibv;
 use nccl_net_ferroce::transport::proto::fifo::{CtsEntry, ENTRY_BYTES, RING_BYTES};
-use nccl_net_ferroce::transport::proto::handshake::{EndpointRepr, FrameReader, HandleRepr, ListenAddr, Message};
+use nccl_net_ferroce::transport::proto::handshake::{
+    EndpointRepr, FrameReader, HandleRepr, ListenAddr, Message, OLDEST_WIRE_VERSION, WIRE_VERSION,
+};
 use nccl_net_ferroce::transport::proto::plan::{Op, Remote, Sge, WorkRequest};
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -63,7 +65,7 @@ fn resources(members: &[Arc<NetDevice>], nqps: usize) -> (Vec<LocalDev>, Vec<Que
 /// Send one side-channel message.
 pub fn send_msg(s: &mut TcpStream, m: &Message) {
     let mut out = Vec::new();
-    m.emit(&mut out);
+    m.emit(WIRE_VERSION, &mut out);
     s.write_all(&out).expect("rogue side-channel write");
 }
 
@@ -74,8 +76,8 @@ pub fn read_msg(s: &mut TcpStream, pump: &mut dyn FnMut()) -> Message {
     let end = Instant::now() + WAIT;
     let mut b = [0u8; 4096];
     loop {
-        if let Some(m) = fr.poll_message().expect("ferroce sent a malformed frame") {
-            return m;
+        if let Some(f) = fr.poll_message().expect("ferroce sent a malformed frame") {
+            return f.message;
         }
         match s.read(&mut b) {
             Ok(0) => panic!("ferroce closed the side channel"),
@@ -99,6 +101,8 @@ pub fn rogue_listen(ndevs: u8) -> ([u8; 128], TcpListener) {
         },
         ndevs,
         nonce: 0x005e_ed0f_5eed,
+        min_version: OLDEST_WIRE_VERSION,
+        max_version: WIRE_VERSION,
     }
     .emit(&mut h);
     (h, l)

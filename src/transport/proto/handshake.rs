@@ -10,10 +10,11 @@
 //! | off | size | field |
 //! |---|---|---|
 //! | 0 | 8 | magic [`HANDLE_MAGIC`] |
-//! | 8 | 2 | version [`WIRE_VERSION`] |
+//! | 8 | 2 | oldest wire version the listener speaks ([`OLDEST_WIRE_VERSION`]) |
 //! | 10 | 1 | address family: 4 or 6 |
 //! | 11 | 1 | listener's member-device count (1..=8) |
 //! | 12 | 2 | TCP port (big-endian) |
+//! | 14 | 2 | newest wire version the listener speaks (0 in a version-4 handle: only 4) |
 //! | 16 | 16 | IP address (IPv4 in the first 4 bytes) |
 //! | 32 | 4 | IPv6 scope id |
 //! | 40 | 8 | nonce: identifies this listener; the connector echoes it |
@@ -24,6 +25,16 @@
 //!
 //! Each frame is a 16-byte header — magic [`WIRE_MAGIC`] (u64), version (u16), kind (u8),
 //! reserved (u8), body length (u32, at most [`MAX_BODY`]) — and a body:
+//!
+//! # Versions
+//!
+//! A connection runs one wire version, the connector's choice: the newest both ends speak
+//! ([`HandleRepr::negotiate`]: the handle says which versions the listener speaks). The
+//! connector's `ConnectReq` frame carries it and every later frame of the connection carries
+//! the same. A version-4 build reads only the handle's first version field (4 here too), so it
+//! connects at version 4; and a handle of a version-4 build says nothing newer, so a newer
+//! connector speaks version 4 to it. What a version adds is used only on connections of that
+//! version (an older peer gets the protocol it knows).
 //!
 //! * `ConnectReq` (connector → listener) and `ConnectResp` (listener → connector): an
 //!   [`EndpointRepr`]: nonce, member devices (GID, LID, port, link layer, MTU, GID index, rkey,
@@ -46,14 +57,31 @@ pub const HANDLE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceH");
 pub const WIRE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceW");
 /// "ferroceS" connect-stage magic (connector's bytes in the handle).
 pub const STAGE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceS");
-/// Wire version; a peer with another version is rejected. 2: the receiver's completion record
+/// Newest wire version this build speaks (peers negotiate, see the module docs). 2: the receiver's completion record
 /// `[slot]` lies `slot × fifo::SLOT_BYTES` past the advertised address (inside its CTS staging).
 /// 3: the CTS FIFO is a ring of 64 entries (4 KiB) that groups fill in posting order (spec
 /// §8.8 slots of 8 entries no longer); the completion record of the group at ring position `p`
 /// lies `p × fifo::ENTRY_BYTES` past the advertised address. 4: the side channel also carries
 /// `RecoverHello` and `RecoverReady` after setup (a peer of version 3 could not take part in a
-/// recovery, so it is refused at setup with a clear reason).
-pub const WIRE_VERSION: u16 = 4;
+/// recovery, so it is refused at setup with a clear reason). 5: versions are negotiated (the
+/// handle's newest-version field).
+pub const WIRE_VERSION: u16 = 5;
+/// Oldest wire version this build speaks.
+pub const OLDEST_WIRE_VERSION: u16 = 4;
+
+/// The newest version this process speaks when `FERROCE_WIRE_VERSION` is `setting` (0: this
+/// build's newest; else that, within the versions this build speaks).
+pub fn local_max_version(setting: u16) -> u16 {
+    match setting {
+        0 => WIRE_VERSION,
+        v => v.clamp(OLDEST_WIRE_VERSION, WIRE_VERSION),
+    }
+}
+
+/// Whether this build speaks wire version `v`.
+pub fn speaks(v: u16) -> bool {
+    (OLDEST_WIRE_VERSION..=WIRE_VERSION).contains(&v)
+}
 /// Size of the handle NCCL allocates.
 pub const HANDLE_BYTES: usize = 128;
 /// Largest frame body accepted.
@@ -75,6 +103,7 @@ mod field {
     pub const H_FAMILY: usize = 10;
     pub const H_NDEVS: usize = 11;
     pub const H_PORT: Range<usize> = 12..14;
+    pub const H_MAX_VERSION: Range<usize> = 14..16;
     pub const H_ADDR: Range<usize> = 16..32;
     pub const H_SCOPE: Range<usize> = 32..36;
     pub const H_NONCE: Range<usize> = 40..48;
@@ -124,7 +153,10 @@ impl std::fmt::Display for WireError {
         match self {
             WireError::Truncated { need, got } => write!(f, "truncated: need {need} bytes, got {got}"),
             WireError::BadMagic(m) => write!(f, "bad magic {m:#018x} (not a ferroce peer)"),
-            WireError::BadVersion(v) => write!(f, "unsupported version {v} (this side speaks {WIRE_VERSION})"),
+            WireError::BadVersion(v) => write!(
+                f,
+                "unsupported version {v} (this side speaks {OLDEST_WIRE_VERSION} to {WIRE_VERSION})"
+            ),
             WireError::BadKind(k) => write!(f, "unknown message kind {k}"),
             WireError::TooLong(n) => write!(f, "message body of {n} bytes exceeds {MAX_BODY}"),
             WireError::BadField(s) => write!(f, "invalid field: {s}"),
@@ -173,18 +205,29 @@ pub struct HandleRepr {
     pub addr: ListenAddr,
     pub ndevs: u8,
     pub nonce: u64,
+    /// The wire versions the listener speaks: every one from `min_version` to `max_version`.
+    pub min_version: u16,
+    pub max_version: u16,
 }
 
 impl HandleRepr {
-    /// Parse the listener part of a handle. The connect-stage bytes are ignored here.
+    /// Parse the listener part of a handle. The connect-stage bytes are ignored here. A
+    /// handle is refused only when the listener speaks no version this build does.
     pub fn parse(h: &[u8; HANDLE_BYTES]) -> Result<HandleRepr, WireError> {
         let magic = u64_at(h, field::H_MAGIC);
         if magic != HANDLE_MAGIC {
             return Err(WireError::BadMagic(magic));
         }
-        let v = u16_at(h, field::H_VERSION);
-        if v != WIRE_VERSION {
-            return Err(WireError::BadVersion(v));
+        let min_version = u16_at(h, field::H_VERSION);
+        let max_version = match u16_at(h, field::H_MAX_VERSION) {
+            0 => min_version,
+            v => v,
+        };
+        if max_version < min_version {
+            return Err(WireError::BadField("handle version range"));
+        }
+        if max_version.min(WIRE_VERSION) < min_version.max(OLDEST_WIRE_VERSION) {
+            return Err(WireError::BadVersion(min_version));
         }
         let ndevs = h[field::H_NDEVS];
         if ndevs == 0 || ndevs as usize > MAX_DEVS {
@@ -212,14 +255,28 @@ impl HandleRepr {
             addr,
             ndevs,
             nonce: u64_at(h, field::H_NONCE),
+            min_version,
+            max_version,
         })
+    }
+
+    /// The version a connector that speaks up to `local_max` runs with this listener: the
+    /// newest both speak.
+    pub fn negotiate(&self, local_max: u16) -> Result<u16, WireError> {
+        let v = self.max_version.min(local_max).min(WIRE_VERSION);
+        if speaks(v) && v >= self.min_version {
+            Ok(v)
+        } else {
+            Err(WireError::BadVersion(self.max_version))
+        }
     }
 
     /// Write a fresh handle (all other bytes zero, so no stage is recorded).
     pub fn emit(&self, h: &mut [u8; HANDLE_BYTES]) {
         h.fill(0);
         h[field::H_MAGIC].copy_from_slice(&HANDLE_MAGIC.to_le_bytes());
-        h[field::H_VERSION].copy_from_slice(&WIRE_VERSION.to_le_bytes());
+        h[field::H_VERSION].copy_from_slice(&self.min_version.to_le_bytes());
+        h[field::H_MAX_VERSION].copy_from_slice(&self.max_version.to_le_bytes());
         h[field::H_NDEVS] = self.ndevs;
         h[field::H_PORT].copy_from_slice(&self.addr.port().to_be_bytes());
         match self.addr {
@@ -299,6 +356,8 @@ impl From<Kind> for u8 {
 /// A checked header: magic, version and length are valid, kind is known.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeaderRepr {
+    /// A wire version this build speaks.
+    pub version: u16,
     pub kind: Kind,
     pub body_len: usize,
 }
@@ -316,7 +375,7 @@ impl HeaderRepr {
             return Err(WireError::BadMagic(magic));
         }
         let v = u16_at(b, field::F_VERSION);
-        if v != WIRE_VERSION {
+        if !speaks(v) {
             return Err(WireError::BadVersion(v));
         }
         let kind = Kind::from(b[field::F_KIND]);
@@ -328,6 +387,7 @@ impl HeaderRepr {
             return Err(WireError::TooLong(len));
         }
         Ok(HeaderRepr {
+            version: v,
             kind,
             body_len: len as usize,
         })
@@ -338,7 +398,7 @@ impl HeaderRepr {
         out.resize(start + HEADER_BYTES, 0);
         let b = &mut out[start..];
         b[field::F_MAGIC].copy_from_slice(&WIRE_MAGIC.to_le_bytes());
-        b[field::F_VERSION].copy_from_slice(&WIRE_VERSION.to_le_bytes());
+        b[field::F_VERSION].copy_from_slice(&self.version.to_le_bytes());
         b[field::F_KIND] = self.kind.into();
         b[field::F_LEN].copy_from_slice(&(self.body_len as u32).to_le_bytes());
     }
@@ -573,9 +633,16 @@ pub enum Message {
     },
 }
 
+/// A message and the wire version its frame carried.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    pub version: u16,
+    pub message: Message,
+}
+
 impl Message {
-    /// Append header + body to `out`.
-    pub fn emit(&self, out: &mut Vec<u8>) {
+    /// Append header + body to `out`, as wire version `version`.
+    pub fn emit(&self, version: u16, out: &mut Vec<u8>) {
         let mut body = Vec::new();
         let kind = match self {
             Message::ConnectReq(e) => {
@@ -617,6 +684,7 @@ impl Message {
             }
         };
         HeaderRepr {
+            version,
             kind,
             body_len: body.len(),
         }
@@ -624,7 +692,8 @@ impl Message {
         out.extend_from_slice(&body);
     }
 
-    pub fn parse(kind: Kind, body: &[u8]) -> Result<Message, WireError> {
+    /// The body of a frame of `kind` at wire `version`.
+    pub fn parse(_version: u16, kind: Kind, body: &[u8]) -> Result<Message, WireError> {
         match kind {
             Kind::ConnectReq => Ok(Message::ConnectReq(EndpointRepr::parse(body)?)),
             Kind::ConnectResp => Ok(Message::ConnectResp(EndpointRepr::parse(body)?)),
@@ -725,7 +794,7 @@ impl FrameReader {
     }
 
     /// The next whole message, `Ok(None)` while incomplete.
-    pub fn poll_message(&mut self) -> Result<Option<Message>, WireError> {
+    pub fn poll_message(&mut self) -> Result<Option<Frame>, WireError> {
         if self.buf.len() < HEADER_BYTES {
             return Ok(None);
         }
@@ -734,9 +803,14 @@ impl FrameReader {
         if self.buf.len() < total {
             return Ok(None);
         }
-        let m = Message::parse(h.kind, &self.buf[HEADER_BYTES..total]);
+        let m = Message::parse(h.version, h.kind, &self.buf[HEADER_BYTES..total]);
         self.buf.drain(..total);
-        m.map(Some)
+        m.map(|message| {
+            Some(Frame {
+                version: h.version,
+                message,
+            })
+        })
     }
 }
 
@@ -772,15 +846,15 @@ mod tests {
             Message::RecoverReady { epoch: 9 },
         ] {
             let mut out = Vec::new();
-            m.emit(&mut out);
+            m.emit(WIRE_VERSION, &mut out);
             let h = HeaderRepr::parse(&out).unwrap();
-            assert_eq!(Message::parse(h.kind, &out[HEADER_BYTES..]).unwrap(), m);
+            assert_eq!(Message::parse(h.version, h.kind, &out[HEADER_BYTES..]).unwrap(), m);
         }
         let mut body = vec![0u8; 16];
         body[12..16].copy_from_slice(&(u32::MAX).to_le_bytes());
-        assert!(Message::parse(Kind::RecoverHello, &body).is_err());
-        assert!(Message::parse(Kind::RecoverHello, &body[..10]).is_err());
-        assert!(Message::parse(Kind::RecoverReady, &[1, 2]).is_err());
+        assert!(Message::parse(WIRE_VERSION, Kind::RecoverHello, &body).is_err());
+        assert!(Message::parse(WIRE_VERSION, Kind::RecoverHello, &body[..10]).is_err());
+        assert!(Message::parse(WIRE_VERSION, Kind::RecoverReady, &[1, 2]).is_err());
     }
 
     use super::*;
@@ -840,6 +914,8 @@ mod tests {
                 addr,
                 ndevs: 2,
                 nonce: 77,
+                min_version: OLDEST_WIRE_VERSION,
+                max_version: WIRE_VERSION,
             };
             let mut h = [0xffu8; HANDLE_BYTES];
             r.emit(&mut h);
@@ -857,6 +933,54 @@ mod tests {
         }
     }
 
+    /// A handle as a version-4 build writes it: version 4 at byte 8, nothing at 14..16.
+    fn handle_of(min: u16, max: u16) -> [u8; HANDLE_BYTES] {
+        let mut h = [0u8; HANDLE_BYTES];
+        HandleRepr {
+            addr: ListenAddr::V4 {
+                ip: [127, 0, 0, 1],
+                port: 9,
+            },
+            ndevs: 1,
+            nonce: 1,
+            min_version: min,
+            max_version: max,
+        }
+        .emit(&mut h);
+        h
+    }
+
+    #[test]
+    fn versions_are_negotiated_to_the_newest_both_ends_speak() {
+        let mut v4_build = handle_of(4, 4);
+        v4_build[14..16].fill(0);
+        let listener = HandleRepr::parse(&v4_build).expect("a version-4 build's handle");
+        assert_eq!((listener.min_version, listener.max_version), (4, 4));
+        assert_eq!(
+            listener.negotiate(WIRE_VERSION),
+            Ok(4),
+            "an older listener gets its version"
+        );
+        let ours = HandleRepr::parse(&handle_of(4, WIRE_VERSION)).unwrap();
+        assert_eq!(ours.negotiate(WIRE_VERSION), Ok(WIRE_VERSION));
+        assert_eq!(
+            ours.negotiate(4),
+            Ok(4),
+            "a connector held at 4 (FERROCE_WIRE_VERSION=4)"
+        );
+        assert_eq!(
+            &handle_of(4, WIRE_VERSION)[8..10],
+            &[4, 0],
+            "what a version-4 build checks"
+        );
+        let newer = HandleRepr::parse(&handle_of(4, 9)).expect("a newer build that still speaks 4");
+        assert_eq!(newer.negotiate(WIRE_VERSION), Ok(WIRE_VERSION));
+        assert_eq!(HandleRepr::parse(&handle_of(8, 9)), Err(WireError::BadVersion(8)));
+        assert_eq!(local_max_version(0), WIRE_VERSION);
+        assert_eq!(local_max_version(1), OLDEST_WIRE_VERSION);
+        assert_eq!(local_max_version(99), WIRE_VERSION);
+    }
+
     #[test]
     fn handle_literal_bytes() {
         let r = HandleRepr {
@@ -866,11 +990,13 @@ mod tests {
             },
             ndevs: 1,
             nonce: 0x0102030405060708,
+            min_version: 4,
+            max_version: 5,
         };
         let mut h = [0u8; HANDLE_BYTES];
         r.emit(&mut h);
         assert_eq!(&h[0..8], b"ferroceH");
-        assert_eq!(&h[8..16], &[4, 0, 4, 1, 0x12, 0x34, 0, 0]);
+        assert_eq!(&h[8..16], &[4, 0, 4, 1, 0x12, 0x34, 5, 0]);
         assert_eq!(&h[16..20], &[10, 1, 2, 3]);
         assert_eq!(&h[40..48], &[8, 7, 6, 5, 4, 3, 2, 1]);
         assert!(h[48..].iter().all(|&b| b == 0));
@@ -888,11 +1014,21 @@ mod tests {
             },
             ndevs: 1,
             nonce: 0,
+            min_version: OLDEST_WIRE_VERSION,
+            max_version: WIRE_VERSION,
         }
         .emit(&mut h);
         let mut bad = h;
         bad[8] = 9;
+        bad[14] = 9;
         assert!(matches!(HandleRepr::parse(&bad), Err(WireError::BadVersion(9))));
+        let mut bad = h;
+        bad[8] = 5;
+        bad[14] = 4;
+        assert!(
+            HandleRepr::parse(&bad).is_err(),
+            "a version range that ends before it starts"
+        );
         let mut bad = h;
         bad[10] = 5;
         assert!(HandleRepr::parse(&bad).is_err());
@@ -910,7 +1046,7 @@ mod tests {
         for (nd, nq) in [(1, 1), (2, 4), (8, 1024)] {
             let e = endpoint(nd, nq);
             let mut out = Vec::new();
-            Message::ConnectReq(e.clone()).emit(&mut out);
+            Message::ConnectReq(e.clone()).emit(WIRE_VERSION, &mut out);
             assert_eq!(out.len(), HEADER_BYTES + e.buffer_len());
             let mut r = FrameReader::default();
             // Byte-by-byte delivery.
@@ -922,7 +1058,7 @@ mod tests {
                     got = Some(m);
                 }
             }
-            assert_eq!(got, Some(Message::ConnectReq(e.clone())));
+            assert_eq!(got.map(|f| f.message), Some(Message::ConnectReq(e.clone())));
             assert_eq!(e.devs[0].name_str(), "softroce0");
         }
     }
@@ -937,10 +1073,16 @@ mod tests {
             },
         ] {
             let mut out = Vec::new();
-            m.emit(&mut out);
+            m.emit(WIRE_VERSION, &mut out);
             let mut r = FrameReader::default();
             r.handle_bytes(&out);
-            assert_eq!(r.poll_message().unwrap(), Some(m));
+            assert_eq!(
+                r.poll_message().unwrap(),
+                Some(Frame {
+                    version: WIRE_VERSION,
+                    message: m
+                })
+            );
             assert_eq!(r.poll_message().unwrap(), None);
         }
     }
@@ -948,8 +1090,15 @@ mod tests {
     #[test]
     fn frame_header_literal() {
         let mut out = Vec::new();
-        Message::Ready { nonce: 1 }.emit(&mut out);
-        assert_eq!(&out[..16], b"ferroceW\x04\x00\x03\x00\x08\x00\x00\x00");
+        Message::Ready { nonce: 1 }.emit(WIRE_VERSION, &mut out);
+        assert_eq!(&out[..16], b"ferroceW\x05\x00\x03\x00\x08\x00\x00\x00");
+        let mut out = Vec::new();
+        Message::Ready { nonce: 1 }.emit(4, &mut out);
+        assert_eq!(
+            &out[..16],
+            b"ferroceW\x04\x00\x03\x00\x08\x00\x00\x00",
+            "a version-4 frame"
+        );
     }
 
     #[test]
@@ -967,7 +1116,7 @@ mod tests {
         }
         // Valid header, unknown kind / wrong version / oversize.
         let mut out = Vec::new();
-        Message::Ready { nonce: 1 }.emit(&mut out);
+        Message::Ready { nonce: 1 }.emit(WIRE_VERSION, &mut out);
         let mut k = out.clone();
         k[10] = 99;
         assert_eq!(HeaderRepr::parse(&k), Err(WireError::BadKind(99)));
@@ -1032,7 +1181,7 @@ mod tests {
             seed
         };
         let mut good = Vec::new();
-        Message::ConnectReq(endpoint(2, 4)).emit(&mut good);
+        Message::ConnectReq(endpoint(2, 4)).emit(WIRE_VERSION, &mut good);
         for _ in 0..20000 {
             let mut b = good.clone();
             let flips = rnd() % 4 + 1;

@@ -302,7 +302,7 @@ impl AwaitReady {
 
 #[cfg(test)]
 mod tests {
-    use super::super::handshake::{DevRepr, FrameReader, LinkLayer, QpRepr, NAME_BYTES};
+    use super::super::handshake::{DevRepr, FrameReader, LinkLayer, QpRepr, NAME_BYTES, WIRE_VERSION};
     use super::*;
 
     const NONCE: u64 = 0x00c0_ffee_0000_0001;
@@ -348,13 +348,13 @@ mod tests {
     /// A frame the reader rejects (a valid header with an unknown kind).
     fn malformed() -> Incoming {
         let mut bytes = Vec::new();
-        Message::Ready { nonce: NONCE }.emit(&mut bytes);
+        Message::Ready { nonce: NONCE }.emit(WIRE_VERSION, &mut bytes);
         bytes[10] = 99;
         let mut r = FrameReader::default();
         r.handle_bytes(&bytes);
         let m = r.poll_message();
         assert!(m.is_err(), "the fixture must be malformed");
-        m.map(|m| m.expect("an error, not a message"))
+        m.map(|m| m.expect("an error, not a message").message)
     }
     fn t(secs: u64) -> Time {
         Time::ZERO + Duration::from_secs(secs)
