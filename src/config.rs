@@ -239,6 +239,12 @@ pub struct Config {
     /// NCCL_IB_RESILIENCY_PORT_FAILOVER: a fused device's recovery moves the QPs of a member
     /// whose port is down onto the members whose ports are up, and back once it is up again.
     pub port_failover: bool,
+    /// FERROCE_EAGER_MAX: the largest message (bytes) sent eagerly, without waiting for the
+    /// receiver's CTS, into a landing ring the receiver keeps per connection (16 slots of
+    /// 32 + this many bytes, rounded up to 64); 0 = off. Default 224: a slot of 256 bytes, so
+    /// the ring is one 4 KiB page, and header and payload fit one inline write on NICs that
+    /// take 256 inline bytes (softroce, mlx5). At most 4064 (a slot of one page).
+    pub eager_max: usize,
     /// FERROCE_WIRE_VERSION: the newest wire version this process speaks (default 0: the
     /// newest this build knows; peers run the newest both speak). Lower it to run as an older
     /// build would, e.g. to check that a job mixing builds works.
@@ -309,6 +315,7 @@ impl Default for Config {
             port_failover: true,
             active_standby: false,
             wire_version: 0,
+            eager_max: 224,
             recovery_start_delay_ms: 100,
             recovery_attempts_max: 0,
             stats_dir: None,
@@ -508,6 +515,7 @@ impl Config {
             port_failover: r.flag("NCCL_IB_RESILIENCY_PORT_FAILOVER", true),
             active_standby: r.flag("FERROCE_ACTIVE_STANDBY", false),
             wire_version: r.int("FERROCE_WIRE_VERSION", 0, 0, i64::from(u16::MAX)) as u16,
+            eager_max: r.int("FERROCE_EAGER_MAX", 224, 0, 4064) as usize,
             recovery_start_delay_ms: r.int("NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY", 100, 0, 5_000) as u64,
             recovery_attempts_max: r.int("NCCL_IB_RESILIENCY_PORT_RECOVERY_ATTEMPTS_MAX", 0, 0, 1_000_000) as u32,
             stats_dir: r.raw("FERROCE_STATS").filter(|d| !d.is_empty()),
@@ -523,7 +531,7 @@ impl Config {
     pub fn settings(&self) -> Vec<Setting> {
         let flag = |b: bool| if b { "1" } else { "0" }.to_string();
         let auto = |v: i32| if v < 0 { "(auto)".to_string() } else { v.to_string() };
-        let rows: [(&'static str, String); 46] = [
+        let rows: [(&'static str, String); 47] = [
             ("NCCL_IB_HCA", self.hca.to_string()),
             ("NCCL_IB_GID_INDEX", auto(self.gid_index)),
             ("NCCL_IB_ADDR_FAMILY", self.addr_family.to_string()),
@@ -587,6 +595,7 @@ impl Config {
             ("NCCL_IB_RESILIENCY_PORT_RECOVERY", flag(self.port_recovery)),
             ("NCCL_IB_RESILIENCY_PORT_FAILOVER", flag(self.port_failover)),
             ("FERROCE_ACTIVE_STANDBY", flag(self.active_standby)),
+            ("FERROCE_EAGER_MAX", self.eager_max.to_string()),
             (
                 "FERROCE_WIRE_VERSION",
                 match self.wire_version {

@@ -622,6 +622,7 @@ fn greedy_endpoint(dev: &NetDevice, nonce: u64) -> EndpointRepr {
                 dev: (i % 8) as u8,
             })
             .collect(),
+        eager: Default::default(),
     }
 }
 

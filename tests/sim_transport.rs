@@ -32,6 +32,63 @@ fn seeded() {
     }
 }
 
+/// The eager path over many seeds: small sends whose receives are not posted yet go at once
+/// and land in the receives posted after them, exactly once; claims on grouped receives, on
+/// receives into GPU memory or with another tag are refused and go through the CTS path, in
+/// their order (the oracle checks every byte and size either way).
+#[test]
+fn eager_sends_fill_receives_posted_after_them_and_refused_ones_take_the_cts_path() {
+    let (mut eager, mut bound, mut refused) = (0, 0, 0);
+    for seed in 0..300u64 {
+        let mut c = random_case(seed);
+        c.eager_max = [8, 224, 1000][seed as usize % 3];
+        c.named_imm = true;
+        // Mostly single receives of small messages, as NCCL's LL protocol posts them.
+        for g in c.groups.iter_mut() {
+            if seed % 4 != 0 {
+                g.truncate(1);
+            }
+            for m in g.iter_mut() {
+                m.posted %= 1200;
+                m.sent = m.sent.min(m.posted + 10) % 1200;
+            }
+        }
+        let r = run_case(c);
+        eager += r.eager_sends;
+        let k = r.recv.eager_counts();
+        bound += k.bound;
+        refused += k.refused;
+        // Both ends decided the same claims alike. A refused claim on a group never posted (the
+        // run ends first) stays undecided at the receiver; in a job the group comes later.
+        let sender = r.send.eager().expect("the eager path is on");
+        assert_eq!(k.bound, sender.bound, "seed {seed}: bound on both ends");
+        assert!(
+            k.refused <= sender.refused_msgs && k.bound + sender.refused_msgs == r.eager_sends as u64,
+            "seed {seed}: receiver {k:?}, sender refused {}, eager sends {}",
+            sender.refused_msgs,
+            r.eager_sends
+        );
+    }
+    eprintln!("eager sends {eager}, bound {bound}, refused {refused}");
+    assert!(
+        eager > 1000 && bound > 500 && refused > 50,
+        "eager {eager}, bound {bound}, refused {refused}"
+    );
+}
+
+/// Eager off (FERROCE_EAGER_MAX=0, or a version-4 peer): no send goes eagerly, every one waits
+/// for its CTS as before.
+#[test]
+fn without_the_eager_path_every_send_waits_for_its_cts() {
+    for (eager_max, named) in [(0, true), (224, false)] {
+        let mut c = Case::simple((0..50).map(|_| single(64, 8)).collect());
+        c.eager_max = eager_max;
+        c.named_imm = named;
+        let r = run_case(c);
+        assert_eq!(r.eager_sends, 0, "eager_max {eager_max}, named {named}");
+    }
+}
+
 fn single(posted: usize, sent: usize) -> Vec<Msg> {
     vec![Msg { posted, sent, tag: 1 }]
 }
@@ -220,7 +277,10 @@ fn receives_are_posted_sixteen_at_a_time() {
 /// immediate) fails the comm, naming the QP; the owed completion before it counts normally.
 #[test]
 fn a_completion_no_receive_waits_for_fails_the_comm() {
-    let mut r = Run::new(Case::simple(vec![single(64, 64)]));
+    // Version 4: completions in posting order, immediates unnamed.
+    let mut c = Case::simple(vec![single(64, 64)]);
+    c.named_imm = false;
+    let mut r = Run::new(c);
     let Some(Irecv::Started(_)) = r.try_irecv().unwrap() else {
         panic!("irecv")
     };
@@ -231,6 +291,40 @@ fn a_completion_no_receive_waits_for_fails_the_comm() {
     assert!(r.recv.state.failed(), "a second completion for one receive");
     let err = r.recv.state.check().unwrap_err();
     assert!(err.message.contains("no posted receive waits for"), "{err}");
+}
+
+/// Version 5: a completion names its receive. One that names a receive not waiting on that QP
+/// (done already, never posted, a group with a single's immediate) fails the comm; a size past
+/// the posted buffer is clamped, as on version 4.
+#[test]
+fn a_named_completion_of_no_waiting_receive_fails_the_comm() {
+    use nccl_net_ferroce::transport::proto::eager::Imm;
+    let mut r = Run::new(Case::simple(vec![single(64, 64), single(10, 10)]));
+    let (Some(Irecv::Started(a)), Some(Irecv::Started(b))) = (r.try_irecv().unwrap(), r.try_irecv().unwrap()) else {
+        panic!("irecv")
+    };
+    let wr_ids = r.fab.queues.take_receives(Side::Receiver, 3);
+    // The second receive (ring position 1) completes first, with a size past its buffer.
+    r.recv
+        .handle_completion(wr_ids[0], Some(Imm::Single { pos: 1, size: 99 }.to_u32()));
+    r.recv
+        .handle_completion(wr_ids[1], Some(Imm::Single { pos: 0, size: 64 }.to_u32()));
+    assert!(
+        !r.recv.state.failed(),
+        "completions out of posting order are fine once named"
+    );
+    let staging = r.staging;
+    let view = RingView {
+        regions: &mut r.fab.regions,
+        region: staging,
+    };
+    let done = r.recv.test(&view, b).unwrap().expect("done");
+    assert_eq!((done.n, done.sizes[0]), (1, 10), "clamped to the posted 10 bytes");
+    assert_eq!(r.recv.test(&view, a).unwrap().expect("done").sizes[0], 64);
+    r.recv
+        .handle_completion(wr_ids[2], Some(Imm::Single { pos: 0, size: 64 }.to_u32()));
+    let err = r.recv.state.check().unwrap_err();
+    assert!(err.message.contains("names no receive waiting there"), "{err}");
 }
 
 /// A CTS entry whose stamp is there but whose seal never verifies is "landing" for a while,
@@ -466,7 +560,9 @@ fn sizes_a_peer_claims_beyond_the_posted_buffer_are_clamped() {
             tag: 2,
         },
     ];
-    let mut r = Run::new(Case::simple(vec![group, single(10, 10)]));
+    let mut c = Case::simple(vec![group, single(10, 10)]);
+    c.named_imm = false;
+    let mut r = Run::new(c);
     let Some(Irecv::Started(idx)) = r.try_irecv().unwrap() else {
         panic!("irecv")
     };
@@ -526,7 +622,9 @@ fn issue_14_a_grouped_receive_completed_with_another_groups_immediate_fails_the_
             })
             .to_vec()
     };
-    let mut r = Run::new(Case::simple(vec![pair(), pair()]));
+    let mut c = Case::simple(vec![pair(), pair()]);
+    c.named_imm = false;
+    let mut r = Run::new(c);
     let mut groups = Vec::new();
     for _ in 0..2 {
         let Some(Irecv::Started(idx)) = r.try_irecv().unwrap() else {

@@ -35,6 +35,10 @@ pub struct FerroceStatsTotals {
     pub recv_completions: u64,
     /// CTS writes the receivers posted (RDMA WRITEs into the senders' FIFOs).
     pub cts_writes: u64,
+    /// Messages the senders sent eagerly (without waiting for a CTS).
+    pub eager_sent: u64,
+    /// Eager messages the receivers copied into their buffers.
+    pub eager_delivered: u64,
 }
 
 /// Fills `*out` (`size` = the caller's `sizeof`, at least 8) with the totals now: as much of
@@ -69,6 +73,8 @@ pub unsafe extern "C" fn ferroce_stats_totals_get(out: *mut FerroceStatsTotals, 
             recv_wrs: t.recv.wrs,
             recv_completions: t.recv.completions,
             cts_writes: t.recv.cts_writes,
+            eager_sent: t.send.eager,
+            eager_delivered: t.recv.eager,
         };
         let n = size.min(std::mem::size_of::<FerroceStatsTotals>());
         v.size = n as u32;
@@ -85,9 +91,10 @@ mod tests {
 
     #[test]
     fn the_layout_is_the_headers_and_bad_calls_fail() {
-        assert_eq!(std::mem::size_of::<FerroceStatsTotals>(), 104);
+        assert_eq!(std::mem::size_of::<FerroceStatsTotals>(), 120);
         assert_eq!(std::mem::offset_of!(FerroceStatsTotals, send_comms), 16);
         assert_eq!(std::mem::offset_of!(FerroceStatsTotals, cts_writes), 96);
+        assert_eq!(std::mem::offset_of!(FerroceStatsTotals, eager_delivered), 112);
         let mut t = FerroceStatsTotals::default();
         // SAFETY: a valid struct of its own size.
         assert_eq!(

@@ -310,6 +310,7 @@ pub fn endpoint(
             })
             .collect(),
         qps,
+        eager: handshake::EagerOffer::default(),
     }
 }
 
@@ -867,6 +868,7 @@ mod tests {
                     dev: if i < nqps { 0 } else { (i - nqps + 1) as u8 },
                 })
                 .collect(),
+            eager: handshake::EagerOffer::default(),
         }
     }
 

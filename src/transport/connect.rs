@@ -30,6 +30,9 @@ const SENDER_SEND_WR: u32 = super::proto::send::SQ_DEPTH as u32;
 /// CQ entries per sender data QP: ≤ one per unretired WR (send::SQ_DEPTH); nothing else
 /// completes on the sender's CQ.
 const SENDER_CQE_PER_QP: usize = super::proto::send::SQ_DEPTH;
+/// Inline bytes the sender's QPs ask for when the eager path may be used: an eager header and
+/// a payload of up to the default `FERROCE_EAGER_MAX` in one inline write.
+const EAGER_INLINE: u32 = 256;
 // Every QP of a connection has an index a send wr_id can carry.
 const _: () = assert!(super::proto::limits::MAX_QPS <= request::WR_ID_QPS);
 
@@ -44,6 +47,8 @@ struct Requested {
     probes: Vec<Probe>,
     bufs: RegBuf,
     qps_per_req: usize,
+    /// The QPs' `max_inline_data` as asked for (a recovery's new QPs get the same).
+    inline: u32,
 }
 
 /// The listener answered and our QPs are in RTS; `Ready` is queued.
@@ -56,6 +61,7 @@ struct Answered {
     peer: EndpointRepr,
     bufs: RegBuf,
     qps_per_req: usize,
+    inline: u32,
 }
 
 /// Where a connect is; each state holds what exists by then.
@@ -203,13 +209,14 @@ fn progress_connect(c: Connecting, now: Time) -> Result<Progress> {
     Ok(Progress::Pending(Box::new(Connecting { target, stage, touched })))
 }
 
-/// The sender's QPs (with the peer's traffic class and service level once known).
-fn sender_qp_spec(tc: u8, sl: u8, standby: bool) -> conn::QpSpec {
+/// The sender's QPs (with the peer's traffic class and service level once known), taking
+/// `inline` bytes inline.
+fn sender_qp_spec(tc: u8, sl: u8, standby: bool, inline: u32) -> conn::QpSpec {
     conn::QpSpec {
         caps: QpCaps {
             max_send_wr: SENDER_SEND_WR,
             max_recv_wr: 0,
-            max_inline_data: conn::inline_bytes(),
+            max_inline_data: inline,
         },
         access: sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0,
         tc,
@@ -231,8 +238,25 @@ fn request(c: &Target, mut chan: Channel, state: Dialing) -> Result<Box<Requeste
     let nqps = (cfg.qps_per_connection.clamp(1, 128) as usize) * ndata;
     let placement = conn::initial_placement(&c.members, nqps);
     let devs = conn::local_devs(&c.members, &placement, SENDER_CQE_PER_QP, 0)?;
-    let spec = sender_qp_spec(0, 0, standby);
-    let qps = conn::create_qps(&devs, &placement, spec.caps, spec.access, cfg)?;
+    // The eager path writes its header inline (and small payloads with it): ask for
+    // EAGER_INLINE bytes when it may be used, and go without it if the NIC cannot.
+    let eager = c.version >= handshake::EAGER_VERSION && cfg.eager_max > 0;
+    let plain = conn::inline_bytes();
+    let mut inline = if eager { plain.max(EAGER_INLINE) } else { plain };
+    let spec = sender_qp_spec(0, 0, standby, inline);
+    let qps = match conn::create_qps(&devs, &placement, spec.caps, spec.access, cfg) {
+        Err(e) if inline != plain => {
+            crate::log_info!(
+                crate::log::subsys::NET,
+                "connect: QPs with {inline} inline bytes failed ({}); without them (no eager path on this connection)",
+                e.message
+            );
+            inline = plain;
+            let spec = sender_qp_spec(0, 0, standby, inline);
+            conn::create_qps(&devs, &placement, spec.caps, spec.access, cfg)?
+        }
+        r => r?,
+    };
     let probes = conn::create_probes(&devs, standby, cfg)?;
     // The FIFO (remote-writable) and the grouped-send sizes in one registration.
     let bufs = RegBuf::new(&devs, send::SEND_BLOCK_BYTES, conn::remote_access())?;
@@ -255,6 +279,7 @@ fn request(c: &Target, mut chan: Channel, state: Dialing) -> Result<Box<Requeste
         probes,
         bufs,
         qps_per_req: split::qps_per_request(cfg.split_data_on_qps, nqps, ndata),
+        inline,
     }))
 }
 
@@ -282,6 +307,7 @@ fn await_response(mut r: Box<Requested>, now: Time) -> Result<std::result::Resul
         probes,
         bufs,
         qps_per_req,
+        inline,
     } = *r;
     conn::check_peer(&devs, qps.len(), !probes.is_empty(), &resp)?;
     let qps = conn::bring_up(&devs, qps, &placement, &probes, &resp, resp.tc, resp.sl)?;
@@ -296,6 +322,7 @@ fn await_response(mut r: Box<Requested>, now: Time) -> Result<std::result::Resul
         peer: resp,
         bufs,
         qps_per_req,
+        inline,
     })))
 }
 
@@ -320,10 +347,11 @@ fn finish(
         peer,
         bufs,
         qps_per_req,
+        inline,
         ..
     } = *f;
     chan.release_buffers();
-    let spec = sender_qp_spec(peer.tc, peer.sl, !probes.is_empty());
+    let spec = sender_qp_spec(peer.tc, peer.sl, !probes.is_empty(), inline);
     let conn = Conn {
         qps,
         probes,

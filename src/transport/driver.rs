@@ -35,19 +35,33 @@ pub fn warn_failure(e: &Error) {
     crate::log_warn!("{e}");
 }
 
-/// Fill `wr` (and its `sge`) from the core's plan. `next` is left NULL.
-pub fn to_ibv(plan: &WorkRequest, wr: &mut sys::ibv_send_wr, sge: &mut sys::ibv_sge) {
+/// Fill `wr` (and its `sges`) from the core's plan. `next` is left NULL. A prefix is the
+/// first SGE and points into `plan` itself, so `plan` must outlive the post (the WR is inline:
+/// the NIC copies its bytes during `ibv_post_send`).
+pub fn to_ibv(plan: &WorkRequest, wr: &mut sys::ibv_send_wr, sges: &mut [sys::ibv_sge; 2]) {
     // SAFETY: ibv_send_wr is plain data (integers, pointers, unions of them); zero is valid.
     *wr = unsafe { std::mem::zeroed() };
     wr.wr_id = plan.wr_id;
+    let mut n = 0;
+    if let Some(p) = &plan.prefix {
+        sges[n] = sys::ibv_sge {
+            addr: p.as_ptr() as u64,
+            length: p.len() as u32,
+            lkey: 0,
+        };
+        n += 1;
+    }
     if let Some(s) = plan.local {
-        *sge = sys::ibv_sge {
+        sges[n] = sys::ibv_sge {
             addr: s.addr,
             length: s.len,
             lkey: s.lkey,
         };
-        wr.sg_list = sge;
-        wr.num_sge = 1;
+        n += 1;
+    }
+    if n > 0 {
+        wr.sg_list = sges.as_mut_ptr();
+        wr.num_sge = n as i32;
     }
     wr.opcode = match plan.op {
         Op::Write => sys::ibv_wr_opcode::IBV_WR_RDMA_WRITE,
@@ -81,7 +95,7 @@ pub unsafe fn post_chain(
     qp: &QueuePair,
     chain: &[WorkRequest],
     wrs: &mut [sys::ibv_send_wr],
-    sges: &mut [sys::ibv_sge],
+    sges: &mut [[sys::ibv_sge; 2]],
 ) -> Result<()> {
     let batch = wrs.len().min(sges.len());
     if batch == 0 && !chain.is_empty() {
@@ -165,11 +179,13 @@ impl Driver {
         }
     }
 
-    /// Post what the core planned on the connection's QPs (`Post::Flush` is not theirs).
+    /// Post what the core planned on the connection's QPs (`Post::Flush` is not theirs), or
+    /// deliver an eager message (`Post::Deliver`, a copy by the CPU).
     ///
     /// # Safety
     /// As [`post_chain`]: every buffer the plan names stays registered and valid until its
-    /// completion is polled.
+    /// completion is polled. A delivery's source lies in this comm's landing ring and its
+    /// destination in a host buffer NCCL posted and keeps until the receive completes.
     pub unsafe fn post(&mut self, p: Post<'_>) -> Result<()> {
         match p {
             Post::Send { qp, chain } => {
@@ -184,7 +200,7 @@ impl Driver {
                 // SAFETY: ibv_send_wr and ibv_sge are plain data; zero is an empty value.
                 let mut wrs: [sys::ibv_send_wr; POST_BATCH] = unsafe { std::mem::zeroed() };
                 // SAFETY: as above.
-                let mut sges: [sys::ibv_sge; POST_BATCH] = unsafe { std::mem::zeroed() };
+                let mut sges: [[sys::ibv_sge; 2]; POST_BATCH] = unsafe { std::mem::zeroed() };
                 // SAFETY: as the caller guarantees.
                 let posted = unsafe { post_chain(q, chain, &mut wrs, &mut sges) };
                 posted.map_err(|e| self.post_failure(e))
@@ -217,6 +233,16 @@ impl Driver {
                 posted.map_err(|e| self.post_failure(e))
             }
             Post::Flush { .. } => Err(Error::internal("a flush read planned for a data QP")),
+            Post::Deliver { src, dst, len } => {
+                if let Some(s) = &self.stats {
+                    s.eager_delivered(len as u64);
+                }
+                // SAFETY: as the caller guarantees: `src..src+len` is in our landing ring (its
+                // write with immediate completed, so the bytes are there), `dst..dst+len` in a
+                // host buffer covered by the receive's memory handle; they do not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(src as usize as *const u8, dst as usize as *mut u8, len) };
+                Ok(())
+            }
         }
     }
 

@@ -5,6 +5,7 @@
 //! Malformed or foreign connections are WARNed and dropped; the listener keeps working.
 
 use super::conn::{self, Conn, LocalDev, RegBuf};
+use super::proto::eager;
 use super::proto::handshake::{self, EndpointRepr, HandleRepr, Message, FLAG_SPLIT};
 use super::proto::setup::{AwaitReady, AwaitRequest, Incoming, Refusal, SetupError};
 use super::proto::split;
@@ -250,7 +251,7 @@ impl ListenComm {
     /// fails this accept (the listener itself stays usable).
     fn start_accepting(&mut self, p: Pending, req: &EndpointRepr, now: Time) -> Result<()> {
         let Pending { mut chan, state } = p;
-        match build_recv(&self.members, req, self.nonce) {
+        match build_recv(&self.members, req, self.nonce, chan.version()) {
             Ok((parts, resp)) => {
                 chan.queue(&Message::ConnectResp(resp));
                 self.slot = Slot::Accepting(Box::new(Accepting {
@@ -314,6 +315,8 @@ struct RecvParts {
     peer: EndpointRepr,
     qps_per_req: usize,
     spec: conn::QpSpec,
+    /// The largest eager payload the landing ring after the staging ring takes (0: none).
+    eager_max: usize,
 }
 
 impl RecvParts {
@@ -329,7 +332,7 @@ impl RecvParts {
             qps_per_req: p.qps_per_req,
             spec: p.spec,
         };
-        recv::RecvDp::new(conn, p.flush, p.bufs, config::get().use_inline)
+        recv::RecvDp::new(conn, p.flush, p.bufs, config::get().use_inline, p.eager_max)
     }
 }
 
@@ -340,8 +343,20 @@ fn flush_wanted(members: &[Arc<NetDevice>]) -> bool {
     !config::get().gdr_flush_disable && (peer || members.iter().all(|m| m.dmabuf))
 }
 
-fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Result<(RecvParts, EndpointRepr)> {
+/// Build the receiver's end for a valid request at wire `version`.
+fn build_recv(
+    members: &[Arc<NetDevice>],
+    req: &EndpointRepr,
+    nonce: u64,
+    version: u16,
+) -> Result<(RecvParts, EndpointRepr)> {
     let cfg = config::get();
+    // The eager landing ring: on connections of a version that has it, unless turned off.
+    let eager_max = if version >= handshake::EAGER_VERSION {
+        cfg.eager_max.min(eager::MAX_EAGER_BYTES)
+    } else {
+        0
+    };
     let nl = members.len();
     let nr = req.devs.len();
     let nqps = req.data_qp_count();
@@ -378,12 +393,16 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
     }
     let qps = conn::create_qps(&devs, &placement, spec.caps, spec.access, cfg)?;
     let probes = conn::create_probes(&devs, standby, cfg)?;
-    // The CTS staging, which also holds the completion records, in one registration; the peer
-    // is told the completion records' address.
-    let bufs = RegBuf::new(&devs, recv::RECV_BLOCK_BYTES, conn::remote_access())?;
+    // The CTS staging, which also holds the completion records, and the eager landing ring in
+    // one registration; the peer is told the completion records' and the ring's addresses.
+    let bufs = RegBuf::new(
+        &devs,
+        recv::RECV_BLOCK_BYTES + eager::ring_bytes(eager_max),
+        conn::remote_access(),
+    )?;
     let rkeys: Vec<u32> = bufs.mrs.iter().map(|m| m.rkey()).collect();
     let list = conn::qp_list(qps.iter().map(QueuePair::qpn).zip(placement.iter().copied()), &probes);
-    let resp = conn::endpoint(
+    let mut resp = conn::endpoint(
         &devs,
         list,
         nonce,
@@ -393,6 +412,13 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
         (bufs.addr() + recv::CMPL_OFF) as u64,
         &rkeys,
     );
+    if eager_max > 0 {
+        resp.eager = handshake::EagerOffer {
+            landing: (bufs.addr() + recv::RECV_BLOCK_BYTES) as u64,
+            slot_bytes: eager::slot_bytes(eager_max) as u32,
+            max: eager_max as u32,
+        };
+    }
     let qps = conn::bring_up(&devs, qps, &placement, &probes, req, tc, req.sl)?;
     let split = req.flags & FLAG_SPLIT != 0;
     let parts = RecvParts {
@@ -404,6 +430,7 @@ fn build_recv(members: &[Arc<NetDevice>], req: &EndpointRepr, nonce: u64) -> Res
         peer: req.clone(),
         qps_per_req: split::qps_per_request(split, nqps, ndata),
         spec,
+        eager_max,
     };
     Ok((parts, resp))
 }

@@ -12,9 +12,11 @@ use super::conn::{self, Conn, LocalDev, RegBuf};
 use super::driver::{self, Driver};
 use super::errors::{wc_error, WcErrorReport};
 use super::mr_cache::{self, DeviceCache, FlushScratch};
+use super::proto::eager;
+use super::proto::handshake::EAGER_VERSION;
 use super::proto::limits::{MAX_DEVS, MAX_RECVS};
 use super::proto::plan::{LocalBlock, Post, RemoteBlock, Sge, WorkRequest};
-use super::proto::recv::{Irecv, RecvBuf, RecvConfig, RecvCore};
+use super::proto::recv::{EagerRecvConfig, Irecv, RecvBuf, RecvConfig, RecvCore};
 use super::proto::request::{ReqKind, Request, RECV_REQUESTS};
 use super::proto::time::Time;
 use super::proto::{fifo, split};
@@ -80,7 +82,7 @@ struct Flush {
     /// The scratch word of each device, as the core plans reads into it.
     scratch: Vec<Sge>,
     wrs: [sys::ibv_send_wr; 1],
-    sges: [sys::ibv_sge; 1],
+    sges: [[sys::ibv_sge; 2]; 1],
 }
 
 /// One device's part of the flush path. Field order is drop order: the QP is destroyed before
@@ -231,7 +233,15 @@ impl Watched for RecvDp {
 
 impl RecvDp {
     /// `flush_wanted`: iflush issues RDMA reads (its QPs are made by the first one).
-    pub fn new(conn: Conn, flush_wanted: bool, bufs: RegBuf, use_inline: bool) -> Box<Guarded<RecvDp>> {
+    /// `eager_max`: the largest payload of the eager landing ring that follows the staging ring
+    /// in `bufs` (0: none).
+    pub fn new(
+        conn: Conn,
+        flush_wanted: bool,
+        bufs: RegBuf,
+        use_inline: bool,
+        eager_max: usize,
+    ) -> Box<Guarded<RecvDp>> {
         let mut lkeys = [0; MAX_DEVS];
         for (k, m) in lkeys.iter_mut().zip(&bufs.mrs) {
             *k = m.lkey();
@@ -262,9 +272,16 @@ impl RecvDp {
             cts_inline_max,
             max_buffer_bytes: split::max_buffer_bytes(conn.wr_bytes()),
             peer: conn.chan.peer.to_string(),
+            named_imm: conn.chan.version() >= EAGER_VERSION,
+            eager: (eager_max > 0).then(|| EagerRecvConfig {
+                landing: (bufs.addr() + RECV_BLOCK_BYTES) as u64,
+                slot_bytes: eager::slot_bytes(eager_max),
+                max: eager_max,
+            }),
         };
-        // SAFETY: the staging block is RING_BYTES, page-aligned, and lives in the same RecvDp.
-        let ring = unsafe { RingMemory::new(&bufs) };
+        // SAFETY: the block is RING_BYTES and, with an eager path, the landing ring after it,
+        // page-aligned, and lives in the same RecvDp.
+        let ring = unsafe { RingMemory::with_landing(&bufs, cfg.eager.map_or(0, |e| e.slot_bytes)) };
         let io = Driver::new(conn, "recv");
         let started = io.stats.is_some().then(|| Box::new([Time::ZERO; RECV_REQUESTS]));
         Guarded::new(RecvDp {
@@ -305,6 +322,10 @@ impl RecvDp {
     /// was reclaimed).
     fn poll(&mut self) -> Result<bool> {
         let mut progressed = self.io.poll(&mut self.core)?;
+        let RecvDp { io, ring, core, .. } = self;
+        // SAFETY: deliveries copy from our landing ring into host buffers NCCL posted (the
+        // core takes them from the receives' memory handles, checked at irecv).
+        core.decide_eager(ring, &mut |p| unsafe { io.post(p) })?;
         if self.core.flushes_in_flight() > 0 {
             if let Some(f) = &self.flush {
                 progressed |= f.poll(&self.io, &mut self.core)?;
@@ -350,6 +371,7 @@ impl RecvDp {
             size: 0,
             tag: 0,
             rkeys: [0; MAX_DEVS],
+            host: false,
         }; MAX_RECVS];
         for i in 0..n {
             mhs[i].check(data[i], sizes[i], ndevs)?;
@@ -358,6 +380,7 @@ impl RecvDp {
                 size: sizes[i],
                 tag: tags[i],
                 rkeys: mhs[i].rkeys,
+                host: mhs[i].host,
             };
         }
         let mut answer = self.post_irecv(&bufs[..n])?;

@@ -27,6 +27,8 @@ pub struct MemHandle {
     /// Per member device; read by the data path without locks.
     pub(crate) lkeys: [u32; MAX_DEVS],
     pub(crate) rkeys: [u32; MAX_DEVS],
+    /// Host memory (not a GPU's, not DMA-BUF): the CPU may copy into it (an eager delivery).
+    pub(crate) host: bool,
     regs: Vec<(Arc<DeviceCache>, Arc<MemoryRegion>)>,
 }
 
@@ -61,7 +63,7 @@ pub fn reg_mr(
     dev: &Arc<VirtualDevice>,
     addr: usize,
     len: usize,
-    _kind: MemKind,
+    kind: MemKind,
     dmabuf: Option<(i32, u64)>,
 ) -> Result<Box<MemHandle>> {
     check_members(dev)?;
@@ -71,6 +73,7 @@ pub fn reg_mr(
         ndevs: dev.members.len(),
         lkeys: [0; MAX_DEVS],
         rkeys: [0; MAX_DEVS],
+        host: kind == MemKind::Host && dmabuf.is_none(),
         regs: Vec::with_capacity(dev.members.len()),
     });
     if len == 0 {

@@ -4,6 +4,7 @@
 //! (after an acquire fence) the entries it announces.
 
 use super::conn::RegBuf;
+use super::proto::eager;
 use super::proto::fifo::{self, CtsEntry, RING};
 use super::proto::limits::MAX_RECVS;
 use super::proto::recv::StagingRing;
@@ -14,6 +15,8 @@ use std::sync::atomic::{fence, Ordering};
 /// long as its QPs exist). Positions are taken mod [`RING`], so no access leaves the block.
 pub struct RingMemory {
     base: *mut CtsEntry,
+    /// The receiver's eager landing ring right after the ring (`slot_bytes` 0: none).
+    slot_bytes: usize,
 }
 
 impl RingMemory {
@@ -23,6 +26,19 @@ impl RingMemory {
     pub unsafe fn new(bufs: &RegBuf) -> RingMemory {
         RingMemory {
             base: bufs.addr() as *mut CtsEntry,
+            slot_bytes: 0,
+        }
+    }
+
+    /// A view of a receiver's block whose eager landing ring of [`eager::SLOTS`] slots of
+    /// `slot_bytes` follows the staging ring.
+    ///
+    /// # Safety
+    /// As [`RingMemory::new`], and `bufs` holds `fifo::RING_BYTES + SLOTS × slot_bytes` bytes.
+    pub unsafe fn with_landing(bufs: &RegBuf, slot_bytes: usize) -> RingMemory {
+        RingMemory {
+            base: bufs.addr() as *mut CtsEntry,
+            slot_bytes,
         }
     }
 
@@ -68,5 +84,16 @@ impl StagingRing for RingMemory {
         // the receive completions the core has seen; reused only after the request is
         // reclaimed.
         u32::from_le(unsafe { std::ptr::read_volatile(at.add(i % MAX_RECVS)) })
+    }
+
+    fn load_eager_header(&self, slot: usize) -> [u8; eager::HEADER_BYTES] {
+        if self.slot_bytes == 0 {
+            return [0; eager::HEADER_BYTES];
+        }
+        let at = self.base as usize + fifo::RING_BYTES + (slot % eager::SLOTS) * self.slot_bytes;
+        // SAFETY: the header of a slot inside the block's landing ring (slot mod SLOTS); its
+        // write with immediate completed, so the NIC wrote it before, and writes the slot again
+        // only after the next CTS write's credit frees it.
+        unsafe { std::ptr::read_volatile(at as *const [u8; eager::HEADER_BYTES]) }
     }
 }

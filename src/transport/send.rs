@@ -6,7 +6,9 @@
 
 use super::conn::{Conn, RegBuf};
 use super::driver::{self, Driver};
+use super::proto::eager::{self, EagerSendConfig, EAGER_QP};
 use super::proto::fifo;
+use super::proto::handshake::EAGER_VERSION;
 use super::proto::limits::MAX_DEVS;
 use super::proto::plan::{LocalBlock, RemoteBlock};
 use super::proto::plan::{Op, Post};
@@ -139,6 +141,26 @@ fn local_block(bufs: &RegBuf) -> LocalBlock {
     }
 }
 
+/// The eager path of a connection, if both ends have it: a version-5 connection whose receiver
+/// offers a landing ring, `FERROCE_EAGER_MAX` > 0 here, and an eager QP that takes the header
+/// inline.
+fn eager_config(conn: &Conn) -> Option<EagerSendConfig> {
+    let offer = conn.peer.eager;
+    let max = crate::config::get().eager_max.min(offer.max as usize);
+    let inline_max = conn.qps.get(EAGER_QP).map_or(0, |q| q.qp.max_inline_data as usize);
+    let usable = conn.chan.version() >= EAGER_VERSION && offer.offered() && inline_max >= eager::HEADER_BYTES;
+    (usable && max > 0).then(|| {
+        let mut landing = remote_block(conn);
+        landing.addr = offer.landing;
+        EagerSendConfig {
+            max,
+            inline_max,
+            landing,
+            slot_bytes: offer.slot_bytes as usize,
+        }
+    })
+}
+
 impl SendDp {
     /// `ar`: adaptive routing (messages above `ar_threshold` complete with a separate write).
     pub fn new(conn: Conn, bufs: RegBuf, ar: bool, ar_threshold: usize) -> Box<Guarded<SendDp>> {
@@ -153,6 +175,8 @@ impl SendDp {
             fifo: local_block(&bufs),
             peer_records: remote_block(&conn),
             peer: conn.chan.peer.to_string(),
+            eager: eager_config(&conn),
+            named_imm: conn.chan.version() >= EAGER_VERSION,
         };
         // SAFETY: the FIFO block is RING_BYTES, page-aligned, and lives in the same SendDp.
         let ring = unsafe { RingMemory::new(&bufs) };
@@ -177,12 +201,13 @@ impl SendDp {
         })
     }
 
-    /// Plan and post the waiting group if its chains fit now.
-    fn post_waiting(&mut self) -> Result<()> {
+    /// Decide eager claims, send refused eager messages again, and plan and post the waiting
+    /// group if its chains fit now.
+    fn progress(&mut self) -> Result<()> {
         let SendDp {
             io, ring, core, prof, ..
         } = self;
-        let r = core.post_waiting(ring, &mut |p| {
+        let r = core.progress(ring, clock::now, &mut |p| {
             if let Some(pr) = prof.as_mut() {
                 pr.note(&p);
             }
@@ -240,7 +265,7 @@ impl SendDp {
         if self.core.waiting() {
             // The group before this send waits for send-queue credits: reap, post, else retry.
             self.poll()?;
-            self.post_waiting()?;
+            self.progress()?;
             if self.core.waiting() {
                 return Ok(None);
             }
@@ -268,7 +293,14 @@ impl SendDp {
             pr.start_posted(io, core);
         }
         match started? {
-            Isend::Started { idx, truncated_to } => {
+            Isend::Started {
+                idx,
+                truncated_to,
+                eager,
+            } => {
+                if let (true, Some(s)) = (eager, &self.io.stats) {
+                    s.eager_sent();
+                }
                 if let (Some(s), Some(started)) = (&self.io.stats, &mut self.started) {
                     let now = clock::now();
                     started[usize::from(idx) % SEND_REQUESTS] = now;
@@ -295,7 +327,7 @@ impl SendDp {
     /// `sizes` is NULL or points to room for one `i32`.
     pub unsafe fn test(&mut self, req: *const Request, sizes: *mut i32) -> Result<bool> {
         self.poll()?;
-        self.post_waiting()?;
+        self.progress()?;
         let Some(idx) = self.core.state.pool.index_of(req) else {
             return Err(Error::internal("test: unknown send request"));
         };

@@ -66,9 +66,9 @@ impl Driver {
                     ..WorkRequest::EMPTY
                 };
                 // SAFETY: ibv_send_wr and ibv_sge are plain data; zero is an empty value.
-                let (mut wr, mut sge): (sys::ibv_send_wr, sys::ibv_sge) =
+                let (mut wr, mut sges): (sys::ibv_send_wr, [sys::ibv_sge; 2]) =
                     unsafe { (std::mem::zeroed(), std::mem::zeroed()) };
-                to_ibv(&plan, &mut wr, &mut sge);
+                to_ibv(&plan, &mut wr, &mut sges);
                 // SAFETY: one WR with no SGE (it names no local memory), valid for the call.
                 match unsafe { p.qp.post_send(&mut wr) } {
                     Ok(()) => p.in_flight = true,

@@ -97,6 +97,8 @@ pub struct CommStats {
     pub cts_writes: AtomicU64,
     /// Sender: time spent with an isend refused because no CTS had arrived.
     pub cts_wait_ns: AtomicU64,
+    /// Sender: messages sent eagerly; receiver: eager messages copied into their buffers.
+    pub eager: AtomicU64,
     /// isend → test done, or irecv → test done.
     pub latency: Histogram,
     pub qps: Box<[QpStats]>,
@@ -147,6 +149,16 @@ impl CommStats {
         Self::add(&self.cts_writes, 1);
     }
 
+    /// A message sent eagerly.
+    pub fn eager_sent(&self) {
+        Self::add(&self.eager, 1);
+    }
+
+    /// An eager message of `bytes` copied into its receive buffer.
+    pub fn eager_delivered(&self, _bytes: u64) {
+        Self::add(&self.eager, 1);
+    }
+
     pub fn cts_waited(&self, ns: u64) {
         Self::add(&self.cts_wait_ns, ns);
     }
@@ -170,9 +182,17 @@ impl CommStats {
             Self::get(&self.completions),
             Self::get(&self.errors),
             if self.kind == "send" {
-                format!(", {} ms waiting for the receiver's CTS", Self::get(&self.cts_wait_ns) / 1_000_000)
+                format!(
+                    ", {} sent eagerly, {} ms waiting for the receiver's CTS",
+                    Self::get(&self.eager),
+                    Self::get(&self.cts_wait_ns) / 1_000_000
+                )
             } else {
-                format!(", {} CTS writes", Self::get(&self.cts_writes))
+                format!(
+                    ", {} CTS writes, {} eager messages delivered",
+                    Self::get(&self.cts_writes),
+                    Self::get(&self.eager)
+                )
             },
             Histogram::quantile_bound(&h, 0.5) / 1000,
             Histogram::quantile_bound(&h, 0.99) / 1000,
@@ -183,7 +203,7 @@ impl CommStats {
         let h = self.latency.counts();
         let _ = write!(
             out,
-            "{{\"kind\":\"{}\",\"peer\":\"{}\",\"devices\":\"{}\",\"closed\":{},\"bytes\":{},\"messages\":{},\"post_calls\":{},\"wrs\":{},\"completions\":{},\"errors\":{},\"cts_writes\":{},\"cts_wait_ns\":{},\"latency_log2_ns\":{:?},\"qps\":[",
+            "{{\"kind\":\"{}\",\"peer\":\"{}\",\"devices\":\"{}\",\"closed\":{},\"bytes\":{},\"messages\":{},\"post_calls\":{},\"wrs\":{},\"completions\":{},\"errors\":{},\"cts_writes\":{},\"cts_wait_ns\":{},\"eager\":{},\"latency_log2_ns\":{:?},\"qps\":[",
             self.kind,
             json_escape(&self.peer),
             json_escape(&self.devices),
@@ -196,6 +216,7 @@ impl CommStats {
             Self::get(&self.errors),
             Self::get(&self.cts_writes),
             Self::get(&self.cts_wait_ns),
+            Self::get(&self.eager),
             h,
         );
         for (i, q) in self.qps.iter().enumerate() {
@@ -281,6 +302,7 @@ pub fn for_comm(kind: &'static str, peer: String, devices: String, qpns: &[u32])
         errors: AtomicU64::new(0),
         cts_writes: AtomicU64::new(0),
         cts_wait_ns: AtomicU64::new(0),
+        eager: AtomicU64::new(0),
         latency: Histogram::default(),
         qps: qpns
             .iter()
@@ -342,6 +364,8 @@ pub struct SideTotals {
     pub wrs: u64,
     pub completions: u64,
     pub cts_writes: u64,
+    /// Sender: messages sent eagerly; receiver: eager messages delivered.
+    pub eager: u64,
 }
 
 /// Send and receive sides' sums over the comms still listed (live and the last
@@ -363,6 +387,7 @@ pub fn side_totals() -> BySide {
         side.wrs += CommStats::get(&s.wrs);
         side.completions += CommStats::get(&s.completions);
         side.cts_writes += CommStats::get(&s.cts_writes);
+        side.eager += CommStats::get(&s.eager);
     }
     t
 }
@@ -537,6 +562,7 @@ mod tests {
             errors: AtomicU64::new(0),
             cts_writes: AtomicU64::new(0),
             cts_wait_ns: AtomicU64::new(7),
+            eager: AtomicU64::new(0),
             latency: Histogram::default(),
             qps: vec![QpStats {
                 qpn: AtomicU32::new(16),

@@ -233,10 +233,11 @@ impl Rogue {
             remote,
             signaled: true,
             inline: false,
+            prefix: None,
         };
         // SAFETY: zeroed ibv_send_wr / ibv_sge are valid; to_ibv fills them.
         let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
-        let mut sge: sys::ibv_sge = unsafe { std::mem::zeroed() };
+        let mut sge: [sys::ibv_sge; 2] = unsafe { std::mem::zeroed() };
         to_ibv(&plan, &mut wr, &mut sge);
         // SAFETY: the local range is inside our registered block, which outlives the wait
         // for the completion below.

@@ -12,6 +12,7 @@
 #![allow(dead_code)]
 
 use nccl_net_ferroce::error::Error;
+use nccl_net_ferroce::transport::proto::eager;
 use nccl_net_ferroce::transport::proto::fifo::{self, CtsEntry, RING_BYTES};
 use nccl_net_ferroce::transport::proto::limits::{MAX_CHAIN, MAX_DEVS};
 use nccl_net_ferroce::transport::proto::plan::{LocalBlock, Op, Post, QpRoute, RemoteBlock, Sge, WorkRequest};
@@ -187,6 +188,9 @@ pub struct Queues {
     /// Per side and QP: its generation, the recovery epoch that made it (0 at connect).
     pub gen: [Vec<u32>; 2],
     flush_sq: VecDeque<(usize, WorkRequest)>,
+    /// Eager deliveries the receiver planned (source, destination, bytes): the CPU copies
+    /// them before the core is called again ([`Fabric::apply_deliveries`]).
+    deliveries: VecDeque<(u64, u64, usize)>,
 }
 
 impl Queues {
@@ -246,6 +250,10 @@ impl Queues {
                 assert_eq!(side, Side::Receiver, "only the receiver flushes");
                 self.flush_sq.push_back((dev, wr));
             }
+            Post::Deliver { src, dst, len } => {
+                assert_eq!(side, Side::Receiver, "only the receiver delivers eager messages");
+                self.deliveries.push_back((src, dst, len));
+            }
         }
         Ok(())
     }
@@ -281,6 +289,7 @@ impl Fabric {
             queues: Queues {
                 qps: [(0..n).map(|_| Qp::new()).collect(), (0..n).map(|_| Qp::new()).collect()],
                 flush_sq: VecDeque::new(),
+                deliveries: VecDeque::new(),
                 sq_depth,
                 max_msg: usize::MAX,
                 recv_posts: [0; 2],
@@ -506,11 +515,13 @@ impl Fabric {
                 if matches!(wr.op, Op::WriteImm(_)) && self.queues.qps[side.peer().index()][qp].rq.is_empty() {
                     panic!("{side:?} QP {qp}: a write with immediate found no posted receive at the peer (the receiver must post before it sends its CTS)");
                 }
-                let data = if len == 0 {
-                    Vec::new()
-                } else {
-                    self.regions[src_r].bytes[src_off..src_off + len].to_vec()
-                };
+                // An inline prefix (an eager header) comes from the WR, then the SGE's bytes.
+                let mut data = wr.prefix.map_or(Vec::new(), |p| p.to_vec());
+                let local = wr.local.map_or(0, |s| s.len as usize);
+                if local > 0 {
+                    assert!(wr.prefix.is_none() || wr.inline, "a prefix on a WR that is not inline");
+                    data.extend_from_slice(&self.regions[src_r].bytes[src_off..src_off + local]);
+                }
                 if len > 1 && rng.chance(self.faults.torn_writes) {
                     // The NIC may store any part first: here the tail, so that a CTS entry's
                     // stamp can be there before the rest of it.
@@ -622,6 +633,27 @@ impl Fabric {
         got
     }
 
+    /// The receiver's region and offset holding `len` bytes at `addr`, if one does.
+    fn receiver_bytes(&self, addr: u64, len: usize) -> Option<(usize, usize)> {
+        self.regions.iter().enumerate().find_map(|(i, r)| {
+            let off = addr.checked_sub(r.base)? as usize;
+            (r.side == Side::Receiver && off + len <= r.bytes.len()).then_some((i, off))
+        })
+    }
+
+    /// Carry out the eager deliveries the receiver planned: copies from its landing ring into
+    /// its buffers (each byte copied counts as a write, as the NIC's do).
+    pub fn apply_deliveries(&mut self) {
+        while let Some((src, dst, len)) = self.queues.deliveries.pop_front() {
+            let (Some((sr, so)), Some((dr, dof))) = (self.receiver_bytes(src, len), self.receiver_bytes(dst, len))
+            else {
+                panic!("an eager delivery of {len} bytes from {src:#x} to {dst:#x} outside the receiver's memory");
+            };
+            let data = self.regions[sr].bytes[so..so + len].to_vec();
+            self.land(dr, dof, &data);
+        }
+    }
+
     /// Everything `side`'s CQ holds (no late completions): a driver emptying it.
     pub fn drain_cq(&mut self, side: Side) -> Vec<Wc> {
         self.cqs[side.index()].drain(..).collect()
@@ -714,6 +746,17 @@ impl StagingRing for RingView<'_> {
     }
     fn load_record(&self, pos: usize, i: usize) -> u32 {
         self.u32_at(self.at(pos) + fifo::SIZES_IN_ENTRY + 4 * (i % 8))
+    }
+    fn load_eager_header(&self, slot: usize) -> [u8; eager::HEADER_BYTES] {
+        // The landing ring follows the staging ring in the same region, as in the driver.
+        let bytes = &self.regions[self.region].bytes;
+        let slot_bytes = bytes.len().saturating_sub(RING_BYTES) / eager::SLOTS;
+        let mut h = [0u8; eager::HEADER_BYTES];
+        if slot_bytes >= eager::HEADER_BYTES {
+            let o = RING_BYTES + (slot % eager::SLOTS) * slot_bytes;
+            h.copy_from_slice(&bytes[o..o + eager::HEADER_BYTES]);
+        }
+        h
     }
 }
 

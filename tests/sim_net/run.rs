@@ -8,11 +8,14 @@
 
 use super::{Fabric, Faults, RingView, Rng, Side, Wc};
 use nccl_net_ferroce::error::Error;
+use nccl_net_ferroce::transport::proto::eager::{self, EagerSendConfig};
 use nccl_net_ferroce::transport::proto::fifo::{self, RING_BYTES};
 use nccl_net_ferroce::transport::proto::limits::{self, MAX_DEVS};
 use nccl_net_ferroce::transport::proto::plan::QpRoute;
 use nccl_net_ferroce::transport::proto::recovery::{Action, Recovery, Role};
-use nccl_net_ferroce::transport::proto::recv::{Irecv, RecvBuf, RecvConfig, RecvCore, CTS_DEPTH, RQ_BATCH};
+use nccl_net_ferroce::transport::proto::recv::{
+    EagerRecvConfig, Irecv, RecvBuf, RecvConfig, RecvCore, CTS_DEPTH, RQ_BATCH,
+};
 use nccl_net_ferroce::transport::proto::request;
 use nccl_net_ferroce::transport::proto::send::{Isend, SendBuf, SendConfig, SendCore, SQ_DEPTH};
 use nccl_net_ferroce::transport::proto::split;
@@ -93,6 +96,14 @@ pub struct Case {
     /// How eagerly the receiver tests (percent of its turns): low keeps many in flight.
     pub recv_test_percent: u64,
     pub send_test_percent: u64,
+    /// The eager path: the largest payload sent eagerly (0: off, as on a version-4 connection),
+    /// the eager QP's inline bytes (below header + payload: the payload goes in its own write),
+    /// and the percentage of receives posted into GPU memory (an eager claim on them is refused).
+    pub eager_max: usize,
+    pub eager_inline: usize,
+    pub gpu_percent: u64,
+    /// Completions name their receive (a version-5 connection; the eager path needs it).
+    pub named_imm: bool,
 }
 
 impl Case {
@@ -111,6 +122,10 @@ impl Case {
             flush_percent: 0,
             recv_test_percent: 50,
             send_test_percent: 50,
+            eager_max: 0,
+            eager_inline: 256,
+            gpu_percent: 0,
+            named_imm: true,
         }
     }
 
@@ -147,6 +162,8 @@ pub struct Run {
     pub sends_done: usize,
     pub groups_done: usize,
     pub truncations: usize,
+    /// Sends that went eagerly.
+    pub eager_sends: usize,
     /// Set: QP failures are recovered from instead of failing the comm.
     pub recovery: Option<Recovering>,
     /// Per finished receive buffer: its range in the receive region and the write counts it
@@ -178,7 +195,8 @@ impl Run {
         let mut fab = Fabric::new(sroutes.clone(), rroutes.clone(), [SQ_DEPTH, CTS_DEPTH], case.faults);
         fab.queues.max_msg = case.wr_bytes;
         let fifo = fab.register(Side::Sender, RING_BYTES, nl);
-        let staging = fab.register(Side::Receiver, RING_BYTES, nr);
+        // The staging ring, then (as the driver lays it out) the eager landing ring.
+        let staging = fab.register(Side::Receiver, RING_BYTES + eager::ring_bytes(case.eager_max), nr);
         let mut send_off = Vec::new();
         let mut recv_off = Vec::new();
         let (mut s_total, mut r_total) = (0, 0);
@@ -222,6 +240,13 @@ impl Run {
                 fifo: fab.local_block(fifo),
                 peer_records: fab.remote_block(staging, fifo::SIZES_IN_ENTRY as u64),
                 peer: "the simulated receiver".into(),
+                eager: (case.eager_max > 0).then(|| EagerSendConfig {
+                    max: case.eager_max,
+                    inline_max: case.eager_inline,
+                    landing: fab.remote_block(staging, RING_BYTES as u64),
+                    slot_bytes: eager::slot_bytes(case.eager_max),
+                }),
+                named_imm: case.named_imm,
             },
             fail_quietly,
         );
@@ -235,6 +260,12 @@ impl Run {
                 cts_inline_max: [if case.inline_cts { 64 } else { 0 }; MAX_DEVS],
                 max_buffer_bytes: split::max_buffer_bytes(case.wr_bytes),
                 peer: "the simulated sender".into(),
+                eager: (case.eager_max > 0).then(|| EagerRecvConfig {
+                    landing: fab.base(staging) + RING_BYTES as u64,
+                    slot_bytes: eager::slot_bytes(case.eager_max),
+                    max: case.eager_max,
+                }),
+                named_imm: case.named_imm,
             },
             fail_quietly,
         );
@@ -261,6 +292,7 @@ impl Run {
             sends_done: 0,
             groups_done: 0,
             truncations: 0,
+            eager_sends: 0,
             recovery: None,
             finished_writes: Vec::new(),
         }
@@ -495,6 +527,7 @@ impl Run {
         }
         let base = self.fab.base(self.recv_data);
         let keys = self.fab.keys(self.recv_data);
+        let host = !self.rng.chance(self.case.gpu_percent);
         let bufs: Vec<RecvBuf> = self.case.groups[g]
             .iter()
             .zip(&self.recv_off[g])
@@ -503,6 +536,7 @@ impl Run {
                 size: m.posted,
                 tag: m.tag,
                 rkeys: keys,
+                host,
             })
             .collect();
         let staging = self.staging;
@@ -512,7 +546,9 @@ impl Run {
             regions,
             region: staging,
         };
-        let got = recv.irecv(&mut view, &bufs, &mut |p| queues.post(Side::Receiver, p))?;
+        let got = recv.irecv(&mut view, &bufs, &mut |p| queues.post(Side::Receiver, p));
+        self.fab.apply_deliveries();
+        let got = got?;
         if let Irecv::Started(idx) = got {
             self.recvs.push((idx, g));
             self.next_group += 1;
@@ -538,7 +574,13 @@ impl Run {
         let Fabric { regions, queues, .. } = fab;
         let mut view = RingView { regions, region: fifo };
         let got = core.isend(&mut view, || now, send, &mut |p| queues.post(Side::Sender, p))?;
-        if let Isend::Started { idx, truncated_to } = got {
+        if let Isend::Started {
+            idx,
+            truncated_to,
+            eager,
+        } = got
+        {
+            self.eager_sends += usize::from(eager);
             if let Some(t) = truncated_to {
                 assert!(
                     m.sent > m.posted && t == m.posted,
@@ -555,10 +597,24 @@ impl Run {
 
     pub fn sender_post_waiting(&mut self) -> Result<(), Error> {
         let fifo = self.fifo;
+        let now = self.now;
         let Run { fab, send, .. } = self;
         let Fabric { regions, queues, .. } = fab;
         let mut view = RingView { regions, region: fifo };
-        send.post_waiting(&mut view, &mut |p| queues.post(Side::Sender, p))
+        send.progress(&mut view, || now, &mut |p| queues.post(Side::Sender, p))
+    }
+
+    /// The receiver decides the eager messages that arrived, as its driver does after a poll.
+    pub fn receiver_decide_eager(&mut self) {
+        let staging = self.staging;
+        let Run { fab, recv, .. } = self;
+        let Fabric { regions, queues, .. } = fab;
+        let view = RingView {
+            regions,
+            region: staging,
+        };
+        let _ = recv.decide_eager(&view, &mut |p| queues.post(Side::Receiver, p));
+        self.fab.apply_deliveries();
     }
 
     /// Deliver completions to one side, as its driver's poll would.
@@ -568,6 +624,7 @@ impl Run {
             self.deliver(side, wc);
         }
         if side == Side::Receiver {
+            self.receiver_decide_eager();
             let actions = self.check_landed();
             self.act(Side::Receiver, actions);
             for wc in self.fab.poll_flush() {
@@ -848,9 +905,20 @@ impl Run {
             self.recv.spare_receives(),
             "seed {seed}: receives left posted besides the ones posted ahead"
         );
+        // The eager QP keeps a receive to spare for every eager message the credit allows, and
+        // the receives of a group an eager message filled (one per QP it spans) are spare again.
+        let eager_spare = if self.case.eager_max > 0 && self.case.named_imm {
+            eager::SLOTS + self.recv.eager_counts().bound as usize * self.case.nqps()
+        } else {
+            0
+        };
         assert!(
-            self.recv.spare_receives() <= self.case.nqps() * RQ_BATCH,
-            "seed {seed}: at most a batch posted ahead per QP"
+            self.recv.spare_receives() <= self.case.nqps() * RQ_BATCH + eager_spare,
+            "seed {seed}: at most a batch posted ahead per QP (and the eager QP's credit): {} spare on {} QPs, eager {:?} ({})",
+            self.recv.spare_receives(),
+            self.case.nqps(),
+            self.recv.eager_counts(),
+            self.case.eager_max
         );
         let r = &self.fab.regions[self.recv_data];
         if self.recovery.is_none() {
@@ -887,7 +955,8 @@ pub fn run_case(case: Case) -> Run {
 /// A random case for `seed`: 1–3 devices each side, 1–4 QPs per connection, split or not,
 /// AR or not, inline CTS or not, devices whose WRs carry 9–16 KiB or 1 GiB, groups of 1–8 with
 /// sizes from 0 to 64 KiB, some sends larger than their buffer, some repeated tags, torn writes
-/// and late completions.
+/// and late completions; the eager path on (of 8 B – 4 KiB, inline or not) or off, some
+/// receives into GPU memory.
 pub fn random_case(seed: u64) -> Case {
     case_from(seed, &mut Rng::new(seed ^ 0x5eed_0000))
 }
@@ -941,5 +1010,14 @@ pub fn case_from(seed: u64, rng: &mut Rng) -> Case {
         flush_percent: rng.below(40),
         recv_test_percent: rng.range(5, 90) as u64,
         send_test_percent: rng.range(5, 90) as u64,
+        // Drawn last, so the choices above stay what earlier seeds made them.
+        eager_max: if rng.chance(70) {
+            [8, 64, 224, 1000, 4064][rng.below(5) as usize]
+        } else {
+            0
+        },
+        eager_inline: if rng.chance(30) { 64 } else { 256 },
+        gpu_percent: if rng.chance(30) { rng.below(60) } else { 0 },
+        named_imm: !rng.chance(20),
     }
 }

@@ -31,11 +31,15 @@
 //! | field | type | off |
 //! |---|---|---|
 //! | remote buffer address | u64 | 0 |
-//! | posted size | u64 | 8 |
+//! | posted size (bits 0..40); eager credit (bits 40..64, wire version 5) | u64 | 8 |
 //! | rkey per member device | u32 × 8 | 16 |
 //! | seal (check of every other byte) | u32 | 48 |
 //! | tag | u32 | 52 |
-//! | stamp: nreqs (bits 56..64) \| posting counter + 1 (bits 0..56) | u64 | 56 |
+//! | stamp: eager-ok (bit 63, version 5) \| nreqs (bits 56..63) \| posting counter + 1 (bits 0..56) | u64 | 56 |
+//!
+//! The eager bits ([`super::eager`]): the credit is the count of eager messages the sender may
+//! have sent (modulo 2^24), "eager-ok" marks a single receive into host memory, the only kind
+//! an eager message can fill. A version-4 receiver leaves both zero.
 //!
 //! Nothing here panics on any input.
 
@@ -50,6 +54,16 @@ pub const ENTRY_BYTES: usize = 64;
 pub const RING_BYTES: usize = RING * ENTRY_BYTES;
 /// Bits of the stamp holding the posting counter.
 const IDX_MASK: u64 = (1 << 56) - 1;
+/// Bits of the size field holding the posted size (the rest carry the eager credit).
+const SIZE_BITS: u32 = 40;
+const SIZE_MASK: u64 = (1 << SIZE_BITS) - 1;
+/// The stamp's eager-ok bit.
+const EAGER_OK: u64 = 1 << 63;
+const _: () = assert!(SIZE_BITS + super::eager::CREDIT_BITS <= 64);
+const _: () = assert!(
+    (super::limits::PIECES_PER_BUFFER * super::limits::MAX_WR_BYTES) as u64 <= SIZE_MASK,
+    "every buffer's size fits"
+);
 
 const _: () = assert!(RING.is_power_of_two() && RING >= MAX_RECVS && RING <= 256);
 
@@ -97,7 +111,7 @@ impl CtsEntry {
             rkeys,
             seal: 0,
             tag: tag as u32,
-            stamp: ((nreqs as u64 & 0xff) << 56) | (stamp(counter) & IDX_MASK),
+            stamp: ((nreqs as u64 & 0x7f) << 56) | (stamp(counter) & IDX_MASK),
         };
         e.seal = e.compute_seal();
         e
@@ -127,7 +141,30 @@ impl CtsEntry {
 
     /// Buffers of the grouped receive.
     pub fn nreqs(&self) -> usize {
-        (self.stamp >> 56) as usize
+        ((self.stamp >> 56) & 0x7f) as usize
+    }
+
+    /// The posted size of the buffer.
+    pub fn posted_size(&self) -> u64 {
+        self.size & SIZE_MASK
+    }
+
+    /// The eager credit the receiver granted when it wrote the entry (modulo 2^24).
+    pub fn eager_credit(&self) -> u64 {
+        self.size >> SIZE_BITS
+    }
+
+    /// A single receive into host memory: an eager message can fill it.
+    pub fn eager_ok(&self) -> bool {
+        self.stamp & EAGER_OK != 0
+    }
+
+    /// Add the eager credit and the eager-ok mark (wire version 5), sealed again.
+    pub fn with_eager(mut self, credit: u64, eager_ok: bool) -> CtsEntry {
+        self.size = (self.size & SIZE_MASK) | (super::eager::wrap_count(credit) << SIZE_BITS);
+        self.stamp = (self.stamp & !EAGER_OK) | if eager_ok { EAGER_OK } else { 0 };
+        self.seal = self.compute_seal();
+        self
     }
 
     /// The wire form (little-endian fields) of a host-order entry.
@@ -215,7 +252,7 @@ pub fn check_group(entries: &[CtsEntry], counter: u64) -> GroupState {
         return GroupState::Landing;
     }
     for e in &entries[..n] {
-        if e.idx() != stamp(counter) || !e.sealed() || e.nreqs() != n || e.size > i64::MAX as u64 {
+        if e.idx() != stamp(counter) || !e.sealed() || e.nreqs() != n || e.posted_size() > i64::MAX as u64 {
             return GroupState::Landing;
         }
     }
@@ -253,7 +290,7 @@ pub fn read_group(
     if !stamp_matches(wire_stamp, counter) {
         return GroupState::NotPosted;
     }
-    let n = ((u64::from_le(wire_stamp) >> 56) as usize).clamp(1, MAX_RECVS);
+    let n = (((u64::from_le(wire_stamp) >> 56) & 0x7f) as usize).clamp(1, MAX_RECVS);
     for (i, e) in out.iter_mut().enumerate().take(n) {
         *e = CtsEntry::from_wire(&load(ring_pos(head.wrapping_add(i as u64))));
     }
@@ -271,6 +308,8 @@ pub struct RingAlloc {
     head: u64,
     /// Ring positions of entries in `[head, tail)` whose group was released.
     done: u64,
+    /// Entries before this one the sender is known to have read (none is freed past it).
+    proven: u64,
 }
 
 const _: () = assert!(RING <= 64, "RingAlloc::done has one bit per entry");
@@ -314,7 +353,8 @@ impl RingAlloc {
     }
 
     /// The group of `n` entries at `start` completed: mark it, then free the longest prefix of
-    /// released entries. A range that is not in use is ignored.
+    /// released entries the sender is known to have read ([`RingAlloc::prove`]). A range that
+    /// is not in use is ignored.
     pub fn release(&mut self, start: u64, n: usize) {
         let Some(end) = start.checked_add(n as u64) else {
             return;
@@ -325,7 +365,19 @@ impl RingAlloc {
         for a in start..end {
             self.done |= 1 << ring_pos(a);
         }
-        while self.head < self.tail && self.done & (1 << ring_pos(self.head)) != 0 {
+        self.free_prefix();
+    }
+
+    /// The sender has read every entry before `upto` (a completion of a group it sent, or its
+    /// word in an eager header or a recovery): released entries up to there are free. Only
+    /// entries in use count.
+    pub fn prove(&mut self, upto: u64) {
+        self.proven = self.proven.max(upto.min(self.tail));
+        self.free_prefix();
+    }
+
+    fn free_prefix(&mut self) {
+        while self.head < self.tail && self.head < self.proven && self.done & (1 << ring_pos(self.head)) != 0 {
             self.done &= !(1 << ring_pos(self.head));
             self.head += 1;
         }
@@ -593,6 +645,7 @@ mod tests {
             assert_eq!(fifo.read(head + n as u64, counter + 1).0, GroupState::NotPosted);
             head += n as u64;
             counter += 1;
+            ring.prove(start + n as u64);
             ring.release(start, n);
             assert_eq!(ring.in_use(), 0);
         }
@@ -607,6 +660,7 @@ mod tests {
         for c in 0..62u64 {
             let s = ring.alloc(1).unwrap();
             fifo.post(s, &entries(c, &[0])[..1]);
+            ring.prove(s + 1);
             ring.release(s, 1);
         }
         let tags = [4, 9, 4, 1, 9];
@@ -639,6 +693,36 @@ mod tests {
     }
 
     #[test]
+    fn entries_of_eager_groups_wait_until_the_sender_is_known_to_have_read_them() {
+        let mut ring = RingAlloc::default();
+        let starts: Vec<u64> = (0..4).map(|_| ring.alloc(1).expect("room")).collect();
+        // Groups 0 and 1 filled by eager messages: completed and reported, not known read.
+        ring.release(starts[0], 1);
+        ring.release(starts[1], 1);
+        assert_eq!(
+            ring.in_use(),
+            4,
+            "not freed before the sender is known to have read them"
+        );
+        ring.prove(1);
+        assert_eq!(ring.in_use(), 3, "an eager header said the sender had read entry 0");
+        // Group 3 completes through the CTS path: it and everything before it were read.
+        ring.prove(starts[3] + 1);
+        ring.release(starts[3], 1);
+        assert_eq!(ring.in_use(), 2, "group 2 is still in flight");
+        ring.release(starts[2], 1);
+        assert_eq!(ring.in_use(), 0);
+        ring.prove(u64::MAX);
+        assert_eq!(
+            ring.alloc(1),
+            Some(4),
+            "a proof past the entries in use proves nothing more"
+        );
+        ring.release(4, 1);
+        assert_eq!(ring.in_use(), 1);
+    }
+
+    #[test]
     fn full_ring_says_retry_later_and_frees_in_posting_order() {
         let mut ring = RingAlloc::default();
         // Eight groups of 8 fill the ring exactly (NCCL's peak: 8 steps × maxRecvs 8).
@@ -649,6 +733,7 @@ mod tests {
         assert_eq!(ring.alloc(RING + 1), None);
         // A later group completing first frees nothing: the receiver may not reuse entries of
         // a group whose completion record it has not read yet.
+        ring.prove(16);
         ring.release(8, 8);
         assert_eq!(ring.in_use(), 64);
         assert_eq!(ring.alloc(1), None);
@@ -802,6 +887,7 @@ mod tests {
                             owner[ring_pos(a)] = None;
                         }
                         assert_eq!(ring.abs_start(ring_pos(start)), start);
+                        ring.prove(start + n as u64);
                         ring.release(ring.abs_start(ring_pos(start)), n);
                     }
                 }

@@ -38,7 +38,9 @@
 //!
 //! * `ConnectReq` (connector → listener) and `ConnectResp` (listener → connector): an
 //!   [`EndpointRepr`]: nonce, member devices (GID, LID, port, link layer, MTU, GID index, rkey,
-//!   name), every QP (number, device), the FIFO / completion-record address, tc, sl, flags.
+//!   name), every QP (number, device), the FIFO / completion-record address, tc, sl, flags;
+//!   from version 5 ([`EAGER_VERSION`]) a 16-byte trailer, the receiver's eager landing ring
+//!   ([`EagerOffer`]: address u64, slot bytes u32, largest payload u32; zero: none).
 //! * `Ready` (connector → listener): the nonce; sent once the connector's QPs are in RTS.
 //! * `Reject` (either way): a reason code and a UTF-8 text, sent before closing on a mismatch.
 //! * `RecoverHello` (either way, after setup; `proto::recovery`): the epoch (u32), the
@@ -68,6 +70,11 @@ pub const STAGE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceS");
 pub const WIRE_VERSION: u16 = 5;
 /// Oldest wire version this build speaks.
 pub const OLDEST_WIRE_VERSION: u16 = 4;
+/// The first version with the eager path (`proto::eager`): the endpoint's eager trailer, the
+/// eager bits of CTS entries, eager writes.
+pub const EAGER_VERSION: u16 = 5;
+/// Bytes of the endpoint's eager trailer.
+const EAGER_TRAILER_BYTES: usize = 16;
 
 /// The newest version this process speaks when `FERROCE_WIRE_VERSION` is `setting` (0: this
 /// build's newest; else that, within the versions this build speaks).
@@ -474,6 +481,23 @@ pub const FLAG_SPLIT: u8 = 1;
 /// first.
 pub const FLAG_STANDBY: u8 = 2;
 
+/// A receiver's eager landing ring (all zero: it offers none, or a sender's endpoint).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EagerOffer {
+    /// Slot 0 (in the registered block whose rkeys the device records carry).
+    pub landing: u64,
+    /// Bytes per slot: header and payload, a multiple of 64.
+    pub slot_bytes: u32,
+    /// The largest payload a slot takes.
+    pub max: u32,
+}
+
+impl EagerOffer {
+    pub fn offered(&self) -> bool {
+        self.slot_bytes != 0
+    }
+}
+
 /// Everything one side needs to know about the other to bring QPs up and move data.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointRepr {
@@ -485,6 +509,8 @@ pub struct EndpointRepr {
     pub addr: u64,
     pub devs: Vec<DevRepr>,
     pub qps: Vec<QpRepr>,
+    /// Version 5 on: the receiver's eager landing ring.
+    pub eager: EagerOffer,
 }
 
 impl EndpointRepr {
@@ -502,11 +528,13 @@ impl EndpointRepr {
         self.qps.len().saturating_sub(self.probe_count())
     }
 
-    pub fn buffer_len(&self) -> usize {
-        field::E_DEVS + self.devs.len() * DEV_BYTES + self.qps.len() * QP_BYTES
+    /// Bytes of the body at wire `version`.
+    pub fn buffer_len(&self, version: u16) -> usize {
+        field::E_DEVS + self.devs.len() * DEV_BYTES + self.qps.len() * QP_BYTES + trailer_len(version)
     }
 
-    pub fn parse(b: &[u8]) -> Result<EndpointRepr, WireError> {
+    /// The body of a frame of wire `version`.
+    pub fn parse(version: u16, b: &[u8]) -> Result<EndpointRepr, WireError> {
         if b.len() < field::E_DEVS {
             return Err(WireError::Truncated {
                 need: field::E_DEVS,
@@ -521,7 +549,7 @@ impl EndpointRepr {
         if nqps == 0 || nqps > MAX_QPS || nqps < ndevs {
             return Err(WireError::BadField("QP count"));
         }
-        let need = field::E_DEVS + ndevs * DEV_BYTES + nqps * QP_BYTES;
+        let need = field::E_DEVS + ndevs * DEV_BYTES + nqps * QP_BYTES + trailer_len(version);
         if b.len() != need {
             return Err(WireError::Truncated { need, got: b.len() });
         }
@@ -565,6 +593,21 @@ impl EndpointRepr {
             }
             qps.push(QpRepr { qpn, dev });
         }
+        let t = qbase + nqps * QP_BYTES;
+        let eager = if trailer_len(version) > 0 {
+            let e = EagerOffer {
+                landing: u64_at(b, t..t + 8),
+                slot_bytes: u32_at(b, t + 8..t + 12),
+                max: u32_at(b, t + 12..t + 16),
+            };
+            let whole = e.slot_bytes.is_multiple_of(64) && e.slot_bytes <= 4096;
+            if !whole || e.max as usize + super::eager::HEADER_BYTES > e.slot_bytes as usize && e.offered() {
+                return Err(WireError::BadField("eager landing ring"));
+            }
+            e
+        } else {
+            EagerOffer::default()
+        };
         Ok(EndpointRepr {
             nonce: u64_at(b, field::E_NONCE),
             tc: b[field::E_TC],
@@ -573,13 +616,14 @@ impl EndpointRepr {
             addr: u64_at(b, field::E_ADDR),
             devs,
             qps,
+            eager,
         })
     }
 
-    /// Append the body to `out`.
-    pub fn emit(&self, out: &mut Vec<u8>) {
+    /// Append the body at wire `version` to `out` (the eager offer only from version 5).
+    pub fn emit(&self, version: u16, out: &mut Vec<u8>) {
         let start = out.len();
-        out.resize(start + self.buffer_len(), 0);
+        out.resize(start + self.buffer_len(version), 0);
         let b = &mut out[start..];
         b[field::E_NONCE].copy_from_slice(&self.nonce.to_le_bytes());
         b[field::E_NDEVS] = self.devs.len() as u8;
@@ -605,6 +649,21 @@ impl EndpointRepr {
             q[field::Q_QPN].copy_from_slice(&qp.qpn.to_le_bytes());
             q[field::Q_DEV] = qp.dev;
         }
+        if trailer_len(version) > 0 {
+            let t = qbase + self.qps.len() * QP_BYTES;
+            b[t..t + 8].copy_from_slice(&self.eager.landing.to_le_bytes());
+            b[t + 8..t + 12].copy_from_slice(&self.eager.slot_bytes.to_le_bytes());
+            b[t + 12..t + 16].copy_from_slice(&self.eager.max.to_le_bytes());
+        }
+    }
+}
+
+/// Bytes of the endpoint's trailer at wire `version`.
+fn trailer_len(version: u16) -> usize {
+    if version >= EAGER_VERSION {
+        EAGER_TRAILER_BYTES
+    } else {
+        0
     }
 }
 
@@ -646,11 +705,11 @@ impl Message {
         let mut body = Vec::new();
         let kind = match self {
             Message::ConnectReq(e) => {
-                e.emit(&mut body);
+                e.emit(version, &mut body);
                 Kind::ConnectReq
             }
             Message::ConnectResp(e) => {
-                e.emit(&mut body);
+                e.emit(version, &mut body);
                 Kind::ConnectResp
             }
             Message::Ready { nonce } => {
@@ -675,7 +734,7 @@ impl Message {
                 for t in taken {
                     body.extend_from_slice(&t.to_le_bytes());
                 }
-                qps.emit(&mut body);
+                qps.emit(version, &mut body);
                 Kind::RecoverHello
             }
             Message::RecoverReady { epoch } => {
@@ -693,10 +752,10 @@ impl Message {
     }
 
     /// The body of a frame of `kind` at wire `version`.
-    pub fn parse(_version: u16, kind: Kind, body: &[u8]) -> Result<Message, WireError> {
+    pub fn parse(version: u16, kind: Kind, body: &[u8]) -> Result<Message, WireError> {
         match kind {
-            Kind::ConnectReq => Ok(Message::ConnectReq(EndpointRepr::parse(body)?)),
-            Kind::ConnectResp => Ok(Message::ConnectResp(EndpointRepr::parse(body)?)),
+            Kind::ConnectReq => Ok(Message::ConnectReq(EndpointRepr::parse(version, body)?)),
+            Kind::ConnectResp => Ok(Message::ConnectResp(EndpointRepr::parse(version, body)?)),
             Kind::Ready => {
                 if body.len() != 8 {
                     return Err(WireError::Truncated {
@@ -744,7 +803,7 @@ impl Message {
                     epoch: u32_at(body, 0..4),
                     head: u64_at(body, 4..12),
                     taken: (0..n).map(|i| u64_at(body, 16 + i * 8..24 + i * 8)).collect(),
-                    qps: Box::new(EndpointRepr::parse(&body[end..])?),
+                    qps: Box::new(EndpointRepr::parse(version, &body[end..])?),
                 })
             }
             Kind::RecoverReady => {
@@ -835,6 +894,7 @@ mod tests {
                 name: [0; NAME_BYTES],
             }],
             qps: vec![QpRepr { qpn: 0x33, dev: 0 }],
+            eager: EagerOffer::default(),
         };
         for m in [
             Message::RecoverHello {
@@ -890,6 +950,11 @@ mod tests {
             addr: 0x7f00_dead_b000,
             devs,
             qps,
+            eager: EagerOffer {
+                landing: 0x7f00_dead_c000,
+                slot_bytes: 256,
+                max: 224,
+            },
         }
     }
 
@@ -1047,7 +1112,7 @@ mod tests {
             let e = endpoint(nd, nq);
             let mut out = Vec::new();
             Message::ConnectReq(e.clone()).emit(WIRE_VERSION, &mut out);
-            assert_eq!(out.len(), HEADER_BYTES + e.buffer_len());
+            assert_eq!(out.len(), HEADER_BYTES + e.buffer_len(WIRE_VERSION));
             let mut r = FrameReader::default();
             // Byte-by-byte delivery.
             let mut got = None;
@@ -1139,36 +1204,78 @@ mod tests {
     }
 
     #[test]
+    fn the_eager_offer_travels_from_version_5_only() {
+        let e = endpoint(1, 2);
+        for (v, trailer) in [(4u16, 0usize), (5, 16)] {
+            let mut body = Vec::new();
+            e.emit(v, &mut body);
+            assert_eq!(body.len(), 24 + DEV_BYTES + 2 * QP_BYTES + trailer, "version {v}");
+            let back = EndpointRepr::parse(v, &body).expect("parses at its version");
+            let want = if v >= EAGER_VERSION {
+                e.eager
+            } else {
+                EagerOffer::default()
+            };
+            assert_eq!(back.eager, want, "version {v}");
+            assert!(
+                EndpointRepr::parse(9 - v, &body).is_err(),
+                "a body of version {v} is not one of the other"
+            );
+        }
+        let mut body = Vec::new();
+        e.emit(5, &mut body);
+        let t = body.len() - 16;
+        assert_eq!(&body[t..t + 8], &0x7f00_dead_c000u64.to_le_bytes());
+        assert_eq!(&body[t + 8..], &[0, 1, 0, 0, 224, 0, 0, 0]);
+        let mut bad = body.clone();
+        bad[t + 8] = 65;
+        assert_eq!(
+            EndpointRepr::parse(5, &bad),
+            Err(WireError::BadField("eager landing ring"))
+        );
+        let mut bad = body;
+        bad[t + 12] = 225;
+        assert_eq!(
+            EndpointRepr::parse(5, &bad),
+            Err(WireError::BadField("eager landing ring")),
+            "a payload past its slot"
+        );
+    }
+
+    #[test]
     fn endpoint_inconsistent_rejected() {
         let e = endpoint(2, 4);
         let mut body = Vec::new();
-        e.emit(&mut body);
+        e.emit(WIRE_VERSION, &mut body);
         // Truncated.
-        assert!(EndpointRepr::parse(&body[..body.len() - 1]).is_err());
+        assert!(EndpointRepr::parse(WIRE_VERSION, &body[..body.len() - 1]).is_err());
         // Trailing junk.
         let mut long = body.clone();
         long.push(0);
-        assert!(EndpointRepr::parse(&long).is_err());
+        assert!(EndpointRepr::parse(WIRE_VERSION, &long).is_err());
         // QP pointing at a device that does not exist.
         let mut bad = body.clone();
         let qoff = 24 + 2 * DEV_BYTES + 4;
         bad[qoff] = 2;
-        assert_eq!(EndpointRepr::parse(&bad), Err(WireError::BadField("QP device index")));
+        assert_eq!(
+            EndpointRepr::parse(WIRE_VERSION, &bad),
+            Err(WireError::BadField("QP device index"))
+        );
         // QP number 0 / ≥ 2^24.
         let mut bad = body.clone();
         bad[24 + 2 * DEV_BYTES..24 + 2 * DEV_BYTES + 4].copy_from_slice(&(1u32 << 24).to_le_bytes());
-        assert!(EndpointRepr::parse(&bad).is_err());
+        assert!(EndpointRepr::parse(WIRE_VERSION, &bad).is_err());
         // MTU out of range.
         let mut bad = body.clone();
         bad[24 + 20] = 9;
-        assert_eq!(EndpointRepr::parse(&bad), Err(WireError::BadField("MTU")));
+        assert_eq!(EndpointRepr::parse(WIRE_VERSION, &bad), Err(WireError::BadField("MTU")));
         // Zero devices, too few QPs.
         let mut bad = body.clone();
         bad[8] = 0;
-        assert!(EndpointRepr::parse(&bad).is_err());
+        assert!(EndpointRepr::parse(WIRE_VERSION, &bad).is_err());
         let mut bad = body;
         bad[12..14].copy_from_slice(&1u16.to_le_bytes());
-        assert!(EndpointRepr::parse(&bad).is_err());
+        assert!(EndpointRepr::parse(WIRE_VERSION, &bad).is_err());
     }
 
     #[test]

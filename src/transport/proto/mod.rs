@@ -13,11 +13,13 @@
 //! * [`recv::RecvCore`] — the receiver: plans receives and CTS writes into the sender's ring,
 //!   counts completions, reports sizes; plans GPU-flush reads.
 //! * [`request`] — the request slots NCCL holds pointers to, and `wr_id` layouts.
+//! * [`eager`] — the eager path's formats and the rule both ends decide claims with.
 //!
 //! Dependencies point one way: this folder uses only `std` (no `std::net`, no
 //! `std::time::Instant`), `crate::error` and itself; `ci/tests/05-layers.sh` checks it.
 #![forbid(unsafe_code)]
 
+pub mod eager;
 pub mod fifo;
 pub mod handshake;
 pub mod limits;

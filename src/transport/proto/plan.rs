@@ -36,6 +36,9 @@ pub struct WorkRequest {
     pub signaled: bool,
     /// Post the payload inline (the driver checks it against the QP's `max_inline_data`).
     pub inline: bool,
+    /// Bytes written in front of `local`'s, from the plan itself (an eager message's header):
+    /// only on an inline WR, whose bytes the NIC copies at the post.
+    pub prefix: Option<[u8; super::eager::HEADER_BYTES]>,
 }
 
 impl WorkRequest {
@@ -46,11 +49,12 @@ impl WorkRequest {
         remote: Remote { addr: 0, rkey: 0 },
         signaled: false,
         inline: false,
+        prefix: None,
     };
 
     /// Bytes the request moves.
     pub fn len(&self) -> usize {
-        self.local.map_or(0, |s| s.len as usize)
+        self.local.map_or(0, |s| s.len as usize) + self.prefix.map_or(0, |p| p.len())
     }
 
     pub fn is_empty(&self) -> bool {
@@ -68,6 +72,9 @@ pub enum Post<'a> {
     Recv { qp: usize, wr_id: u64, count: usize },
     /// A GPU-flush read on the loopback QP of local member device `dev`.
     Flush { dev: usize, wr: WorkRequest },
+    /// Copy `len` bytes of an eager message from our landing ring (`src`) into the receive
+    /// buffer at `dst` (host memory NCCL posted): the receiver's delivery, by the CPU.
+    Deliver { src: u64, dst: u64, len: usize },
 }
 
 /// Where a QP of the connection lives: its local member device and the peer's.

@@ -17,6 +17,7 @@
 //! credit left ([`CTS_DEPTH`]). At most [`request::FLUSHES_IN_FLIGHT`] flushes are in flight;
 //! one more is an error (a NULL flush request would mean "nothing to flush").
 
+use super::eager::{self, GroupView, Header, Imm, EAGER_QP, SLOTS};
 use super::fifo::{self, CtsEntry};
 use super::limits::{MAX_DEVS, MAX_RECVS};
 use super::plan::{LocalBlock, Op, Post, QpRoute, Remote, RemoteBlock, Sge, WorkRequest};
@@ -37,11 +38,16 @@ pub const CTS_SIGNAL_EVERY: u64 = 8;
 const _: () = assert!(CTS_DEPTH as u64 > CTS_SIGNAL_EVERY && CTS_DEPTH >= 2);
 
 /// Receives one `ibv_post_recv` posts on a QP when the QP has none to spare for the next
-/// message: so a QP has at most `RECVS_IN_FLIGHT + RQ_BATCH − 1` posted ([`RQ_DEPTH`]).
+/// message: so a QP has at most `RECVS_IN_FLIGHT + RQ_BATCH − 1` posted, and the eager QP
+/// [`eager::SLOTS`] more ([`RQ_DEPTH`]).
 pub const RQ_BATCH: usize = 16;
+/// Receives the eager QP keeps spare before a CTS write grants eager credit: one for every
+/// eager message the credit lets the sender have in flight, and one for the receive the write's
+/// own group may take on that QP.
+const EAGER_SPARE: usize = SLOTS + 1;
 /// Receive-queue depth of a receiver QP (`max_recv_wr`), and the CQ entries its receives may
 /// take when the QP fails and flushes them all.
-pub const RQ_DEPTH: usize = request::RECVS_IN_FLIGHT + RQ_BATCH;
+pub const RQ_DEPTH: usize = request::RECVS_IN_FLIGHT + RQ_BATCH + SLOTS;
 
 /// `wr_id` kinds (top byte); the low 16 bits are a request index (flush reads) or a QP index
 /// (receives), or for CTS writes the device (bits 48..56) and the write's sequence number on
@@ -51,6 +57,9 @@ const KIND_RECV: u64 = 1;
 const KIND_CTS: u64 = 2;
 const KIND_FLUSH: u64 = 3;
 const SEQ_MASK: u64 = (1 << 48) - 1;
+/// A single receive's [`request::Request::size`] while its size is in the completion record
+/// (no message size is this large: they saturate at `i32::MAX`).
+const SIZE_IN_RECORD: u32 = u32::MAX;
 
 fn wr_id(kind: u64, idx: u16) -> u64 {
     (kind << KIND_SHIFT) | u64::from(idx)
@@ -70,6 +79,19 @@ pub trait StagingRing {
     fn store_entry(&mut self, pos: usize, wire: &CtsEntry);
     /// Size `i` (< 8) of the completion record of the group at `pos`, host order.
     fn load_record(&self, pos: usize, i: usize) -> u32;
+    /// The header of the eager message in landing slot `slot` (< SLOTS), once its write with
+    /// immediate completed (all zero without a landing ring).
+    fn load_eager_header(&self, slot: usize) -> [u8; eager::HEADER_BYTES];
+}
+
+/// The receiver's side of the eager path: its landing ring.
+#[derive(Clone, Copy, Debug)]
+pub struct EagerRecvConfig {
+    /// Slot 0 of the landing ring (slot `s` is `s × slot_bytes` further).
+    pub landing: u64,
+    pub slot_bytes: usize,
+    /// The largest payload a slot holds.
+    pub max: usize,
 }
 
 /// What the receiver needs to know of its connection.
@@ -93,6 +115,10 @@ pub struct RecvConfig {
     pub max_buffer_bytes: usize,
     /// The peer as messages name it (its side-channel address).
     pub peer: String,
+    /// The eager path (a version-5 connection with a landing ring); `None`: off.
+    pub eager: Option<EagerRecvConfig>,
+    /// Completions name their receive ([`eager::Imm`]): a version-5 connection.
+    pub named_imm: bool,
 }
 
 /// One buffer of a grouped receive.
@@ -103,6 +129,8 @@ pub struct RecvBuf {
     pub tag: i32,
     /// The registration's rkey on every member device.
     pub rkeys: [u32; MAX_DEVS],
+    /// Host memory: an eager message can be copied into it by the CPU.
+    pub host: bool,
 }
 
 /// The answer to an irecv.
@@ -158,6 +186,9 @@ pub struct RecvCore {
     /// The posted size of the buffer at each ring position (kept here, not read back from the
     /// staging block, which the peer can write).
     posted: [u64; fifo::RING],
+    /// The request of the group whose first entry is at each ring position (what a named
+    /// completion finds its receive by).
+    req_at: [u8; fifo::RING],
     /// A claim past a posted size was reported (once per comm).
     oversized_reported: bool,
     /// Between [`RecvCore::begin_recovery`] and [`RecvCore::resume`]: nothing is posted.
@@ -165,6 +196,49 @@ pub struct RecvCore {
     /// The CTS writes [`RecvCore::resume`] posted again have landed once device 0's CTS QP
     /// retired this many.
     rewritten_until: u64,
+    /// The eager path's state (`None`: off).
+    eager: Option<Box<EagerRecv>>,
+}
+
+/// What the receiver keeps of the eager path ([`super::eager`]).
+struct EagerRecv {
+    cfg: EagerRecvConfig,
+    /// Eager messages arrived (their completions taken), and how many of them are decided.
+    arrived: u64,
+    decided: u64,
+    /// The credit the last CTS write granted (the sender may have sent this many).
+    granted: u64,
+    /// The claim and epoch of the last message decided (claims only increase).
+    last_claim: Option<u64>,
+    last_epoch: u32,
+    /// The epoch one of whose claims was refused: the rest of it is refused too.
+    refused_epoch: Option<u32>,
+    /// Per ring position of a group's first entry: the group as a claim needs it.
+    groups: [Claimable; fifo::RING],
+    /// Messages bound and refused (for statistics and tests).
+    bound: u64,
+    refused: u64,
+}
+
+/// A posted group as an eager claim on it is decided.
+#[derive(Clone, Copy, Default)]
+struct Claimable {
+    counter: u64,
+    addr: u64,
+    tag: i32,
+    eager_ok: bool,
+    req: u16,
+    /// Posted and not yet reported by test.
+    live: bool,
+    /// An eager message filled it (no chain comes for it).
+    bound: bool,
+}
+
+/// Eager messages the receiver has decided (for statistics and tests).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EagerCounts {
+    pub bound: u64,
+    pub refused: u64,
 }
 
 /// One QP's receive side: the requests owed a completion on it, oldest first (each in flight,
@@ -216,6 +290,56 @@ impl ReceiveQueue {
         self.taken += 1;
         Some(r)
     }
+
+    /// Take request `r` out of the owed ones, wherever it is (the requests after it keep their
+    /// order); false when it is not owed here.
+    fn remove(&mut self, r: u16) -> bool {
+        let cap = self.owed.len();
+        let (head, len) = (usize::from(self.head), usize::from(self.len));
+        let Some(k) = (0..len).find(|&k| self.owed[(head + k) % cap] == r) else {
+            return false;
+        };
+        for j in k..len - 1 {
+            self.owed[(head + j) % cap] = self.owed[(head + j + 1) % cap];
+        }
+        self.len -= 1;
+        true
+    }
+
+    /// A completion named request `r` (a version-5 connection): the receive it took was `r`'s.
+    fn take(&mut self, r: u16) -> bool {
+        let owed = self.remove(r);
+        self.taken += u64::from(owed);
+        owed
+    }
+
+    /// Request `r` is owed nothing any more (an eager message filled it): its receive is spare
+    /// again.
+    fn forget(&mut self, r: u16) {
+        if self.remove(r) {
+            self.spare += 1;
+        }
+    }
+}
+
+/// Why an eager header cannot come from an honest sender, if it cannot.
+fn eager_header_lie(e: &EagerRecv, h: &Header) -> Option<String> {
+    if u64::from(h.seq) != e.decided & u64::from(u32::MAX) {
+        return Some(format!("says it is message {} where {} is due", h.seq, e.decided));
+    }
+    if h.len as usize > e.cfg.max {
+        return Some(format!("says {} bytes, past the {} a slot holds", h.len, e.cfg.max));
+    }
+    // Claims increase within an epoch; a new epoch starts at the sender's next group, which a
+    // refused claim of the last one may have named already.
+    let again = h.epoch == e.last_epoch && e.last_claim.is_some_and(|c| h.claim <= c);
+    if again || h.epoch < e.last_epoch {
+        return Some(format!(
+            "claims receive {} in epoch {} after receive {:?} in epoch {}",
+            h.claim, h.epoch, e.last_claim, e.last_epoch
+        ));
+    }
+    None
 }
 
 impl RecvCore {
@@ -229,12 +353,36 @@ impl RecvCore {
             cts_posted: [0; MAX_DEVS],
             cts_retired: [0; MAX_DEVS],
             posted: [0; fifo::RING],
+            req_at: [0; fifo::RING],
             oversized_reported: false,
             recovering: false,
             rewritten_until: 0,
             rqs: vec![ReceiveQueue::EMPTY; cfg.routes.len()].into_boxed_slice(),
+            // The eager path needs completions that name their receive.
+            eager: cfg.eager.filter(|_| cfg.named_imm).map(|e| {
+                Box::new(EagerRecv {
+                    cfg: e,
+                    arrived: 0,
+                    decided: 0,
+                    granted: 0,
+                    last_claim: None,
+                    last_epoch: 0,
+                    refused_epoch: None,
+                    groups: [Claimable::default(); fifo::RING],
+                    bound: 0,
+                    refused: 0,
+                })
+            }),
             cfg,
         }
+    }
+
+    /// Eager messages decided so far.
+    pub fn eager_counts(&self) -> EagerCounts {
+        self.eager.as_ref().map_or(EagerCounts::default(), |e| EagerCounts {
+            bound: e.bound,
+            refused: e.refused,
+        })
     }
 
     /// Receives posted ahead on every QP that no request claims yet (they stay posted until
@@ -303,7 +451,82 @@ impl RecvCore {
             return Err(self.state.fail(e));
         }
         self.counter += 1;
+        // An eager message that arrived before this receive may claim it.
+        self.decide_eager(ring, post)?;
         Ok(Irecv::Started(r))
+    }
+
+    /// Decide the eager messages that arrived, in their order, as far as the groups they claim
+    /// are posted ([`super::eager`]): a bound one is copied into its buffer and completes the
+    /// receive; a refused one is dropped (the sender sends it again through the CTS path).
+    /// Either way its slot is free, which the next CTS write's credit says. A header no honest
+    /// sender writes fails the comm.
+    pub fn decide_eager(
+        &mut self,
+        ring: &impl StagingRing,
+        post: &mut impl FnMut(Post<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let Some(e) = self.eager.as_mut() else {
+            return Ok(());
+        };
+        while e.decided < e.arrived {
+            let slot = eager::slot_of(e.decided);
+            let h = Header::parse(&ring.load_eager_header(slot));
+            if let Some(why) = eager_header_lie(e, &h) {
+                let err = Error::remote(format!(
+                    "the sender {} wrote an eager message (slot {slot}) whose header {why}: a corrupt or lying peer",
+                    self.cfg.peer
+                ));
+                return Err(self.state.fail(err));
+            }
+            if h.claim >= self.counter {
+                // Its group is not posted yet: decided at the irecv that posts it.
+                return Ok(());
+            }
+            let pos = (0..fifo::RING).find(|&p| e.groups[p].live && e.groups[p].counter == h.claim);
+            let Some(pos) = pos else {
+                let err = Error::remote(format!(
+                    "the sender {} sent an eager message for receive {}, which this side has already completed: a corrupt or lying peer",
+                    self.cfg.peer, h.claim
+                ));
+                return Err(self.state.fail(err));
+            };
+            let g = e.groups[pos];
+            let view = GroupView {
+                eager_ok: g.eager_ok,
+                tag: g.tag,
+            };
+            if eager::binds(view, h.tag, e.refused_epoch == Some(h.epoch)) {
+                let len = u64::from(h.len).min(self.posted[pos]) as usize;
+                let src = e.cfg.landing + (slot * e.cfg.slot_bytes + eager::HEADER_BYTES) as u64;
+                if len > 0 {
+                    if let Err(err) = post(Post::Deliver { src, dst: g.addr, len }) {
+                        return Err(self.state.fail(err));
+                    }
+                }
+                e.groups[pos].bound = true;
+                e.bound += 1;
+                if let Some(r) = self.state.pool.get_mut(g.req) {
+                    r.size = len as u32;
+                    r.pending = 0;
+                }
+                let (nq, nqps) = (self.cfg.qps_per_req, self.cfg.routes.len());
+                for j in 0..nq {
+                    if let Some(rq) = self.rqs.get_mut(split::qp_for_chunk(g.counter, nq, j, nqps)) {
+                        rq.forget(g.req);
+                    }
+                }
+            } else {
+                e.refused_epoch = Some(h.epoch);
+                e.refused += 1;
+            }
+            e.last_claim = Some(h.claim);
+            e.last_epoch = h.epoch;
+            e.decided += 1;
+            // The sender had read every CTS entry before `head` when it sent this.
+            self.ring.prove(h.head);
+        }
+        Ok(())
     }
 
     /// The receives, the staged entries and the CTS writes of group `id` (request `r`, ring
@@ -319,6 +542,10 @@ impl RecvCore {
         bufs: &[RecvBuf],
         post: &mut impl FnMut(Post<'_>) -> Result<()>,
     ) -> Result<()> {
+        // Receives for every eager message the credit this CTS grants may bring, before it.
+        if self.eager.is_some() {
+            self.keep_spare(EAGER_QP, EAGER_SPARE, post)?;
+        }
         // A posted receive for this message on every QP the sender will complete on.
         for qp in self.qps_of(id) {
             let Some(rq) = self.rqs.get_mut(qp) else {
@@ -344,8 +571,26 @@ impl RecvCore {
             rq.spare -= 1;
         }
         let n = bufs.len();
+        self.req_at[fifo::ring_pos(start)] = r as u8;
+        let eager_ok = n == 1 && bufs[0].host;
+        let credit = self.eager.as_mut().map(|e| {
+            e.granted = e.decided + SLOTS as u64;
+            e.groups[fifo::ring_pos(start)] = Claimable {
+                counter: id,
+                addr: bufs[0].data as u64,
+                tag: bufs[0].tag,
+                eager_ok,
+                req: r,
+                live: true,
+                bound: false,
+            };
+            e.granted
+        });
         for (i, b) in bufs.iter().enumerate() {
-            let e = CtsEntry::new(b.data as u64, b.size as u64, b.rkeys, n, b.tag, id);
+            let mut e = CtsEntry::new(b.data as u64, b.size as u64, b.rkeys, n, b.tag, id);
+            if let Some(credit) = credit {
+                e = e.with_eager(credit, eager_ok);
+            }
             // The ring gave these entries to this group: the group that had them before
             // completed and was reported (its CTS write was read by the NIC, its completion
             // record by us).
@@ -360,6 +605,25 @@ impl RecvCore {
             // Regularly reap the send queue (unsignaled WRs stay outstanding until then).
             let signaled = self.cts_posted[d] % CTS_SIGNAL_EVERY == CTS_SIGNAL_EVERY - 1;
             self.post_cts(d, pos, len, signaled, post)?;
+        }
+        Ok(())
+    }
+
+    /// Post receives on QP `qp` in batches until it has at least `want` to spare.
+    fn keep_spare(&mut self, qp: usize, want: usize, post: &mut impl FnMut(Post<'_>) -> Result<()>) -> Result<()> {
+        let Some(rq) = self.rqs.get_mut(qp) else {
+            return Err(Error::internal(format!(
+                "a receive on QP {qp} of a connection of {}",
+                self.rqs.len()
+            )));
+        };
+        while usize::from(rq.spare) < want {
+            post(Post::Recv {
+                qp,
+                wr_id: wr_id(KIND_RECV, qp as u16),
+                count: RQ_BATCH,
+            })?;
+            rq.spare += RQ_BATCH as u8;
         }
         Ok(())
     }
@@ -390,6 +654,7 @@ impl RecvCore {
             },
             signaled,
             inline: bytes <= self.cfg.cts_inline_max[d],
+            prefix: None,
         };
         // Counted before posting: a WR the provider may hold counts against the queue.
         self.cts_posted[d] += 1;
@@ -459,6 +724,7 @@ impl RecvCore {
                 },
                 signaled: true,
                 inline: false,
+                prefix: None,
             };
             if let Err(e) = post(Post::Flush { dev, wr }) {
                 return Err(self.state.fail(e));
@@ -476,6 +742,10 @@ impl RecvCore {
     /// order on each QP), and fails the comm.
     pub fn handle_completion(&mut self, wr_id: u64, imm: Option<u32>) {
         match wr_id >> KIND_SHIFT {
+            KIND_RECV if self.cfg.named_imm => {
+                let qp = (wr_id & 0xffff) as usize;
+                self.named_completion(qp, imm);
+            }
             KIND_RECV => {
                 let qp = (wr_id & 0xffff) as usize;
                 let Some(idx) = self.rqs.get_mut(qp).and_then(ReceiveQueue::pop) else {
@@ -521,6 +791,66 @@ impl RecvCore {
         }
     }
 
+    /// A completion on QP `qp` of a version-5 connection: its immediate names the receive.
+    fn named_completion(&mut self, qp: usize, imm: Option<u32>) {
+        let (pos, size) = match imm.map(Imm::parse) {
+            Some(Imm::Eager { slot }) if self.eager.is_some() => return self.eager_arrived(qp, slot as u32),
+            Some(Imm::Single { pos, size }) => (pos, Some(size)),
+            Some(Imm::Record { pos }) => (pos, None),
+            _ => (fifo::RING, None),
+        };
+        let r = self.req_at.get(pos).map_or(u16::MAX, |&r| u16::from(r));
+        let live = self
+            .state
+            .pool
+            .get(r)
+            .is_some_and(|q| q.kind() == ReqKind::Recv && q.pos() == pos && (q.n() == 1 || size.is_none()));
+        if !live || !self.rqs.get_mut(qp).is_some_and(|q| q.take(r)) {
+            self.state.fail(Error::remote(format!(
+                "the sender {} completed a message on QP {qp} with the immediate {imm:?}, which names no receive waiting there: a replayed, duplicated or forged completion",
+                self.cfg.peer
+            )));
+            return;
+        }
+        if let Some(q) = self.state.pool.get_mut(r) {
+            q.size = size.unwrap_or(SIZE_IN_RECORD);
+            q.complete_one();
+        }
+    }
+
+    /// An eager message arrived in landing slot `slot` over QP `qp` (decided by
+    /// [`RecvCore::decide_eager`]). It must come on the eager QP, in order, within the credit.
+    fn eager_arrived(&mut self, qp: usize, slot: u32) {
+        let Some(e) = self.eager.as_mut() else {
+            return;
+        };
+        let due = eager::slot_of(e.arrived);
+        let lie = if qp != EAGER_QP {
+            Some(format!("on QP {qp}, not the eager QP {EAGER_QP}"))
+        } else if slot as usize != due {
+            Some(format!("into slot {slot} where slot {due} is due"))
+        } else if e.arrived >= e.granted {
+            Some(format!("past the credit of {} messages this side granted", e.granted))
+        } else {
+            None
+        };
+        let rq = self.rqs.get_mut(EAGER_QP);
+        match (lie, rq) {
+            (None, Some(rq)) if rq.spare > 0 => {
+                rq.spare -= 1;
+                rq.taken += 1;
+                e.arrived += 1;
+            }
+            (lie, _) => {
+                let why = lie.unwrap_or_else(|| "with no receive to spare for it".to_string());
+                self.state.fail(Error::remote(format!(
+                    "the sender {} wrote an eager message {why}: a corrupt or lying peer",
+                    self.cfg.peer
+                )));
+            }
+        }
+    }
+
     /// A successful read on a flush CQ: one device of the flush request is done.
     pub fn handle_flush_completion(&mut self, wr_id: u64) {
         if wr_id >> KIND_SHIFT != KIND_FLUSH {
@@ -563,7 +893,11 @@ impl RecvCore {
         if kind == ReqKind::Recv {
             let (n, pos) = (r.n(), r.pos());
             for i in 0..n {
-                let got = if n == 1 { r.size } else { ring.load_record(pos, i) };
+                let got = if n == 1 && r.size != SIZE_IN_RECORD {
+                    r.size
+                } else {
+                    ring.load_record(pos, i)
+                };
                 let posted = self.posted[fifo::ring_pos((pos + i) as u64)];
                 if u64::from(got) > posted && !self.oversized_reported {
                     self.oversized_reported = true;
@@ -578,10 +912,23 @@ impl RecvCore {
             }
             done.n = n;
             self.recvs_in_flight -= 1;
-            // The sender consumed this group (it sent), and we have read its record: its ring
-            // entries are free once every group posted before it is too. The ring position is
-            // mod RING; the absolute start is the one at or below the ring's next start.
-            self.ring.release(self.ring.abs_start(pos), n);
+            // We have read the group's record, and unless an eager message filled it the
+            // sender consumed it (it sent), and every group before it: its ring entries are
+            // free once every group posted before it is too. An eager group's entries wait
+            // until the sender is known to have read them. The ring position is mod RING; the
+            // absolute start is the one at or below the ring's next start.
+            let start = self.ring.abs_start(pos);
+            let bound = match self.eager.as_mut() {
+                Some(e) => {
+                    e.groups[pos].live = false;
+                    e.groups[pos].bound
+                }
+                None => false,
+            };
+            if !bound {
+                self.ring.prove(start + n as u64);
+            }
+            self.ring.release(start, n);
         } else {
             self.flushes_in_flight -= 1;
         }
@@ -631,8 +978,14 @@ impl RecvCore {
     /// each QP still owes a completion, and a batch to spare.
     pub fn repost_receives(&mut self, post: &mut impl FnMut(Post<'_>) -> Result<()>) -> Result<()> {
         for qp in 0..self.rqs.len() {
-            // In batches of at most RQ_BATCH, as every receive post.
-            let mut left = usize::from(self.rqs[qp].len) + RQ_BATCH;
+            // In batches of at most RQ_BATCH, as every receive post; the eager QP keeps as
+            // many to spare as the credit granted may need.
+            let spare = if qp == EAGER_QP && self.eager.is_some() {
+                EAGER_SPARE.next_multiple_of(RQ_BATCH)
+            } else {
+                RQ_BATCH
+            };
+            let mut left = usize::from(self.rqs[qp].len) + spare;
             while left > 0 {
                 let count = left.min(RQ_BATCH);
                 if let Err(e) = post(Post::Recv {
@@ -644,7 +997,7 @@ impl RecvCore {
                 }
                 left -= count;
             }
-            self.rqs[qp].spare = RQ_BATCH as u8;
+            self.rqs[qp].spare = spare as u8;
         }
         Ok(())
     }
@@ -666,6 +1019,7 @@ impl RecvCore {
             ))));
         }
         self.cts_retired = self.cts_posted;
+        self.ring.prove(sender_head);
         let n = (next - sender_head) as usize;
         let d = 0;
         for (pos, len) in fifo::pieces(sender_head, n) {

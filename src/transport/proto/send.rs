@@ -18,6 +18,7 @@
 //!
 //! Nothing here allocates after construction.
 
+use super::eager::{self, EagerSendConfig, GroupView, Header, Imm, SenderState, EAGER_QP};
 use super::fifo::{self, CtsEntry, GroupState};
 use super::limits::{self, MAX_CHAIN, MAX_DEVS, MAX_RECVS};
 use super::plan::{LocalBlock, Op, Post, QpRoute, Remote, RemoteBlock, Sge, WorkRequest};
@@ -76,6 +77,11 @@ pub struct SendConfig {
     /// The receiver's completion records: the record of ring position `p` is `p × ENTRY_BYTES`
     /// past `addr`.
     pub peer_records: RemoteBlock,
+    /// The eager path (a version-5 connection whose receiver offers a landing ring, and
+    /// `FERROCE_EAGER_MAX` > 0 here); `None`: off.
+    pub eager: Option<EagerSendConfig>,
+    /// Completions name their receive ([`eager::Imm`]): a version-5 connection.
+    pub named_imm: bool,
 }
 
 /// The oldest group once all its entries have landed. `matched` full and `active` = complete
@@ -96,8 +102,13 @@ struct CurGroup {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isend {
     /// Request `idx` of the pool took the send. `truncated_to`: the posted receive is smaller
-    /// than the send (reported once per comm): the send carries this many bytes.
-    Started { idx: u16, truncated_to: Option<usize> },
+    /// than the send (reported once per comm): the send carries this many bytes. `eager`: it
+    /// went at once to the receiver's landing ring, claiming its next receive.
+    Started {
+        idx: u16,
+        truncated_to: Option<usize>,
+        eager: bool,
+    },
     /// No receive buffer with this tag in the oldest group yet: retry later.
     NoBuffer,
     /// Every request slot is in flight, or the group before waits for send-queue credits.
@@ -157,6 +168,18 @@ struct ChainLog {
 }
 
 const _: () = assert!(SQ_DEPTH < u8::MAX as usize, "a chain count fits u8");
+/// A chain log entry of an eager message: this bit and its slot (request indices stay below).
+const EAGER_CHAIN: u16 = 0x80;
+const _: () = assert!(
+    request::SEND_REQUESTS <= EAGER_CHAIN as usize,
+    "request indices stay below the mark"
+);
+const _: () = assert!(eager::SLOTS < EAGER_CHAIN as usize, "a slot fits beside the mark");
+
+/// The slot of an eager chain's log entry (`None`: a group's chain).
+fn eager_chain(lane0: u16) -> Option<usize> {
+    (lane0 & EAGER_CHAIN != 0).then_some(usize::from(lane0 & !EAGER_CHAIN))
+}
 const _: () = assert!(request::SEND_REQUESTS <= u8::MAX as usize, "a request index fits u8");
 
 impl ChainLog {
@@ -182,6 +205,10 @@ impl ChainLog {
     }
     fn at(&self, k: usize) -> u16 {
         u16::from(self.lane0[(usize::from(self.head) + k) % SQ_DEPTH])
+    }
+    /// The oldest unretired chain's entry (the one the next completion retires).
+    fn front(&self) -> Option<u16> {
+        (self.len > 0).then(|| self.at(0))
     }
     /// Chains retired so far.
     fn retired(&self) -> u64 {
@@ -234,6 +261,8 @@ pub struct SendCore {
     chains: Box<[ChainLog]>,
     /// Between [`SendCore::begin_recovery`] and [`SendCore::resume`]: nothing is posted.
     recovering: bool,
+    /// The eager path's state (`None`: off).
+    eager: Option<Box<SenderState>>,
 }
 
 impl SendCore {
@@ -243,6 +272,8 @@ impl SendCore {
         let nldevs = cfg.local_devs.max(routed(|r| r.dev)).min(MAX_DEVS);
         let nrdevs = cfg.peer_devs.max(routed(|r| r.remote_dev)).min(MAX_DEVS);
         let chains = vec![ChainLog::EMPTY; credits.len()].into_boxed_slice();
+        // The eager path needs completions that name their receive.
+        let cfg_eager = cfg.eager.filter(|_| cfg.named_imm);
         SendCore {
             state: CommState::new(RequestPool::new(std::ptr::null_mut(), request::SEND_REQUESTS), report),
             cfg,
@@ -270,7 +301,13 @@ impl SendCore {
             nrdevs,
             chains,
             recovering: false,
+            eager: cfg_eager.map(|c| Box::new(SenderState::new(c))),
         }
+    }
+
+    /// The eager path's state, for statistics and tests (`None`: off).
+    pub fn eager(&self) -> Option<&SenderState> {
+        self.eager.as_deref()
     }
 
     /// QPs of the connection.
@@ -291,7 +328,7 @@ impl SendCore {
 
     /// Look for the next group in the ring; true when all its entries are there and sealed.
     /// `now` is asked only while a group is landing.
-    fn load_group(&mut self, ring: &impl FifoRing, now: impl FnOnce() -> Time) -> Result<bool> {
+    fn load_group(&mut self, ring: &impl FifoRing, now: impl Fn() -> Time + Copy) -> Result<bool> {
         let mut es = [CtsEntry::default(); MAX_RECVS];
         let st = fifo::read_group(
             self.head,
@@ -311,6 +348,10 @@ impl SendCore {
                 }
                 let first = fifo::ring_pos(self.head) * self.nrdevs;
                 self.first_rkeys[first..first + self.nrdevs].copy_from_slice(&es[0].rkeys[..self.nrdevs]);
+                if let Some(e) = self.eager.as_deref_mut() {
+                    e.handle_credit(es[0].eager_credit());
+                    e.last_ok = n == 1 && es[0].eager_ok();
+                }
                 self.cur.active = true;
                 self.cur.n = n;
                 self.cur.entries = es;
@@ -340,7 +381,7 @@ impl SendCore {
     /// or seal is one no honest receiver leaves there, [`fifo::impossible_head_entry`]) a stale,
     /// replayed or garbage CTS write. That is bounded like a landing group (a word read while
     /// the receiver's NIC stores it may look impossible for a moment) and then fails the comm.
-    fn check_unposted_head(&mut self, ring: &impl FifoRing, now: impl FnOnce() -> Time) -> Result<bool> {
+    fn check_unposted_head(&mut self, ring: &impl FifoRing, now: impl Fn() -> Time + Copy) -> Result<bool> {
         let pos = fifo::ring_pos(self.head);
         let entry = ring.load_entry(pos);
         let (stamp, seal) = (self.consumed_stamps[pos], self.consumed_seals[pos]);
@@ -369,11 +410,12 @@ impl SendCore {
 
     /// Start a send of `size` bytes at `data` (lkeys per member device) to the buffer with
     /// `tag` in the oldest posted group. The group is planned into `post` as soon as every one
-    /// of its buffers has a send (and its chains fit the credits).
+    /// of its buffers has a send (and its chains fit the credits). With the eager path on, a
+    /// small send whose group's CTS has not landed goes at once ([`super::eager`]).
     pub fn isend(
         &mut self,
         ring: &mut impl FifoRing,
-        now: impl FnOnce() -> Time,
+        now: impl Fn() -> Time + Copy,
         send: SendBuf,
         post: &mut impl FnMut(Post<'_>) -> Result<()>,
     ) -> Result<Isend> {
@@ -381,8 +423,22 @@ impl SendCore {
         if self.waiting() || self.recovering {
             return Ok(Isend::Busy);
         }
+        self.advance(ring, now, post)?;
+        if self.waiting() {
+            return Ok(Isend::Busy);
+        }
+        if let Some(e) = self.eager.as_deref() {
+            // Earlier sends go first: after open claims only another claim can follow; a
+            // refused send of the same tag goes through the CTS path before this one.
+            if !e.claims.is_empty() {
+                return self.send_eager(send, post);
+            }
+            if e.deferred_tag(send.tag) {
+                return Ok(Isend::NoBuffer);
+            }
+        }
         if !self.cur.active && !self.load_group(ring, now)? {
-            return Ok(Isend::NoBuffer);
+            return self.send_eager(send, post);
         }
         let n = self.cur.n;
         let Some(i) = fifo::match_tag(&self.cur.entries[..n], self.cur.matched, send.tag) else {
@@ -391,7 +447,20 @@ impl SendCore {
         let Some(r) = self.state.pool.alloc(ReqKind::Send) else {
             return Ok(Isend::Busy);
         };
-        let posted = usize::try_from(self.cur.entries[i].size).unwrap_or(usize::MAX);
+        let truncated_to = self.take_entry(i, r, send);
+        self.post_waiting(ring, post)?;
+        Ok(Isend::Started {
+            idx: r,
+            truncated_to,
+            eager: false,
+        })
+    }
+
+    /// Request `r` fills buffer `i` of the current group with `send`; the posted size when it
+    /// is smaller than the send (reported once per comm).
+    fn take_entry(&mut self, i: usize, r: u16, send: SendBuf) -> Option<usize> {
+        let n = self.cur.n;
+        let posted = usize::try_from(self.cur.entries[i].posted_size()).unwrap_or(usize::MAX);
         let len = send.size.min(posted);
         let truncated_to = (send.size > posted && !self.truncate_reported).then_some(posted);
         self.truncate_reported |= truncated_to.is_some();
@@ -417,8 +486,244 @@ impl SendCore {
             // Not posted yet: one placeholder completion, replaced when the group is posted.
             req.pending = 1;
         }
-        self.post_waiting(ring, post)?;
-        Ok(Isend::Started { idx: r, truncated_to })
+        truncated_to
+    }
+
+    /// The send as a request's kept buffer and lkeys describe it.
+    fn kept_send(&self, r: u16, tag: i32) -> SendBuf {
+        let k = self.kept.get(usize::from(r)).copied().unwrap_or_default();
+        let mut lkeys = [0; MAX_DEVS];
+        let l = usize::from(r) * self.nldevs;
+        if let Some(src) = self.kept_lkeys.get(l..l + self.nldevs) {
+            lkeys[..self.nldevs].copy_from_slice(src);
+        }
+        SendBuf {
+            data: k.data as usize,
+            size: k.len(),
+            tag,
+            lkeys,
+        }
+    }
+
+    /// Send `send` eagerly, claiming the group after the open claims, if the eager path allows
+    /// it now (else "no buffer yet": the CTS path waits for the group's CTS).
+    fn send_eager(&mut self, send: SendBuf, post: &mut impl FnMut(Post<'_>) -> Result<()>) -> Result<Isend> {
+        let Some(e) = self.eager.as_deref() else {
+            return Ok(Isend::NoBuffer);
+        };
+        let inline = eager::HEADER_BYTES + send.size <= e.cfg.inline_max;
+        let wrs = if inline || send.size == 0 { 1 } else { 2 };
+        if !e.may_send(send.size) || usize::from(self.credits[EAGER_QP]) < wrs {
+            return Ok(Isend::NoBuffer);
+        }
+        let Some(r) = self.state.pool.alloc(ReqKind::Send) else {
+            return Ok(Isend::Busy);
+        };
+        let claim = self.counter + e.claims.len() as u64;
+        if let Some(k) = self.kept.get_mut(usize::from(r)) {
+            *k = Kept::new(send.data, send.size, 0);
+            k.set_counter(claim);
+        }
+        let l = usize::from(r) * self.nldevs;
+        if let Some(dst) = self.kept_lkeys.get_mut(l..l + self.nldevs) {
+            dst.copy_from_slice(&send.lkeys[..self.nldevs]);
+        }
+        if let Some(req) = self.state.pool.get_mut(r) {
+            req.set_pos_n(0, 1);
+            req.size = reported_size(send.size);
+            // Its write's acknowledgement, and the claim's verdict.
+            req.pending = 2;
+        }
+        let Some(e) = self.eager.as_deref_mut() else {
+            return Ok(Isend::NoBuffer);
+        };
+        let slot = eager::slot_of(e.sent);
+        let header = Header {
+            claim,
+            head: self.head,
+            tag: send.tag,
+            len: send.size as u32,
+            epoch: e.epoch,
+            seq: e.sent as u32,
+        };
+        e.req[slot] = r;
+        e.tag[slot] = send.tag;
+        e.hdr[slot] = header.to_bytes();
+        e.acked &= !(1 << slot);
+        e.busy |= 1 << slot;
+        e.sent += 1;
+        e.claims.push(slot);
+        self.chains[EAGER_QP].push(EAGER_CHAIN | slot as u16);
+        self.post_eager(slot, send, post)?;
+        Ok(Isend::Started {
+            idx: r,
+            truncated_to: None,
+            eager: true,
+        })
+    }
+
+    /// Post the eager write of slot `slot` (its header kept in the eager state, its payload
+    /// `send`) on the eager QP: one inline write when both fit, else the payload and then the
+    /// header inline. The write with immediate is signaled; its completion acknowledges it.
+    /// The caller logs the chain.
+    fn post_eager(&mut self, slot: usize, send: SendBuf, post: &mut impl FnMut(Post<'_>) -> Result<()>) -> Result<()> {
+        let Some(e) = self.eager.as_deref() else {
+            return Ok(());
+        };
+        let route = self.cfg.routes.get(EAGER_QP).copied().unwrap_or_default();
+        let (ldev, rdev) = (route.dev.min(MAX_DEVS - 1), route.remote_dev.min(MAX_DEVS - 1));
+        let at = e.cfg.landing.addr + (slot * e.cfg.slot_bytes) as u64;
+        let rkey = e.cfg.landing.rkeys[rdev];
+        let payload = (send.size > 0).then(|| Sge {
+            addr: send.data as u64,
+            len: send.size as u32,
+            lkey: send.lkeys[ldev],
+        });
+        let inline = eager::HEADER_BYTES + send.size <= e.cfg.inline_max;
+        let r = e.req[slot];
+        let mut chain = [WorkRequest::EMPTY; 2];
+        let mut k = 0;
+        if !inline && payload.is_some() {
+            chain[0] = WorkRequest {
+                wr_id: 0,
+                op: Op::Write,
+                local: payload,
+                remote: Remote {
+                    addr: at + eager::HEADER_BYTES as u64,
+                    rkey,
+                },
+                signaled: false,
+                inline: false,
+                prefix: None,
+            };
+            k = 1;
+        }
+        chain[k] = WorkRequest {
+            wr_id: 0,
+            op: Op::WriteImm(Imm::Eager { slot }.to_u32()),
+            local: if inline { payload } else { None },
+            remote: Remote { addr: at, rkey },
+            signaled: true,
+            inline: true,
+            prefix: Some(e.hdr[slot]),
+        };
+        k += 1;
+        let wr_id = SendWrId::new(&[r], k, EAGER_QP).0;
+        for w in &mut chain[..k] {
+            w.wr_id = wr_id;
+        }
+        self.credits[EAGER_QP] = self.credits[EAGER_QP].saturating_sub(k as u16);
+        if let Err(err) = post(Post::Send {
+            qp: EAGER_QP,
+            chain: &chain[..k],
+        }) {
+            return Err(self.state.fail(err));
+        }
+        Ok(())
+    }
+
+    /// Decide the open claims whose groups' CTS entries have landed, and match the refused
+    /// messages to groups through the CTS path, in their order ([`super::eager`]). A bound
+    /// claim consumes its group's entry; the first refusal turns every open claim into a
+    /// refused message; once none is left a new epoch begins.
+    fn advance(
+        &mut self,
+        ring: &mut impl FifoRing,
+        now: impl Fn() -> Time + Copy,
+        post: &mut impl FnMut(Post<'_>) -> Result<()>,
+    ) -> Result<()> {
+        if self.recovering || self.eager.is_none() {
+            return Ok(());
+        }
+        loop {
+            let Some(e) = self.eager.as_deref() else {
+                return Ok(());
+            };
+            let (claim, deferred) = (e.claims.front(), e.deferred.front());
+            let deferred = deferred.map(|slot| (slot, e.acked(slot), e.req[slot], e.tag[slot]));
+            if let Some(slot) = claim {
+                if !self.cur.active && !self.load_group(ring, now)? {
+                    return Ok(());
+                }
+                self.decide_claim(slot);
+                continue;
+            }
+            if let Some((slot, acked, r, tag)) = deferred {
+                if !acked || self.waiting() {
+                    return Ok(());
+                }
+                if !self.cur.active && !self.load_group(ring, now)? {
+                    return Ok(());
+                }
+                let send = self.kept_send(r, tag);
+                let Some(i) = fifo::match_tag(&self.cur.entries[..self.cur.n], self.cur.matched, send.tag) else {
+                    // The group waits for other sends first.
+                    return Ok(());
+                };
+                self.take_entry(i, r, send);
+                if let Some(e) = self.eager.as_deref_mut() {
+                    e.deferred.pop();
+                    e.decided(slot);
+                }
+                self.post_waiting(ring, post)?;
+                continue;
+            }
+            if let Some(e) = self.eager.as_deref_mut() {
+                if e.refused {
+                    e.refused = false;
+                    e.epoch = e.epoch.wrapping_add(1);
+                }
+            }
+            return Ok(());
+        }
+    }
+
+    /// The oldest open claim (slot `slot`) meets its group, loaded as the current one: both
+    /// ends decide it alike ([`eager::binds`]).
+    fn decide_claim(&mut self, slot: usize) {
+        let Some(e) = self.eager.as_deref_mut() else {
+            return;
+        };
+        let first = self.cur.entries[0];
+        let view = GroupView {
+            eager_ok: self.cur.n == 1 && first.eager_ok(),
+            tag: first.tag as i32,
+        };
+        if eager::binds(view, e.tag[slot], e.refused) {
+            e.claims.pop();
+            e.bound += 1;
+            e.decided(slot);
+            let r = e.req[slot];
+            let posted = usize::try_from(first.posted_size()).unwrap_or(usize::MAX);
+            let len = self.kept.get(usize::from(r)).map_or(0, |k| k.len()).min(posted);
+            if let Some(req) = self.state.pool.get_mut(r) {
+                req.size = reported_size(len);
+                req.complete_one();
+            }
+            // The group is consumed: nothing is written for it.
+            self.counter += 1;
+            self.head += self.cur.n as u64;
+            self.cur.active = false;
+        } else {
+            e.refused = true;
+            while let Some(s) = e.claims.pop() {
+                e.refused_msgs += 1;
+                e.deferred.push(s);
+            }
+        }
+    }
+
+    /// Progress without a new send: decide claims, send refused messages, post the complete
+    /// current group if its chains fit.
+    pub fn progress(
+        &mut self,
+        ring: &mut impl FifoRing,
+        now: impl Fn() -> Time + Copy,
+        post: &mut impl FnMut(Post<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.state.check()?;
+        self.advance(ring, now, post)?;
+        self.post_waiting(ring, post)
     }
 
     /// Plan the complete current group into `post` if every chain fits its QP's credits (else
@@ -436,13 +741,14 @@ impl SendCore {
         let nq = self.cfg.qps_per_req;
         let nqps = self.qps();
         let ar_split = n == 1 && self.cfg.ar_threshold.is_some_and(|t| self.cur.len[0] > t);
+        let record = self.record_form(&self.cur.len[..n]);
         // On the stack: a comm keeps no plan between calls (memory per connection).
         let mut plan = [WrPlan::ZeroImm; MAX_CHAIN];
         let mut chain = [WorkRequest::EMPTY; MAX_CHAIN];
         let wr_bytes = self.cfg.wr_bytes;
         for j in 0..nq {
             let q = split::qp_for_chunk(id, nq, j, nqps);
-            let Some(k) = split::plan_chain(&self.cur.len[..n], nq, j, ar_split, wr_bytes, &mut plan) else {
+            let Some(k) = split::plan_chain_as(&self.cur.len[..n], nq, j, ar_split, record, wr_bytes, &mut plan) else {
                 return Err(self.state.fail(self.oversized_group()));
             };
             if usize::from(self.credits[q]) < k {
@@ -450,7 +756,7 @@ impl SendCore {
             }
         }
         let pos = fifo::ring_pos(self.head);
-        if n > 1 {
+        if n > 1 || record {
             let mut sizes = [0u32; MAX_RECVS];
             for (s, &l) in sizes.iter_mut().zip(&self.cur.len[..n]) {
                 *s = reported_size(l);
@@ -460,7 +766,7 @@ impl SendCore {
         for j in 0..nq {
             let q = split::qp_for_chunk(id, nq, j, nqps);
             // Planned above, so it fits.
-            let k = split::plan_chain(&self.cur.len[..n], nq, j, ar_split, wr_bytes, &mut plan).unwrap_or(0);
+            let k = split::plan_chain_as(&self.cur.len[..n], nq, j, ar_split, record, wr_bytes, &mut plan).unwrap_or(0);
             self.build_chain(&self.cur, q, &plan[..k], pos, &mut chain);
             // Taken before posting: a partly posted chain still counts against the queue.
             self.credits[q] -= k as u16;
@@ -483,6 +789,12 @@ impl SendCore {
         Ok(())
     }
 
+    /// Whether a group with buffers of `lens` bytes completes with its sizes record: a grouped
+    /// one, or on a version-5 connection a single one too large for the immediate.
+    fn record_form(&self, lens: &[usize]) -> bool {
+        self.cfg.named_imm && lens.len() == 1 && lens[0] > eager::IMM_SIZE_MAX
+    }
+
     /// Why the complete current group cannot be posted: a buffer takes more WRs than one chain
     /// holds (the receiver posted more than this side's `maxP2pBytes`).
     fn oversized_group(&self) -> Error {
@@ -503,7 +815,12 @@ impl SendCore {
         let (ldev, rdev) = (route.dev.min(MAX_DEVS - 1), route.remote_dev.min(MAX_DEVS - 1));
         let n = cur.n;
         let wr_id = SendWrId::new(&cur.reqs[..n], k, q).0;
-        let completion_imm = reported_size(cur.len[0]);
+        let (completion_imm, record_imm) = if self.cfg.named_imm {
+            let size = reported_size(cur.len[0]);
+            (Imm::Single { pos, size }.to_u32(), Imm::Record { pos }.to_u32())
+        } else {
+            (reported_size(cur.len[0]), pos as u32)
+        };
         for x in 0..k {
             chain[x] = match plan[x] {
                 WrPlan::Data { sub, off, len, imm } => {
@@ -523,6 +840,7 @@ impl SendCore {
                         },
                         signaled: imm,
                         inline: false,
+                        prefix: None,
                     }
                 }
                 // AR: a zero-length write carries the completion behind the bulk data.
@@ -536,12 +854,13 @@ impl SendCore {
                     },
                     signaled: true,
                     inline: false,
+                    prefix: None,
                 },
                 // Grouped: the n sizes go into the receiver's completion record of the group
                 // (inside its CTS staging entry, fifo::SIZES_IN_ENTRY).
                 WrPlan::SizesImm => WorkRequest {
                     wr_id,
-                    op: Op::WriteImm(pos as u32),
+                    op: Op::WriteImm(record_imm),
                     local: Some(Sge {
                         addr: self.cfg.fifo.addr + (pos * fifo::ENTRY_BYTES + fifo::SIZES_IN_ENTRY) as u64,
                         len: (n * 4) as u32,
@@ -553,6 +872,7 @@ impl SendCore {
                     },
                     signaled: true,
                     inline: false,
+                    prefix: None,
                 },
             };
         }
@@ -566,8 +886,16 @@ impl SendCore {
         if let Some(c) = self.credits.get_mut(w.qp()) {
             *c = (usize::from(*c) + w.chain()).min(SQ_DEPTH) as u16;
         }
-        if let Some(log) = self.chains.get_mut(w.qp()) {
+        // RC completes a QP's chains in order, each by its one signaled WR: this completion is
+        // the oldest unretired chain's.
+        let front = self.chains.get_mut(w.qp()).and_then(|log| {
+            let f = log.front();
             log.pop();
+            f
+        });
+        if let Some(slot) = front.and_then(eager_chain) {
+            self.eager_acked(slot);
+            return;
         }
         let pool = &mut self.state.pool;
         let n = pool.get(w.lane(0)).map_or(1, |r| r.n());
@@ -576,6 +904,25 @@ impl SendCore {
                 if r.kind() == ReqKind::Send {
                     r.complete_one();
                 }
+            }
+        }
+    }
+
+    /// The eager write of slot `slot` was acknowledged (the receiver's NIC has it).
+    fn eager_acked(&mut self, slot: usize) {
+        let Some(e) = self.eager.as_deref_mut() else {
+            return;
+        };
+        if e.acked(slot) || e.busy & (1 << slot) == 0 {
+            return;
+        }
+        e.acked |= 1 << slot;
+        if !e.undecided(slot) {
+            e.busy &= !(1 << slot);
+        }
+        if let Some(r) = self.state.pool.get_mut(e.req[slot]) {
+            if r.kind() == ReqKind::Send {
+                r.complete_one();
             }
         }
     }
@@ -663,6 +1010,16 @@ impl SendCore {
             let log = self.chains[q];
             let landed = (t - log.retired()) as usize;
             for k in 0..usize::from(log.len) {
+                if let Some(slot) = eager_chain(log.at(k)) {
+                    if k < landed {
+                        self.eager_acked(slot);
+                        done.landed += 1;
+                    } else {
+                        done.chains += 1;
+                        done.bytes += self.replay_eager(slot, post)?;
+                    }
+                    continue;
+                }
                 let Some((g, pos)) = self.kept_group(ring, log.at(k)) else {
                     return Err(self.state.fail(Error::internal(format!(
                         "recovery: chain {k} of QP {q} names no send in flight"
@@ -686,7 +1043,10 @@ impl SendCore {
                         .fail(Error::internal(format!("recovery: group {id} has no chunk on QP {q}"))));
                 };
                 let ar_split = g.n == 1 && self.cfg.ar_threshold.is_some_and(|t| g.len[0] > t);
-                let Some(wrs) = split::plan_chain(&g.len[..g.n], nq, j, ar_split, self.cfg.wr_bytes, &mut plan) else {
+                let record = self.record_form(&g.len[..g.n]);
+                let planned =
+                    split::plan_chain_as(&g.len[..g.n], nq, j, ar_split, record, self.cfg.wr_bytes, &mut plan);
+                let Some(wrs) = planned else {
                     return Err(self.state.fail(self.oversized_group()));
                 };
                 self.build_chain(&g, q, &plan[..wrs], pos, &mut chain);
@@ -711,6 +1071,20 @@ impl SendCore {
         }
         self.recovering = false;
         Ok(done)
+    }
+
+    /// Post the eager write of slot `slot` again (a recovery found it had not landed); its
+    /// payload bytes.
+    fn replay_eager(&mut self, slot: usize, post: &mut impl FnMut(Post<'_>) -> Result<()>) -> Result<u64> {
+        let Some(e) = self.eager.as_deref() else {
+            return Err(self.state.fail(Error::internal(
+                "recovery: an eager chain on a connection without the eager path",
+            )));
+        };
+        let send = self.kept_send(e.req[slot], e.tag[slot]);
+        // The chain log keeps the chain where it was (the recovery posts in its order).
+        self.post_eager(slot, send, post)?;
+        Ok(send.size as u64)
     }
 
     /// The posting counter of the group request `r` belongs to (its low bits are kept; the
@@ -781,16 +1155,16 @@ impl SendCore {
 }
 
 /// A message size as the immediate, a completion record and [`Request::size`] carry it:
-/// saturated at `u32::MAX` (4 GiB − 1). Exact below that, which is every size `test` can
-/// report: its sizes are `int`, so both ends saturate them at `i32::MAX` there anyway.
+/// saturated at `i32::MAX` (2 GiB − 1), which is every size `test` can report (its sizes are
+/// `int`), so a single message's immediate never has [`eager::IMM_EAGER`]'s bit.
 ///
 /// [`Request::size`]: super::request::Request::size
 pub fn reported_size(len: usize) -> u32 {
-    u32::try_from(len).unwrap_or(u32::MAX)
+    len.min(i32::MAX as usize) as u32
 }
 
 /// One isend's buffer as the core needs it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct SendBuf {
     pub data: usize,
     pub size: usize,

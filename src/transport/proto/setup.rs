@@ -199,7 +199,7 @@ impl Finishing {
 pub struct Refusal {
     pub error: SetupError,
     /// `Some`: tell the peer why (a `Reject` to send before closing); `None`: just close.
-    pub reject: Option<Message>,
+    pub reject: Option<Box<Message>>,
 }
 
 impl Refusal {
@@ -231,20 +231,20 @@ impl AwaitRequest {
         match m.map_err(|e| Refusal::silent(SetupError::Malformed(e)))? {
             Message::ConnectReq(req) if req.nonce != self.nonce => Err(Refusal {
                 error: SetupError::WrongNonce { got: req.nonce },
-                reject: Some(Message::Reject {
+                reject: Some(Box::new(Message::Reject {
                     code: reject::NONCE_MISMATCH,
                     text: "nonce mismatch: this listener did not issue that handle".into(),
-                }),
+                })),
             }),
             Message::ConnectReq(_) if busy => Err(Refusal {
                 error: SetupError::Rejected {
                     code: reject::BUSY,
                     text: "a second connection attempt while one is being accepted".into(),
                 },
-                reject: Some(Message::Reject {
+                reject: Some(Box::new(Message::Reject {
                     code: reject::BUSY,
                     text: "this listener is already accepting a connection".into(),
-                }),
+                })),
             }),
             Message::ConnectReq(req) => Ok(req),
             other => Err(Refusal::silent(SetupError::Unexpected {
@@ -327,6 +327,7 @@ mod tests {
                 name: [0; NAME_BYTES],
             }],
             qps: vec![QpRepr { qpn: 0x11, dev: 0 }],
+            eager: Default::default(),
         }
     }
 
@@ -468,7 +469,7 @@ mod tests {
         let r = a.handle_message(req(FOREIGN), false).unwrap_err();
         assert_eq!(r.error, SetupError::WrongNonce { got: FOREIGN });
         assert!(matches!(
-            r.reject,
+            r.reject.as_deref(),
             Some(Message::Reject {
                 code: reject::NONCE_MISMATCH,
                 ..
@@ -476,7 +477,10 @@ mod tests {
         ));
         // A second valid request while another connection is being accepted.
         let r = a.handle_message(req(NONCE), true).unwrap_err();
-        assert!(matches!(r.reject, Some(Message::Reject { code: reject::BUSY, .. })));
+        assert!(matches!(
+            r.reject.as_deref(),
+            Some(Message::Reject { code: reject::BUSY, .. })
+        ));
         // A failed build is reported to the peer.
         assert!(matches!(
             a.handle_build_failed("no CQ"),

@@ -90,10 +90,24 @@ pub fn plan_chain(
     wr_bytes: usize,
     out: &mut [WrPlan; MAX_CHAIN],
 ) -> Option<usize> {
+    plan_chain_as(lens, qps_per_req, j, ar_split, false, wr_bytes, out)
+}
+
+/// [`plan_chain`], and with `record` a single buffer completes with the sizes record too (a
+/// message too large for the immediate of a version-5 connection, `eager::IMM_SIZE_MAX`).
+pub fn plan_chain_as(
+    lens: &[usize],
+    qps_per_req: usize,
+    j: usize,
+    ar_split: bool,
+    record: bool,
+    wr_bytes: usize,
+    out: &mut [WrPlan; MAX_CHAIN],
+) -> Option<usize> {
     let n = lens.len().min(super::limits::MAX_RECVS);
     let piece = piece_bytes(wr_bytes);
     let mut k = 0;
-    let single = n == 1 && !ar_split;
+    let single = n == 1 && !ar_split && !record;
     for (i, &l) in lens.iter().enumerate().take(n) {
         let (off, len) = chunk(l, qps_per_req, j);
         if len == 0 && !single {
@@ -112,7 +126,11 @@ pub fn plan_chain(
         }
     }
     if !single {
-        *out.get_mut(k)? = if n == 1 { WrPlan::ZeroImm } else { WrPlan::SizesImm };
+        *out.get_mut(k)? = if n == 1 && !record {
+            WrPlan::ZeroImm
+        } else {
+            WrPlan::SizesImm
+        };
         k += 1;
     }
     Some(k)
