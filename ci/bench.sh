@@ -10,6 +10,10 @@
 #   P3 = all_reduce busbw at 64 MiB / sendrecv busbw at 64 MiB (2 ranks)       target >= 0.90
 #   P7 = all_reduce time(S) / (2 x sendrecv time(S/2)), 2 ranks, S = 64 KiB .. 4 MiB (one
 #        reduce-scatter and one all-gather step of S/2 each, so 1.0 is the model)  target <= 1.10
+#   P8 = sendrecv_perf 8 B time (both ranks send and receive each iteration) / ib_write_lat
+#        (one network trip: the eager path, FERROCE_EAGER_MAX)                   target <= 1.30
+#   E1, E2 = sendrecv_perf and all_reduce_perf 8 B time, eager path on / off (FERROCE_EAGER_MAX=0)
+#        in the same round; E2 target <= 0.50 (the 8-byte all_reduce time halved)
 # and the verbs work per message (issue 13): post calls, WRs, signaled completions, CQ polls,
 # packets, CTS writes, with the targets <= 1 post call per QP a message uses (each side), <= 1
 # signaled completion per QP per send, <= 1 CTS write per irecv (ci/work-counts.py)
@@ -225,7 +229,7 @@ hv() {
     fi
 }
 median() { tr ' ' '\n' | grep -E '^[0-9.]+$' | sort -g | awk '{v[NR] = $1} END {if (NR) print v[int((NR + 1) / 2)]}'; }
-W_BW="" O_BW="" W_LAT="" P_LAT="" S64="" A64="" P_LAT_ST="" O_BW_ST=""
+W_BW="" O_BW="" W_LAT="" P_LAT="" S64="" A64="" P_LAT_ST="" O_BW_ST="" SR8="" SR8_OFF="" AR8="" AR8_OFF=""
 # P7: per size S, each round's all_reduce time(S) and 2 x sendrecv time(S/2) (out-of-place us)
 P7_SIZES="65536 262144 1048576 4194304"
 declare -A P7_AR P7_SR
@@ -251,6 +255,16 @@ for r in $(seq "$ROUNDS"); do
     P_LAT_ST="$P_LAT_ST ${HV:--}"
     hv r_oneway_stats 4194304 8 env FERROCE_STATS="$OUT/stats" "$H/sendrecv_perf" -N 2 -O --chunk 4M -b 4M -e 4M -n 256 -w 4 -c 0
     O_BW_ST="$O_BW_ST ${HV:--}"
+    # 8 bytes each way per iteration: with the eager path one network trip, without it two (the
+    # receiver's CTS, then the data); the same runs with it off, in the same round.
+    hv r_sr8 8 6 "$H/sendrecv_perf" -N 2 -b 8 -e 8 -n 2000 -w 100 -c 0
+    SR8="$SR8 ${HV:--}"
+    hv r_sr8_off 8 6 env FERROCE_EAGER_MAX=0 "$H/sendrecv_perf" -N 2 -b 8 -e 8 -n 2000 -w 100 -c 0
+    SR8_OFF="$SR8_OFF ${HV:--}"
+    hv r_ar8 8 6 "$H/all_reduce_perf" -N 2 -b 8 -e 8 -n 2000 -w 100 -c 0
+    AR8="$AR8 ${HV:--}"
+    hv r_ar8_off 8 6 env FERROCE_EAGER_MAX=0 "$H/all_reduce_perf" -N 2 -b 8 -e 8 -n 2000 -w 100 -c 0
+    AR8_OFF="$AR8_OFF ${HV:--}"
     hv r_p7_all_reduce 65536 6 "$H/all_reduce_perf" -N 2 -b 64K -e 4M -f 4 -n "$ITERS" -w 2 -c 0
     hv r_p7_sendrecv 32768 6 "$H/sendrecv_perf" -N 2 -b 32K -e 2M -f 4 -n "$ITERS" -w 2 -c 0
     for s in $P7_SIZES; do
@@ -306,6 +320,10 @@ ratio P3 "$A64" "$S64" ">=" 0.90 "all_reduce busbw 64 MiB / sendrecv 64 MiB"
 for s in $P7_SIZES; do
     ratio P7 "${P7_AR[$s]}" "${P7_SR[$s]}" "<=" 1.10 "all_reduce time($((s / 1024)) KiB) / 2 x sendrecv time($((s / 2048)) KiB)"
 done
+ratio P8 "$SR8" "$W_LAT" "<=" 1.30 "sendrecv 8 B time / ib_write_lat"
+ratio E1 "$SR8" "$SR8_OFF" "<=" 1.00 "sendrecv 8 B time, eager path on / off"
+ratio E2 "$AR8" "$AR8_OFF" "<=" 0.50 "all_reduce 8 B time, eager path on / off"
+say "    eager path: FERROCE_EAGER_MAX=${FERROCE_EAGER_MAX:-224 (the default)}; sendrecv 8 B median $(echo $SR8 | median) us (off: $(echo $SR8_OFF | median)), all_reduce 8 B median $(echo $AR8 | median) us (off: $(echo $AR8_OFF | median))"
 ratio S1 "$P_LAT_ST" "$P_LAT" "<=" 1.10 "ping-pong 8 B, statistics on / off"
 ratio S2 "$O_BW_ST" "$O_BW" ">=" 0.95 "one-way 4 MiB, statistics on / off"
 say "    context: sendrecv two-way best >= 4 MiB ${sr_best:-n/a} GB/s vs ib_write_bw -b ${wbwb:-n/a} GB/s per direction"

@@ -14,6 +14,7 @@ mod softroce_common;
 
 use nccl_net_ferroce::api::{self, CommContext, RecvHandle, SendHandle};
 use nccl_net_ferroce::device::NetDevice;
+use nccl_net_ferroce::transport::proto::eager::{self, Imm};
 use nccl_net_ferroce::transport::proto::fifo::{CtsEntry, ENTRY_BYTES, RING_BYTES, SIZES_IN_ENTRY};
 use nccl_net_ferroce::transport::proto::handshake::{
     DevRepr, EndpointRepr, HandleRepr, LinkLayer, ListenAddr, Message, QpRepr,
@@ -411,14 +412,25 @@ fn sizes_larger_than_posted_are_clamped() {
                 .expect("irecv")
                 .expect("slot");
             let cts = rogue.wait_cts(0, 0);
-            assert_eq!((cts.addr, cts.size), (a as u64, 100));
+            assert_eq!((cts.addr, cts.posted_size()), (a as u64, 100));
             rogue.bytes()[RING_BYTES..RING_BYTES + 100].fill(0x77);
             let remote = Remote {
                 addr: cts.addr,
                 rkey: cts.rkeys[0],
             };
             rogue
-                .write(RING_BYTES, 100, remote, Some(1_000_000))
+                .write(
+                    RING_BYTES,
+                    100,
+                    remote,
+                    Some(
+                        Imm::Single {
+                            pos: 0,
+                            size: 1_000_000,
+                        }
+                        .to_u32(),
+                    ),
+                )
                 .expect("the rogue's write");
             assert_eq!(wait(q), Ok(100), "the posted size, not the claimed 1,000,000");
             // Grouped receive of 100 + 50 (entries 1, 2); the rogue scribbles over the record
@@ -449,7 +461,9 @@ fn sizes_larger_than_posted_are_clamped() {
                 .expect("a huge size over the staged entry");
             let sizes: Vec<u8> = [1_000_000u32, u32::MAX].iter().flat_map(|s| s.to_le_bytes()).collect();
             rogue.bytes()[RING_BYTES..RING_BYTES + 8].copy_from_slice(&sizes);
-            rogue.write(RING_BYTES, 8, records, Some(1)).expect("the lying record");
+            rogue
+                .write(RING_BYTES, 8, records, Some(Imm::Record { pos: 1 }.to_u32()))
+                .expect("the lying record");
             let mut sz = [-1i32; 2];
             let end = Instant::now() + Duration::from_secs(20);
             // SAFETY: q is in flight until test says done.
@@ -473,10 +487,11 @@ fn sizes_larger_than_posted_are_clamped() {
     assert!(claims <= 1, "one WARN per comm, not {claims}: {w:#?}");
 }
 
-/// The rogue as sender completes one grouped receive honestly (its record, then its immediate:
-/// the ring position of the record, 0) and then replays that completion for the next group
-/// (record at position 2, immediate 0 again): the second receive fails, with a WARN naming
-/// the peer and what it claimed, instead of completing with another group's sizes.
+/// The rogue as sender completes one grouped receive honestly (its record, then its immediate,
+/// which names the record at ring position 0) and then replays that completion (the same
+/// immediate) after writing the next group's record (position 2): the second receive fails,
+/// with a WARN naming the peer and what it claimed, instead of completing with another group's
+/// sizes.
 #[test]
 fn a_replayed_grouped_completion_fails_only_that_comm() {
     case(
@@ -503,8 +518,9 @@ fn a_replayed_grouped_completion_fails_only_that_comm() {
                 rogue.wait_cts(first_entry, group);
                 posted.push(q);
             }
+            let group_0 = Imm::Record { pos: 0 }.to_u32();
             rogue
-                .write(RING_BYTES, 8, records, Some(0))
+                .write(RING_BYTES, 8, records, Some(group_0))
                 .expect("group 0's completion");
             let mut sz = [-1i32; 2];
             let end = Instant::now() + Duration::from_secs(20);
@@ -518,11 +534,13 @@ fn a_replayed_grouped_completion_fails_only_that_comm() {
                 ..records
             };
             rogue
-                .write(RING_BYTES, 8, replay, Some(0))
+                .write(RING_BYTES, 8, replay, Some(group_0))
                 .expect("the replayed completion");
             let err = wait(posted[1]).expect_err("a replayed completion must fail the receive");
             assert!(
-                err.contains("staging entry 2") && err.contains("immediate 0") && err.contains("127.0.0.1"),
+                err.contains("names no receive waiting there")
+                    && err.contains(&format!("{group_0}"))
+                    && err.contains("127.0.0.1"),
                 "{err}"
             );
             assert!(g.guards_intact(), "bytes outside the registered buffer changed");
@@ -537,8 +555,8 @@ fn a_replayed_grouped_completion_fails_only_that_comm() {
 /// Writes past ferroce's own FIFO ring, past its CTS staging block (the receiver's completion
 /// records) and past a registered receive buffer are refused by the NIC (the rogue's write
 /// fails with a remote access error), and the guard page after the receive buffer is
-/// untouched. (The FIFO and staging registrations are exactly their 4 KiB, whatever the page
-/// size: conn::RegBuf.)
+/// untouched. (The FIFO registration is exactly its 4 KiB and the receiver's exactly its 4 KiB
+/// of staging and its landing ring, whatever the page size: conn::RegBuf.)
 #[test]
 fn writes_past_registered_memory_are_refused() {
     case(
@@ -567,7 +585,7 @@ fn writes_past_registered_memory_are_refused() {
                 rkey: cts.rkeys[0],
             };
             assert_eq!(
-                rogue.write(RING_BYTES, 64, past, Some(64)),
+                rogue.write(RING_BYTES, 64, past, Some(Imm::Single { pos: 0, size: 64 }.to_u32())),
                 Err(REM_ACCESS_ERR),
                 "past the buffer"
             );
@@ -578,16 +596,24 @@ fn writes_past_registered_memory_are_refused() {
             assert!(g.guards_intact(), "bytes outside the registered buffer changed");
             api::dereg_mr(mh).expect("deregMr");
             drop((r, rogue));
-            // Just past the staging block: its completion records start SIZES_IN_ENTRY in.
+            // Just past the receiver's block: the CTS staging (its completion records start
+            // SIZES_IN_ENTRY in), then the eager landing ring (SLOTS slots).
             let (rogue, r) = rogue_to_receiver(ctx, &h);
+            let landing = rogue.peer.eager;
+            assert!(landing.offered(), "a version-5 receiver offers its landing ring");
+            assert_eq!(
+                landing.landing,
+                rogue.peer.addr - SIZES_IN_ENTRY as u64 + RING_BYTES as u64,
+                "the landing ring follows the staging ring"
+            );
             let past = Remote {
-                addr: rogue.peer.addr - SIZES_IN_ENTRY as u64 + RING_BYTES as u64,
+                addr: landing.landing + (eager::SLOTS * landing.slot_bytes as usize) as u64,
                 rkey: rogue.peer.devs[0].rkey,
             };
             assert_eq!(
                 rogue.write(RING_BYTES, 8, past, None),
                 Err(REM_ACCESS_ERR),
-                "past the CTS staging block"
+                "past the receiver's block"
             );
             drop((r, rogue));
             h.check("after the refused writes");

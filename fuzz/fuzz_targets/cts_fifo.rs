@@ -129,7 +129,7 @@ fn check(u: &mut Unstructured) -> Result<()> {
         if let GroupState::Ready(k) = got {
             assert!((1..=MAX_RECVS).contains(&k));
             for e in &out[..k] {
-                assert!(e.sealed() && e.idx() == stamp(counter) && e.nreqs() == k && e.size <= i64::MAX as u64);
+                assert!(e.sealed() && e.idx() == stamp(counter) && e.nreqs() == k && e.posted_size() <= i64::MAX as u64);
             }
         }
     } else {

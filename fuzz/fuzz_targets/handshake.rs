@@ -116,16 +116,18 @@ fuzz_target!(|data: &[u8]| {
         want[11] = 0;
         assert_eq!(out[..], want[..], "header: emit(parse(x)) == x but the reserved byte");
     }
-    // A body, as every kind (including unknown ones).
-    if let Ok(e) = EndpointRepr::parse(data) {
-        assert_eq!(e.buffer_len(), data.len());
-        let mut out = Vec::new();
-        e.emit(&mut out);
-        assert_eq!(
-            EndpointRepr::parse(&out).as_ref(),
-            Ok(&e),
-            "endpoint: parse(emit(e)) == e"
-        );
+    // A body, as every kind (including unknown ones), at every version this build speaks.
+    for v in OLDEST_WIRE_VERSION..=WIRE_VERSION {
+        if let Ok(e) = EndpointRepr::parse(v, data) {
+            assert_eq!(e.buffer_len(v), data.len());
+            let mut out = Vec::new();
+            e.emit(v, &mut out);
+            assert_eq!(
+                EndpointRepr::parse(v, &out).as_ref(),
+                Ok(&e),
+                "endpoint: parse(emit(e)) == e at version {v}"
+            );
+        }
     }
     for k in [1u8, 2, 3, 4, data.first().copied().unwrap_or(0)] {
         for v in OLDEST_WIRE_VERSION..=WIRE_VERSION {

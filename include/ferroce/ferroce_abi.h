@@ -82,6 +82,14 @@ typedef struct {
    * CTS writes the receivers posted (RDMA WRITEs into the senders' FIFOs).
    */
   uint64_t cts_writes;
+  /**
+   * Messages the senders sent eagerly (without waiting for a CTS).
+   */
+  uint64_t eager_sent;
+  /**
+   * Eager messages the receivers copied into their buffers.
+   */
+  uint64_t eager_delivered;
 } ferroce_rs_FerroceStatsTotals;
 
 /**

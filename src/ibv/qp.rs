@@ -80,7 +80,8 @@ impl QueuePair {
         init.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
         init.cap.max_send_wr = caps.max_send_wr.clamp(1, max_wr);
         init.cap.max_recv_wr = caps.max_recv_wr.min(max_wr);
-        init.cap.max_send_sge = 1;
+        // Two: an eager write gathers its header (inline) and its payload.
+        init.cap.max_send_sge = 2;
         init.cap.max_recv_sge = 1;
         init.cap.max_inline_data = caps.max_inline_data;
         // SAFETY: live PD and CQs; init is a valid in/out struct.

@@ -7,6 +7,7 @@
 use super::conn::{self, Conn, LocalDev, RegBuf};
 use super::proto::eager;
 use super::proto::handshake::{self, EndpointRepr, HandleRepr, Message, FLAG_SPLIT};
+use super::proto::recv as recv_core;
 use super::proto::setup::{AwaitReady, AwaitRequest, Incoming, Refusal, SetupError};
 use super::proto::split;
 use super::proto::time::Time;
@@ -27,16 +28,14 @@ use std::sync::Arc;
 /// Send WRs per receiver QP: CTS writes (bound: unretired ≤ recv::CTS_DEPTH, only on the first
 /// QP of each device).
 const RECEIVER_SEND_WR: u32 = super::proto::recv::CTS_DEPTH as u32;
-/// Receive WRs per receiver QP: one per receive in flight that uses the QP (≤ RECVS_IN_FLIGHT;
-/// a receive's WRs complete before test() reports it) and fewer than one batch posted ahead
-/// (recv::RQ_DEPTH).
-const RECEIVER_RECV_WR: u32 = super::proto::recv::RQ_DEPTH as u32;
-/// CQ entries per receiver QP: its receive WRs, every one of them when the QP fails and flushes
-/// them (nothing else of the QP is signaled but the CTS writes, counted per device below).
-const RECEIVER_CQE_PER_QP: usize = super::proto::recv::RQ_DEPTH;
+// Receive WRs per receiver QP (recv::rq_depth): one per receive in flight that uses the QP
+// (≤ RECVS_IN_FLIGHT; a receive's WRs complete before test() reports it), fewer than one batch
+// posted ahead, and with the eager path one per eager message in flight. As many CQ entries per
+// receiver QP: its receive WRs, every one of them when the QP fails and flushes them (nothing
+// else of the QP is signaled but the CTS writes, counted per device below).
 /// CQ entries per receiver device besides the per-QP ones: the CTS writes of its one CTS QP
 /// (≤ recv::CTS_DEPTH unretired). Flush reads complete elsewhere (FLUSH_CQE), so the receive
-/// CQ of a device holds m·RQ_DEPTH + CTS_DEPTH for its m QPs.
+/// CQ of a device holds m·rq_depth + CTS_DEPTH for its m QPs.
 const RECEIVER_CQE_CTS: usize = super::proto::recv::CTS_DEPTH;
 /// Most simultaneous unidentified connections kept per listener.
 const MAX_PENDING: usize = 64;
@@ -365,7 +364,8 @@ fn build_recv(
     let ndata = if standby { 1 } else { nl.max(nr) };
     let flush = flush_wanted(members);
     let placement = conn::initial_placement(members, nqps);
-    let devs = conn::local_devs(members, &placement, RECEIVER_CQE_PER_QP, RECEIVER_CQE_CTS)?;
+    let rq_depth = recv_core::rq_depth(eager_max > 0);
+    let devs = conn::local_devs(members, &placement, rq_depth, RECEIVER_CQE_CTS)?;
     // Our QPs carry the CTS writes: NCCL_IB_FIFO_TC if set, else the sender's data tc.
     let tc = if cfg.fifo_tc >= 0 {
         (cfg.fifo_tc & 0xff) as u8
@@ -375,7 +375,7 @@ fn build_recv(
     let spec = conn::QpSpec {
         caps: QpCaps {
             max_send_wr: RECEIVER_SEND_WR,
-            max_recv_wr: RECEIVER_RECV_WR,
+            max_recv_wr: rq_depth as u32,
             max_inline_data: conn::inline_bytes(),
         },
         access: sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0

@@ -46,8 +46,13 @@ pub const RQ_BATCH: usize = 16;
 /// own group may take on that QP.
 const EAGER_SPARE: usize = SLOTS + 1;
 /// Receive-queue depth of a receiver QP (`max_recv_wr`), and the CQ entries its receives may
-/// take when the QP fails and flushes them all.
+/// take when the QP fails and flushes them all: [`rq_depth`], at most this.
 pub const RQ_DEPTH: usize = request::RECVS_IN_FLIGHT + RQ_BATCH + SLOTS;
+
+/// The receive-queue depth of a receiver QP, with the eager path or without.
+pub fn rq_depth(eager: bool) -> usize {
+    request::RECVS_IN_FLIGHT + RQ_BATCH + if eager { SLOTS } else { 0 }
+}
 
 /// `wr_id` kinds (top byte); the low 16 bits are a request index (flush reads) or a QP index
 /// (receives), or for CTS writes the device (bits 48..56) and the write's sequence number on
@@ -213,26 +218,31 @@ struct EagerRecv {
     last_epoch: u32,
     /// The epoch one of whose claims was refused: the rest of it is refused too.
     refused_epoch: Option<u32>,
-    /// Per ring position of a group's first entry: the group as a claim needs it.
+    /// Per ring position of a group's first entry: the group as a claim needs it, and its
+    /// [`CLAIM_OK`] / [`CLAIM_LIVE`] / [`CLAIM_BOUND`] marks.
     groups: [Claimable; fifo::RING],
+    marks: [u8; fifo::RING],
     /// Messages bound and refused (for statistics and tests).
     bound: u64,
     refused: u64,
 }
 
-/// A posted group as an eager claim on it is decided.
+/// A posted group as an eager claim on it is decided (16 bytes: memory per connection).
 #[derive(Clone, Copy, Default)]
 struct Claimable {
-    counter: u64,
     addr: u64,
+    /// The group's posting counter, low 32 bits (claims are on groups in flight, far fewer
+    /// than 2^31 apart).
+    counter: u32,
     tag: i32,
-    eager_ok: bool,
-    req: u16,
-    /// Posted and not yet reported by test.
-    live: bool,
-    /// An eager message filled it (no chain comes for it).
-    bound: bool,
 }
+
+/// A single receive into host memory: an eager message can fill it.
+const CLAIM_OK: u8 = 1;
+/// Posted and not yet reported by test.
+const CLAIM_LIVE: u8 = 2;
+/// An eager message filled it (no chain comes for it).
+const CLAIM_BOUND: u8 = 4;
 
 /// Eager messages the receiver has decided (for statistics and tests).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -369,6 +379,7 @@ impl RecvCore {
                     last_epoch: 0,
                     refused_epoch: None,
                     groups: [Claimable::default(); fifo::RING],
+                    marks: [0; fifo::RING],
                     bound: 0,
                     refused: 0,
                 })
@@ -483,7 +494,7 @@ impl RecvCore {
                 // Its group is not posted yet: decided at the irecv that posts it.
                 return Ok(());
             }
-            let pos = (0..fifo::RING).find(|&p| e.groups[p].live && e.groups[p].counter == h.claim);
+            let pos = (0..fifo::RING).find(|&p| e.marks[p] & CLAIM_LIVE != 0 && e.groups[p].counter == h.claim as u32);
             let Some(pos) = pos else {
                 let err = Error::remote(format!(
                     "the sender {} sent an eager message for receive {}, which this side has already completed: a corrupt or lying peer",
@@ -493,9 +504,10 @@ impl RecvCore {
             };
             let g = e.groups[pos];
             let view = GroupView {
-                eager_ok: g.eager_ok,
+                eager_ok: e.marks[pos] & CLAIM_OK != 0,
                 tag: g.tag,
             };
+            let req = u16::from(self.req_at[pos]);
             if eager::binds(view, h.tag, e.refused_epoch == Some(h.epoch)) {
                 let len = u64::from(h.len).min(self.posted[pos]) as usize;
                 let src = e.cfg.landing + (slot * e.cfg.slot_bytes + eager::HEADER_BYTES) as u64;
@@ -504,16 +516,16 @@ impl RecvCore {
                         return Err(self.state.fail(err));
                     }
                 }
-                e.groups[pos].bound = true;
+                e.marks[pos] |= CLAIM_BOUND;
                 e.bound += 1;
-                if let Some(r) = self.state.pool.get_mut(g.req) {
+                if let Some(r) = self.state.pool.get_mut(req) {
                     r.size = len as u32;
                     r.pending = 0;
                 }
                 let (nq, nqps) = (self.cfg.qps_per_req, self.cfg.routes.len());
                 for j in 0..nq {
-                    if let Some(rq) = self.rqs.get_mut(split::qp_for_chunk(g.counter, nq, j, nqps)) {
-                        rq.forget(g.req);
+                    if let Some(rq) = self.rqs.get_mut(split::qp_for_chunk(h.claim, nq, j, nqps)) {
+                        rq.forget(req);
                     }
                 }
             } else {
@@ -575,15 +587,13 @@ impl RecvCore {
         let eager_ok = n == 1 && bufs[0].host;
         let credit = self.eager.as_mut().map(|e| {
             e.granted = e.decided + SLOTS as u64;
-            e.groups[fifo::ring_pos(start)] = Claimable {
-                counter: id,
+            let pos = fifo::ring_pos(start);
+            e.groups[pos] = Claimable {
                 addr: bufs[0].data as u64,
+                counter: id as u32,
                 tag: bufs[0].tag,
-                eager_ok,
-                req: r,
-                live: true,
-                bound: false,
             };
+            e.marks[pos] = CLAIM_LIVE | if eager_ok { CLAIM_OK } else { 0 };
             e.granted
         });
         for (i, b) in bufs.iter().enumerate() {
@@ -807,7 +817,7 @@ impl RecvCore {
             .is_some_and(|q| q.kind() == ReqKind::Recv && q.pos() == pos && (q.n() == 1 || size.is_none()));
         if !live || !self.rqs.get_mut(qp).is_some_and(|q| q.take(r)) {
             self.state.fail(Error::remote(format!(
-                "the sender {} completed a message on QP {qp} with the immediate {imm:?}, which names no receive waiting there: a replayed, duplicated or forged completion",
+                "the sender {} completed a message on QP {qp} with the immediate {imm:?}, which names no receive waiting there: a replayed or forged completion (or a duplicated one)",
                 self.cfg.peer
             )));
             return;
@@ -920,8 +930,9 @@ impl RecvCore {
             let start = self.ring.abs_start(pos);
             let bound = match self.eager.as_mut() {
                 Some(e) => {
-                    e.groups[pos].live = false;
-                    e.groups[pos].bound
+                    let bound = e.marks[pos] & CLAIM_BOUND != 0;
+                    e.marks[pos] = 0;
+                    bound
                 }
                 None => false,
             };
