@@ -27,6 +27,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <ferroce/ferroce_abi.h>
 #include <ferroce/nccl_net.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -210,7 +211,11 @@ static struct {
   uint64_t seed;
   double limit;
   const char* dev_name;
-} opt = {200, 32, 1, 0, -1, 0, 8, 0, 0, 0, 64u << 20, 1, 120, NULL};
+  size_t small;     /* -S: every size at most this (the eager path's sizes) */
+  int singles;      /* -1: single-buffer receives only (what NCCL's LL protocol posts) */
+  long expect_eager; /* -E: at least this many eager messages sent or delivered here; 0: none */
+} opt = {200, 32, 1, 0, -1, 0, 8, 0, 0, 0, 64u << 20, 1, 120, NULL, 0, 0, -1};
+static void* g_dl;
 
 static void gen_group(uint64_t seed, int comm, int g, group_t* G) {
   uint64_t s = seed * 1000003 + (uint64_t)comm * 7919 + (uint64_t)g;
@@ -231,6 +236,7 @@ static void gen_group(uint64_t seed, int comm, int g, group_t* G) {
       G->size[i] = 0;
     else
       G->size[i] = (size_t)(splitmix(&s) % (256 * 1024));
+    if (opt.small) G->size[i] = (size_t)(r % (opt.small + 1));
     G->cap[i] = G->size[i] + ((r >> 8) % 2 ? (size_t)((r >> 16) % 8192) : 0);
     G->dmabuf[i] = !opt.no_dmabuf && (r >> 32) % 4 == 0;
     G->order[i] = i;
@@ -454,6 +460,7 @@ static net_t load(const char* path, int ver) {
     fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
     exit(2);
   }
+  g_dl = h;
   char sym[32];
   snprintf(sym, sizeof sym, "ncclNetPlugin_v%d", ver);
   n.tbl = dlsym(h, sym);
@@ -494,7 +501,7 @@ static net_t load(const char* path, int ver) {
   }
   opt.max_recvs = n_max_recvs(&n);
   if (opt.max_recvs > MAXN) opt.max_recvs = MAXN;
-  if (opt.max_recvs < 1) opt.max_recvs = 1;
+  if (opt.max_recvs < 1 || opt.singles) opt.max_recvs = 1;
   return n;
 }
 
@@ -519,6 +526,24 @@ static int connect_local(net_t* n, int count, void** sc, void** rc) {
     CHECK(n_close_listen(n, lc) == 0, "closeListen");
   }
   return 0;
+}
+
+/* -E: the eager path's work in this process, from the plugin's statistics (FERROCE_STATS). */
+static void check_eager(void) {
+  if (opt.expect_eager < 0) return;
+  int (*get)(ferroce_rs_FerroceStatsTotals*, size_t);
+  *(void**)&get = dlsym(g_dl, "ferroce_stats_totals_get");
+  ferroce_rs_FerroceStatsTotals t;
+  memset(&t, 0, sizeof t);
+  CHECK(get && get(&t, sizeof t) == 0 && t.enabled && t.size == sizeof t,
+        "the plugin's statistics (ferroce_stats_totals_get; FERROCE_STATS set?)");
+  unsigned long long work = (unsigned long long)(t.eager_sent + t.eager_delivered);
+  printf("eager path: %llu sent, %llu delivered\n", (unsigned long long)t.eager_sent, (unsigned long long)t.eager_delivered);
+  if (opt.expect_eager == 0)
+    CHECK(work == 0, "no eager message (%llu sent or delivered)", work);
+  else
+    CHECK(work >= (unsigned long long)opt.expect_eager, "at least %ld eager messages sent or delivered (%llu)", opt.expect_eager,
+          work);
 }
 
 static int run_local(net_t* n) {
@@ -569,6 +594,7 @@ static int run_local(net_t* n) {
   }
   CHECK(count_fds() == fds0, "no fd leaked by %d comm(s): %d fds before, %d after", C, fds0, count_fds());
   CHECK(warns == 0, "no WARN on a clean run (%d, last: %s)", warns, last_warn);
+  check_eager();
   CHECK(n_finalize(n) == 0, "finalize");
   return summary();
 }
@@ -739,6 +765,7 @@ static int run_remote(net_t* n, int sender, const char* file) {
     CHECK(n_close_send(n, comm) == 0, "closeSend");
   else
     CHECK(n_close_recv(n, comm) == 0, "closeRecv");
+  check_eager();
   n_finalize(n);
   return summary();
 }
@@ -827,6 +854,9 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "-H")) opt.hint = 1;
     else if (!strcmp(a, "-n")) opt.dev_name = v, i++;
     else if (!strcmp(a, "-e")) opt.expect_error = 1;
+    else if (!strcmp(a, "-S")) opt.small = strtoull(v, NULL, 0), i++;
+    else if (!strcmp(a, "-1")) opt.singles = 1;
+    else if (!strcmp(a, "-E")) opt.expect_eager = atol(v), i++;
     else {
       fprintf(stderr, "unknown option %s\n", a);
       return 2;

@@ -13,7 +13,9 @@
 #   * the same with SOFTROCE_LOSS=0.01;
 #   * a peer killed mid-transfer (either side): the survivor gets an error, never a hang;
 #   * junk on the listen port: rejected with a WARN, a real peer still connects;
-#   * one message of 2.5 GiB (v9+; INT_MAX on v7/v8; a refused negative int on v6).
+#   * one message of 2.5 GiB (v9+; INT_MAX on v7/v8; a refused negative int on v6);
+#   * the eager path: small messages sent before their receives, counted by the plugin's
+#     statistics; off; with loss; a version-4 peer on either side (no eager path, all correct).
 # Addresses 127.0.40.x-127.0.41.x. Prints "N passed, M failed"; non-zero exit on failure.
 set -u
 cd "$(dirname "$0")/../.."
@@ -156,6 +158,44 @@ fused_pair() {
 fused_pair "fused receiver (2) vs single sender" 2 0 ""
 fused_pair "single receiver vs fused sender (2), sender-only split" 0 2 "NCCL_IB_SPLIT_DATA_ON_QPS=1"
 fused_pair "fused vs fused" 2 2 "NCCL_IB_QPS_PER_CONNECTION=2"
+
+# The eager path (FERROCE_EAGER_MAX, wire version 5): small messages, singles and groups
+# (whose claims are refused and go again through the CTS path), dmabuf buffers (not host memory:
+# refused too), in one process and between two; the plugin's statistics must show eager
+# messages sent and delivered. A peer that speaks version 4 (FERROCE_WIRE_VERSION=4: as a build
+# before the eager path) gets the protocol it knows: every byte arrives, nothing goes eagerly.
+st="FERROCE_STATS=$tmp/stats"
+mkdir -p "$tmp/stats"
+local_case "eager path: messages <= 224 B, single receives" "$st" 12 -g 300 -S 224 -1 -D -E 200
+local_case "eager path: messages <= 224 B, groups, dmabuf" "$st" 12 -g 300 -S 224 -E 50
+local_case "eager path: FERROCE_EAGER_MAX=1000, 2 QPs split" "$st FERROCE_EAGER_MAX=1000 NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1" 12 -g 300 -S 1000 -E 50
+local_case "eager path off (FERROCE_EAGER_MAX=0)" "$st FERROCE_EAGER_MAX=0" 12 -g 100 -S 224 -E 0
+pair_case "eager path: messages <= 224 B, single receives" "$st" 12 "-g 300 -S 224 -1 -D -E 100" "-g 300 -S 224 -1 -D -E 100"
+pair_case "eager path: messages <= 224 B, groups, dmabuf" "$st" 12 "-g 300 -S 224 -E 20" "-g 300 -S 224 -E 20"
+pair_case "eager path with 1% loss" "$st SOFTROCE_LOSS=0.01 NCCL_IB_TIMEOUT=14" 12 "-g 200 -S 224 -E 10" "-g 200 -S 224 -E 10"
+mixed_case() {
+    name=$1 renv=$2 senv=$3
+    next_addr; a=$A; next_addr; b=$A
+    h="$tmp/handle.$a"
+    rm -f "$h"
+    echo "--- $name (v12, two processes)"
+    env $st $renv SOFTROCE_ADDR=$a timeout 300 "$T" "$PLUGIN" 12 recv "$h" -g 200 -S 224 -E 0 >"$tmp/recv" 2>&1 &
+    rp=$!
+    bg="$bg $rp"
+    env $st $senv SOFTROCE_ADDR=$b timeout 300 "$T" "$PLUGIN" 12 send "$h" -g 200 -S 224 -E 0 >"$tmp/send" 2>&1
+    src=$?
+    wait $rp
+    rrc=$?
+    if [ $src -eq 0 ] && [ $rrc -eq 0 ]; then
+        ok "receiver: $(tail -1 "$tmp/recv") / sender: $(tail -1 "$tmp/send")"
+    else
+        tail -12 "$tmp/recv"
+        tail -12 "$tmp/send"
+        ko "$name"
+    fi
+}
+mixed_case "a version-4 receiver and a version-5 sender" "FERROCE_WIRE_VERSION=4" ""
+mixed_case "a version-5 receiver and a version-4 sender" "" "FERROCE_WIRE_VERSION=4"
 
 loss="SOFTROCE_LOSS=0.01 NCCL_IB_TIMEOUT=14"
 local_case "1% loss" "$loss" 12 -g 80 -b 8388608
