@@ -76,6 +76,30 @@ fn eager_sends_fill_receives_posted_after_them_and_refused_ones_take_the_cts_pat
     );
 }
 
+/// A refused claim makes every later claim of its epoch refused, and those may name receives
+/// past the ones NCCL posts (grouped receives take several sends each). The receiver decides
+/// them at once: were it to wait for their receives, a receiver that posts a receive only after
+/// earlier ones completed (NCCL's step window) would wait for messages of the next epoch decided
+/// behind them: a hang (found by the C-ABI test over softroce, seen here with a window of 1–3).
+#[test]
+fn claims_of_a_refused_epoch_never_wait_for_receives_not_posted() {
+    for seed in 0..200u64 {
+        let mut c = random_case(seed);
+        c.eager_max = 224;
+        c.named_imm = true;
+        c.recv_window = 1 + seed as usize % 3;
+        for (k, g) in c.groups.iter_mut().enumerate() {
+            // Singles and groups of 2 alternate irregularly; small messages.
+            g.truncate(if k % 3 == 1 { 2 } else { 1 });
+            for m in g.iter_mut() {
+                m.posted %= 300;
+                m.sent = m.sent.min(m.posted);
+            }
+        }
+        run_case(c);
+    }
+}
+
 /// Eager off (FERROCE_EAGER_MAX=0, or a version-4 peer): no send goes eagerly, every one waits
 /// for its CTS as before.
 #[test]

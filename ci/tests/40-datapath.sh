@@ -171,8 +171,8 @@ local_case "eager path: messages <= 224 B, groups, dmabuf" "$st" 12 -g 300 -S 22
 local_case "eager path: FERROCE_EAGER_MAX=1000, 2 QPs split" "$st FERROCE_EAGER_MAX=1000 NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1" 12 -g 300 -S 1000 -E 50
 local_case "eager path off (FERROCE_EAGER_MAX=0)" "$st FERROCE_EAGER_MAX=0" 12 -g 100 -S 224 -E 0
 pair_case "eager path: messages <= 224 B, single receives" "$st" 12 "-g 300 -S 224 -1 -D -E 100" "-g 300 -S 224 -1 -D -E 100"
-pair_case "eager path: messages <= 224 B, groups, dmabuf" "$st" 12 "-g 300 -S 224 -E 20" "-g 300 -S 224 -E 20"
-pair_case "eager path with 1% loss" "$st SOFTROCE_LOSS=0.01 NCCL_IB_TIMEOUT=14" 12 "-g 200 -S 224 -E 10" "-g 200 -S 224 -E 10"
+pair_case "eager path: messages <= 224 B, groups, dmabuf" "$st" 12 "-g 300 -S 224" "-g 300 -S 224 -E 20"
+pair_case "eager path with 1% loss" "$st SOFTROCE_LOSS=0.01 NCCL_IB_TIMEOUT=14" 12 "-g 200 -S 224 -1 -D -E 10" "-g 200 -S 224 -1 -D -E 10"
 mixed_case() {
     name=$1 renv=$2 senv=$3
     next_addr; a=$A; next_addr; b=$A

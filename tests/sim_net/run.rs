@@ -104,6 +104,10 @@ pub struct Case {
     pub gpu_percent: u64,
     /// Completions name their receive (a version-5 connection; the eager path needs it).
     pub named_imm: bool,
+    /// The receiver posts a group only while fewer than this many are posted and not done,
+    /// as NCCL's proxy posts a step's receive only after an earlier step's completed (0: no
+    /// limit).
+    pub recv_window: usize,
 }
 
 impl Case {
@@ -126,6 +130,7 @@ impl Case {
             eager_inline: 256,
             gpu_percent: 0,
             named_imm: true,
+            recv_window: 0,
         }
     }
 
@@ -522,7 +527,7 @@ impl Run {
     /// The receiver posts its next group.
     pub fn try_irecv(&mut self) -> Result<Option<Irecv>, Error> {
         let g = self.next_group;
-        if g >= self.case.groups.len() {
+        if g >= self.case.groups.len() || (self.case.recv_window > 0 && g >= self.groups_done + self.case.recv_window) {
             return Ok(None);
         }
         let base = self.fab.base(self.recv_data);
@@ -1019,5 +1024,6 @@ pub fn case_from(seed: u64, rng: &mut Rng) -> Case {
         eager_inline: if rng.chance(30) { 64 } else { 256 },
         gpu_percent: if rng.chance(30) { rng.below(60) } else { 0 },
         named_imm: !rng.chance(20),
+        recv_window: if rng.chance(30) { rng.range(1, 4) } else { 0 },
     }
 }

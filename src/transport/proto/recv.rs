@@ -490,6 +490,16 @@ impl RecvCore {
                 ));
                 return Err(self.state.fail(err));
             }
+            if e.refused_epoch == Some(h.epoch) {
+                // A claim of an epoch already refused is refused whatever its group: decided at
+                // once, so that it never waits for a receive NCCL may post only after later
+                // messages (of the next epoch) arrived.
+                e.refused += 1;
+                e.last_claim = Some(h.claim);
+                e.decided += 1;
+                self.ring.prove(h.head);
+                continue;
+            }
             if h.claim >= self.counter {
                 // Its group is not posted yet: decided at the irecv that posts it.
                 return Ok(());
