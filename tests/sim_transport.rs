@@ -701,3 +701,18 @@ fn a_failed_flush_read_is_reported_by_test() {
     let err = r.recv.test(&view, idx).unwrap_err();
     assert!(err.message.contains("flush read failed"), "{err}");
 }
+
+/// Found by the `transport_core` fuzz target (input kept as
+/// `fuzz/corpus/transport_core/regression-eager-write-past-max-msg-sz`): with a device whose WRs
+/// carry less than `FERROCE_EAGER_MAX` (a small `max_msg_sz`), an eager message's payload write
+/// went past it. The eager path now sends only what one WR carries; larger sends take the CTS
+/// path, cut into pieces.
+#[test]
+fn issue_13_fuzz_an_eager_write_past_max_msg_sz() {
+    let mut c = Case::simple((0..40).map(|k| single(4000, 1000 + 70 * k)).collect());
+    c.eager_max = 4064;
+    c.eager_inline = 64;
+    c.wr_bytes = 1694;
+    let r = run_case(c);
+    assert!(r.eager_sends > 0, "sends of up to 1662 bytes still go eagerly");
+}

@@ -99,7 +99,7 @@ checked_through_flaps() {
 }
 
 SR_ARGS=(-N 2 -b 1M -e 1M -n 16000 -w 1)
-AR_ARGS=(-N 2 -b 4M -e 4M -n 2500 -w 1)
+AR_ARGS=(-N 2 -b 4M -e 4M -n 5000 -w 1)
 
 # The same runs without a fault, for the bandwidth the flapped runs are read against.
 start "sendrecv unflapped" "$D/sr0.out" env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/sendrecv_perf" -N 2 -b 1M -e 1M -n 500 -w 1
@@ -159,7 +159,8 @@ if [ "$ROWS_AT_END" = 0 ] && awk -v a="$AFTER" -v t="$TWO" 'BEGIN {exit !(a > 0 
 else
     ko "after failback: $AFTER GB/s against 2 members' $TWO GB/s (at least 0.6 x), rows done before the flaps ended: $ROWS_AT_END (0 wanted)" "$D/vnic-sendrecv-flaps.out"
 fi
-failover_run vnic-all_reduce-flaps env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/all_reduce_perf" "${VNIC[@]}" -b 4M -e 4M -n 2500
+# Long enough for the 3 flaps (6 s) on a quiet host too (4 MiB takes ~2 ms here then).
+failover_run vnic-all_reduce-flaps env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/all_reduce_perf" "${VNIC[@]}" -b 4M -e 4M -n 6000
 
 # A member whose port stays up while its path to the peer's member drops everything (rank 1's
 # .4 to rank 0's .2 blackholed for 3 s, then healed): the QPs of the member that stopped
@@ -167,7 +168,7 @@ failover_run vnic-all_reduce-flaps env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/all_r
 # completes, checked.
 echo "== fused device: one member's path blackholed for 3 s, then healed"
 out=$D/vnic-blackhole.out
-start "sendrecv, a member's path blackholed" "$out" env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/sendrecv_perf" "${VNIC[@]}" -b 1M -e 1M -n 5000
+start "sendrecv, a member's path blackholed" "$out" env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/sendrecv_perf" "${VNIC[@]}" -b 1M -e 1M -n 12000
 pid=$PID
 wait_dev $M1 20 && sleep 0.5 && "$CTL" $M1 blackhole $BASE.2 >/dev/null && sleep 3 && "$CTL" $M1 heal >/dev/null
 wait "$pid"

@@ -272,8 +272,12 @@ impl SendCore {
         let nldevs = cfg.local_devs.max(routed(|r| r.dev)).min(MAX_DEVS);
         let nrdevs = cfg.peer_devs.max(routed(|r| r.remote_dev)).min(MAX_DEVS);
         let chains = vec![ChainLog::EMPTY; credits.len()].into_boxed_slice();
-        // The eager path needs completions that name their receive.
-        let cfg_eager = cfg.eager.filter(|_| cfg.named_imm);
+        // The eager path needs completions that name their receive, and its writes stay within
+        // what one WR carries (header and payload together, when inline).
+        let cfg_eager = cfg.eager.filter(|_| cfg.named_imm).map(|mut e| {
+            e.max = e.max.min(cfg.wr_bytes.saturating_sub(eager::HEADER_BYTES));
+            e
+        });
         SendCore {
             state: CommState::new(RequestPool::new(std::ptr::null_mut(), request::SEND_REQUESTS), report),
             cfg,
