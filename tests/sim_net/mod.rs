@@ -487,6 +487,21 @@ impl Fabric {
             self.error_qp(side, qp, &wr, status);
             return;
         }
+        if self.queues.qps[s][qp].failed {
+            // Posted after the QP went to the error state: flushed, as a NIC does.
+            let gen = self.queues.gen[s][qp];
+            self.complete(
+                side,
+                Wc {
+                    wr_id: wr.wr_id,
+                    status: WC_WR_FLUSH_ERR,
+                    imm: None,
+                    qp,
+                    gen,
+                },
+            );
+            return;
+        }
         let paired = self.queues.gen[s][qp] == self.queues.gen[side.peer().index()][qp];
         if self.silent[s] || !paired || self.queues.qps[side.peer().index()][qp].failed {
             // The peer stopped answering, or its QP is in the error state and answers
