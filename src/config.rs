@@ -531,6 +531,7 @@ impl Config {
     pub fn settings(&self) -> Vec<Setting> {
         let flag = |b: bool| if b { "1" } else { "0" }.to_string();
         let auto = |v: i32| if v < 0 { "(auto)".to_string() } else { v.to_string() };
+        let newest = |v: u16| if v == 0 { "(newest)".to_string() } else { v.to_string() };
         let rows: [(&'static str, String); 47] = [
             ("NCCL_IB_HCA", self.hca.to_string()),
             ("NCCL_IB_GID_INDEX", auto(self.gid_index)),
@@ -596,13 +597,7 @@ impl Config {
             ("NCCL_IB_RESILIENCY_PORT_FAILOVER", flag(self.port_failover)),
             ("FERROCE_ACTIVE_STANDBY", flag(self.active_standby)),
             ("FERROCE_EAGER_MAX", self.eager_max.to_string()),
-            (
-                "FERROCE_WIRE_VERSION",
-                match self.wire_version {
-                    0 => "(newest)".into(),
-                    v => v.to_string(),
-                },
-            ),
+            ("FERROCE_WIRE_VERSION", newest(self.wire_version)),
             (
                 "NCCL_IB_RESILIENCY_PORT_RECOVERY_START_DELAY",
                 format!("{} ms", self.recovery_start_delay_ms),

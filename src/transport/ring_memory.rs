@@ -86,14 +86,14 @@ impl StagingRing for RingMemory {
         u32::from_le(unsafe { std::ptr::read_volatile(at.add(i % MAX_RECVS)) })
     }
 
-    fn load_eager_header(&self, slot: usize) -> [u8; eager::HEADER_BYTES] {
+    fn load_eager_header(&self, slot: usize) -> [u8; eager::EAGER_HEADER_BYTES] {
         if self.slot_bytes == 0 {
-            return [0; eager::HEADER_BYTES];
+            return [0; eager::EAGER_HEADER_BYTES];
         }
         let at = self.base as usize + fifo::RING_BYTES + (slot % eager::SLOTS) * self.slot_bytes;
         // SAFETY: the header of a slot inside the block's landing ring (slot mod SLOTS); its
         // write with immediate completed, so the NIC wrote it before, and writes the slot again
         // only after the next CTS write's credit frees it.
-        unsafe { std::ptr::read_volatile(at as *const [u8; eager::HEADER_BYTES]) }
+        unsafe { std::ptr::read_volatile(at as *const [u8; eager::EAGER_HEADER_BYTES]) }
     }
 }

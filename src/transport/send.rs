@@ -148,16 +148,14 @@ fn eager_config(conn: &Conn) -> Option<EagerSendConfig> {
     let offer = conn.peer.eager;
     let max = crate::config::get().eager_max.min(offer.max as usize);
     let inline_max = conn.qps.get(EAGER_QP).map_or(0, |q| q.qp.max_inline_data as usize);
-    let usable = conn.chan.version() >= EAGER_VERSION && offer.offered() && inline_max >= eager::HEADER_BYTES;
-    (usable && max > 0).then(|| {
-        let mut landing = remote_block(conn);
-        landing.addr = offer.landing;
-        EagerSendConfig {
-            max,
-            inline_max,
-            landing,
-            slot_bytes: offer.slot_bytes as usize,
-        }
+    let usable = conn.chan.version() >= EAGER_VERSION && offer.offered() && inline_max >= eager::EAGER_HEADER_BYTES;
+    (usable && max > 0).then(|| EagerSendConfig {
+        max,
+        inline_max,
+        landing: offer.landing,
+        // The ring is in the receiver's block: its rkeys are the completion records'.
+        landing_rkeys: remote_block(conn).rkeys,
+        slot_bytes: offer.slot_bytes as usize,
     })
 }
 

@@ -762,14 +762,14 @@ impl StagingRing for RingView<'_> {
     fn load_record(&self, pos: usize, i: usize) -> u32 {
         self.u32_at(self.at(pos) + fifo::SIZES_IN_ENTRY + 4 * (i % 8))
     }
-    fn load_eager_header(&self, slot: usize) -> [u8; eager::HEADER_BYTES] {
+    fn load_eager_header(&self, slot: usize) -> [u8; eager::EAGER_HEADER_BYTES] {
         // The landing ring follows the staging ring in the same region, as in the driver.
         let bytes = &self.regions[self.region].bytes;
         let slot_bytes = bytes.len().saturating_sub(RING_BYTES) / eager::SLOTS;
-        let mut h = [0u8; eager::HEADER_BYTES];
-        if slot_bytes >= eager::HEADER_BYTES {
+        let mut h = [0u8; eager::EAGER_HEADER_BYTES];
+        if slot_bytes >= eager::EAGER_HEADER_BYTES {
             let o = RING_BYTES + (slot % eager::SLOTS) * slot_bytes;
-            h.copy_from_slice(&bytes[o..o + eager::HEADER_BYTES]);
+            h.copy_from_slice(&bytes[o..o + eager::EAGER_HEADER_BYTES]);
         }
         h
     }

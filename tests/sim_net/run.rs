@@ -248,7 +248,8 @@ impl Run {
                 eager: (case.eager_max > 0).then(|| EagerSendConfig {
                     max: case.eager_max,
                     inline_max: case.eager_inline,
-                    landing: fab.remote_block(staging, RING_BYTES as u64),
+                    landing: fab.remote_block(staging, RING_BYTES as u64).addr,
+                    landing_rkeys: fab.remote_block(staging, 0).rkeys,
                     slot_bytes: eager::slot_bytes(case.eager_max),
                 }),
                 named_imm: case.named_imm,

@@ -40,7 +40,7 @@
 //! # Wire
 //!
 //! All eager messages go over QP 0 of the connection, so they arrive in order. The write with
-//! immediate that carries one writes [`HEADER_BYTES`] of header then the payload into its slot;
+//! immediate that carries one writes [`EAGER_HEADER_BYTES`] of header then the payload into its slot;
 //! its immediate is [`IMM_EAGER`] | slot. Header (little-endian):
 //!
 //! | off | size | field |
@@ -101,12 +101,10 @@ impl Imm {
     }
 }
 
-const _: () = assert!(super::fifo::RING <= 64, "a ring position fits 6 bits");
-
 /// Landing slots per connection, and eager messages in flight at most.
 pub const SLOTS: usize = 16;
 /// Bytes of the header in front of the payload in a slot.
-pub const HEADER_BYTES: usize = 32;
+pub const EAGER_HEADER_BYTES: usize = 32;
 /// Immediate of an eager write: this bit and the slot. No other immediate has it: a single
 /// message's immediate is its size, at most `i32::MAX` on a version-5 connection.
 pub const IMM_EAGER: u32 = 1 << 31;
@@ -115,16 +113,13 @@ pub const EAGER_QP: usize = 0;
 /// Bits of the credit a CTS entry carries (the count of messages, modulo 2^24).
 pub const CREDIT_BITS: u32 = 24;
 /// The largest `FERROCE_EAGER_MAX`: a slot is one page at most.
-pub const MAX_EAGER_BYTES: usize = 4096 - HEADER_BYTES;
+pub const MAX_EAGER_BYTES: usize = 4096 - EAGER_HEADER_BYTES;
 
 const _: () = assert!(SLOTS.is_power_of_two() && SLOTS <= 64);
-// Eager groups the sender may not have consumed yet hold ring entries at the receiver; a whole
-// group of the most buffers must still fit beside them and the most single receives.
-const _: () = assert!(SLOTS + super::request::RECVS_IN_FLIGHT + super::limits::MAX_RECVS <= super::fifo::RING);
 
 /// Bytes of one landing slot for payloads of up to `eager_max` bytes (a multiple of 64).
 pub fn slot_bytes(eager_max: usize) -> usize {
-    (HEADER_BYTES + eager_max.min(MAX_EAGER_BYTES)).next_multiple_of(64)
+    (EAGER_HEADER_BYTES + eager_max.min(MAX_EAGER_BYTES)).next_multiple_of(64)
 }
 
 /// Bytes of the landing ring for payloads of up to `eager_max` bytes (0: no eager path).
@@ -153,8 +148,8 @@ pub struct Header {
 }
 
 impl Header {
-    pub fn to_bytes(&self) -> [u8; HEADER_BYTES] {
-        let mut b = [0u8; HEADER_BYTES];
+    pub fn to_bytes(&self) -> [u8; EAGER_HEADER_BYTES] {
+        let mut b = [0u8; EAGER_HEADER_BYTES];
         b[0..8].copy_from_slice(&self.claim.to_le_bytes());
         b[8..16].copy_from_slice(&self.head.to_le_bytes());
         b[16..20].copy_from_slice(&self.tag.to_le_bytes());
@@ -164,7 +159,7 @@ impl Header {
         b
     }
 
-    pub fn parse(b: &[u8; HEADER_BYTES]) -> Header {
+    pub fn parse(b: &[u8; EAGER_HEADER_BYTES]) -> Header {
         let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
         let u64_at = |o: usize| u64::from(u32_at(o)) | (u64::from(u32_at(o + 4)) << 32);
         Header {
@@ -260,8 +255,9 @@ pub struct EagerSendConfig {
     /// The eager QP's `max_inline_data`: a message whose header and payload fit goes in one
     /// inline write; a larger one writes its payload first, then its header inline.
     pub inline_max: usize,
-    /// Slot 0 of the receiver's landing ring, with its rkey per peer member device.
-    pub landing: super::plan::RemoteBlock,
+    /// Slot 0 of the receiver's landing ring, and its rkey per peer member device.
+    pub landing: u64,
+    pub landing_rkeys: [u32; super::limits::MAX_DEVS],
     pub slot_bytes: usize,
 }
 
@@ -287,7 +283,7 @@ pub struct SenderState {
     /// was acknowledged, and whether the slot is taken (acknowledged and decided frees it).
     pub req: [u16; SLOTS],
     pub tag: [i32; SLOTS],
-    pub hdr: [[u8; HEADER_BYTES]; SLOTS],
+    pub hdr: [[u8; EAGER_HEADER_BYTES]; SLOTS],
     pub acked: u32,
     pub busy: u32,
     /// Messages whose claim bound, and refused ones.
@@ -310,7 +306,7 @@ impl SenderState {
             deferred: SlotQueue::default(),
             req: [0; SLOTS],
             tag: [0; SLOTS],
-            hdr: [[0; HEADER_BYTES]; SLOTS],
+            hdr: [[0; EAGER_HEADER_BYTES]; SLOTS],
             acked: 0,
             busy: 0,
             bound: 0,

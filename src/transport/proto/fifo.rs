@@ -66,6 +66,8 @@ const _: () = assert!(
 );
 
 const _: () = assert!(RING.is_power_of_two() && RING >= MAX_RECVS && RING <= 256);
+// A named immediate carries a ring position in 6 bits (eager::Imm).
+const _: () = assert!(RING <= 64, "a ring position fits 6 bits");
 
 /// One CTS entry exactly as it sits in registered memory.
 #[repr(C, align(64))]

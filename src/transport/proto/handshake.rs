@@ -601,7 +601,7 @@ impl EndpointRepr {
                 max: u32_at(b, t + 12..t + 16),
             };
             let whole = e.slot_bytes.is_multiple_of(64) && e.slot_bytes <= 4096;
-            if !whole || e.max as usize + super::eager::HEADER_BYTES > e.slot_bytes as usize && e.offered() {
+            if !whole || e.max as usize + super::eager::EAGER_HEADER_BYTES > e.slot_bytes as usize && e.offered() {
                 return Err(WireError::BadField("eager landing ring"));
             }
             e

@@ -38,7 +38,7 @@ pub struct WorkRequest {
     pub inline: bool,
     /// Bytes written in front of `local`'s, from the plan itself (an eager message's header):
     /// only on an inline WR, whose bytes the NIC copies at the post.
-    pub prefix: Option<[u8; super::eager::HEADER_BYTES]>,
+    pub prefix: Option<[u8; super::eager::EAGER_HEADER_BYTES]>,
 }
 
 impl WorkRequest {

@@ -45,6 +45,9 @@ pub const RQ_BATCH: usize = 16;
 /// eager message the credit lets the sender have in flight, and one for the receive the write's
 /// own group may take on that QP.
 const EAGER_SPARE: usize = SLOTS + 1;
+// Eager groups the sender may not have consumed yet hold ring entries here; a whole group of the
+// most buffers must still fit beside them and the most single receives.
+const _: () = assert!(SLOTS + request::RECVS_IN_FLIGHT + MAX_RECVS <= fifo::RING);
 /// Receive-queue depth of a receiver QP (`max_recv_wr`), and the CQ entries its receives may
 /// take when the QP fails and flushes them all: [`rq_depth`], at most this.
 pub const RQ_DEPTH: usize = request::RECVS_IN_FLIGHT + RQ_BATCH + SLOTS;
@@ -86,7 +89,7 @@ pub trait StagingRing {
     fn load_record(&self, pos: usize, i: usize) -> u32;
     /// The header of the eager message in landing slot `slot` (< SLOTS), once its write with
     /// immediate completed (all zero without a landing ring).
-    fn load_eager_header(&self, slot: usize) -> [u8; eager::HEADER_BYTES];
+    fn load_eager_header(&self, slot: usize) -> [u8; eager::EAGER_HEADER_BYTES];
 }
 
 /// The receiver's side of the eager path: its landing ring.
@@ -520,7 +523,7 @@ impl RecvCore {
             let req = u16::from(self.req_at[pos]);
             if eager::binds(view, h.tag, e.refused_epoch == Some(h.epoch)) {
                 let len = u64::from(h.len).min(self.posted[pos]) as usize;
-                let src = e.cfg.landing + (slot * e.cfg.slot_bytes + eager::HEADER_BYTES) as u64;
+                let src = e.cfg.landing + (slot * e.cfg.slot_bytes + eager::EAGER_HEADER_BYTES) as u64;
                 if len > 0 {
                     if let Err(err) = post(Post::Deliver { src, dst: g.addr, len }) {
                         return Err(self.state.fail(err));

@@ -275,7 +275,7 @@ impl SendCore {
         // The eager path needs completions that name their receive, and its writes stay within
         // what one WR carries (header and payload together, when inline).
         let cfg_eager = cfg.eager.filter(|_| cfg.named_imm).map(|mut e| {
-            e.max = e.max.min(cfg.wr_bytes.saturating_sub(eager::HEADER_BYTES));
+            e.max = e.max.min(cfg.wr_bytes.saturating_sub(eager::EAGER_HEADER_BYTES));
             e
         });
         SendCore {
@@ -515,7 +515,7 @@ impl SendCore {
         let Some(e) = self.eager.as_deref() else {
             return Ok(Isend::NoBuffer);
         };
-        let inline = eager::HEADER_BYTES + send.size <= e.cfg.inline_max;
+        let inline = eager::EAGER_HEADER_BYTES + send.size <= e.cfg.inline_max;
         let wrs = if inline || send.size == 0 { 1 } else { 2 };
         if !e.may_send(send.size) || usize::from(self.credits[EAGER_QP]) < wrs {
             return Ok(Isend::NoBuffer);
@@ -576,14 +576,14 @@ impl SendCore {
         };
         let route = self.cfg.routes.get(EAGER_QP).copied().unwrap_or_default();
         let (ldev, rdev) = (route.dev.min(MAX_DEVS - 1), route.remote_dev.min(MAX_DEVS - 1));
-        let at = e.cfg.landing.addr + (slot * e.cfg.slot_bytes) as u64;
-        let rkey = e.cfg.landing.rkeys[rdev];
+        let at = e.cfg.landing + (slot * e.cfg.slot_bytes) as u64;
+        let rkey = e.cfg.landing_rkeys[rdev];
         let payload = (send.size > 0).then(|| Sge {
             addr: send.data as u64,
             len: send.size as u32,
             lkey: send.lkeys[ldev],
         });
-        let inline = eager::HEADER_BYTES + send.size <= e.cfg.inline_max;
+        let inline = eager::EAGER_HEADER_BYTES + send.size <= e.cfg.inline_max;
         let r = e.req[slot];
         let mut chain = [WorkRequest::EMPTY; 2];
         let mut k = 0;
@@ -593,7 +593,7 @@ impl SendCore {
                 op: Op::Write,
                 local: payload,
                 remote: Remote {
-                    addr: at + eager::HEADER_BYTES as u64,
+                    addr: at + eager::EAGER_HEADER_BYTES as u64,
                     rkey,
                 },
                 signaled: false,
