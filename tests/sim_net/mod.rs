@@ -406,7 +406,8 @@ impl Fabric {
         let mut ready: Vec<(Side, usize)> = Vec::new();
         for side in [Side::Sender, Side::Receiver] {
             for (i, q) in self.queues.qps[side.index()].iter().enumerate() {
-                if !q.failed && (!q.sq.is_empty() || q.torn.is_some()) {
+                // A failed QP still flushes what was posted to it (as a NIC does).
+                if !q.sq.is_empty() || (!q.failed && q.torn.is_some()) {
                     ready.push((side, i));
                 }
             }
