@@ -193,8 +193,17 @@ fn full_ring_back_pressure_and_64_sends_in_flight() {
         assert!(matches!(r.try_irecv().unwrap(), Some(Irecv::Started(_))));
     }
     assert_eq!(r.try_irecv().unwrap(), Some(Irecv::Busy), "the ring is full");
-    // Let the CTS writes land, then start every send the ring allows.
+    // Let the CTS writes land (the first receive's went at once, with nothing to batch it
+    // with; the receiver's next look at the comm writes the other seven in one RDMA write),
+    // then start every send the ring allows.
+    let steps = r.fab.executed;
+    r.receiver_flush_cts().unwrap();
     while r.fab.step(&mut r.rng) {}
+    assert_eq!(
+        r.fab.executed - steps,
+        2,
+        "two CTS writes for eight receives posted back to back"
+    );
     for _ in 0..64 {
         assert!(matches!(r.try_isend().unwrap(), Some(Isend::Started { .. })));
     }
@@ -224,6 +233,7 @@ fn a_group_waits_for_send_queue_credits() {
     for _ in 0..8 {
         assert!(matches!(r.try_irecv().unwrap(), Some(Irecv::Started(_))));
     }
+    r.receiver_flush_cts().unwrap();
     while r.fab.step(&mut r.rng) {}
     for _ in 0..64 {
         assert!(matches!(r.try_isend().unwrap(), Some(Isend::Started { .. })));

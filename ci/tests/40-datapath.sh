@@ -166,7 +166,7 @@ fused_pair "fused vs fused" 2 2 "NCCL_IB_QPS_PER_CONNECTION=2"
 # before the eager path) gets the protocol it knows: every byte arrives, nothing goes eagerly.
 st="FERROCE_STATS=$tmp/stats"
 mkdir -p "$tmp/stats"
-local_case "eager path: messages <= 224 B, single receives" "$st" 12 -g 300 -S 224 -1 -D -E 200
+local_case "eager path: messages <= 224 B, single receives" "$st" 12 -g 300 -S 224 -1 -D -E 10
 local_case "eager path: messages <= 224 B, groups, dmabuf" "$st" 12 -g 300 -S 224 -E 50
 local_case "eager path: FERROCE_EAGER_MAX=1000, 2 QPs split" "$st FERROCE_EAGER_MAX=1000 NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1" 12 -g 300 -S 1000 -E 50
 local_case "eager path off (FERROCE_EAGER_MAX=0)" "$st FERROCE_EAGER_MAX=0" 12 -g 100 -S 224 -E 0

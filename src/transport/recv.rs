@@ -228,6 +228,10 @@ impl Watched for RecvDp {
             // An error is the comm's state now: NCCL's next call returns it.
             let _ = self.poll();
         }
+        if self.core.cts_staged() {
+            // Receives posted back to back and never tested since: their CTS go now.
+            let _ = self.flush_cts();
+        }
     }
 }
 
@@ -421,6 +425,7 @@ impl RecvDp {
     /// a call that only comes once its own sends complete.
     fn refused(&mut self) -> Result<Option<*mut Request>> {
         self.poll()?;
+        self.flush_cts()?;
         let in_flight = self.in_flight();
         let waiting = || {
             format!("room for the next receive ({in_flight} in flight): CTS writes to the sender that do not complete, or a recovery of the connection")
@@ -431,6 +436,20 @@ impl RecvDp {
                 .fail_peer_gone(&mut self.core.state, "a receive waiting for CTS credits"));
         }
         Ok(None)
+    }
+
+    /// Write the CTS entries the receives posted since the last flush staged (one write for
+    /// receives posted back to back).
+    fn flush_cts(&mut self) -> Result<()> {
+        let RecvDp { io, core, .. } = self;
+        core.flush_cts(&mut |p| {
+            if let (Post::Send { .. }, Some(s)) = (&p, &io.stats) {
+                s.cts_written();
+            }
+            // SAFETY: CTS writes read our staging entries, which live in self.bufs (as long as
+            // the QP) and are not rewritten before the write was read.
+            unsafe { io.post(p) }
+        })
     }
 
     fn post_irecv(&mut self, bufs: &[RecvBuf]) -> Result<Irecv> {
@@ -508,6 +527,7 @@ impl RecvDp {
     /// `sizes` is NULL or points to room for the request's `n` `i32`s.
     pub unsafe fn test(&mut self, req: *const Request, sizes: *mut i32) -> Result<bool> {
         self.poll()?;
+        self.flush_cts()?;
         let Some(idx) = self.core.state.pool.index_of(req) else {
             return Err(Error::internal("test: unknown receive request"));
         };

@@ -625,9 +625,18 @@ impl Run {
 
     /// Deliver completions to one side, as its driver's poll would.
     pub fn poll(&mut self, side: Side) {
+        // As the driver does: every completion of the batch is taken in order, and a failure
+        // among them acted on after it (a recovery begun mid-batch would drain the CQ past the
+        // completions still in the batch, and take them out of their QP's order).
         let wcs = self.fab.poll(side, 8, &mut self.rng);
+        let mut failure = None;
         for wc in wcs {
-            self.deliver(side, wc);
+            if let Some(cause) = self.deliver(side, wc) {
+                failure.get_or_insert(cause);
+            }
+        }
+        if let Some(cause) = failure {
+            self.failed_completion(side, cause);
         }
         if side == Side::Receiver {
             self.receiver_decide_eager();
@@ -645,25 +654,30 @@ impl Run {
         }
     }
 
-    pub fn deliver(&mut self, side: Side, wc: Wc) {
+    /// Take one completion; a failed one is returned as its cause, for after the batch.
+    pub fn deliver(&mut self, side: Side, wc: Wc) -> Option<String> {
         // A completion of a QP that was replaced: the driver tells it by its QP number.
         if wc.gen != self.fab.queues.gen[side.index()][wc.qp] {
-            return;
+            return None;
         }
         if wc.status != super::WC_SUCCESS {
-            let cause = format!("completion error on QP {} (status {})", wc.qp, wc.status);
-            if let Some(rc) = self.recovery.as_mut() {
-                let actions = rc.ends[side.index()].local_failure(self.now, &cause);
-                self.act(side, actions);
-                return;
-            }
-            self.fail_side(side, Error::remote(cause));
-            return;
+            return Some(format!("completion error on QP {} (status {})", wc.qp, wc.status));
         }
         if let Some(rc) = self.recovery.as_mut() {
             rc.ends[side.index()].progressed();
         }
         self.handle_ok(side, wc);
+        None
+    }
+
+    /// A failed completion: a recovery starts, or without one the comm fails.
+    fn failed_completion(&mut self, side: Side, cause: String) {
+        if let Some(rc) = self.recovery.as_mut() {
+            let actions = rc.ends[side.index()].local_failure(self.now, &cause);
+            self.act(side, actions);
+            return;
+        }
+        self.fail_side(side, Error::remote(cause));
     }
 
     pub fn test_send(&mut self, k: usize) -> Result<(), Error> {
@@ -683,7 +697,14 @@ impl Run {
         Ok(())
     }
 
+    /// The receiver writes the CTS entries it staged, as its driver does in every test.
+    pub fn receiver_flush_cts(&mut self) -> Result<(), Error> {
+        let Run { fab, recv, .. } = self;
+        recv.flush_cts(&mut |p| fab.queues.post(Side::Receiver, p))
+    }
+
     pub fn test_recv(&mut self, k: usize) -> Result<(), Error> {
+        self.receiver_flush_cts()?;
         let (idx, g) = self.recvs[k];
         let staging = self.staging;
         let view = RingView {

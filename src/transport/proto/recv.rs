@@ -206,6 +206,16 @@ pub struct RecvCore {
     rewritten_until: u64,
     /// The eager path's state (`None`: off).
     eager: Option<Box<EagerRecv>>,
+    /// CTS entries staged and not written yet ([`RecvCore::flush_cts`]).
+    pending_cts: Option<PendingCts>,
+}
+
+/// Consecutive ring entries staged for one CTS write on device `d`'s CTS QP.
+#[derive(Clone, Copy, Debug)]
+struct PendingCts {
+    d: usize,
+    start: u64,
+    n: usize,
 }
 
 /// What the receiver keeps of the eager path ([`super::eager`]).
@@ -370,6 +380,7 @@ impl RecvCore {
             oversized_reported: false,
             recovering: false,
             rewritten_until: 0,
+            pending_cts: None,
             rqs: vec![ReceiveQueue::EMPTY; cfg.routes.len()].into_boxed_slice(),
             // The eager path needs completions that name their receive.
             eager: cfg.eager.filter(|_| cfg.named_imm).map(|e| {
@@ -444,7 +455,11 @@ impl RecvCore {
         let id = self.counter;
         let d = (id % self.cfg.cts_qps.max(1) as u64) as usize;
         let start = self.ring.next_start();
-        let writes = fifo::pieces(start, n).iter().filter(|p| p.1 > 0).count() as u64;
+        // This group's writes, and the staged ones it may have to flush first.
+        let staged = self
+            .pending_cts
+            .map_or(0, |p| fifo::pieces(p.start, p.n).iter().filter(|x| x.1 > 0).count());
+        let writes = (fifo::pieces(start, n).iter().filter(|p| p.1 > 0).count() + staged) as u64;
         if !self.cts_room(d, writes) {
             return Ok(Irecv::NoCtsCredit);
         }
@@ -621,13 +636,52 @@ impl RecvCore {
             ring.store_entry(pos, &e.to_wire());
             self.posted[pos] = b.size as u64;
         }
-        for (pos, len) in fifo::pieces(start, n) {
+        // The CTS write waits for the next flush ([`RecvCore::flush_cts`]): receives posted
+        // back to back whose entries follow each other in the ring go in one write.
+        let joined = self.pending_cts.as_mut().is_some_and(|p| {
+            let fits = p.d == d && p.start + p.n as u64 == start && fifo::ring_pos(p.start) + p.n + n <= fifo::RING;
+            if fits {
+                p.n += n;
+            }
+            fits
+        });
+        if !joined {
+            self.flush_cts(post)?;
+            self.pending_cts = Some(PendingCts { d, start, n });
+        }
+        // A receive with none other in flight goes at once: nothing to batch it with, and a
+        // caller that posts one receive and then waits on something else (its send to the
+        // same peer) would otherwise hold it back.
+        if self.recvs_in_flight <= 1 {
+            self.flush_cts(post)?;
+        }
+        Ok(())
+    }
+
+    /// Whether CTS entries wait for [`RecvCore::flush_cts`].
+    pub fn cts_staged(&self) -> bool {
+        self.pending_cts.is_some()
+    }
+
+    /// Write the CTS entries staged since the last flush into the sender's FIFO: one RDMA
+    /// write for receives posted back to back on one CTS QP (two when they straddle the ring's
+    /// end). The I/O layer flushes in every call that looks at the comm after posting (test, a
+    /// refused irecv), so a CTS waits at most until the caller next looks at it, which NCCL's
+    /// proxy does in the same progress step; a comm nobody calls is flushed by the idle round
+    /// of a comm that waits (`watch`, within about 100 ms).
+    pub fn flush_cts(&mut self, post: &mut impl FnMut(Post<'_>) -> Result<()>) -> Result<()> {
+        let Some(p) = self.pending_cts.take() else {
+            return Ok(());
+        };
+        for (pos, len) in fifo::pieces(p.start, p.n) {
             if len == 0 {
                 continue;
             }
             // Regularly reap the send queue (unsignaled WRs stay outstanding until then).
-            let signaled = self.cts_posted[d] % CTS_SIGNAL_EVERY == CTS_SIGNAL_EVERY - 1;
-            self.post_cts(d, pos, len, signaled, post)?;
+            let signaled = self.cts_posted[p.d] % CTS_SIGNAL_EVERY == CTS_SIGNAL_EVERY - 1;
+            if let Err(e) = self.post_cts(p.d, pos, len, signaled, post) {
+                return Err(self.state.fail(e));
+            }
         }
         Ok(())
     }
@@ -965,6 +1019,8 @@ impl RecvCore {
     /// QPs meanwhile are still taken (each is a message that landed); failed ones are dropped.
     pub fn begin_recovery(&mut self) {
         self.recovering = true;
+        // The resume writes every entry the sender has not read again, these among them.
+        self.pending_cts = None;
     }
 
     /// The recovery placed the QPs on other members (failover, failback): the CTS writes,
