@@ -519,7 +519,10 @@ fn a_replayed_grouped_completion_fails_only_that_comm() {
                 // CTS (receives posted back to back share one write): look at it, as NCCL does.
                 let mut sz = [0i32; 2];
                 // SAFETY: q is in flight; room for its two sizes.
-                assert!(!unsafe { api::test(q, sz.as_mut_ptr()) }.expect("test"), "nothing sent yet");
+                assert!(
+                    !unsafe { api::test(q, sz.as_mut_ptr()) }.expect("test"),
+                    "nothing sent yet"
+                );
                 rogue.wait_cts(first_entry, group);
                 posted.push(q);
             }

@@ -726,3 +726,18 @@ fn issue_13_fuzz_an_eager_write_past_max_msg_sz() {
     let r = run_case(c);
     assert!(r.eager_sends > 0, "sends of up to 1662 bytes still go eagerly");
 }
+
+/// Found by the `transport_core` fuzz target (input kept as
+/// `fuzz/corpus/transport_core/regression-cts-batch-past-max-msg-sz`): receives posted back to
+/// back on a device whose WRs carry little (a small `max_msg_sz`) were batched into one CTS
+/// write past it. A batched write now stays within one WR's bytes.
+#[test]
+fn issue_13_fuzz_a_batched_cts_write_past_max_msg_sz() {
+    let mut c = Case::simple((0..60).map(|_| single(64, 64)).collect());
+    c.wr_bytes = 1593;
+    c.recv_test_percent = 5;
+    for seed in 0..20 {
+        c.seed = seed;
+        run_case(c.clone());
+    }
+}

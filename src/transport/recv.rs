@@ -275,6 +275,7 @@ impl RecvDp {
             },
             cts_inline_max,
             max_buffer_bytes: split::max_buffer_bytes(conn.wr_bytes()),
+            wr_bytes: conn.wr_bytes(),
             peer: conn.chan.peer.to_string(),
             named_imm: conn.chan.version() >= EAGER_VERSION,
             eager: (eager_max > 0).then(|| EagerRecvConfig {

@@ -265,6 +265,7 @@ impl Run {
                 peer_fifo: fab.remote_block(fifo, 0),
                 cts_inline_max: [if case.inline_cts { 64 } else { 0 }; MAX_DEVS],
                 max_buffer_bytes: split::max_buffer_bytes(case.wr_bytes),
+                wr_bytes: case.wr_bytes,
                 peer: "the simulated sender".into(),
                 eager: (case.eager_max > 0).then(|| EagerRecvConfig {
                     landing: fab.base(staging) + RING_BYTES as u64,

@@ -121,6 +121,9 @@ pub struct RecvConfig {
     /// The largest buffer a receive takes: [`super::split::max_buffer_bytes`] of our devices,
     /// the `maxP2pBytes` the properties report.
     pub max_buffer_bytes: usize,
+    /// The most bytes one WR carries (the devices' `max_msg_sz`): a batched CTS write stays
+    /// within it.
+    pub wr_bytes: usize,
     /// The peer as messages name it (its side-channel address).
     pub peer: String,
     /// The eager path (a version-5 connection with a landing ring); `None`: off.
@@ -639,7 +642,10 @@ impl RecvCore {
         // The CTS write waits for the next flush ([`RecvCore::flush_cts`]): receives posted
         // back to back whose entries follow each other in the ring go in one write.
         let joined = self.pending_cts.as_mut().is_some_and(|p| {
-            let fits = p.d == d && p.start + p.n as u64 == start && fifo::ring_pos(p.start) + p.n + n <= fifo::RING;
+            let fits = p.d == d
+                && p.start + p.n as u64 == start
+                && fifo::ring_pos(p.start) + p.n + n <= fifo::RING
+                && (p.n + n) * fifo::ENTRY_BYTES <= self.cfg.wr_bytes;
             if fits {
                 p.n += n;
             }
