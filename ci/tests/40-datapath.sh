@@ -134,16 +134,17 @@ next_addr; f1=$A; next_addr; f2=$A
 local_case "fused device of 2" "SOFTROCE_DEVICES=2 SOFTROCE_ADDR=$f1,$f2" 12 -f 2 -g 60
 next_addr; f1=$A; next_addr; f2=$A
 local_case "fused device of 2, 2 QPs split" "SOFTROCE_DEVICES=2 SOFTROCE_ADDR=$f1,$f2 NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1" 9 -f 2 -g 60
-fused_pair() {
-    name=$1 rf=$2 sf=$3 senv=$4
-    next_addr; r1=$A; next_addr; r2=$A; next_addr; s1=$A; next_addr; s2=$A
-    h="$tmp/handle.$r1"
+# two_env_pair NAME "RECV-ENV" "SEND-ENV" "RECV-OPTS" "SEND-OPTS": two processes (v12), each with
+# its own environment (pair_case gives both the same one).
+two_env_pair() {
+    name=$1 renv=$2 senv=$3 ropts=$4 sopts=$5
+    h="$tmp/handle.pair"
     rm -f "$h"
     echo "--- $name (v12, two processes)"
-    env SOFTROCE_DEVICES=2 SOFTROCE_ADDR=$r1,$r2 timeout 300 "$T" "$PLUGIN" 12 recv "$h" -f $rf -g 80 >"$tmp/recv" 2>&1 &
+    env $renv timeout 300 "$T" "$PLUGIN" 12 recv "$h" $ropts >"$tmp/recv" 2>&1 &
     rp=$!
     bg="$bg $rp"
-    env $senv SOFTROCE_DEVICES=2 SOFTROCE_ADDR=$s1,$s2 timeout 300 "$T" "$PLUGIN" 12 send "$h" -f $sf -g 80 >"$tmp/send" 2>&1
+    env $senv timeout 300 "$T" "$PLUGIN" 12 send "$h" $sopts >"$tmp/send" 2>&1
     src=$?
     wait $rp
     rrc=$?
@@ -154,6 +155,12 @@ fused_pair() {
         tail -12 "$tmp/send"
         ko "$name"
     fi
+}
+fused_pair() {
+    name=$1 rf=$2 sf=$3 senv=$4
+    next_addr; r1=$A; next_addr; r2=$A; next_addr; s1=$A; next_addr; s2=$A
+    two_env_pair "$name" "SOFTROCE_DEVICES=2 SOFTROCE_ADDR=$r1,$r2" "$senv SOFTROCE_DEVICES=2 SOFTROCE_ADDR=$s1,$s2" \
+        "-f $rf -g 80" "-f $sf -g 80"
 }
 fused_pair "fused receiver (2) vs single sender" 2 0 ""
 fused_pair "single receiver vs fused sender (2), sender-only split" 0 2 "NCCL_IB_SPLIT_DATA_ON_QPS=1"
@@ -176,23 +183,7 @@ pair_case "eager path with 1% loss" "$st SOFTROCE_LOSS=0.01 NCCL_IB_TIMEOUT=14" 
 mixed_case() {
     name=$1 renv=$2 senv=$3
     next_addr; a=$A; next_addr; b=$A
-    h="$tmp/handle.$a"
-    rm -f "$h"
-    echo "--- $name (v12, two processes)"
-    env $st $renv SOFTROCE_ADDR=$a timeout 300 "$T" "$PLUGIN" 12 recv "$h" -g 200 -S 224 -E 0 >"$tmp/recv" 2>&1 &
-    rp=$!
-    bg="$bg $rp"
-    env $st $senv SOFTROCE_ADDR=$b timeout 300 "$T" "$PLUGIN" 12 send "$h" -g 200 -S 224 -E 0 >"$tmp/send" 2>&1
-    src=$?
-    wait $rp
-    rrc=$?
-    if [ $src -eq 0 ] && [ $rrc -eq 0 ]; then
-        ok "receiver: $(tail -1 "$tmp/recv") / sender: $(tail -1 "$tmp/send")"
-    else
-        tail -12 "$tmp/recv"
-        tail -12 "$tmp/send"
-        ko "$name"
-    fi
+    two_env_pair "$name" "$st $renv SOFTROCE_ADDR=$a" "$st $senv SOFTROCE_ADDR=$b" "-g 200 -S 224 -E 0" "-g 200 -S 224 -E 0"
 }
 mixed_case "a version-4 receiver and a version-5 sender" "FERROCE_WIRE_VERSION=4" ""
 mixed_case "a version-5 receiver and a version-4 sender" "" "FERROCE_WIRE_VERSION=4"

@@ -22,6 +22,8 @@ pub struct QpCaps {
     pub max_send_wr: u32,
     pub max_recv_wr: u32,
     pub max_inline_data: u32,
+    /// SGEs per send WR: 2 where an eager write gathers its inline header and its payload.
+    pub max_send_sge: u32,
 }
 
 /// Everything RTR needs about the path to the peer QP.

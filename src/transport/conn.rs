@@ -354,6 +354,7 @@ pub fn create_probes(devs: &[LocalDev], standby: bool, cfg: &Config) -> Result<V
         max_send_wr: 1,
         max_recv_wr: 0,
         max_inline_data: 0,
+        max_send_sge: 1,
     };
     let access = crate::ibv::sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0;
     (1..devs.len())

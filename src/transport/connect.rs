@@ -217,6 +217,9 @@ fn sender_qp_spec(tc: u8, sl: u8, standby: bool, inline: u32) -> conn::QpSpec {
             max_send_wr: SENDER_SEND_WR,
             max_recv_wr: 0,
             max_inline_data: inline,
+            // An eager write gathers its inline header and its payload (QPs with eager's
+            // inline bytes: see `request`).
+            max_send_sge: if inline > conn::inline_bytes() { 2 } else { 1 },
         },
         access: sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0,
         tc,

@@ -377,6 +377,7 @@ fn build_recv(
             max_send_wr: RECEIVER_SEND_WR,
             max_recv_wr: rq_depth as u32,
             max_inline_data: conn::inline_bytes(),
+            max_send_sge: 1,
         },
         access: sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
             | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0

@@ -182,6 +182,7 @@ impl FlushDev {
                 max_send_wr: FLUSH_SEND_WR,
                 max_recv_wr: 0,
                 max_inline_data: 0,
+                max_send_sge: 1,
             },
             conn::modify_retry(cfg),
         )?;

@@ -56,6 +56,7 @@ fn resources(members: &[Arc<NetDevice>], nqps: usize) -> (Vec<LocalDev>, Vec<Que
         max_send_wr: 64,
         max_recv_wr: 64,
         max_inline_data: 0,
+        max_send_sge: 1,
     };
     let qps = conn::create_qps(&devs, &placement, caps, access(), config::get()).expect("rogue QPs");
     let block = RegBuf::new(&devs, BLOCK, conn::remote_access()).expect("rogue block");
