@@ -16,6 +16,11 @@
  *       -H    (every single-buffer irecv is called with NCCL's 0x1 hint in *request, which must
  *             never stay there: a request or NULL comes back; also checked on an error path)
  *       -n NAME  (v12: the plugin must list exactly one device, named NAME: NCCL_IB_HCA checks)
+ *       -c C  (recv/send: C comms between the two processes, set up at once; they share one
+ *             side-channel link from wire version 6 on)
+ *       -L    (recv/send: the comms with the peer hold exactly one file descriptor once set up)
+ *       -X N  (recv/send with -c: the sender closes comm 0 after N groups and goes on with the
+ *             others; the receiver must get an error on comm 0 within -t and finish the others)
  *
  * Both processes derive the same schedule from the seed: per group n buffers (1..8, distinct
  * tags in shuffled order, sizes 0..256 KiB, sometimes 0, sometimes up to -b bytes), receive
@@ -214,7 +219,9 @@ static struct {
   size_t small;     /* -S: every size at most this (the eager path's sizes) */
   int singles;      /* -1: single-buffer receives only (what NCCL's LL protocol posts) */
   long expect_eager; /* -E: at least this many eager messages sent or delivered here; 0: none */
-} opt = {200, 32, 1, 0, -1, 0, 8, 0, 0, 0, 64u << 20, 1, 120, NULL, 0, 0, -1};
+  int close_after;   /* -X: the sender closes comm 0 after this many groups; the receiver expects it */
+  int shared_link;   /* -L: the comms with the peer hold one file descriptor in all */
+} opt = {200, 32, 1, 0, -1, 0, 8, 0, 0, 0, 64u << 20, 1, 120, NULL, 0, 0, -1, -1, 0};
 static void* g_dl;
 
 static void gen_group(uint64_t seed, int comm, int g, group_t* G) {
@@ -686,22 +693,22 @@ static int run_large(net_t* n, size_t size) {
   return summary();
 }
 
-static int write_handle(const char* file, const char* h) {
+static int write_handles(const char* file, const char* h, int count) {
   char tmp[4096];
   snprintf(tmp, sizeof tmp, "%s.tmp", file);
   FILE* f = fopen(tmp, "w");
   if (!f) return -1;
-  for (int i = 0; i < FERROCE_NET_HANDLE_MAXSIZE; i++) fprintf(f, "%02x", (unsigned char)h[i]);
+  for (int i = 0; i < FERROCE_NET_HANDLE_MAXSIZE * count; i++) fprintf(f, "%02x", (unsigned char)h[i]);
   fclose(f);
   return rename(tmp, file);
 }
-static int read_handle(const char* file, char* h, double limit) {
+static int read_handles(const char* file, char* h, int count, double limit) {
   double end = now_s() + limit;
   for (;;) {
     FILE* f = fopen(file, "r");
     if (f) {
       int ok = 1;
-      for (int i = 0; i < FERROCE_NET_HANDLE_MAXSIZE && ok; i++) {
+      for (int i = 0; i < FERROCE_NET_HANDLE_MAXSIZE * count && ok; i++) {
         unsigned v;
         ok = fscanf(f, "%2x", &v) == 1;
         h[i] = (char)v;
@@ -714,57 +721,125 @@ static int read_handle(const char* file, char* h, double limit) {
   }
 }
 
-/* Two processes: each side runs its half; with -k the other side dies and this one must see an
- * error (never a hang) within the limit. */
-static int run_remote(net_t* n, int sender, const char* file) {
-  char handle[FERROCE_NET_HANDLE_MAXSIZE] = {0};
-  void* comm = NULL;
-  double end = now_s() + opt.limit;
+/* Set up `C` comms with the other process, all at once as NCCL's proxy does: the receiver
+ * listens C times and accepts them, the sender connects to all C handles. */
+static int connect_remote(net_t* n, int sender, const char* file, int C, void** comms, double end) {
+  static char handles[16][FERROCE_NET_HANDLE_MAXSIZE];
+  void* lcs[16] = {0};
+  memset(handles, 0, sizeof handles);
   if (!sender) {
-    void* lc = NULL;
-    CHECK(n_listen(n, opt.dev, handle, &lc) == 0 && lc, "listen");
-    CHECK(write_handle(file, handle) == 0, "write handle");
-    while (!comm && now_s() < end)
-      if (n_accept(n, lc, &comm) != 0) break;
-    CHECK(comm != NULL, "accept");
-    n_close_listen(n, lc);
+    for (int c = 0; c < C; c++) CHECK(n_listen(n, opt.dev, handles[c], &lcs[c]) == 0 && lcs[c], "listen #%d", c);
+    CHECK(write_handles(file, handles[0], C) == 0, "write handles");
   } else {
-    CHECK(read_handle(file, handle, 30) == 0, "read handle from %s", file);
-    while (!comm && now_s() < end)
-      if (n_connect(n, opt.dev, handle, &comm) != 0) break;
-    CHECK(comm != NULL, "connect");
+    CHECK(read_handles(file, handles[0], C, 30) == 0, "read %d handles from %s", C, file);
   }
-  if (failed) return summary();
-  static recv_t R;
-  static send_t S;
-  R.n = S.n = n;
-  R.rc = S.sc = comm;
-  int err = 0;
-  double t0 = now_s();
-  while (now_s() < end) {
-    int finished = sender ? S.done_g == opt.groups : R.done == opt.groups;
-    if (finished) break;
-    if ((sender ? send_step(&S) : recv_step(&R)) < 0) {
-      err = sender ? S.err : R.err;
-      break;
+  if (failed) return -1;
+  int left = C;
+  while (left > 0 && now_s() < end) {
+    left = 0;
+    for (int c = 0; c < C; c++) {
+      if (comms[c]) continue;
+      int rc = sender ? n_connect(n, opt.dev, handles[c], &comms[c]) : n_accept(n, lcs[c], &comms[c]);
+      if (rc != 0) return -1;
+      left += comms[c] == NULL;
     }
   }
+  for (int c = 0; c < C && !sender; c++) n_close_listen(n, lcs[c]);
+  return left == 0 ? 0 : -1;
+}
+
+/* Two processes: each side runs its half; with -k the other side dies and this one must see an
+ * error (never a hang) within the limit; with -X the sender closes comm 0 early and the
+ * receiver must see an error on that comm alone. */
+static int run_remote(net_t* n, int sender, const char* file) {
+  int C = opt.comms > 16 ? 16 : opt.comms;
+  void* comms[16] = {0};
+  double end = now_s() + opt.limit;
+  int fds0 = count_fds();
+  CHECK(connect_remote(n, sender, file, C, comms, end) == 0, "%s %d comm(s)", sender ? "connect" : "accept", C);
+  if (failed) return summary();
+  /* One side-channel link for every comm with this peer (wire version 6): no descriptor per
+   * comm. The receiver's listen comms are closed by now, so this counts what the comms hold. */
+  if (opt.shared_link)
+    CHECK(count_fds() - fds0 == 1, "%d comms with one peer hold %d file descriptors (one shared link: at most 1)", C,
+          count_fds() - fds0);
+  static recv_t R[16];
+  static send_t S[16];
+  int err[16] = {0}, closed[16] = {0};
+  double failed_at[16] = {0}, done_at[16] = {0};
+  for (int c = 0; c < C; c++) {
+    memset(&R[c], 0, sizeof R[c]);
+    memset(&S[c], 0, sizeof S[c]);
+    R[c].n = S[c].n = n;
+    R[c].rc = S[c].sc = comms[c];
+    R[c].comm = S[c].comm = c;
+  }
+  double t0 = now_s();
+  int left = C;
+  while (left > 0 && now_s() < end) {
+    left = 0;
+    for (int c = 0; c < C; c++) {
+      int finished = sender ? S[c].done_g == opt.groups : R[c].done == opt.groups;
+      if (finished && !done_at[c]) done_at[c] = now_s();
+      if (finished || err[c] || closed[c]) continue;
+      left++;
+      if ((sender ? send_step(&S[c]) : recv_step(&R[c])) < 0) {
+        err[c] = sender ? S[c].err : R[c].err;
+        failed_at[c] = now_s();
+        /* -k: the peer is dead, every comm fails; one is enough to report. */
+        if (opt.expect_error) break;
+        continue;
+      }
+      if (sender && c == 0 && opt.close_after >= 0 && S[0].done_g == opt.close_after) {
+        CHECK(n_close_send(n, comms[0]) == 0, "closeSend of comm 0 after %d groups", opt.close_after);
+        fprintf(stderr, "sender: closed comm 0 after %d groups\n", opt.close_after);
+        closed[0] = 1;
+      }
+    }
+    int any = 0;
+    for (int c = 0; c < C; c++) any |= err[c] != 0;
+    if (opt.expect_error && any) break;
+  }
   double took = now_s() - t0;
+  /* -X: the sender keeps the link open a while after its other comms are done, so that only
+   * the close of comm 0 itself (not the link ending) can fail the receiver's comm 0 in time. */
+  if (sender && opt.close_after >= 0) sleep(2);
   if (opt.expect_error) {
-    CHECK(err == FERROCE_NCCL_REMOTE_ERROR || err == FERROCE_NCCL_SYSTEM_ERROR,
-          "the survivor got an error (%d) after the peer died, in %.1f s", err, took);
+    int e = 0;
+    for (int c = 0; c < C && !e; c++) e = err[c];
+    CHECK(e == FERROCE_NCCL_REMOTE_ERROR || e == FERROCE_NCCL_SYSTEM_ERROR,
+          "the survivor got an error (%d) after the peer died, in %.1f s", e, took);
     CHECK(warns >= 1 && warns <= 2, "one WARN names the failure (%d WARNs)", warns);
-    printf("survivor: error %d after %.1f s: %s\n", err, took, last_warn);
+    printf("survivor: error %d after %.1f s: %s\n", e, took, last_warn);
+  } else if (opt.close_after >= 0 && !sender) {
+    CHECK(err[0] == FERROCE_NCCL_REMOTE_ERROR, "comm 0, closed by the peer, fails with ncclRemoteError (%d) after %d groups",
+          err[0], R[0].done);
+    CHECK(strstr(last_warn, "closed the connection") != NULL, "its WARN says the peer closed it: %s", last_warn);
+    CHECK(warns == 1, "one WARN, for comm 0 alone (%d)", warns);
+    for (int c = 1; c < C; c++) {
+      CHECK(err[c] == 0 && R[c].done == opt.groups, "comm %d on the same link finished all %d groups (%d, error %d)", c,
+            opt.groups, R[c].done, err[c]);
+      CHECK(failed_at[0] > 0 && failed_at[0] < done_at[c], "comm 0 failed (%.2f s) before comm %d finished (%.2f s)",
+            failed_at[0] - t0, c, done_at[c] - t0);
+    }
+    printf("receiver: comm 0 failed %.2f s after the start with the others going on: %s\n", failed_at[0] - t0, last_warn);
   } else {
-    CHECK(err == 0, "%s finished without error (%d)", sender ? "sender" : "receiver", err);
-    CHECK((sender ? S.done_g : R.done) == opt.groups, "all %d groups done in time", opt.groups);
+    for (int c = 0; c < C; c++) {
+      if (closed[c]) continue;
+      CHECK(err[c] == 0, "%s comm %d finished without error (%d)", sender ? "sender" : "receiver", c, err[c]);
+      CHECK((sender ? S[c].done_g : R[c].done) == opt.groups, "comm %d: all %d groups done in time", c, opt.groups);
+    }
     CHECK(warns == 0, "no WARN on a clean run (%d, last: %s)", warns, last_warn);
   }
   /* Close (safe with requests in flight after an error). */
-  if (sender)
-    CHECK(n_close_send(n, comm) == 0, "closeSend");
-  else
-    CHECK(n_close_recv(n, comm) == 0, "closeRecv");
+  for (int c = 0; c < C; c++) {
+    if (closed[c]) continue;
+    if (sender)
+      CHECK(n_close_send(n, comms[c]) == 0, "closeSend");
+    else
+      CHECK(n_close_recv(n, comms[c]) == 0, "closeRecv");
+  }
+  CHECK(count_fds() == fds0, "no fd left once the %d comm(s) closed: %d before, %d after", C, fds0, count_fds());
   check_eager();
   n_finalize(n);
   return summary();
@@ -857,6 +932,8 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "-S")) opt.small = strtoull(v, NULL, 0), i++;
     else if (!strcmp(a, "-1")) opt.singles = 1;
     else if (!strcmp(a, "-E")) opt.expect_eager = atol(v), i++;
+    else if (!strcmp(a, "-X")) opt.close_after = atoi(v), i++;
+    else if (!strcmp(a, "-L")) opt.shared_link = 1;
     else {
       fprintf(stderr, "unknown option %s\n", a);
       return 2;

@@ -133,6 +133,9 @@ static int body(hctx_t* h) {
   if (per < 1) h_die(h, "--conns must be >= 2");
   h_net_open(h);
 
+  /* Descriptors before any connection: what the plugin opens for connections is counted from
+   * here, the warm-up's included (a side channel shared per peer process opens with it). */
+  double fds_pre = open_fds();
   /* warm-up: one connection each way (device context, PD, threads, MR cache are one-time costs) */
   char hw[H_HANDLE_SIZE], hall[2 * H_HANDLE_SIZE];
   void *wl = NULL, *ws = NULL, *wr = NULL;
@@ -181,10 +184,14 @@ static int body(hctx_t* h) {
 
   double v[10] = {t_listen, t_local, t_all, m1.heap - m0.heap, m1.rss - m0.rss, m1.fds - m0.fds,
                   m2.heap - m1.heap, m3.heap - m0.heap, m0.heap, m0.rss};
-  double allv[20];
+  double allv[20], fds_all = m1.fds - fds_pre, fdsv[2];
   h_allgather(h, v, sizeof v, allv);
+  h_allgather(h, &fds_all, sizeof fds_all, fdsv);
   if (h->rank == 0) {
-    double heap = allv[3] + allv[13], rss = allv[4] + allv[14], fds = allv[5] + allv[15];
+    double heap = allv[3] + allv[13], rss = allv[4] + allv[14];
+    /* Both processes' descriptors for all their connections, the 2 warm-up ones included; each
+     * process has one peer, so per peer is the mean of the two. */
+    double fds = fdsv[0] + fdsv[1], fds_growth = allv[5] + allv[15];
     double setup = allv[2] > allv[12] ? allv[2] : allv[12];
     if (oneway)
       printf("# scale_bench: %d connections between 2 processes (rank 0: %d recv comms, rank 1: %d send comms), plugin %s v%d%s\n",
@@ -200,15 +207,18 @@ static int body(hctx_t* h) {
     else
       printf("#   heap per connection : %.1f KiB (mallinfo2 in-use, both ends; rank 0 %.1f + rank 1 %.1f KiB per comm)\n",
              heap / conns / 1024, allv[3] / n / 2 / 1024, allv[13] / n / 2 / 1024);
-    printf("#   RSS per connection  : %.1f KiB; file descriptors per connection: %.2f\n", rss / conns / 1024, fds / conns);
+    printf("#   RSS per connection  : %.1f KiB\n", rss / conns / 1024);
+    printf("#   file descriptors    : %.3f per connection, %.1f per peer process (all both processes opened\n"
+           "#                         for their %d connections, warm-up included; %+.0f after the warm-up)\n",
+           fds / (conns + 2), fds / 2, conns + 2, fds_growth);
     if (h->o->check)
       printf("#   one 8-byte message through every connection: ok (heap +%.1f KiB per connection while used)\n",
              (allv[6] + allv[16]) / conns / 1024);
     printf("#   after closing them: heap %+.1f KiB per connection vs. before (leak check)\n",
            (allv[7] + allv[17]) / conns / 1024);
     printf("scale_bench conns=%d setup_ms=%.1f setup_us_per_conn=%.1f heap_per_conn_KiB=%.1f rss_per_conn_KiB=%.1f "
-           "fds_per_conn=%.2f leak_per_conn_KiB=%.2f",
-           conns, setup * 1e3, setup * 1e6 / conns, heap / conns / 1024, rss / conns / 1024, fds / conns,
+           "fds_per_conn=%.3f fds_per_peer=%.1f leak_per_conn_KiB=%.2f",
+           conns, setup * 1e3, setup * 1e6 / conns, heap / conns / 1024, rss / conns / 1024, fds / (conns + 2), fds / 2,
            (allv[7] + allv[17]) / conns / 1024);
     if (oneway) printf(" recv_comm_KiB=%.1f send_comm_KiB=%.1f", allv[3] / n / 1024, allv[13] / n / 1024);
     printf("\n");

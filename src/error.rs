@@ -143,8 +143,11 @@ pub fn format_bytes(bytes: Option<u64>) -> String {
     }
 }
 
-/// Ferroce's file descriptors per connection: the side-channel socket of each end (a listen
-/// comm holds one more until NCCL closes it).
+/// Ferroce's file descriptors per connection while it is set up: its listen comm's listener
+/// and its setup socket (the connector's, or the accepted one). NCCL sets a communicator's
+/// connections up at once, so this is the peak. Set up, the comms between two processes share
+/// one side-channel link (wire version 6): 1 or 2 descriptors per peer process, not per
+/// connection (a comm with a version-5 peer or within this process keeps its own socket).
 pub const FDS_PER_CONNECTION: u64 = 2;
 
 /// What to tell the user when a call fails with `errno` because of a resource limit, with the
@@ -181,7 +184,8 @@ fn nofile_hint(limit: Option<Limit>, open: Option<u64>) -> String {
     let open = open.map_or(String::new(), |n| format!(", {n} open"));
     format!(
         "out of file descriptors: RLIMIT_NOFILE is {now}{open}. ferroce needs {FDS_PER_CONNECTION} per \
-         connection (plus 1 per open listen comm), so a job of N connections per process needs about \
+         connection while connections are set up (its listen comm and a setup socket; set up, the comms \
+         with one peer process share one socket), so a job of N connections per process needs about \
          {FDS_PER_CONNECTION}×N + 64. Raise it: `ulimit -n 65536`, `* - nofile 65536` in \
          /etc/security/limits.conf (LimitNOFILE= for a systemd service), `--ulimit nofile=65536:65536` \
          for a container; `ferroce-doctor --conns N` checks it"

@@ -17,10 +17,13 @@ use nccl_net_ferroce::device::NetDevice;
 use nccl_net_ferroce::transport::proto::eager::{self, Imm};
 use nccl_net_ferroce::transport::proto::fifo::{CtsEntry, ENTRY_BYTES, RING_BYTES, SIZES_IN_ENTRY};
 use nccl_net_ferroce::transport::proto::handshake::{
-    DevRepr, EndpointRepr, HandleRepr, LinkLayer, ListenAddr, Message, QpRepr,
+    DevRepr, EndpointRepr, HandleRepr, LinkLayer, LinkOffer, ListenAddr, Message, QpRepr, Route,
 };
 use nccl_net_ferroce::transport::proto::plan::Remote;
-use rogue_peer::{read_msg, rogue_accept, rogue_listen, rogue_receiver, rogue_sender, send_msg, Rogue, BLOCK};
+use rogue_peer::{
+    read_msg, rogue_accept, rogue_listen, rogue_listen_as, rogue_receiver, rogue_receiver_answering, rogue_sender,
+    send_msg, Rogue, BLOCK,
+};
 use softroce_common::{pair, reg, transfer};
 use std::ffi::c_void;
 use std::process::Command;
@@ -657,6 +660,7 @@ fn greedy_endpoint(dev: &NetDevice, nonce: u64) -> EndpointRepr {
             })
             .collect(),
         eager: Default::default(),
+        link: Default::default(),
     }
 }
 
@@ -817,5 +821,107 @@ fn a_receiver_that_posts_no_receive_gets_the_rnr_hang_warn_and_closes() {
             h.check("after closing the comm stuck on RNR");
         },
         &["receiver-not-ready", "127.0.0.1"],
+    );
+}
+
+/// The rogue's process id in its handle (wire version 6): ferroce offers it a side-channel link.
+const ROGUE_PROCESS: u64 = 0x0706_0504_0302_0100;
+
+/// A ferroce sender connected to a rogue receiver in another "process" (its handle carries
+/// [`ROGUE_PROCESS`]) that answers the link offer with `answer`; the connect's result.
+fn sender_to_rogue_process(
+    ctx: &CommContext,
+    h: &Honest,
+    answer: fn(&LinkOffer) -> LinkOffer,
+) -> (Result<Box<SendHandle>, String>, Rogue) {
+    let (mut handle, l) = rogue_listen_as(1, ROGUE_PROCESS);
+    let mut s: Option<Result<Box<SendHandle>, String>> = None;
+    let mut step = |s: &mut Option<Result<Box<SendHandle>, String>>| {
+        if s.is_none() {
+            *s = api::connect(ctx, 0, &mut handle).map_err(|e| e.message).transpose();
+        }
+    };
+    let mut rogue = rogue_receiver_answering(&h.members(), &l, 32, &mut || step(&mut s), answer);
+    let end = Instant::now() + Duration::from_secs(20);
+    while s.is_none() {
+        step(&mut s);
+        assert!(Instant::now() < end, "connect to the rogue never finished");
+    }
+    if let Some(Ok(_)) = &s {
+        let Message::Ready { .. } = read_msg(&mut rogue.stream, &mut || {}) else {
+            panic!("ferroce did not send Ready")
+        };
+    }
+    (s.expect("connect ended"), rogue)
+}
+
+/// A listener that answers ferroce's link offer with a link ferroce did not offer: the connect
+/// fails at once, saying so; the honest comm moves bytes after.
+#[test]
+fn a_connect_refuses_a_link_answer_it_did_not_offer() {
+    case(
+        "a_connect_refuses_a_link_answer_it_did_not_offer",
+        "127.0.14.12",
+        |ctx| {
+            let h = Honest::new(ctx);
+            let (got, _rogue) = sender_to_rogue_process(ctx, &h, |asked| {
+                assert!(
+                    asked.found != 0 && asked.comm != 0,
+                    "ferroce offers to found a link: {asked:?}"
+                );
+                LinkOffer {
+                    process: ROGUE_PROCESS,
+                    attach: 0xbad,
+                    found: 0,
+                    comm: asked.comm,
+                }
+            });
+            let err = got.err().expect("a connect that took a link it never offered");
+            assert!(err.contains("link offer with one that does not fit"), "{err}");
+            h.check("after the rogue link answer");
+        },
+        &[],
+    );
+}
+
+/// A peer whose comm founded a shared link and then sends on it a setup message, or closes the
+/// comm (`CommClosed`): ferroce's comm fails with an error that says which, within the probe
+/// interval (no hang); the honest comm is not touched.
+#[test]
+fn a_shared_link_that_carries_garbage_or_a_close_fails_its_comm_clearly() {
+    case(
+        "a_shared_link_that_carries_garbage_or_a_close_fails_its_comm_clearly",
+        "127.0.14.13",
+        |ctx| {
+            let h = Honest::new(ctx);
+            let founded = |asked: &LinkOffer| LinkOffer {
+                process: ROGUE_PROCESS,
+                attach: 0,
+                found: asked.found,
+                comm: asked.comm,
+            };
+            let buf = vec![7u8; 64];
+            for (what, want) in [
+                ("garbage", "malformed side-channel message"),
+                ("close", "closed the connection"),
+            ] {
+                let (s, mut rogue) = sender_to_rogue_process(ctx, &h, founded);
+                let s = s.expect("a comm on a link the rogue founded with it");
+                let comm = rogue.peer.link.comm;
+                let bye = match what {
+                    "garbage" => Message::Ready { nonce: 1 },
+                    _ => Message::CommClosed {
+                        route: Route { comm, to_recv: false },
+                    },
+                };
+                send_msg(&mut rogue.stream, &bye);
+                let mh = reg(&*s, &buf);
+                let err = isend(&s, &buf, &mh).expect_err("a send on a comm whose link failed or closed");
+                assert!(err.contains(want), "{what}: {err}");
+                drop(s);
+            }
+            h.check("after the rogue links");
+        },
+        &["malformed side-channel message", "closed the connection"],
     );
 }

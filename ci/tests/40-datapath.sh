@@ -185,8 +185,8 @@ mixed_case() {
     next_addr; a=$A; next_addr; b=$A
     two_env_pair "$name" "$st $renv SOFTROCE_ADDR=$a" "$st $senv SOFTROCE_ADDR=$b" "-g 200 -S 224 -E 0" "-g 200 -S 224 -E 0"
 }
-mixed_case "a version-4 receiver and a version-5 sender" "FERROCE_WIRE_VERSION=4" ""
-mixed_case "a version-5 receiver and a version-4 sender" "" "FERROCE_WIRE_VERSION=4"
+mixed_case "a version-4 receiver and a newest-version sender" "FERROCE_WIRE_VERSION=4" ""
+mixed_case "a newest-version receiver and a version-4 sender" "" "FERROCE_WIRE_VERSION=4"
 
 loss="SOFTROCE_LOSS=0.01 NCCL_IB_TIMEOUT=14"
 local_case "1% loss" "$loss" 12 -g 80 -b 8388608
@@ -198,6 +198,22 @@ dead="NCCL_IB_TIMEOUT=14 NCCL_IB_RETRY_CNT=3"
 pair_case "receiver killed mid-transfer: sender errors out" "$dead" 12 "-g 400 -k 40" "-g 400 -e -t 30" recv-dies
 pair_case "sender killed mid-transfer: receiver errors out" "$dead" 12 "-g 400 -e -t 30" "-g 400 -k 40" send-dies
 pair_case "receiver killed, v6" "$dead" 6 "-g 400 -k 40" "-g 400 -e -t 30" recv-dies
+
+# Wire version 6: the comms between two processes share one side-channel link (-L: once set
+# up they hold one file descriptor in all, none left after closing); a comm its peer closes
+# fails at once and alone while the others on the link go on (-X); the peer's death fails the
+# comms on the link; a peer held at version 5 keeps a connection per comm, every byte right.
+pair_case "6 comms share one side-channel link" "" 12 "-g 100 -c 6 -L" "-g 100 -c 6 -L"
+pair_case "a comm closed by its peer fails alone, the others on its link go on" "" 12 \
+    "-g 200 -c 4 -L -X 20 -t 60" "-g 200 -c 4 -L -X 20 -t 60"
+pair_case "receiver killed, 4 comms on one link: sender errors out" "$dead" 12 "-g 400 -c 4 -k 40" "-g 400 -c 4 -e -t 30" recv-dies
+pair_case "sender killed, 4 comms on one link: receiver errors out" "$dead" 12 "-g 400 -c 4 -e -t 30" "-g 400 -c 4 -k 40" send-dies
+link_mixed() {
+    next_addr; a=$A; next_addr; b=$A
+    two_env_pair "$1" "$2 SOFTROCE_ADDR=$a" "$3 SOFTROCE_ADDR=$b" "-g 100 -c 4" "-g 100 -c 4"
+}
+link_mixed "4 comms with a version-5 receiver (a connection per comm)" "FERROCE_WIRE_VERSION=5" ""
+link_mixed "4 comms with a version-5 sender (a connection per comm)" "" "FERROCE_WIRE_VERSION=5"
 
 # Under valgrind, softroce's inline packet processing can recurse until the stack overflows
 # (emit_headers / hash_one at the overflowing frame, on the posting thread and on the engine

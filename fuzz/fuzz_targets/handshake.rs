@@ -129,7 +129,7 @@ fuzz_target!(|data: &[u8]| {
             );
         }
     }
-    for k in [1u8, 2, 3, 4, data.first().copied().unwrap_or(0)] {
+    for k in [1u8, 2, 3, 4, 5, 6, 7, 8, data.first().copied().unwrap_or(0)] {
         for v in OLDEST_WIRE_VERSION..=WIRE_VERSION {
             if let Ok(m) = Message::parse(v, Kind::from(k), data) {
                 round_trip_message(v, &m);

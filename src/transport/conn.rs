@@ -2,10 +2,10 @@
 //! they pair with the peer's, internally registered buffers, QP bring-up (spec §8.7) and the
 //! handshake records describing this side (spec §8.5).
 
+use super::link::SideChannel;
 use super::proto::handshake::{self, DevRepr, EndpointRepr, LinkLayer as WireLinkLayer, QpRepr, FLAG_STANDBY};
 use super::proto::plan::QpRoute;
 use super::proto::{fifo, limits, request};
-use super::sidechannel::Channel;
 use crate::config::{self, Config};
 use crate::device::{LinkLayer, NetDevice, VirtualDevice};
 use crate::error::{Error, Result};
@@ -311,6 +311,7 @@ pub fn endpoint(
             .collect(),
         qps,
         eager: handshake::EagerOffer::default(),
+        link: handshake::LinkOffer::default(),
     }
 }
 
@@ -518,7 +519,7 @@ pub struct Conn {
     pub probes: Vec<Probe>,
     pub devs: Vec<LocalDev>,
     pub peer: EndpointRepr,
-    pub chan: Channel,
+    pub chan: SideChannel,
     /// QPs each message is spread over.
     pub qps_per_req: usize,
     pub spec: QpSpec,
@@ -870,6 +871,7 @@ mod tests {
                 })
                 .collect(),
             eager: handshake::EagerOffer::default(),
+            link: handshake::LinkOffer::default(),
         }
     }
 

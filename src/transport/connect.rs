@@ -4,7 +4,9 @@
 //! returns a comm. The protocol decisions are [`proto::setup`](super::proto::setup)'s.
 
 use super::conn::{self, Conn, ConnQp, LocalDev, Probe, RegBuf};
-use super::proto::handshake::{self, EndpointRepr, HandleRepr, Message, FLAG_SPLIT, FLAG_STANDBY};
+use super::link::{self, FoundingMark, Link, Port, SideChannel};
+use super::proto::handshake::{self, EndpointRepr, HandleRepr, LinkOffer, Message, FLAG_SPLIT, FLAG_STANDBY};
+use super::proto::link::{Outcome, Plan};
 use super::proto::setup::{AwaitResponse, Dialing, Finishing, SetupError};
 use super::proto::time::Time;
 use super::proto::{request, split};
@@ -62,11 +64,29 @@ struct Answered {
     bufs: RegBuf,
     qps_per_req: usize,
     inline: u32,
+    /// Where the comm's side channel goes once `Ready` is out.
+    side: Joining,
+}
+
+/// The listener's answer about the link, carried out once `Ready` is out.
+enum Joining {
+    /// The comm's port on the link (held from the answer on).
+    Attached(Port),
+    /// The setup connection becomes the link of this key.
+    Founded(u64),
+    /// The setup connection stays the comm's own.
+    Own,
 }
 
 /// Where a connect is; each state holds what exists by then.
 enum Stage {
-    Dialing { connector: Connector, state: Dialing },
+    /// Another connect of this process founds the link to the listener's process: wait for
+    /// it (at most `proto::link::FOUNDING_WAIT`).
+    AwaitLink,
+    Dialing {
+        connector: Connector,
+        state: Dialing,
+    },
     AwaitResponse(Box<Requested>),
     Finishing(Box<Answered>),
 }
@@ -80,6 +100,56 @@ struct Target {
     version: u16,
     members: Vec<Arc<NetDevice>>,
     traffic_class: i32,
+    link: LinkPlan,
+}
+
+/// What a connect asks about the side-channel link (wire version 6 on, see `proto::link`).
+#[derive(Default)]
+struct LinkPlan {
+    /// What `ConnectReq` carries (all zero: no link).
+    offer: LinkOffer,
+    /// The link offered for attaching, held open until the answer.
+    attach: Option<Arc<Link>>,
+    /// This connect founds the link to the listener's process.
+    _founding: Option<FoundingMark>,
+}
+
+/// Whether a connect at wire `version` to `listener` may share a link: a listener of version
+/// 6 on in another process.
+fn shares_link(listener: &HandleRepr, version: u16) -> bool {
+    version >= handshake::LINK_VERSION && listener.process != 0 && listener.process != link::process_id()
+}
+
+/// The link plan of connect `ticket` to the listener's process at `now`; `None`: wait for
+/// the founding another connect has in progress.
+fn plan_link(listener: &HandleRepr, ticket: u64, now: Time) -> Option<LinkPlan> {
+    let (plan, attach, founding) = link::plan_connect(listener.process, ticket, now);
+    let key_of = |a: &Option<Arc<Link>>| match plan {
+        Plan::Attach { key } if a.is_some() => key,
+        _ => 0,
+    };
+    match plan {
+        Plan::Wait => None,
+        Plan::Attach { .. } | Plan::Found => Some(LinkPlan {
+            offer: LinkOffer {
+                process: link::process_id(),
+                attach: key_of(&attach),
+                // Offered also when attaching: the listener may no longer have that link.
+                found: link::new_key(),
+                comm: link::next_comm_id(),
+            },
+            attach,
+            _founding: founding,
+        }),
+    }
+}
+
+/// Start dialing the listener.
+fn dial(listener: &HandleRepr, now: Time, timeout: Duration) -> Stage {
+    Stage::Dialing {
+        connector: Connector::new(sidechannel::socket_addr(listener.addr), timeout),
+        state: Dialing::new(listener.nonce, now, timeout),
+    }
 }
 
 /// A connect in progress.
@@ -152,10 +222,12 @@ pub fn connect(traffic_class: i32, dev: &Arc<VirtualDevice>, handle: &mut [u8; 1
                     version,
                     members: dev.members.clone(),
                     traffic_class,
+                    link: LinkPlan::default(),
                 },
-                stage: Stage::Dialing {
-                    connector: Connector::new(sidechannel::socket_addr(listener.addr), timeout),
-                    state: Dialing::new(listener.nonce, now, timeout),
+                stage: if shares_link(&listener, version) {
+                    Stage::AwaitLink
+                } else {
+                    dial(&listener, now, timeout)
                 },
                 touched: now,
             },
@@ -183,10 +255,16 @@ pub fn connect(traffic_class: i32, dev: &Arc<VirtualDevice>, handle: &mut [u8; 1
 /// One step of every state that can advance now.
 fn progress_connect(c: Connecting, now: Time) -> Result<Progress> {
     let Connecting {
-        target,
+        mut target,
         mut stage,
         touched,
     } = c;
+    if let Stage::AwaitLink = stage {
+        if let Some(plan) = plan_link(&target.listener, target.id, now) {
+            target.link = plan;
+            stage = dial(&target.listener, now, conn::setup_timeout());
+        }
+    }
     if let Stage::Dialing { mut connector, state } = stage {
         stage = match connector.poll()? {
             Some(chan) => Stage::AwaitResponse(request(&target, chan, state)?),
@@ -195,13 +273,13 @@ fn progress_connect(c: Connecting, now: Time) -> Result<Progress> {
         };
     }
     if let Stage::AwaitResponse(r) = stage {
-        stage = match await_response(r, now)? {
+        stage = match await_response(r, &mut target.link, target.listener.process, now)? {
             Ok(answered) => Stage::Finishing(answered),
             Err(waiting) => Stage::AwaitResponse(waiting),
         };
     }
     if let Stage::Finishing(f) = stage {
-        stage = match finish(f, &target.members, now)? {
+        stage = match finish(f, &target, now)? {
             Ok(comm) => return Ok(Progress::Done(comm)),
             Err(f) => Stage::Finishing(f),
         };
@@ -270,7 +348,8 @@ fn request(c: &Target, mut chan: Channel, state: Dialing) -> Result<Box<Requeste
         flags |= FLAG_STANDBY;
     }
     let list = conn::qp_list(qps.iter().map(QueuePair::qpn).zip(placement.iter().copied()), &probes);
-    let req = conn::endpoint(&devs, list, state.nonce(), tc, sl, flags, bufs.addr() as u64, &rkeys);
+    let mut req = conn::endpoint(&devs, list, state.nonce(), tc, sl, flags, bufs.addr() as u64, &rkeys);
+    req.link = c.link.offer;
     chan.set_version(c.version);
     chan.queue(&Message::ConnectReq(req));
     Ok(Box::new(Requested {
@@ -288,7 +367,12 @@ fn request(c: &Target, mut chan: Channel, state: Dialing) -> Result<Box<Requeste
 
 /// Send the request, read the answer; on a valid one bring our QPs up and queue `Ready`.
 /// `Ok(Err(r))`: still waiting.
-fn await_response(mut r: Box<Requested>, now: Time) -> Result<std::result::Result<Box<Answered>, Box<Requested>>> {
+fn await_response(
+    mut r: Box<Requested>,
+    plan: &mut LinkPlan,
+    listener_process: u64,
+    now: Time,
+) -> Result<std::result::Result<Box<Answered>, Box<Requested>>> {
     let peer = r.chan.peer;
     r.chan.flush().map_err(|e| channel_error(peer, e))?;
     let incoming = match r.chan.poll_recv() {
@@ -313,6 +397,11 @@ fn await_response(mut r: Box<Requested>, now: Time) -> Result<std::result::Resul
         inline,
     } = *r;
     conn::check_peer(&devs, qps.len(), !probes.is_empty(), &resp)?;
+    let side = join(plan, listener_process, &resp.link).map_err(|e| {
+        Error::remote(format!(
+            "{peer} answered the side-channel link offer with one that does not fit ({e}): a corrupt or incompatible peer"
+        ))
+    })?;
     let qps = conn::bring_up(&devs, qps, &placement, &probes, &resp, resp.tc, resp.sl)?;
     let (state, ready) = state.handle_brought_up();
     chan.queue(&ready);
@@ -326,14 +415,32 @@ fn await_response(mut r: Box<Requested>, now: Time) -> Result<std::result::Resul
         bufs,
         qps_per_req,
         inline,
+        side,
     })))
+}
+
+/// What the listener's link answer `got` means for this comm (the port it joins now).
+fn join(plan: &mut LinkPlan, process: u64, got: &LinkOffer) -> std::result::Result<Joining, &'static str> {
+    Ok(match super::proto::link::outcome(&plan.offer, got)? {
+        Outcome::Attached { .. } => {
+            let l = plan.attach.take().ok_or("an attach this side did not offer")?;
+            Joining::Attached(Port::attach(l, plan.offer.comm, false))
+        }
+        Outcome::Founded { key } => Joining::Founded(key),
+        Outcome::Own => {
+            if plan.offer.found != 0 {
+                link::keeps_own(process);
+            }
+            Joining::Own
+        }
+    })
 }
 
 /// Send `Ready`; once it is out, the connection goes to the data path. `Ok(Err(f))`: still
 /// sending.
 fn finish(
     mut f: Box<Answered>,
-    members: &[Arc<NetDevice>],
+    target: &Target,
     now: Time,
 ) -> Result<std::result::Result<Box<SendComm>, Box<Answered>>> {
     let peer = f.chan.peer;
@@ -351,9 +458,22 @@ fn finish(
         bufs,
         qps_per_req,
         inline,
+        side,
         ..
     } = *f;
     chan.release_buffers();
+    let chan = match side {
+        Joining::Attached(port) => SideChannel::Shared(port),
+        Joining::Founded(key) => SideChannel::Shared(link::found(
+            chan,
+            key,
+            target.listener.process,
+            target.link.offer.comm,
+            false,
+        )),
+        Joining::Own => SideChannel::Own(chan),
+    };
+    let members = &target.members;
     let spec = sender_qp_spec(peer.tc, peer.sl, !probes.is_empty(), inline);
     let conn = Conn {
         qps,

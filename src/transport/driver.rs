@@ -161,9 +161,9 @@ impl Driver {
         crate::log_info!(crate::log::subsys::NET, "{}", describe_connection(&conn, kind));
         let devices = conn.devs.iter().map(|d| d.dev.label()).collect::<Vec<_>>().join("+");
         let qpns: Vec<u32> = conn.qps.iter().map(|q| q.qp.qpn()).collect();
-        let stats = stats::for_comm(kind, conn.chan.peer.to_string(), devices, &qpns);
+        let stats = stats::for_comm(kind, conn.chan.peer().to_string(), devices, &qpns);
         let role = if kind == "send" { Role::Sender } else { Role::Receiver };
-        let recovery = RecoveryIo::new(role, conn.chan.peer.to_string());
+        let recovery = RecoveryIo::new(role, conn.chan.peer().to_string());
         Driver {
             conn,
             kind,
@@ -495,7 +495,7 @@ impl Driver {
         crate::log_warn!(
             "{} comm with {} on {} (QPs {qps}) made no progress for {} s: waiting for {}; {} work requests posted, {} completions polled (FERROCE_HANG_WARN_SEC={every} sets this report)",
             self.kind,
-            c.chan.peer,
+            c.chan.peer(),
             devices,
             stuck.as_secs(),
             waiting_for(),
@@ -508,7 +508,7 @@ impl Driver {
     pub fn fail_peer_gone(&self, state: &mut CommState, what: &str) -> Error {
         state.fail(Error::remote(format!(
             "the peer {} closed the connection while {what} was in flight (the peer process exited, crashed or closed its comm) — check the peer's log",
-            self.conn.chan.peer
+            self.conn.chan.peer()
         )))
     }
 }
@@ -550,7 +550,7 @@ fn describe_connection(c: &Conn, kind: &str) -> String {
     };
     format!(
         "{kind} connection with {}: {} QP(s) on {} (local QPNs {local}; peer QPNs {remote}), MTU {}, GID index {} {}, tc {} sl {}, {mode}",
-        c.chan.peer,
+        c.chan.peer(),
         c.qps.len(),
         c.devs.iter().map(|d| d.dev.label()).collect::<Vec<_>>().join("+"),
         128u32 << mtu_code,
@@ -567,7 +567,7 @@ fn fatal_event_error(conn: &mut Conn) -> Option<(Error, FatalKind)> {
     if !crate::config::get().return_async_events {
         return None;
     }
-    let peer = conn.chan.peer.to_string();
+    let peer = conn.chan.peer().to_string();
     conn.new_fatal_event().map(|(d, kind)| {
         let e = Error::system(format!(
             "device {} reported a fatal asynchronous event for this connection, its port or the whole NIC (see the WARN above); the connection to {peer} cannot continue",
@@ -634,7 +634,7 @@ fn report(conn: &Conn, ldev: usize, f: &Failed, op: &str, bytes: usize) -> Error
         port: dev.port,
         local_gid: &dev.gid,
         peer_gid: &peer_gid,
-        peer_addr: &conn.chan.peer.to_string(),
+        peer_addr: &conn.chan.peer().to_string(),
         qp_num: f.qp_num,
         operation: op,
         bytes,

@@ -5,6 +5,7 @@
 //! Malformed or foreign connections are WARNed and dropped; the listener keeps working.
 
 use super::conn::{self, Conn, LocalDev, RegBuf};
+use super::link::{self, Port, SideChannel};
 use super::proto::eager;
 use super::proto::handshake::{self, EndpointRepr, HandleRepr, Message, FLAG_SPLIT};
 use super::proto::recv as recv_core;
@@ -84,13 +85,14 @@ pub fn listen(dev: &Arc<VirtualDevice>, handle: &mut [u8; 128]) -> Result<Box<Li
     let addr = listener
         .local_addr()
         .map_err(|e| Error::system(format!("getsockname on the listener: {e}")))?;
-    let nonce = random_nonce();
+    let nonce = sidechannel::random_nonzero();
     HandleRepr {
         addr: sidechannel::listen_addr(addr),
         ndevs: dev.members.len() as u8,
         nonce,
         min_version: handshake::OLDEST_WIRE_VERSION,
         max_version: handshake::local_max_version(crate::config::get().wire_version),
+        process: link::process_id(),
     }
     .emit(handle);
     Ok(Box::new(ListenComm {
@@ -101,23 +103,6 @@ pub fn listen(dev: &Arc<VirtualDevice>, handle: &mut [u8; 128]) -> Result<Box<Li
         slot: Slot::Free,
         polled: Polled::Never,
     }))
-}
-
-/// A listener's nonce: unique per listener (not secret), so a stale or foreign handle is told
-/// apart from ours. Never 0.
-fn random_nonce() -> u64 {
-    let mut v = 0u64;
-    // SAFETY: writes at most 8 bytes into v.
-    let n = unsafe { libc::getrandom(&mut v as *mut u64 as *mut libc::c_void, 8, 0) };
-    if n != 8 {
-        // Fall back to time and address entropy; uniqueness, not secrecy, is what matters.
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        v = t ^ (&v as *const u64 as u64).rotate_left(32) ^ u64::from(std::process::id());
-    }
-    v | 1
 }
 
 /// A message read off a channel (a framing error is a message the protocol refuses), or why
@@ -251,7 +236,10 @@ impl ListenComm {
     fn start_accepting(&mut self, p: Pending, req: &EndpointRepr, now: Time) -> Result<()> {
         let Pending { mut chan, state } = p;
         match build_recv(&self.members, req, self.nonce, chan.version()) {
-            Ok((parts, resp)) => {
+            Ok((mut parts, mut resp)) => {
+                let (answer, side) = answer_link(req, chan.version());
+                resp.link = answer;
+                parts.side = side;
                 chan.queue(&Message::ConnectResp(resp));
                 self.slot = Slot::Accepting(Box::new(Accepting {
                     chan,
@@ -316,12 +304,48 @@ struct RecvParts {
     spec: conn::QpSpec,
     /// The largest eager payload the landing ring after the staging ring takes (0: none).
     eager_max: usize,
+    /// Where the comm's side channel goes once `Ready` came.
+    side: Joining,
+}
+
+/// The listener's side of the link answer, carried out once `Ready` came.
+enum Joining {
+    /// The comm's port on a link (held from the answer on).
+    Attached(Port),
+    /// The setup connection becomes the link of this key.
+    Founded(u64),
+    /// The setup connection stays the comm's own.
+    Own,
+}
+
+/// The answer to a request's link offer (`proto::link::answer`) on a connection of wire
+/// `version`, and what this end does about it.
+fn answer_link(req: &EndpointRepr, version: u16) -> (handshake::LinkOffer, Joining) {
+    let asked = &req.link;
+    let share = version >= handshake::LINK_VERSION;
+    let open = (share && asked.attach != 0)
+        .then(|| link::attachable(asked.attach, asked.process))
+        .flatten();
+    let answer = super::proto::link::answer(asked, link::process_id(), share, |_, _| open.is_some());
+    let side = match (open, answer.attach, answer.found) {
+        (Some(l), a, _) if a != 0 => Joining::Attached(Port::attach(l, asked.comm, true)),
+        (_, _, f) if f != 0 => Joining::Founded(f),
+        _ => Joining::Own,
+    };
+    (answer, side)
 }
 
 impl RecvParts {
     fn finish(self, mut chan: Channel) -> Box<Guarded<recv::RecvDp>> {
         let p = self;
         chan.release_buffers();
+        let chan = match p.side {
+            Joining::Attached(port) => SideChannel::Shared(port),
+            Joining::Founded(key) => {
+                SideChannel::Shared(link::found(chan, key, p.peer.link.process, p.peer.link.comm, true))
+            }
+            Joining::Own => SideChannel::Own(chan),
+        };
         let conn = Conn {
             qps: p.qps,
             probes: p.probes,
@@ -432,6 +456,7 @@ fn build_recv(
         qps_per_req: split::qps_per_request(split, nqps, ndata),
         spec,
         eager_max,
+        side: Joining::Own,
     };
     Ok((parts, resp))
 }

@@ -16,11 +16,16 @@
 //! Errors: unreachable or failed peer → `ErrorKind::Remote`; OS / verbs failure → `System`;
 //! NCCL misuse → `Internal`. Completion errors are WARNed once per comm ([`errors`]).
 //!
-//! Connection setup (connector → listener, one TCP connection per comm, kept open afterwards
-//! as the liveness probe): `ConnectReq` (sender devices, QPs, CTS FIFO address/rkeys, tc/sl,
+//! Connection setup (connector → listener, over a TCP connection of its own): `ConnectReq` (sender devices, QPs, CTS FIFO address/rkeys, tc/sl,
 //! split flag) → `ConnectResp` (receiver devices, QPs, completion-record address/rkeys, echoed
 //! tc/sl; the receiver's QPs are already RTS) → `Ready` (the sender's QPs are RTS). Both ends
-//! give up after `FERROCE_CONNECT_TIMEOUT_SEC`. QP *i* lives on member device *i mod ndevs*,
+//! give up after `FERROCE_CONNECT_TIMEOUT_SEC`. Afterwards the side channel carries recovery
+//! messages and tells a comm when its peer is gone; from wire version 6 the comms between two
+//! processes share one such TCP connection, a link ([`link`], [`proto::link`]): the first
+//! connect to a process keeps its setup connection as the link, later ones (in either
+//! direction) join it and close theirs, so a process holds one or two side-channel descriptors
+//! per peer process however many comms it has with it. A comm with an older peer or within this
+//! process keeps its setup connection. QP *i* lives on member device *i mod ndevs*,
 //! `NCCL_IB_QPS_PER_CONNECTION × max(ndevs local, remote)` QPs in all; the receiver adopts
 //! the sender's QP count and split mode. Active-standby (`FERROCE_ACTIVE_STANDBY`, flag in the
 //! records, both ends alike): `NCCL_IB_QPS_PER_CONNECTION` QPs on the first member that is up,
@@ -33,13 +38,15 @@
 //! receives of up to 8 buffers of ≤ 4 GiB each.
 //!
 //! Per-message path: no allocation, no lock; syscalls only inside the provider's post/poll and
-//! one rate-limited `recv(MSG_PEEK)` on the side channel while a request waits for the peer.
+//! one rate-limited read of the side channel (its link's socket) while a request waits for the
+//! peer.
 
 pub mod clock;
 pub mod conn;
 pub mod connect;
 pub mod driver;
 pub mod errors;
+pub mod link;
 pub mod listen;
 pub mod mr_cache;
 pub mod proto;

@@ -6,7 +6,7 @@
 
 use super::clock;
 use super::driver::Driver;
-use super::proto::handshake::Message;
+use super::proto::handshake::{Message, WireError};
 use super::proto::recovery::Action;
 use super::recovery::PeerHello;
 use super::sidechannel::ChannelError;
@@ -35,7 +35,7 @@ impl Driver {
         if self.recovery.machine.active() || self.recovery.machine.unproven() {
             return;
         }
-        crate::log_warn!("{} comm with {}: {what}", self.kind, self.conn.chan.peer);
+        crate::log_warn!("{} comm with {}: {what}", self.kind, self.conn.chan.peer());
         self.recovery.started = Some(Instant::now());
     }
 
@@ -48,7 +48,7 @@ impl Driver {
         };
         core.state().fail(Error::remote(format!(
             "the peer {} closed the connection{during} ({e}): the peer process exited, crashed or closed its comm — check the peer's log",
-            self.conn.chan.peer
+            self.conn.chan.peer()
         )))
     }
 
@@ -82,16 +82,11 @@ impl Driver {
                 Ok(Some(other)) => {
                     return Err(core.state().fail(Error::remote(format!(
                         "the peer {} sent a {} message after the connection was set up: a corrupt or incompatible peer",
-                        self.conn.chan.peer,
+                        self.conn.chan.peer(),
                         super::proto::setup::kind_name(&other)
                     ))))
                 }
-                Err(ChannelError::Wire(e)) => {
-                    return Err(core.state().fail(Error::remote(format!(
-                        "the peer {} sent a malformed side-channel message ({e}): a corrupt or incompatible peer",
-                        self.conn.chan.peer
-                    ))))
-                }
+                Err(ChannelError::Wire(e)) => return Err(self.malformed(core, &e)),
                 Err(e) => return Err(self.peer_closed(core, &e)),
             };
             self.act(core, actions)?;
@@ -125,7 +120,7 @@ impl Driver {
         crate::log_warn!(
             "{} comm with {}: recovered over new QPs (local QPNs {}){members} in {} ms, {} attempt(s) so far in this comm; {}",
             self.kind,
-            self.conn.chan.peer,
+            self.conn.chan.peer(),
             self.conn
                 .qps
                 .iter()
@@ -202,7 +197,7 @@ impl Driver {
                     return Err(core.state().fail(e.context(format!(
                         "{} comm with {} (tried {} ms)",
                         self.kind,
-                        self.conn.chan.peer,
+                        self.conn.chan.peer(),
                         took.as_millis()
                     ))));
                 }
@@ -214,8 +209,18 @@ impl Driver {
     fn flush_channel(&mut self, core: &mut impl RecoverySink) -> Result<()> {
         match self.conn.chan.flush() {
             Ok(_) => Ok(()),
+            // A shared link that read a malformed frame cannot send either.
+            Err(ChannelError::Wire(e)) => Err(self.malformed(core, &e)),
             Err(e) => Err(self.peer_closed(core, &e)),
         }
+    }
+
+    /// The comm's error when its peer sent bytes that are no side-channel message (`e`).
+    fn malformed(&self, core: &mut impl RecoverySink, e: &WireError) -> Error {
+        core.state().fail(Error::remote(format!(
+            "the peer {} sent a malformed side-channel message ({e}): a corrupt or incompatible peer",
+            self.conn.chan.peer()
+        )))
     }
 
     /// Replace the connection's QPs. The receiver first moves its old ones to ERR and takes

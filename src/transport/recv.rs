@@ -277,7 +277,7 @@ impl RecvDp {
             cts_inline_max,
             max_buffer_bytes: split::max_buffer_bytes(conn.wr_bytes()),
             wr_bytes: conn.wr_bytes(),
-            peer: conn.chan.peer.to_string(),
+            peer: conn.chan.peer().to_string(),
             named_imm: conn.chan.version() >= EAGER_VERSION,
             eager: (eager_max > 0).then(|| EagerRecvConfig {
                 landing: (bufs.addr() + RECV_BLOCK_BYTES) as u64,
@@ -560,7 +560,7 @@ impl RecvDp {
         if let Some(o) = done.and_then(|d| d.oversized) {
             crate::log_warn!(
                 "the sender {} claimed {} bytes for buffer {} of a receive of {} buffer(s), posted with {} bytes: no honest sender claims more than the posted size (it truncates to it); reported the posted size (once per comm) — check the peer's version and health",
-                self.io.conn.chan.peer,
+                self.io.conn.chan.peer(),
                 o.claimed,
                 o.buffer,
                 o.n,

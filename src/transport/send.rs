@@ -172,7 +172,7 @@ impl SendDp {
             wr_bytes: conn.wr_bytes(),
             fifo: local_block(&bufs),
             peer_records: remote_block(&conn),
-            peer: conn.chan.peer.to_string(),
+            peer: conn.chan.peer().to_string(),
             eager: eager_config(&conn),
             named_imm: conn.chan.version() >= EAGER_VERSION,
         };
@@ -309,7 +309,7 @@ impl SendDp {
                 if let Some(posted) = truncated_to {
                     crate::log_warn!(
                         "isend of {size} bytes (tag {tag}) into a {posted}-byte receive buffer of {}: truncated to {posted} bytes (NCCL never does this; the receiver and sender disagree on sizes)",
-                        self.io.conn.chan.peer
+                        self.io.conn.chan.peer()
                     );
                 }
                 Ok(Some(self.core.state.pool.ptr(idx)))

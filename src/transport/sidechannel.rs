@@ -2,8 +2,9 @@
 //! listener, non-blocking connect with retries, and framed message exchange.
 //!
 //! Nothing here blocks: every call does what the socket allows now and reports `Pending`.
-//! The peer-liveness probe ([`Channel::peer_gone`]) is how a comm notices a killed peer whose
-//! RDMA traffic has stopped (RDMA alone would wait forever on a posted receive).
+//! The peer-liveness probe ([`Channel::peek`]) is how a comm notices a killed peer whose
+//! RDMA traffic has stopped (RDMA alone would wait forever on a posted receive); a comm whose
+//! channel is a shared link (`link`) sees the same through its port.
 
 use super::proto::handshake::{FrameReader, ListenAddr, Message, WireError, OLDEST_WIRE_VERSION};
 use crate::config::{AddrFamily, DeviceFilter};
@@ -140,6 +141,23 @@ pub fn side_channel_interface() -> Result<&'static IfAddr> {
         crate::log_info!(crate::log::subsys::INIT | crate::log::subsys::NET, "side channel on {} ({})", chosen.name, chosen.ip);
         Ok(chosen)
     })
+}
+
+/// A random nonzero id: a listener's nonce (so a stale or foreign handle is told apart from
+/// ours), a process id, a link key. Unique, not secret.
+pub fn random_nonzero() -> u64 {
+    let mut v = 0u64;
+    // SAFETY: writes at most 8 bytes into v.
+    let n = unsafe { libc::getrandom(&mut v as *mut u64 as *mut libc::c_void, 8, 0) };
+    if n != 8 {
+        // Fall back to time and address entropy; uniqueness, not secrecy, is what matters.
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        v = t ^ (&v as *const u64 as u64).rotate_left(32) ^ u64::from(std::process::id());
+    }
+    v | 1
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -91,7 +91,7 @@ impl Driver {
             crate::log_warn!(
                 "{} comm with {}: standby member {} of the fused device does not answer ({why}): check its port (ibv_devinfo) and its path to the peer; a failover passes it over while another member answers{again}",
                 self.kind,
-                self.conn.chan.peer,
+                self.conn.chan.peer(),
                 d.dev.label()
             );
         }

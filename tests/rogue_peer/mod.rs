@@ -15,7 +15,7 @@ use nccl_net_ferroce::transport::conn::{self, ConnQp, LocalDev, RegBuf};
 use nccl_net_ferroce::transport::driver::to_ibv;
 use nccl_net_ferroce::transport::proto::fifo::{CtsEntry, ENTRY_BYTES, RING_BYTES};
 use nccl_net_ferroce::transport::proto::handshake::{
-    EndpointRepr, FrameReader, HandleRepr, ListenAddr, Message, OLDEST_WIRE_VERSION, WIRE_VERSION,
+    EndpointRepr, FrameReader, HandleRepr, LinkOffer, ListenAddr, Message, OLDEST_WIRE_VERSION, WIRE_VERSION,
 };
 use nccl_net_ferroce::transport::proto::plan::{Op, Remote, Sge, WorkRequest};
 use std::io::{ErrorKind, Read, Write};
@@ -92,6 +92,11 @@ pub fn read_msg(s: &mut TcpStream, pump: &mut dyn FnMut()) -> Message {
 
 /// A rogue listener: its handle (for ferroce's connect) and its TCP listener.
 pub fn rogue_listen(ndevs: u8) -> ([u8; 128], TcpListener) {
+    rogue_listen_as(ndevs, 0)
+}
+
+/// [`rogue_listen`] with a process id in the handle (0: none), so ferroce offers it a link.
+pub fn rogue_listen_as(ndevs: u8, process: u64) -> ([u8; 128], TcpListener) {
     let l = TcpListener::bind("127.0.0.1:0").expect("rogue listener");
     l.set_nonblocking(true).expect("nonblocking");
     let mut h = [0u8; 128];
@@ -104,6 +109,7 @@ pub fn rogue_listen(ndevs: u8) -> ([u8; 128], TcpListener) {
         nonce: 0x005e_ed0f_5eed,
         min_version: OLDEST_WIRE_VERSION,
         max_version: WIRE_VERSION,
+        process,
     }
     .emit(&mut h);
     (h, l)
@@ -127,6 +133,22 @@ pub fn rogue_accept(l: &TcpListener, pump: &mut dyn FnMut()) -> TcpStream {
 /// on each QP for ferroce's writes with immediate) and take its Ready. `pump` drives
 /// ferroce's connect.
 pub fn rogue_receiver(members: &[Arc<NetDevice>], l: &TcpListener, recvs_per_qp: u64, pump: &mut dyn FnMut()) -> Rogue {
+    let mut rogue = rogue_receiver_answering(members, l, recvs_per_qp, pump, |_| LinkOffer::default());
+    let Message::Ready { .. } = read_msg(&mut rogue.stream, pump) else {
+        panic!("ferroce did not send Ready")
+    };
+    rogue
+}
+
+/// [`rogue_receiver`] that answers ferroce's link offer with `link(offer)` and returns once
+/// its answer is sent (before ferroce's Ready).
+pub fn rogue_receiver_answering(
+    members: &[Arc<NetDevice>],
+    l: &TcpListener,
+    recvs_per_qp: u64,
+    pump: &mut dyn FnMut(),
+    link: fn(&LinkOffer) -> LinkOffer,
+) -> Rogue {
     let mut stream = rogue_accept(l, pump);
     let Message::ConnectReq(req) = read_msg(&mut stream, pump) else {
         panic!("ferroce's first message is not ConnectReq")
@@ -134,7 +156,7 @@ pub fn rogue_receiver(members: &[Arc<NetDevice>], l: &TcpListener, recvs_per_qp:
     let (devs, qps, placement, block) = resources(members, req.qps.len());
     let rkeys: Vec<u32> = block.mrs.iter().map(|m| m.rkey()).collect();
     let list = conn::qp_list(qps.iter().map(QueuePair::qpn).zip(placement.iter().copied()), &[]);
-    let resp = conn::endpoint(
+    let mut resp = conn::endpoint(
         &devs,
         list,
         req.nonce,
@@ -144,6 +166,7 @@ pub fn rogue_receiver(members: &[Arc<NetDevice>], l: &TcpListener, recvs_per_qp:
         block.addr() as u64,
         &rkeys,
     );
+    resp.link = link(&req.link);
     let qps = conn::bring_up(&devs, qps, &placement, &[], &req, req.tc, req.sl).expect("rogue RTS");
     // ferroce's writes with immediate each take a receive (else RNR: they would never end).
     for q in &qps {
@@ -156,9 +179,6 @@ pub fn rogue_receiver(members: &[Arc<NetDevice>], l: &TcpListener, recvs_per_qp:
         }
     }
     send_msg(&mut stream, &Message::ConnectResp(resp));
-    let Message::Ready { .. } = read_msg(&mut stream, pump) else {
-        panic!("ferroce did not send Ready")
-    };
     Rogue {
         stream,
         devs,

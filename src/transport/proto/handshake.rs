@@ -18,6 +18,7 @@
 //! | 16 | 16 | IP address (IPv4 in the first 4 bytes) |
 //! | 32 | 4 | IPv6 scope id |
 //! | 40 | 8 | nonce: identifies this listener; the connector echoes it |
+//! | 48 | 8 | the listener's process id (version 6 on; 0: none), to share a link with it |
 //! | 64 | 8 | connect stage magic (0 as written by `listen`) |
 //! | 72 | 8 | connect stage id (the connector's in-progress record) |
 //!
@@ -40,13 +41,20 @@
 //!   [`EndpointRepr`]: nonce, member devices (GID, LID, port, link layer, MTU, GID index, rkey,
 //!   name), every QP (number, device), the FIFO / completion-record address, tc, sl, flags;
 //!   from version 5 ([`EAGER_VERSION`]) a 16-byte trailer, the receiver's eager landing ring
-//!   ([`EagerOffer`]: address u64, slot bytes u32, largest payload u32; zero: none).
+//!   ([`EagerOffer`]: address u64, slot bytes u32, largest payload u32; zero: none); from
+//!   version 6 ([`LINK_VERSION`]) 32 more bytes, the side-channel link ([`LinkOffer`]: process
+//!   id, attach key, found key, comm id, each u64).
 //! * `Ready` (connector → listener): the nonce; sent once the connector's QPs are in RTS.
 //! * `Reject` (either way): a reason code and a UTF-8 text, sent before closing on a mismatch.
 //! * `RecoverHello` (either way, after setup; `proto::recovery`): the epoch (u32), the
 //!   sender's next FIFO entry (u64), the count n (u32) of the receiver's completions taken per
 //!   QP and those n u64s (n = 0 from a sender), then the new QPs as an [`EndpointRepr`].
 //! * `RecoverReady` (either way): the epoch (u32).
+//! * `OnComm` (version 6, on a shared link, `proto::link`): a comm's message — the comm id
+//!   (u64), whether it goes to the receiving end's recv comm (u8: 1) or send comm (0), the
+//!   inner kind (u8, `RecoverHello` or `RecoverReady`), 2 bytes zero, the inner body.
+//! * `CommClosed` (version 6, on a shared link): the comm id (u64) and direction (u8) as in
+//!   `OnComm`, 3 bytes zero: that end closed its comm.
 //!
 //! Anything else — wrong magic, version, kind, oversize length, inconsistent counts — is a
 //! [`WireError`]; the listener WARNs and drops that TCP connection only.
@@ -66,8 +74,10 @@ pub const STAGE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceS");
 /// lies `p × fifo::ENTRY_BYTES` past the advertised address. 4: the side channel also carries
 /// `RecoverHello` and `RecoverReady` after setup (a peer of version 3 could not take part in a
 /// recovery, so it is refused at setup with a clear reason). 5: versions are negotiated (the
-/// handle's newest-version field).
-pub const WIRE_VERSION: u16 = 5;
+/// handle's newest-version field). 6: one side-channel link per pair of processes, shared by
+/// their comms (`proto::link`: the handle's process id, the endpoint's link trailer, `OnComm`
+/// and `CommClosed` frames).
+pub const WIRE_VERSION: u16 = 6;
 /// Oldest wire version this build speaks.
 pub const OLDEST_WIRE_VERSION: u16 = 4;
 /// The first version with the eager path (`proto::eager`): the endpoint's eager trailer, the
@@ -75,6 +85,10 @@ pub const OLDEST_WIRE_VERSION: u16 = 4;
 pub const EAGER_VERSION: u16 = 5;
 /// Bytes of the endpoint's eager trailer.
 const EAGER_TRAILER_BYTES: usize = 16;
+/// The first version whose comms share one side-channel link per pair of processes.
+pub const LINK_VERSION: u16 = 6;
+/// Bytes of the endpoint's link trailer (after the eager one).
+const LINK_TRAILER_BYTES: usize = 32;
 
 /// The newest version this process speaks when `FERROCE_WIRE_VERSION` is `setting` (0: this
 /// build's newest; else that, within the versions this build speaks).
@@ -114,6 +128,7 @@ mod field {
     pub const H_ADDR: Range<usize> = 16..32;
     pub const H_SCOPE: Range<usize> = 32..36;
     pub const H_NONCE: Range<usize> = 40..48;
+    pub const H_PROCESS: Range<usize> = 48..56;
     pub const H_STAGE_MAGIC: Range<usize> = 64..72;
     pub const H_STAGE_ID: Range<usize> = 72..80;
     // frame header
@@ -215,6 +230,9 @@ pub struct HandleRepr {
     /// The wire versions the listener speaks: every one from `min_version` to `max_version`.
     pub min_version: u16,
     pub max_version: u16,
+    /// The listener's process id (0: an older listener, or none): connects to it may share a
+    /// link with other comms between the two processes.
+    pub process: u64,
 }
 
 impl HandleRepr {
@@ -264,6 +282,11 @@ impl HandleRepr {
             nonce: u64_at(h, field::H_NONCE),
             min_version,
             max_version,
+            process: if max_version >= LINK_VERSION {
+                u64_at(h, field::H_PROCESS)
+            } else {
+                0
+            },
         })
     }
 
@@ -298,6 +321,7 @@ impl HandleRepr {
             }
         }
         h[field::H_NONCE].copy_from_slice(&self.nonce.to_le_bytes());
+        h[field::H_PROCESS].copy_from_slice(&self.process.to_le_bytes());
     }
 }
 
@@ -329,6 +353,8 @@ pub enum Kind {
     Reject,
     RecoverHello,
     RecoverReady,
+    OnComm,
+    CommClosed,
     Unknown(u8),
 }
 
@@ -341,6 +367,8 @@ impl From<u8> for Kind {
             4 => Kind::Reject,
             5 => Kind::RecoverHello,
             6 => Kind::RecoverReady,
+            7 => Kind::OnComm,
+            8 => Kind::CommClosed,
             x => Kind::Unknown(x),
         }
     }
@@ -355,6 +383,8 @@ impl From<Kind> for u8 {
             Kind::Reject => 4,
             Kind::RecoverHello => 5,
             Kind::RecoverReady => 6,
+            Kind::OnComm => 7,
+            Kind::CommClosed => 8,
             Kind::Unknown(x) => x,
         }
     }
@@ -386,8 +416,11 @@ impl HeaderRepr {
             return Err(WireError::BadVersion(v));
         }
         let kind = Kind::from(b[field::F_KIND]);
-        if let Kind::Unknown(k) = kind {
-            return Err(WireError::BadKind(k));
+        match kind {
+            Kind::Unknown(k) => return Err(WireError::BadKind(k)),
+            // Link frames exist from the version that has links.
+            Kind::OnComm | Kind::CommClosed if v < LINK_VERSION => return Err(WireError::BadKind(b[field::F_KIND])),
+            _ => {}
         }
         let len = u32_at(b, field::F_LEN);
         if len as usize > MAX_BODY {
@@ -498,6 +531,28 @@ impl EagerOffer {
     }
 }
 
+/// The side-channel link of a connection (version 6 on; all zero: none, or a recovery's QPs).
+/// In a `ConnectReq` the connector asks: attach to its link `attach` (0: it has none to the
+/// listener's process), or else make this TCP connection the link `found` (0: keep it to this
+/// comm alone). In a `ConnectResp` the listener answers with the one it did (both 0: this comm
+/// keeps the connection to itself). `comm` is the connector's id of the comm on the link,
+/// echoed; `process` is the sender's process id.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkOffer {
+    pub process: u64,
+    pub attach: u64,
+    pub found: u64,
+    pub comm: u64,
+}
+
+/// Which comm of a shared link a frame is for: the id the connector gave it, and which end of
+/// it receives the frame (the recv comm: from the send comm; else the other way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Route {
+    pub comm: u64,
+    pub to_recv: bool,
+}
+
 /// Everything one side needs to know about the other to bring QPs up and move data.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EndpointRepr {
@@ -511,6 +566,8 @@ pub struct EndpointRepr {
     pub qps: Vec<QpRepr>,
     /// Version 5 on: the receiver's eager landing ring.
     pub eager: EagerOffer,
+    /// Version 6 on: the side-channel link.
+    pub link: LinkOffer,
 }
 
 impl EndpointRepr {
@@ -594,6 +651,17 @@ impl EndpointRepr {
             qps.push(QpRepr { qpn, dev });
         }
         let t = qbase + nqps * QP_BYTES;
+        let link = if version >= LINK_VERSION {
+            let l = t + EAGER_TRAILER_BYTES;
+            LinkOffer {
+                process: u64_at(b, l..l + 8),
+                attach: u64_at(b, l + 8..l + 16),
+                found: u64_at(b, l + 16..l + 24),
+                comm: u64_at(b, l + 24..l + 32),
+            }
+        } else {
+            LinkOffer::default()
+        };
         let eager = if trailer_len(version) > 0 {
             let e = EagerOffer {
                 landing: u64_at(b, t..t + 8),
@@ -617,6 +685,7 @@ impl EndpointRepr {
             devs,
             qps,
             eager,
+            link,
         })
     }
 
@@ -655,15 +724,22 @@ impl EndpointRepr {
             b[t + 8..t + 12].copy_from_slice(&self.eager.slot_bytes.to_le_bytes());
             b[t + 12..t + 16].copy_from_slice(&self.eager.max.to_le_bytes());
         }
+        if version >= LINK_VERSION {
+            let l = qbase + self.qps.len() * QP_BYTES + EAGER_TRAILER_BYTES;
+            let k = &self.link;
+            for (i, v) in [k.process, k.attach, k.found, k.comm].into_iter().enumerate() {
+                b[l + 8 * i..l + 8 * i + 8].copy_from_slice(&v.to_le_bytes());
+            }
+        }
     }
 }
 
 /// Bytes of the endpoint's trailer at wire `version`.
 fn trailer_len(version: u16) -> usize {
-    if version >= EAGER_VERSION {
-        EAGER_TRAILER_BYTES
-    } else {
-        0
+    match version {
+        v if v >= LINK_VERSION => EAGER_TRAILER_BYTES + LINK_TRAILER_BYTES,
+        v if v >= EAGER_VERSION => EAGER_TRAILER_BYTES,
+        _ => 0,
     }
 }
 
@@ -690,6 +766,44 @@ pub enum Message {
     RecoverReady {
         epoch: u32,
     },
+    /// On a shared link: `message` (a recovery message) for the comm `route` names.
+    OnComm {
+        route: Route,
+        message: Box<Message>,
+    },
+    /// On a shared link: the sending end closed the comm `route` names.
+    CommClosed {
+        route: Route,
+    },
+}
+
+/// Bytes of an `OnComm` body before the inner body, and of a `CommClosed` body.
+const ROUTE_BYTES: usize = 12;
+
+fn emit_route(r: &Route, inner: u8, out: &mut Vec<u8>) {
+    out.extend_from_slice(&r.comm.to_le_bytes());
+    out.extend_from_slice(&[u8::from(r.to_recv), inner, 0, 0]);
+}
+
+fn parse_route(body: &[u8]) -> Result<(Route, u8), WireError> {
+    if body.len() < ROUTE_BYTES {
+        return Err(WireError::Truncated {
+            need: ROUTE_BYTES,
+            got: body.len(),
+        });
+    }
+    let to_recv = match body[8] {
+        0 => false,
+        1 => true,
+        _ => return Err(WireError::BadField("link route direction")),
+    };
+    Ok((
+        Route {
+            comm: u64_at(body, 0..8),
+            to_recv,
+        },
+        body[9],
+    ))
 }
 
 /// A message and the wire version its frame carried.
@@ -741,6 +855,18 @@ impl Message {
                 body.extend_from_slice(&epoch.to_le_bytes());
                 Kind::RecoverReady
             }
+            Message::OnComm { route, message } => {
+                let mut inner = Vec::new();
+                message.emit(version, &mut inner);
+                let inner_kind = inner[field::F_KIND];
+                emit_route(route, inner_kind, &mut body);
+                body.extend_from_slice(&inner[HEADER_BYTES..]);
+                Kind::OnComm
+            }
+            Message::CommClosed { route } => {
+                emit_route(route, 0, &mut body);
+                Kind::CommClosed
+            }
         };
         HeaderRepr {
             version,
@@ -753,6 +879,9 @@ impl Message {
 
     /// The body of a frame of `kind` at wire `version`.
     pub fn parse(version: u16, kind: Kind, body: &[u8]) -> Result<Message, WireError> {
+        if matches!(kind, Kind::OnComm | Kind::CommClosed) && version < LINK_VERSION {
+            return Err(WireError::BadKind(kind.into()));
+        }
         match kind {
             Kind::ConnectReq => Ok(Message::ConnectReq(EndpointRepr::parse(version, body)?)),
             Kind::ConnectResp => Ok(Message::ConnectResp(EndpointRepr::parse(version, body)?)),
@@ -816,6 +945,26 @@ impl Message {
                 Ok(Message::RecoverReady {
                     epoch: u32_at(body, 0..4),
                 })
+            }
+            Kind::OnComm => {
+                let (route, inner) = parse_route(body)?;
+                // Only what a comm sends after setup travels on a link.
+                let inner = match Kind::from(inner) {
+                    k @ (Kind::RecoverHello | Kind::RecoverReady) => k,
+                    _ => return Err(WireError::BadField("link message kind")),
+                };
+                let message = Box::new(Message::parse(version, inner, &body[ROUTE_BYTES..])?);
+                Ok(Message::OnComm { route, message })
+            }
+            Kind::CommClosed => {
+                if body.len() != ROUTE_BYTES {
+                    return Err(WireError::Truncated {
+                        need: ROUTE_BYTES,
+                        got: body.len(),
+                    });
+                }
+                let (route, _) = parse_route(body)?;
+                Ok(Message::CommClosed { route })
             }
             Kind::Unknown(k) => Err(WireError::BadKind(k)),
         }
@@ -895,6 +1044,7 @@ mod tests {
             }],
             qps: vec![QpRepr { qpn: 0x33, dev: 0 }],
             eager: EagerOffer::default(),
+            link: LinkOffer::default(),
         };
         for m in [
             Message::RecoverHello {
@@ -955,6 +1105,12 @@ mod tests {
                 slot_bytes: 256,
                 max: 224,
             },
+            link: LinkOffer {
+                process: 9,
+                attach: 0,
+                found: 0x5eed,
+                comm: 77,
+            },
         }
     }
 
@@ -981,6 +1137,7 @@ mod tests {
                 nonce: 77,
                 min_version: OLDEST_WIRE_VERSION,
                 max_version: WIRE_VERSION,
+                process: 0xabc,
             };
             let mut h = [0xffu8; HANDLE_BYTES];
             r.emit(&mut h);
@@ -1010,6 +1167,7 @@ mod tests {
             nonce: 1,
             min_version: min,
             max_version: max,
+            process: 0,
         }
         .emit(&mut h);
         h
@@ -1057,6 +1215,7 @@ mod tests {
             nonce: 0x0102030405060708,
             min_version: 4,
             max_version: 5,
+            process: 0,
         };
         let mut h = [0u8; HANDLE_BYTES];
         r.emit(&mut h);
@@ -1065,6 +1224,18 @@ mod tests {
         assert_eq!(&h[16..20], &[10, 1, 2, 3]);
         assert_eq!(&h[40..48], &[8, 7, 6, 5, 4, 3, 2, 1]);
         assert!(h[48..].iter().all(|&b| b == 0));
+        // Version 6: the listener's process id at 48..56; a handle that says only 5 has none.
+        let v6 = HandleRepr {
+            max_version: 6,
+            process: 0x1112131415161718,
+            ..r
+        };
+        v6.emit(&mut h);
+        assert_eq!(&h[14..16], &[6, 0]);
+        assert_eq!(&h[48..56], &[0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11]);
+        assert_eq!(HandleRepr::parse(&h), Ok(v6));
+        h[14] = 5;
+        assert_eq!(HandleRepr::parse(&h).map(|p| p.process), Ok(0));
     }
 
     #[test]
@@ -1081,6 +1252,7 @@ mod tests {
             nonce: 0,
             min_version: OLDEST_WIRE_VERSION,
             max_version: WIRE_VERSION,
+            process: 0,
         }
         .emit(&mut h);
         let mut bad = h;
@@ -1153,10 +1325,65 @@ mod tests {
     }
 
     #[test]
+    fn link_frames_round_trip_and_only_carry_a_comm_s_messages() {
+        let route = Route {
+            comm: 0x0102_0304_0506_0708,
+            to_recv: true,
+        };
+        let on = Message::OnComm {
+            route,
+            message: Box::new(Message::RecoverReady { epoch: 3 }),
+        };
+        let mut out = Vec::new();
+        on.emit(WIRE_VERSION, &mut out);
+        // kind 7, body: comm, direction 1, inner kind 6 (RecoverReady), 2 zero bytes, epoch.
+        assert_eq!(out[10], 7);
+        assert_eq!(&out[16..], &[8, 7, 6, 5, 4, 3, 2, 1, 1, 6, 0, 0, 3, 0, 0, 0]);
+        let closed = Message::CommClosed {
+            route: Route {
+                to_recv: false,
+                ..route
+            },
+        };
+        closed.emit(WIRE_VERSION, &mut out);
+        let mut r = FrameReader::default();
+        r.handle_bytes(&out);
+        assert_eq!(r.poll_message().unwrap().map(|f| f.message), Some(on.clone()));
+        assert_eq!(r.poll_message().unwrap().map(|f| f.message), Some(closed));
+        // A setup message inside OnComm, a bad direction, and link frames before version 6.
+        let mut body = out[16..32].to_vec();
+        body[9] = 3;
+        assert!(Message::parse(WIRE_VERSION, Kind::OnComm, &body).is_err());
+        body[9] = 6;
+        body[8] = 2;
+        assert!(Message::parse(WIRE_VERSION, Kind::OnComm, &body).is_err());
+        let mut v5 = Vec::new();
+        on.emit(WIRE_VERSION, &mut v5);
+        v5[8] = 5;
+        assert_eq!(HeaderRepr::parse(&v5), Err(WireError::BadKind(7)));
+        assert_eq!(
+            Message::parse(5, Kind::CommClosed, &[0; 12]),
+            Err(WireError::BadKind(8))
+        );
+    }
+
+    #[test]
+    fn the_link_trailer_follows_the_eager_one_from_version_6() {
+        let e = endpoint(1, 2);
+        for (v, trailer) in [(4u16, 0usize), (5, 16), (6, 48)] {
+            let mut out = Vec::new();
+            e.emit(v, &mut out);
+            assert_eq!(out.len(), 24 + 48 + 2 * 8 + trailer);
+            let back = EndpointRepr::parse(v, &out).unwrap();
+            assert_eq!(back.link, if v >= 6 { e.link } else { LinkOffer::default() });
+        }
+    }
+
+    #[test]
     fn frame_header_literal() {
         let mut out = Vec::new();
         Message::Ready { nonce: 1 }.emit(WIRE_VERSION, &mut out);
-        assert_eq!(&out[..16], b"ferroceW\x05\x00\x03\x00\x08\x00\x00\x00");
+        assert_eq!(&out[..16], b"ferroceW\x06\x00\x03\x00\x08\x00\x00\x00");
         let mut out = Vec::new();
         Message::Ready { nonce: 1 }.emit(4, &mut out);
         assert_eq!(

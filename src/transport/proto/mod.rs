@@ -14,6 +14,8 @@
 //!   counts completions, reports sizes; plans GPU-flush reads.
 //! * [`request`] — the request slots NCCL holds pointers to, and `wr_id` layouts.
 //! * [`eager`] — the eager path's formats and the rule both ends decide claims with.
+//! * [`link`] — one side-channel link per pair of processes: routing and the choices of both
+//!   ends.
 //!
 //! Dependencies point one way: this folder uses only `std` (no `std::net`, no
 //! `std::time::Instant`), `crate::error` and itself; `ci/tests/05-layers.sh` checks it.
@@ -23,6 +25,7 @@ pub mod eager;
 pub mod fifo;
 pub mod handshake;
 pub mod limits;
+pub mod link;
 pub mod plan;
 pub mod recovery;
 pub mod recv;

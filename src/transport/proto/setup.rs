@@ -74,6 +74,8 @@ pub fn kind_name(m: &Message) -> &'static str {
         Message::Reject { .. } => "Reject",
         Message::RecoverHello { .. } => "RecoverHello",
         Message::RecoverReady { .. } => "RecoverReady",
+        Message::OnComm { .. } => "OnComm",
+        Message::CommClosed { .. } => "CommClosed",
     }
 }
 
@@ -328,6 +330,7 @@ mod tests {
             }],
             qps: vec![QpRepr { qpn: 0x11, dev: 0 }],
             eager: Default::default(),
+            link: Default::default(),
         }
     }
 
