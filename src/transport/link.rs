@@ -264,7 +264,7 @@ struct Registry {
     peers: HashMap<u64, PeerLink>,
 }
 
-static REGISTRY: Lazy<Mutex<Registry>> = Lazy::new(Default::default);
+static LINKS: Lazy<Mutex<Registry>> = Lazy::new(Default::default);
 static NEXT_COMM: AtomicU64 = AtomicU64::new(1);
 
 /// This process's id on links: random, never 0 (a restarted peer is another process).
@@ -292,14 +292,14 @@ fn live(links: &HashMap<u64, Weak<Link>>, key: u64, process: u64) -> Option<Arc<
 
 /// The link `key` with `process`, if it is open.
 pub fn attachable(key: u64, process: u64) -> Option<Arc<Link>> {
-    live(&REGISTRY.lock().links, key, process)
+    live(&LINKS.lock().links, key, process)
 }
 
 /// A connect's choice for a link to `process` at `now`. `Attach` comes with the link (held, so
 /// it stays open while the connect uses it); `Found` marks the founding as `ticket`'s, undone
 /// by dropping the [`FoundingMark`] unless [`found`] or [`keeps_own`] came first.
 pub fn plan_connect(process: u64, ticket: u64, now: Time) -> (Plan, Option<Arc<Link>>, Option<FoundingMark>) {
-    let mut reg = REGISTRY.lock();
+    let mut reg = LINKS.lock();
     let mut peer = reg.peers.get(&process).copied().unwrap_or(PeerLink::None);
     if let PeerLink::Live { key } = peer {
         if let Some(l) = live(&reg.links, key, process) {
@@ -324,7 +324,7 @@ pub struct FoundingMark {
 
 impl Drop for FoundingMark {
     fn drop(&mut self) {
-        let mut reg = REGISTRY.lock();
+        let mut reg = LINKS.lock();
         // `found` and `keeps_own` replace the mark: then this is no longer ours to undo.
         if matches!(reg.peers.get(&self.process), Some(PeerLink::Founding { ticket, .. }) if *ticket == self.ticket) {
             reg.peers.remove(&self.process);
@@ -334,7 +334,7 @@ impl Drop for FoundingMark {
 
 /// The listener keeps each comm on a connection of its own: connects to it stop waiting.
 pub fn keeps_own(process: u64) {
-    REGISTRY.lock().peers.insert(process, PeerLink::Own);
+    LINKS.lock().peers.insert(process, PeerLink::Own);
 }
 
 /// The setup connection `chan` becomes the link `key` with `process`; the comm the connector
@@ -356,7 +356,7 @@ pub fn found(chan: Channel, key: u64, process: u64, comm: u64, recv: bool) -> Po
         }),
     });
     {
-        let mut reg = REGISTRY.lock();
+        let mut reg = LINKS.lock();
         reg.links.retain(|_, l| l.strong_count() > 0);
         reg.links.insert(key, Arc::downgrade(&link));
         reg.peers.insert(process, PeerLink::Live { key });
@@ -370,5 +370,5 @@ pub fn found(chan: Channel, key: u64, process: u64, comm: u64, recv: bool) -> Po
 
 /// Links of this process that are open (for tests and `--stats`).
 pub fn open_links() -> usize {
-    REGISTRY.lock().links.values().filter(|l| l.strong_count() > 0).count()
+    LINKS.lock().links.values().filter(|l| l.strong_count() > 0).count()
 }
