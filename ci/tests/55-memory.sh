@@ -19,6 +19,7 @@
 # regression that doubles it fails.
 # Then 10^4 connect/close cycles of one connection each way (scale_bench --cycles): each rank's
 # heap must grow by less than one connection's worth, its descriptors not at all (issue 14 §3).
+# Then the file descriptors of 1024 connections (issue 13 item 5, at the end).
 # Builds nothing (make build does); the runs are bounded by `timeout`.
 set -u
 cd "$(dirname "$0")/../.."
@@ -135,5 +136,30 @@ else
     tail -n 5 "$D/cycles" | sed 's/^/   | /'
     fail=$((fail + 1))
 fi
+# File descriptors (issue 13 item 5): 1024 connections between two processes (512 send + 512
+# recv comms each, set up at once) hold at most 0.1 descriptor per connection in all, counted
+# from before the first connection (scale_bench's fds_per_conn): the comms of the process pair
+# share one side-channel link (wire version 6), one per process or two when both found one at
+# once. The same run held at version 5 (a connection per comm) must show 2 per connection, so
+# the count is known to see the descriptors it bounds.
+echo "== scale_bench --conns 1024 (softroce, 127.0.54.x): file descriptors per connection <= 0.1 (version 5: 2)"
+for v in 0 5; do
+    LD_LIBRARY_PATH="$SR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" NCCL_SOCKET_IFNAME=lo FERROCE_WIRE_VERSION=$v \
+        timeout -k 5 120 "$H/scale_bench" --conns 1024 --softroce 1 --addr-base 127.0.54 --timeout 110 >"$D/fds$v" 2>&1
+    RC=$?
+    fline=$(grep -E '^scale_bench conns=' "$D/fds$v" | tail -n 1)
+    if [ $RC -eq 0 ] && [ -n "$fline" ] && echo "$fline" | awk -v v=$v '{
+            for (i = 1; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
+            printf "   wire version %s: %.3f descriptors per connection, %.1f per peer process\n", v ? v : "6 (newest)", f["fds_per_conn"], f["fds_per_peer"]
+            exit !(v == 0 ? f["fds_per_conn"] <= 0.10 && f["fds_per_peer"] <= 2 : f["fds_per_conn"] >= 1.99)
+        }'; then
+        echo "   PASS descriptors per connection (FERROCE_WIRE_VERSION=$v)"
+        pass=$((pass + 1))
+    else
+        echo "   FAIL descriptors per connection (FERROCE_WIRE_VERSION=$v, rc=$RC): ${fline:-no result}"
+        tail -n 5 "$D/fds$v" | sed 's/^/   | /'
+        fail=$((fail + 1))
+    fi
+done
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
