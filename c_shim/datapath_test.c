@@ -392,7 +392,8 @@ static int recv_step(recv_t* R) {
       R->done++;
       progress = 1;
       if (opt.kill_after >= 0 && R->done == opt.kill_after) {
-        fprintf(stderr, "receiver: dying now (SIGKILL) after %d groups, %d receives posted\n", R->done, R->posted);
+        fprintf(stderr, "receiver: dying now (SIGKILL) after %d groups, %d receives posted, at %.4f\n", R->done, R->posted,
+                now_s());
         kill(getpid(), SIGKILL);
       }
     }
@@ -450,7 +451,7 @@ static int send_step(send_t* S) {
       S->done_g++;
       progress = 1;
       if (opt.kill_after >= 0 && S->done_g == opt.kill_after) {
-        fprintf(stderr, "sender: dying now (SIGKILL) after %d groups\n", S->done_g);
+        fprintf(stderr, "sender: dying now (SIGKILL) after %d groups, at %.4f\n", S->done_g, now_s());
         kill(getpid(), SIGKILL);
       }
     }
@@ -810,7 +811,12 @@ static int run_remote(net_t* n, int sender, const char* file) {
     CHECK(e == FERROCE_NCCL_REMOTE_ERROR || e == FERROCE_NCCL_SYSTEM_ERROR,
           "the survivor got an error (%d) after the peer died, in %.1f s", e, took);
     CHECK(warns >= 1 && warns <= 2, "one WARN names the failure (%d WARNs)", warns);
-    printf("survivor: error %d after %.1f s: %s\n", e, took, last_warn);
+    double at = 0;
+    for (int c = 0; c < C; c++)
+      if (err[c] && (!at || failed_at[c] < at)) at = failed_at[c];
+    /* The monotonic clock is the machine's: `at` minus the killed side's "at" is the time the
+     * peer's death took to notice. */
+    printf("survivor: error %d after %.1f s, at %.4f: %s\n", e, took, at, last_warn);
   } else if (opt.close_after >= 0 && !sender) {
     CHECK(err[0] == FERROCE_NCCL_REMOTE_ERROR, "comm 0, closed by the peer, fails with ncclRemoteError (%d) after %d groups",
           err[0], R[0].done);
