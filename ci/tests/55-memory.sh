@@ -123,19 +123,24 @@ GLIBC_TUNABLES=glibc.malloc.tcache_count=0 LD_LIBRARY_PATH="$SR${LD_LIBRARY_PATH
 RC=$?
 conn_kib=$(echo "$line" | awk '{for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "heap_per_conn_KiB") print kv[2] }}')
 cline=$(grep -E '^scale_bench cycles=' "$D/cycles" | tail -n 1)
-if [ $RC -eq 0 ] && [ -n "$cline" ] && [ -n "$conn_kib" ] && echo "$cline" | awk -v conn="$conn_kib" '{
+# judge OK TEXT OUTPUT: a PASS when OK is 0, else a FAIL with the last lines of OUTPUT.
+judge() {
+    if [ "$1" -eq 0 ]; then
+        echo "   PASS $2"
+        pass=$((pass + 1))
+    else
+        echo "   FAIL $2"
+        tail -n 5 "$3" | sed 's/^/   | /'
+        fail=$((fail + 1))
+    fi
+}
+[ $RC -eq 0 ] && [ -n "$cline" ] && [ -n "$conn_kib" ] && echo "$cline" | awk -v conn="$conn_kib" '{
         for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
         split(v["heap_growth_KiB"], h, ","); split(v["fds_growth"], f, ",")
         printf "   %s: heap %+.2f / %+.2f KiB, fds %+d / %+d (one connection: %.1f KiB)\n", v["cycles"] " cycles", h[1], h[2], f[1], f[2], conn
         exit !(h[1] < conn && h[2] < conn && f[1] == 0 && f[2] == 0)
-    }'; then
-    echo "   PASS $CYCLES connect/close cycles: heap grew by less than one connection, fds flat"
-    pass=$((pass + 1))
-else
-    echo "   FAIL connect/close cycles (rc=$RC): ${cline:-no result}"
-    tail -n 5 "$D/cycles" | sed 's/^/   | /'
-    fail=$((fail + 1))
-fi
+    }'
+judge $? "$CYCLES connect/close cycles: heap grew by less than one connection, fds flat (rc=$RC)" "$D/cycles"
 # File descriptors (issue 13 item 5): 1024 connections between two processes (512 send + 512
 # recv comms each, set up at once) hold at most 0.1 descriptor per connection in all, counted
 # from before the first connection (scale_bench's fds_per_conn): the comms of the process pair
@@ -148,18 +153,12 @@ for v in 0 5; do
         timeout -k 5 120 "$H/scale_bench" --conns 1024 --softroce 1 --addr-base 127.0.54 --timeout 110 >"$D/fds$v" 2>&1
     RC=$?
     fline=$(grep -E '^scale_bench conns=' "$D/fds$v" | tail -n 1)
-    if [ $RC -eq 0 ] && [ -n "$fline" ] && echo "$fline" | awk -v v=$v '{
+    [ $RC -eq 0 ] && [ -n "$fline" ] && echo "$fline" | awk -v v=$v '{
             for (i = 1; i <= NF; i++) { split($i, kv, "="); f[kv[1]] = kv[2] }
             printf "   wire version %s: %.3f descriptors per connection, %.1f per peer process\n", v ? v : "6 (newest)", f["fds_per_conn"], f["fds_per_peer"]
             exit !(v == 0 ? f["fds_per_conn"] <= 0.10 && f["fds_per_peer"] <= 2 : f["fds_per_conn"] >= 1.99)
-        }'; then
-        echo "   PASS descriptors per connection (FERROCE_WIRE_VERSION=$v)"
-        pass=$((pass + 1))
-    else
-        echo "   FAIL descriptors per connection (FERROCE_WIRE_VERSION=$v, rc=$RC): ${fline:-no result}"
-        tail -n 5 "$D/fds$v" | sed 's/^/   | /'
-        fail=$((fail + 1))
-    fi
+        }'
+    judge $? "descriptors per connection (FERROCE_WIRE_VERSION=$v, rc=$RC)" "$D/fds$v"
 done
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
