@@ -124,8 +124,8 @@ fn shares_link(listener: &HandleRepr, version: u16) -> bool {
 /// the founding another connect has in progress.
 fn plan_link(listener: &HandleRepr, ticket: u64, now: Time) -> Option<LinkPlan> {
     let (plan, attach, founding) = link::plan_connect(listener.process, ticket, now);
-    let key_of = |a: &Option<Arc<Link>>| match plan {
-        Plan::Attach { key } if a.is_some() => key,
+    let attach_key = match (plan, &attach) {
+        (Plan::Attach { key }, Some(_)) => key,
         _ => 0,
     };
     match plan {
@@ -133,7 +133,7 @@ fn plan_link(listener: &HandleRepr, ticket: u64, now: Time) -> Option<LinkPlan> 
         Plan::Attach { .. } | Plan::Found => Some(LinkPlan {
             offer: LinkOffer {
                 process: link::process_id(),
-                attach: key_of(&attach),
+                attach: attach_key,
                 // Offered also when attaching: the listener may no longer have that link.
                 found: link::new_key(),
                 comm: link::next_comm_id(),
@@ -397,7 +397,7 @@ fn await_response(
         inline,
     } = *r;
     conn::check_peer(&devs, qps.len(), !probes.is_empty(), &resp)?;
-    let side = join(plan, listener_process, &resp.link).map_err(|e| {
+    let side = join(plan, listener_process, &resp.link, peer).map_err(|e| {
         Error::remote(format!(
             "{peer} answered the side-channel link offer with one that does not fit ({e}): a corrupt or incompatible peer"
         ))
@@ -420,11 +420,16 @@ fn await_response(
 }
 
 /// What the listener's link answer `got` means for this comm (the port it joins now).
-fn join(plan: &mut LinkPlan, process: u64, got: &LinkOffer) -> std::result::Result<Joining, &'static str> {
+fn join(
+    plan: &mut LinkPlan,
+    process: u64,
+    got: &LinkOffer,
+    peer: SocketAddr,
+) -> std::result::Result<Joining, &'static str> {
     Ok(match super::proto::link::outcome(&plan.offer, got)? {
         Outcome::Attached { .. } => {
             let l = plan.attach.take().ok_or("an attach this side did not offer")?;
-            Joining::Attached(Port::attach(l, plan.offer.comm, false))
+            Joining::Attached(Port::attach(l, plan.offer.comm, false, peer))
         }
         Outcome::Founded { key } => Joining::Founded(key),
         Outcome::Own => {

@@ -111,17 +111,21 @@ impl Drop for Link {
 pub struct Port {
     link: Arc<Link>,
     local: Route,
+    /// The peer's address of the comm's own setup connection: what its logs name (the same
+    /// as without a link).
+    peer: SocketAddr,
 }
 
 impl Port {
-    fn new(link: Arc<Link>, local: Route) -> Port {
+    fn new(link: Arc<Link>, local: Route, peer: SocketAddr) -> Port {
         link.io.lock().router.open(local);
-        Port { link, local }
+        Port { link, local, peer }
     }
 
-    /// Join `link` as the comm the connector numbered `comm` (`recv`: the recv comm).
-    pub fn attach(link: Arc<Link>, comm: u64, recv: bool) -> Port {
-        Port::new(link, link::local_route(comm, recv))
+    /// Join `link` as the comm the connector numbered `comm` (`recv`: the recv comm), set up
+    /// over a connection with `peer`.
+    pub fn attach(link: Arc<Link>, comm: u64, recv: bool, peer: SocketAddr) -> Port {
+        Port::new(link, link::local_route(comm, recv), peer)
     }
 
     fn peek(&self) -> Peek {
@@ -205,7 +209,7 @@ impl SideChannel {
     pub fn peer(&self) -> SocketAddr {
         match self {
             SideChannel::Own(c) => c.peer,
-            SideChannel::Shared(p) => p.link.peer,
+            SideChannel::Shared(p) => p.peer,
         }
     }
 
@@ -365,7 +369,7 @@ pub fn found(chan: Channel, key: u64, process: u64, comm: u64, recv: bool) -> Po
         crate::log::subsys::NET,
         "side-channel link {key:#x} with {peer}: the comms between this process and that one share it"
     );
-    Port::new(link, link::local_route(comm, recv))
+    Port::new(link, link::local_route(comm, recv), peer)
 }
 
 /// Links of this process that are open (for tests and `--stats`).

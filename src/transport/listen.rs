@@ -237,7 +237,7 @@ impl ListenComm {
         let Pending { mut chan, state } = p;
         match build_recv(&self.members, req, self.nonce, chan.version()) {
             Ok((mut parts, mut resp)) => {
-                let (answer, side) = answer_link(req, chan.version());
+                let (answer, side) = answer_link(req, chan.version(), chan.peer);
                 resp.link = answer;
                 parts.side = side;
                 chan.queue(&Message::ConnectResp(resp));
@@ -318,9 +318,9 @@ enum Joining {
     Own,
 }
 
-/// The answer to a request's link offer (`proto::link::answer`) on a connection of wire
-/// `version`, and what this end does about it.
-fn answer_link(req: &EndpointRepr, version: u16) -> (handshake::LinkOffer, Joining) {
+/// The answer to a request's link offer (`proto::link::answer`) on a setup connection of wire
+/// `version` with `peer`, and what this end does about it.
+fn answer_link(req: &EndpointRepr, version: u16, peer: std::net::SocketAddr) -> (handshake::LinkOffer, Joining) {
     let asked = &req.link;
     let share = version >= handshake::LINK_VERSION;
     let open = (share && asked.attach != 0)
@@ -328,7 +328,7 @@ fn answer_link(req: &EndpointRepr, version: u16) -> (handshake::LinkOffer, Joini
         .flatten();
     let answer = super::proto::link::answer(asked, link::process_id(), share, |_, _| open.is_some());
     let side = match (open, answer.attach, answer.found) {
-        (Some(l), a, _) if a != 0 => Joining::Attached(Port::attach(l, asked.comm, true)),
+        (Some(l), a, _) if a != 0 => Joining::Attached(Port::attach(l, asked.comm, true, peer)),
         (_, _, f) if f != 0 => Joining::Founded(f),
         _ => Joining::Own,
     };
