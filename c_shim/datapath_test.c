@@ -18,7 +18,11 @@
  *       -n NAME  (v12: the plugin must list exactly one device, named NAME: NCCL_IB_HCA checks)
  *       -c C  (recv/send: C comms between the two processes, set up at once; they share one
  *             side-channel link from wire version 6 on)
- *       -L    (recv/send: the comms with the peer hold exactly one file descriptor once set up)
+ *       -R    (recv/send: then a second round: the receiver closes all its comms (its end of the
+ *             link closes), the sender all but comm 0 (which keeps its end open, unaware), and
+ *             C new comms are set up (handles in <handle-file>.2) and move -g groups)
+ *       -L    (recv/send: the comms with the peer hold exactly one file descriptor once set up,
+ *             and while they were set up the sender never had more than that one open)
  *       -X N  (recv/send with -c: the sender closes comm 0 after N groups and goes on with the
  *             others; the receiver must get an error on comm 0 within -t and finish the others)
  *
@@ -221,7 +225,8 @@ static struct {
   long expect_eager; /* -E: at least this many eager messages sent or delivered here; 0: none */
   int close_after;   /* -X: the sender closes comm 0 after this many groups; the receiver expects it */
   int shared_link;   /* -L: the comms with the peer hold one file descriptor in all */
-} opt = {200, 32, 1, 0, -1, 0, 8, 0, 0, 0, 64u << 20, 1, 120, NULL, 0, 0, -1, -1, 0};
+  int reconnect;     /* -R: a second round of comms after the receiver closed all of the first */
+} opt = {200, 32, 1, 0, -1, 0, 8, 0, 0, 0, 64u << 20, 1, 120, NULL, 0, 0, -1, -1, 0, 0};
 static void* g_dl;
 
 static void gen_group(uint64_t seed, int comm, int g, group_t* G) {
@@ -724,7 +729,7 @@ static int read_handles(const char* file, char* h, int count, double limit) {
 
 /* Set up `C` comms with the other process, all at once as NCCL's proxy does: the receiver
  * listens C times and accepts them, the sender connects to all C handles. */
-static int connect_remote(net_t* n, int sender, const char* file, int C, void** comms, double end) {
+static int connect_remote(net_t* n, int sender, const char* file, int C, void** comms, double end, int* peak) {
   static char handles[16][FERROCE_NET_HANDLE_MAXSIZE];
   void* lcs[16] = {0};
   memset(handles, 0, sizeof handles);
@@ -743,10 +748,58 @@ static int connect_remote(net_t* n, int sender, const char* file, int C, void** 
       int rc = sender ? n_connect(n, opt.dev, handles[c], &comms[c]) : n_accept(n, lcs[c], &comms[c]);
       if (rc != 0) return -1;
       left += comms[c] == NULL;
+      /* -L: the most descriptors open while the comms are set up */
+      if (opt.shared_link) {
+        int now_open = count_fds();
+        if (now_open > *peak) *peak = now_open;
+      }
     }
   }
   for (int c = 0; c < C && !sender; c++) n_close_listen(n, lcs[c]);
   return left == 0 ? 0 : -1;
+}
+
+/* Fresh receive and send state for comm c of `comms` (one end of each is used). */
+static void init_ends(net_t* n, recv_t* R, send_t* S, void** comms, int C) {
+  for (int c = 0; c < C; c++) {
+    memset(&R[c], 0, sizeof R[c]);
+    memset(&S[c], 0, sizeof S[c]);
+    R[c].n = S[c].n = n;
+    R[c].rc = S[c].sc = comms[c];
+    R[c].comm = S[c].comm = c;
+  }
+}
+
+/* -R: C new comms with the peer after the receiver closed every comm of the first round (so
+ * its end of their link is closed) while the sender kept one (so its end is open and may not
+ * know yet): the sender's connects, whatever they try first, must set up and move data. */
+static void second_round(net_t* n, int sender, const char* file, int C) {
+  char file2[4096];
+  snprintf(file2, sizeof file2, "%s.2", file);
+  void* comms[16] = {0};
+  int peak = 0;
+  int shared = opt.shared_link;
+  opt.shared_link = 0; /* the first round's link may still be open here */
+  CHECK(connect_remote(n, sender, file2, C, comms, now_s() + 60, &peak) == 0, "second round: %s %d comm(s)",
+        sender ? "connect" : "accept", C);
+  opt.shared_link = shared;
+  static recv_t R[16];
+  static send_t S[16];
+  int left = C, err = 0;
+  init_ends(n, R, S, comms, C);
+  double end = now_s() + opt.limit;
+  while (left > 0 && !err && comms[C - 1] && now_s() < end) {
+    left = 0;
+    for (int c = 0; c < C && !err; c++) {
+      if ((sender ? S[c].done_g : R[c].done) == opt.groups) continue;
+      left++;
+      if ((sender ? send_step(&S[c]) : recv_step(&R[c])) < 0) err = sender ? S[c].err : R[c].err;
+    }
+  }
+  CHECK(err == 0 && left == 0, "second round: %d comms moved %d groups each (error %d)", C, opt.groups, err);
+  for (int c = 0; c < C; c++)
+    if (comms[c]) CHECK((sender ? n_close_send(n, comms[c]) : n_close_recv(n, comms[c])) == 0, "second round: close");
+  printf("second round: %d comms set up and used after the peer closed its end of the first link\n", C);
 }
 
 /* Two processes: each side runs its half; with -k the other side dies and this one must see an
@@ -756,11 +809,17 @@ static int run_remote(net_t* n, int sender, const char* file) {
   int C = opt.comms > 16 ? 16 : opt.comms;
   void* comms[16] = {0};
   double end = now_s() + opt.limit;
-  int fds0 = count_fds();
-  CHECK(connect_remote(n, sender, file, C, comms, end) == 0, "%s %d comm(s)", sender ? "connect" : "accept", C);
+  int fds0 = count_fds(), peak = fds0;
+  CHECK(connect_remote(n, sender, file, C, comms, end, &peak) == 0, "%s %d comm(s)", sender ? "connect" : "accept", C);
   if (failed) return summary();
   /* One side-channel link for every comm with this peer (wire version 6): no descriptor per
    * comm. The receiver's listen comms are closed by now, so this counts what the comms hold. */
+  /* Set up, too, a connect to a process it has a link with opens no socket: its handshake
+   * goes on the link. The sender's one socket is the first connect's, which becomes the link;
+   * the receiver holds its C listen comms until each accepted, and the accepted link. */
+  if (opt.shared_link)
+    CHECK(peak - fds0 <= (sender ? 1 : C + 1), "%d comms set up with at most %d descriptors open at once (%d)", C,
+          sender ? 1 : C + 1, peak - fds0);
   if (opt.shared_link)
     CHECK(count_fds() - fds0 == 1, "%d comms with one peer hold %d file descriptors (one shared link: at most 1)", C,
           count_fds() - fds0);
@@ -768,13 +827,7 @@ static int run_remote(net_t* n, int sender, const char* file) {
   static send_t S[16];
   int err[16] = {0}, closed[16] = {0};
   double failed_at[16] = {0}, done_at[16] = {0};
-  for (int c = 0; c < C; c++) {
-    memset(&R[c], 0, sizeof R[c]);
-    memset(&S[c], 0, sizeof S[c]);
-    R[c].n = S[c].n = n;
-    R[c].rc = S[c].sc = comms[c];
-    R[c].comm = S[c].comm = c;
-  }
+  init_ends(n, R, S, comms, C);
   double t0 = now_s();
   int left = C;
   while (left > 0 && now_s() < end) {
@@ -837,14 +890,27 @@ static int run_remote(net_t* n, int sender, const char* file) {
     }
     CHECK(warns == 0, "no WARN on a clean run (%d, last: %s)", warns, last_warn);
   }
-  /* Close (safe with requests in flight after an error). */
+  /* Close (safe with requests in flight after an error). -R: the sender keeps comm 0, and
+   * closes the others first (a file tells the receiver), so that its end of the link has read
+   * nothing when the receiver's end closes: its next connect tries the link first. */
+  char closed_file[4096];
+  snprintf(closed_file, sizeof closed_file, "%s.closed", file);
+  for (double until = now_s() + 30; opt.reconnect && !sender && access(closed_file, F_OK) != 0 && now_s() < until;)
+    usleep(10000);
   for (int c = 0; c < C; c++) {
-    if (closed[c]) continue;
+    if (closed[c] || (opt.reconnect && sender && c == 0)) continue;
     if (sender)
       CHECK(n_close_send(n, comms[c]) == 0, "closeSend");
     else
       CHECK(n_close_recv(n, comms[c]) == 0, "closeRecv");
   }
+  if (opt.reconnect && sender) {
+    FILE* f = fopen(closed_file, "w");
+    CHECK(f != NULL, "create %s", closed_file);
+    if (f) fclose(f);
+  }
+  if (opt.reconnect) second_round(n, sender, file, C);
+  if (opt.reconnect && sender) CHECK(n_close_send(n, comms[0]) == 0, "closeSend of comm 0 after the second round");
   CHECK(count_fds() == fds0, "no fd left once the %d comm(s) closed: %d before, %d after", C, fds0, count_fds());
   check_eager();
   n_finalize(n);
@@ -940,6 +1006,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "-E")) opt.expect_eager = atol(v), i++;
     else if (!strcmp(a, "-X")) opt.close_after = atoi(v), i++;
     else if (!strcmp(a, "-L")) opt.shared_link = 1;
+    else if (!strcmp(a, "-R")) opt.reconnect = 1;
     else {
       fprintf(stderr, "unknown option %s\n", a);
       return 2;

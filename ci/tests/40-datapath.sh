@@ -200,10 +200,14 @@ pair_case "sender killed mid-transfer: receiver errors out" "$dead" 12 "-g 400 -
 pair_case "receiver killed, v6" "$dead" 6 "-g 400 -k 40" "-g 400 -e -t 30" recv-dies
 
 # Wire version 6: the comms between two processes share one side-channel link (-L: once set
-# up they hold one file descriptor in all, none left after closing); a comm its peer closes
-# fails at once and alone while the others on the link go on (-X); the peer's death fails the
-# comms on the link; a peer held at version 5 keeps a connection per comm, every byte right.
+# up they hold one file descriptor in all, none left after closing, and the sender never had
+# more open while setting them up: the later connects' handshakes went on the link); a comm its
+# peer closes fails at once and alone while the others on the link go on (-X); the peer's death
+# fails the comms on the link; comms set up after the peer closed its end of the link, the
+# sender's end still open, found a new one (-R); a peer held at version 5 keeps a connection
+# per comm, every byte right.
 pair_case "6 comms share one side-channel link" "" 12 "-g 100 -c 6 -L" "-g 100 -c 6 -L"
+pair_case "new comms after the peer closed its end of the link" "" 12 "-g 50 -c 4 -L -R" "-g 50 -c 4 -L -R"
 pair_case "a comm closed by its peer fails alone, the others on its link go on" "" 12 \
     "-g 200 -c 4 -L -X 20 -t 60" "-g 200 -c 4 -L -X 20 -t 60"
 pair_case "receiver killed, 4 comms on one link: sender errors out" "$dead" 12 "-g 400 -c 4 -k 40" "-g 400 -c 4 -e -t 30" recv-dies

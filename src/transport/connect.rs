@@ -10,7 +10,7 @@ use super::proto::link::{Outcome, Plan};
 use super::proto::setup::{AwaitResponse, Dialing, Finishing, SetupError};
 use super::proto::time::Time;
 use super::proto::{request, split};
-use super::sidechannel::{self, Channel, ChannelError, Connector};
+use super::sidechannel::{self, ChannelError, Connector};
 use super::{clock, send, SendComm};
 use crate::config;
 use crate::device::{NetDevice, VirtualDevice};
@@ -40,7 +40,7 @@ const _: () = assert!(super::proto::limits::MAX_QPS <= request::WR_ID_QPS);
 
 /// The sender's resources, made once the TCP connection is up; QPs in INIT.
 struct Requested {
-    chan: Channel,
+    chan: SideChannel,
     state: AwaitResponse,
     devs: Vec<LocalDev>,
     qps: Vec<QueuePair>,
@@ -55,7 +55,7 @@ struct Requested {
 
 /// The listener answered and our QPs are in RTS; `Ready` is queued.
 struct Answered {
-    chan: Channel,
+    chan: SideChannel,
     state: Finishing,
     devs: Vec<LocalDev>,
     qps: Vec<ConnQp>,
@@ -74,8 +74,17 @@ enum Joining {
     Attached(Port),
     /// The setup connection becomes the link of this key.
     Founded(u64),
-    /// The setup connection stays the comm's own.
-    Own,
+    /// The setup channel stays the comm's: a connection of its own, or its port on the link
+    /// it was set up over.
+    Keep,
+}
+
+/// What one step of awaiting the answer came to.
+enum Awaited {
+    Answered(Box<Answered>),
+    Waiting(Box<Requested>),
+    /// The link the request went on ended before the answer: found one instead.
+    LinkLost,
 }
 
 /// Where a connect is; each state holds what exists by then.
@@ -260,22 +269,44 @@ fn progress_connect(c: Connecting, now: Time) -> Result<Progress> {
         touched,
     } = c;
     if let Stage::AwaitLink = stage {
-        if let Some(plan) = plan_link(&target.listener, target.id, now) {
-            target.link = plan;
-            stage = dial(&target.listener, now, conn::setup_timeout());
+        if let Some(mut plan) = plan_link(&target.listener, target.id, now) {
+            let timeout = conn::setup_timeout();
+            stage = match plan.attach.take() {
+                // A link to the listener's process: the handshake goes on it, no socket.
+                Some(l) => {
+                    plan.offer.found = 0;
+                    let port = Port::attach(Arc::clone(&l), plan.offer.comm, false, l.peer());
+                    target.link = plan;
+                    let state = Dialing::new(target.listener.nonce, now, timeout);
+                    Stage::AwaitResponse(request(&target, SideChannel::Shared(port), state)?)
+                }
+                None => {
+                    target.link = plan;
+                    dial(&target.listener, now, timeout)
+                }
+            };
         }
     }
     if let Stage::Dialing { mut connector, state } = stage {
         stage = match connector.poll()? {
-            Some(chan) => Stage::AwaitResponse(request(&target, chan, state)?),
+            Some(chan) => Stage::AwaitResponse(request(&target, SideChannel::Own(chan), state)?),
             // The connector gives up at its own deadline (the setup timeout).
             None => Stage::Dialing { connector, state },
         };
     }
     if let Stage::AwaitResponse(r) = stage {
         stage = match await_response(r, &mut target.link, target.listener.process, now)? {
-            Ok(answered) => Stage::Finishing(answered),
-            Err(waiting) => Stage::AwaitResponse(waiting),
+            Awaited::Answered(answered) => Stage::Finishing(answered),
+            Awaited::Waiting(waiting) => Stage::AwaitResponse(waiting),
+            Awaited::LinkLost => {
+                crate::log_info!(
+                    crate::log::subsys::NET,
+                    "connect: the side-channel link to {} ended before the listener answered; connecting again",
+                    target.listener.process
+                );
+                target.link = LinkPlan::default();
+                Stage::AwaitLink
+            }
         };
     }
     if let Stage::Finishing(f) = stage {
@@ -307,7 +338,7 @@ fn sender_qp_spec(tc: u8, sl: u8, standby: bool, inline: u32) -> conn::QpSpec {
 }
 
 /// The TCP connection is up: build the sender's end and queue `ConnectReq`.
-fn request(c: &Target, mut chan: Channel, state: Dialing) -> Result<Box<Requested>> {
+fn request(c: &Target, mut chan: SideChannel, state: Dialing) -> Result<Box<Requested>> {
     let cfg = config::get();
     let standby = cfg.active_standby_for(c.members.len());
     // Active-standby, one member carries the data: one member's QPs.
@@ -366,22 +397,19 @@ fn request(c: &Target, mut chan: Channel, state: Dialing) -> Result<Box<Requeste
 }
 
 /// Send the request, read the answer; on a valid one bring our QPs up and queue `Ready`.
-/// `Ok(Err(r))`: still waiting.
-fn await_response(
-    mut r: Box<Requested>,
-    plan: &mut LinkPlan,
-    listener_process: u64,
-    now: Time,
-) -> Result<std::result::Result<Box<Answered>, Box<Requested>>> {
-    let peer = r.chan.peer;
-    r.chan.flush().map_err(|e| channel_error(peer, e))?;
-    let incoming = match r.chan.poll_recv() {
+fn await_response(mut r: Box<Requested>, plan: &mut LinkPlan, listener_process: u64, now: Time) -> Result<Awaited> {
+    let peer = r.chan.peer();
+    let read = r.chan.flush().and_then(|_| r.chan.poll_recv());
+    let incoming = match read {
         Ok(None) => {
             r.state.handle_timeout(now).map_err(|e| setup_error(peer, e))?;
-            return Ok(Err(r));
+            return Ok(Awaited::Waiting(r));
         }
         Ok(Some(m)) => Ok(m),
         Err(ChannelError::Wire(e)) => Err(e),
+        // The link went away (its peer process closed its last comm on it as we asked):
+        // not the listener's answer.
+        Err(_) if r.chan.link_ended() => return Ok(Awaited::LinkLost),
         Err(e) => return Err(channel_error(peer, e)),
     };
     let resp = r.state.handle_message(incoming).map_err(|e| setup_error(peer, e))?;
@@ -405,7 +433,7 @@ fn await_response(
     let qps = conn::bring_up(&devs, qps, &placement, &probes, &resp, resp.tc, resp.sl)?;
     let (state, ready) = state.handle_brought_up();
     chan.queue(&ready);
-    Ok(Ok(Box::new(Answered {
+    Ok(Awaited::Answered(Box::new(Answered {
         chan,
         state,
         devs,
@@ -427,16 +455,17 @@ fn join(
     peer: SocketAddr,
 ) -> std::result::Result<Joining, &'static str> {
     Ok(match super::proto::link::outcome(&plan.offer, got)? {
-        Outcome::Attached { .. } => {
-            let l = plan.attach.take().ok_or("an attach this side did not offer")?;
-            Joining::Attached(Port::attach(l, plan.offer.comm, false, peer))
-        }
+        // Asked on a connection of its own: join the link now. Asked on the link: stay.
+        Outcome::Attached { .. } => match plan.attach.take() {
+            Some(l) => Joining::Attached(Port::attach(l, plan.offer.comm, false, peer)),
+            None => Joining::Keep,
+        },
         Outcome::Founded { key } => Joining::Founded(key),
         Outcome::Own => {
             if plan.offer.found != 0 {
                 link::keeps_own(process);
             }
-            Joining::Own
+            Joining::Keep
         }
     })
 }
@@ -448,7 +477,7 @@ fn finish(
     target: &Target,
     now: Time,
 ) -> Result<std::result::Result<Box<SendComm>, Box<Answered>>> {
-    let peer = f.chan.peer;
+    let peer = f.chan.peer();
     if !f.chan.flush().map_err(|e| channel_error(peer, e))? {
         f.state.handle_timeout(now).map_err(|e| setup_error(peer, e))?;
         return Ok(Err(f));
@@ -467,16 +496,18 @@ fn finish(
         ..
     } = *f;
     chan.release_buffers();
-    let chan = match side {
-        Joining::Attached(port) => SideChannel::Shared(port),
-        Joining::Founded(key) => SideChannel::Shared(link::found(
-            chan,
+    let chan = match (side, chan) {
+        (Joining::Attached(port), _) => SideChannel::Shared(port),
+        (Joining::Founded(key), SideChannel::Own(c)) => SideChannel::Shared(link::found(
+            c,
             key,
             target.listener.process,
             target.link.offer.comm,
             false,
         )),
-        Joining::Own => SideChannel::Own(chan),
+        // (A founding is offered on connections of their own only: `outcome` holds the
+        // answer to the offer.)
+        (Joining::Founded(_) | Joining::Keep, chan) => chan,
     };
     let members = &target.members;
     let spec = sender_qp_spec(peer.tc, peer.sl, !probes.is_empty(), inline);

@@ -10,17 +10,19 @@
 //! wire version 5 or older, a comm to this same process, or a listener that keeps comms
 //! apart).
 
-use super::proto::handshake::{Message, Route, WireError};
+use super::proto::handshake::{EndpointRepr, Message, Route, WireError};
 use super::proto::link::{self, PeerLink, Plan, PortState, Router};
+use super::proto::setup::reject;
 use super::proto::time::Time;
 use super::sidechannel::{Channel, ChannelError, Peek};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 /// Why a link ended (kept to tell every comm on it).
 #[derive(Clone, Debug)]
@@ -74,25 +76,75 @@ impl LinkIo {
         }
     }
 
-    /// Send what is queued, then read every whole frame that arrived and file it.
-    fn pump(&mut self, ended: &AtomicBool) {
+    /// Send what is queued, then read every whole frame that arrived and file it: a new
+    /// comm's request for its listen comm (`link` is this one's).
+    fn pump(&mut self, link: &Arc<Link>) {
         if self.end.is_some() {
             return;
         }
         if let Err(e) = self.chan.flush() {
-            return self.finish(e, ended);
+            return self.finish(e, &link.ended);
         }
         loop {
             match self.chan.poll_recv() {
-                Ok(Some(m)) => {
-                    if let Err(w) = self.router.handle_message(m) {
-                        return self.finish(ChannelError::Wire(w), ended);
-                    }
-                }
-                Ok(None) => return,
-                Err(e) => return self.finish(e, ended),
+                Ok(Some(m)) => match self.router.handle_message(m) {
+                    Ok(None) => {}
+                    Ok(Some((route, req))) => self.file_request(link, route, req),
+                    Err(w) => return self.finish(ChannelError::Wire(w), &link.ended),
+                },
+                Ok(None) => break,
+                Err(e) => return self.finish(e, &link.ended),
             }
         }
+        // A burst of setups grows the buffers; between them the link keeps none.
+        self.chan.release_buffers();
+    }
+
+    /// A connect's request that came on the link: for its listen comm to take, or refused now
+    /// when no listen comm of this process has its nonce (a stale or foreign handle).
+    fn file_request(&mut self, link: &Arc<Link>, route: Route, req: EndpointRepr) {
+        let mut waiting = REQUESTS.lock();
+        let refusal = match waiting.get_mut(&req.nonce) {
+            Some(q) if q.len() < MAX_REQUESTS => {
+                q.push_back(LinkRequest {
+                    link: Arc::clone(link),
+                    route,
+                    req,
+                });
+                return;
+            }
+            Some(_) => (reject::BUSY, "too many connection requests waiting for this listener"),
+            None => (
+                reject::NONCE_MISMATCH,
+                "no listener of this process has that handle's nonce (a stale or foreign handle, or the listen comm was closed)",
+            ),
+        };
+        drop(waiting);
+        self.refuse(route, refusal);
+    }
+
+    /// Answer the comm `route` names with a `Reject` and forget it.
+    fn refuse(&mut self, route: Route, (code, text): (u32, &str)) {
+        self.chan.queue(&Message::OnComm {
+            route: link::peer_route(route),
+            message: Box::new(Message::Reject {
+                code,
+                text: text.into(),
+            }),
+        });
+        let _ = self.router.close(route);
+    }
+}
+
+impl Link {
+    /// The key both ends know the link by.
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+
+    /// The peer's address of the connection that became the link.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
     }
 }
 
@@ -130,7 +182,7 @@ impl Port {
 
     fn peek(&self) -> Peek {
         let mut io = self.link.io.lock();
-        io.pump(&self.link.ended);
+        io.pump(&self.link);
         match (io.router.state(self.local), &io.end) {
             (PortState::Data | PortState::Flooded, _) => Peek::Data,
             // A malformed frame: `poll_recv` reports it (not just "gone").
@@ -142,7 +194,7 @@ impl Port {
 
     fn poll_recv(&mut self) -> Result<Option<Message>, ChannelError> {
         let mut io = self.link.io.lock();
-        io.pump(&self.link.ended);
+        io.pump(&self.link);
         match io.router.state(self.local) {
             PortState::Flooded => Err(ChannelError::Wire(WireError::BadField(
                 "more recovery messages for one comm than a recovery sends",
@@ -252,9 +304,32 @@ impl SideChannel {
         }
     }
 
-    /// Whether the comm shares a link.
-    pub fn shared(&self) -> bool {
-        matches!(self, SideChannel::Shared(_))
+    /// Whether this is a port on a link that ended (its peer process closed it or died).
+    pub fn link_ended(&self) -> bool {
+        matches!(self, SideChannel::Shared(p) if p.link.ended.load(Ordering::Acquire))
+    }
+
+    /// The key of the link the comm shares, if it does.
+    pub fn link_key(&self) -> Option<u64> {
+        match self {
+            SideChannel::Own(_) => None,
+            SideChannel::Shared(p) => Some(p.link.key),
+        }
+    }
+
+    /// The connector's wire version on a connection of its own, set before its first message
+    /// (a link runs the version it was founded with).
+    pub fn set_version(&mut self, v: u16) {
+        if let SideChannel::Own(c) = self {
+            c.set_version(v);
+        }
+    }
+
+    /// Setup is over: a connection of its own gives back its buffers' memory.
+    pub fn release_buffers(&mut self) {
+        if let SideChannel::Own(c) = self {
+            c.release_buffers();
+        }
     }
 }
 
@@ -370,6 +445,76 @@ pub fn found(chan: Channel, key: u64, process: u64, comm: u64, recv: bool) -> Po
         "side-channel link {key:#x} with {peer}: the comms between this process and that one share it"
     );
     Port::new(link, link::local_route(comm, recv), peer)
+}
+
+/// A connect's request that came on a link, for the listen comm its nonce names.
+struct LinkRequest {
+    link: Arc<Link>,
+    route: Route,
+    req: EndpointRepr,
+}
+
+/// Requests waiting per listen comm (its nonce): the ones NCCL has not accepted yet.
+static REQUESTS: Lazy<Mutex<HashMap<u64, VecDeque<LinkRequest>>>> = Lazy::new(Default::default);
+/// The most requests one listen comm keeps waiting (NCCL connects once per handle).
+const MAX_REQUESTS: usize = 64;
+/// The shortest time between two reads of every link by `pump_links`.
+const PUMP_EVERY: Duration = Duration::from_millis(1);
+
+/// A listen comm with this nonce takes requests that come on links.
+pub fn listen_on(nonce: u64) {
+    REQUESTS.lock().entry(nonce).or_default();
+}
+
+/// The listen comm of `nonce` closed: its waiting requests are refused.
+pub fn unlisten(nonce: u64) {
+    let waiting = {
+        let mut all = REQUESTS.lock();
+        let mine = all.remove(&nonce).unwrap_or_default();
+        // NCCL closes a listen comm once accepted: after a burst, give the table back.
+        if all.len() * 4 < all.capacity() {
+            all.shrink_to_fit();
+        }
+        mine
+    };
+    for r in waiting {
+        let mut io = r.link.io.lock();
+        io.refuse(
+            r.route,
+            (reject::NONCE_MISMATCH, "the listen comm closed before it accepted"),
+        );
+        let _ = io.chan.flush();
+    }
+}
+
+/// Read every link of the process that no one holds now (at most once per [`PUMP_EVERY`]):
+/// requests for a listen comm arrive on any of them. Called by a listen comm's accept.
+pub fn pump_links() {
+    static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    {
+        let Some(mut last) = LAST.try_lock() else {
+            return;
+        };
+        let now = Instant::now();
+        if last.is_some_and(|t| now.duration_since(t) < PUMP_EVERY) {
+            return;
+        }
+        *last = Some(now);
+    }
+    let links: Vec<Arc<Link>> = LINKS.lock().links.values().filter_map(Weak::upgrade).collect();
+    for l in &links {
+        if let Some(mut io) = l.io.try_lock() {
+            io.pump(l);
+        }
+    }
+}
+
+/// The next request that came on a link for the listen comm of `nonce`: the new comm's port
+/// (open since the request came) and the request.
+pub fn take_request(nonce: u64) -> Option<(Port, EndpointRepr)> {
+    let r = REQUESTS.lock().get_mut(&nonce)?.pop_front()?;
+    let peer = r.link.peer;
+    Some((Port::new(r.link, r.route, peer), r.req))
 }
 
 /// Links of this process that are open (for tests and `--stats`).

@@ -12,7 +12,7 @@ use super::proto::recv as recv_core;
 use super::proto::setup::{AwaitReady, AwaitRequest, Incoming, Refusal, SetupError};
 use super::proto::split;
 use super::proto::time::Time;
-use super::sidechannel::{self, Channel, ChannelError};
+use super::sidechannel::{self, ChannelError};
 use super::watch::Guarded;
 use super::{clock, recv, RecvComm};
 use crate::config;
@@ -43,13 +43,13 @@ const MAX_PENDING: usize = 64;
 
 /// A connection whose first message has not arrived yet.
 struct Pending {
-    chan: Channel,
+    chan: SideChannel,
     state: AwaitRequest,
 }
 
 /// The connection that sent a valid request: our end is up, `ConnectResp` queued.
 struct Accepting {
-    chan: Channel,
+    chan: SideChannel,
     state: AwaitReady,
     parts: RecvParts,
 }
@@ -95,6 +95,8 @@ pub fn listen(dev: &Arc<VirtualDevice>, handle: &mut [u8; 128]) -> Result<Box<Li
         process: link::process_id(),
     }
     .emit(handle);
+    // Connects from processes this one has a link with send their request on it.
+    link::listen_on(nonce);
     Ok(Box::new(ListenComm {
         listener,
         nonce,
@@ -107,7 +109,7 @@ pub fn listen(dev: &Arc<VirtualDevice>, handle: &mut [u8; 128]) -> Result<Box<Li
 
 /// A message read off a channel (a framing error is a message the protocol refuses), or why
 /// the channel ended.
-fn read(chan: &mut Channel) -> std::result::Result<Option<Incoming>, ChannelError> {
+fn read(chan: &mut SideChannel) -> std::result::Result<Option<Incoming>, ChannelError> {
     match chan.poll_recv() {
         Ok(m) => Ok(m.map(Ok)),
         Err(ChannelError::Wire(e)) => Ok(Some(Err(e))),
@@ -116,8 +118,8 @@ fn read(chan: &mut Channel) -> std::result::Result<Option<Incoming>, ChannelErro
 }
 
 /// Drop a connection the protocol refused: WARN, and tell the peer why if the refusal says so.
-fn refuse(mut chan: Channel, r: Refusal) {
-    let peer = chan.peer;
+fn refuse(mut chan: SideChannel, r: Refusal) {
+    let peer = chan.peer();
     match &r.error {
         SetupError::Malformed(e) => crate::log_warn!("listener: rejected a connection from {peer}: {e}"),
         SetupError::WrongNonce { .. } if r.reject.is_some() => crate::log_warn!(
@@ -149,6 +151,13 @@ fn refuse(mut chan: Channel, r: Refusal) {
     }
 }
 
+impl Drop for ListenComm {
+    /// Requests that came on links for this listener and were not accepted are refused.
+    fn drop(&mut self) {
+        link::unlisten(self.nonce);
+    }
+}
+
 impl ListenComm {
     /// Non-blocking accept; `None` while no peer has completed the handshake.
     pub fn accept(&mut self) -> Result<Option<Box<RecvComm>>> {
@@ -163,6 +172,7 @@ impl ListenComm {
         };
         self.take_connections(now, timeout)?;
         self.progress_pending(now)?;
+        self.take_link_requests(now, timeout)?;
         if let Some(comm) = self.progress_accepting(now) {
             return Ok(Some(comm));
         }
@@ -182,11 +192,11 @@ impl ListenComm {
                 let old = self.pending.remove(0);
                 crate::log_warn!(
                     "listener: too many unidentified connections, dropping the one from {}",
-                    old.chan.peer
+                    old.chan.peer()
                 );
             }
             self.pending.push(Pending {
-                chan,
+                chan: SideChannel::Own(chan),
                 state: AwaitRequest::new(self.nonce, now, timeout),
             });
         }
@@ -216,7 +226,7 @@ impl ListenComm {
                     crate::log_info!(
                         crate::log::subsys::NET,
                         "listener: connection from {} went away before identifying itself: {e}",
-                        p.chan.peer
+                        p.chan.peer()
                     );
                     continue;
                 }
@@ -231,13 +241,31 @@ impl ListenComm {
         Ok(())
     }
 
+    /// Requests that came on the process's links for this listener: taken as a connection's
+    /// first message is (a busy listener refuses them).
+    fn take_link_requests(&mut self, now: Time, timeout: std::time::Duration) -> Result<()> {
+        link::pump_links();
+        while let Some((port, req)) = link::take_request(self.nonce) {
+            let p = Pending {
+                chan: SideChannel::Shared(port),
+                state: AwaitRequest::new(self.nonce, now, timeout),
+            };
+            let busy = matches!(self.slot, Slot::Accepting(_));
+            match p.state.handle_message(Ok(Message::ConnectReq(req)), busy) {
+                Ok(req) => self.start_accepting(p, &req, now)?,
+                Err(r) => refuse(p.chan, r),
+            }
+        }
+        Ok(())
+    }
+
     /// Build our end for a valid request and answer it. A failure is told to the peer and
     /// fails this accept (the listener itself stays usable).
     fn start_accepting(&mut self, p: Pending, req: &EndpointRepr, now: Time) -> Result<()> {
         let Pending { mut chan, state } = p;
         match build_recv(&self.members, req, self.nonce, chan.version()) {
             Ok((mut parts, mut resp)) => {
-                let (answer, side) = answer_link(req, chan.version(), chan.peer);
+                let (answer, side) = answer_link(req, &chan);
                 resp.link = answer;
                 parts.side = side;
                 chan.queue(&Message::ConnectResp(resp));
@@ -251,7 +279,7 @@ impl ListenComm {
             Err(e) => {
                 chan.queue(&state.handle_build_failed(&e.to_string()));
                 let _ = chan.flush();
-                Err(e.context(format!("accepting the connection from {}", chan.peer)))
+                Err(e.context(format!("accepting the connection from {}", chan.peer())))
             }
         }
     }
@@ -264,7 +292,7 @@ impl ListenComm {
         let incoming = match a.chan.flush().and_then(|_| read(&mut a.chan)) {
             Ok(m) => m,
             Err(e) => {
-                crate::log_warn!("listener: {} failed during the handshake: {e}; dropped", a.chan.peer);
+                crate::log_warn!("listener: {} failed during the handshake: {e}; dropped", a.chan.peer());
                 return None;
             }
         };
@@ -314,37 +342,49 @@ enum Joining {
     Attached(Port),
     /// The setup connection becomes the link of this key.
     Founded(u64),
-    /// The setup connection stays the comm's own.
-    Own,
+    /// The setup channel stays the comm's: a connection of its own, or its port on the link
+    /// it was set up over.
+    Keep,
 }
 
-/// The answer to a request's link offer (`proto::link::answer`) on a setup connection of wire
-/// `version` with `peer`, and what this end does about it.
-fn answer_link(req: &EndpointRepr, version: u16, peer: std::net::SocketAddr) -> (handshake::LinkOffer, Joining) {
+/// The answer to a request's link offer (`proto::link::answer`) that came on `chan`, and what
+/// this end does about it. A request on a link is on the link it names (else the connector
+/// refuses the answer).
+fn answer_link(req: &EndpointRepr, chan: &SideChannel) -> (handshake::LinkOffer, Joining) {
     let asked = &req.link;
-    let share = version >= handshake::LINK_VERSION;
+    if let Some(key) = chan.link_key() {
+        let answer = handshake::LinkOffer {
+            process: link::process_id(),
+            attach: key,
+            found: 0,
+            comm: asked.comm,
+        };
+        return (answer, Joining::Keep);
+    }
+    let share = chan.version() >= handshake::LINK_VERSION;
     let open = (share && asked.attach != 0)
         .then(|| link::attachable(asked.attach, asked.process))
         .flatten();
     let answer = super::proto::link::answer(asked, link::process_id(), share, |_, _| open.is_some());
     let side = match (open, answer.attach, answer.found) {
-        (Some(l), a, _) if a != 0 => Joining::Attached(Port::attach(l, asked.comm, true, peer)),
+        (Some(l), a, _) if a != 0 => Joining::Attached(Port::attach(l, asked.comm, true, chan.peer())),
         (_, _, f) if f != 0 => Joining::Founded(f),
-        _ => Joining::Own,
+        _ => Joining::Keep,
     };
     (answer, side)
 }
 
 impl RecvParts {
-    fn finish(self, mut chan: Channel) -> Box<Guarded<recv::RecvDp>> {
+    fn finish(self, mut chan: SideChannel) -> Box<Guarded<recv::RecvDp>> {
         let p = self;
         chan.release_buffers();
-        let chan = match p.side {
-            Joining::Attached(port) => SideChannel::Shared(port),
-            Joining::Founded(key) => {
-                SideChannel::Shared(link::found(chan, key, p.peer.link.process, p.peer.link.comm, true))
+        let chan = match (p.side, chan) {
+            (Joining::Attached(port), _) => SideChannel::Shared(port),
+            (Joining::Founded(key), SideChannel::Own(c)) => {
+                SideChannel::Shared(link::found(c, key, p.peer.link.process, p.peer.link.comm, true))
             }
-            Joining::Own => SideChannel::Own(chan),
+            // (`answer_link` founds on connections of their own only.)
+            (Joining::Founded(_) | Joining::Keep, chan) => chan,
         };
         let conn = Conn {
             qps: p.qps,
@@ -456,7 +496,7 @@ fn build_recv(
         qps_per_req: split::qps_per_request(split, nqps, ndata),
         spec,
         eager_max,
-        side: Joining::Own,
+        side: Joining::Keep,
     };
     Ok((parts, resp))
 }

@@ -23,8 +23,8 @@
 //! messages and tells a comm when its peer is gone; from wire version 6 the comms between two
 //! processes share one such TCP connection, a link ([`link`], [`proto::link`]): the first
 //! connect to a process keeps its setup connection as the link, later ones (in either
-//! direction) join it and close theirs, so a process holds one or two side-channel descriptors
-//! per peer process however many comms it has with it. A comm with an older peer or within this
+//! direction) send their handshake on it and open no socket, so a process holds one or two
+//! side-channel descriptors per peer process however many comms it has with it. A comm with an older peer or within this
 //! process keeps its setup connection. QP *i* lives on member device *i mod ndevs*,
 //! `NCCL_IB_QPS_PER_CONNECTION × max(ndevs local, remote)` QPs in all; the receiver adopts
 //! the sender's QP count and split mode. Active-standby (`FERROCE_ACTIVE_STANDBY`, flag in the

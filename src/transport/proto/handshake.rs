@@ -52,7 +52,8 @@
 //! * `RecoverReady` (either way): the epoch (u32).
 //! * `OnComm` (version 6, on a shared link, `proto::link`): a comm's message — the comm id
 //!   (u64), whether it goes to the receiving end's recv comm (u8: 1) or send comm (0), the
-//!   inner kind (u8, `RecoverHello` or `RecoverReady`), 2 bytes zero, the inner body.
+//!   inner kind (u8: any but `OnComm` and `CommClosed`, so a comm is also set up over the
+//!   link), 2 bytes zero, the inner body.
 //! * `CommClosed` (version 6, on a shared link): the comm id (u64) and direction (u8) as in
 //!   `OnComm`, 3 bytes zero: that end closed its comm.
 //!
@@ -948,10 +949,12 @@ impl Message {
             }
             Kind::OnComm => {
                 let (route, inner) = parse_route(body)?;
-                // Only what a comm sends after setup travels on a link.
+                // A comm's own messages travel on a link (its setup too); link frames do not nest.
                 let inner = match Kind::from(inner) {
-                    k @ (Kind::RecoverHello | Kind::RecoverReady) => k,
-                    _ => return Err(WireError::BadField("link message kind")),
+                    Kind::OnComm | Kind::CommClosed | Kind::Unknown(_) => {
+                        return Err(WireError::BadField("link message kind"))
+                    }
+                    k => k,
                 };
                 let message = Box::new(Message::parse(version, inner, &body[ROUTE_BYTES..])?);
                 Ok(Message::OnComm { route, message })
@@ -1350,9 +1353,9 @@ mod tests {
         r.handle_bytes(&out);
         assert_eq!(r.poll_message().unwrap().map(|f| f.message), Some(on.clone()));
         assert_eq!(r.poll_message().unwrap().map(|f| f.message), Some(closed));
-        // A setup message inside OnComm, a bad direction, and link frames before version 6.
+        // A link frame inside OnComm, a bad direction, and link frames before version 6.
         let mut body = out[16..32].to_vec();
-        body[9] = 3;
+        body[9] = 8;
         assert!(Message::parse(WIRE_VERSION, Kind::OnComm, &body).is_err());
         body[9] = 6;
         body[8] = 2;

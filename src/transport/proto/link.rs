@@ -8,10 +8,13 @@
 //!   setup connection stays open as the link once the handshake is done. While a founding is
 //!   in progress, other connects to that process wait for it (at most [`FOUNDING_WAIT`], then
 //!   they found their own), so a burst of connects makes one link.
-//! * A connect whose process has a link *attaches* to it: the handshake runs on a connection
-//!   of its own, which both ends close once it is done. The listener attaches only to a link
-//!   it has with that process and that is open; else the connection becomes a new link (the
-//!   connector's `found` key) — never an error.
+//! * A connect whose process has a link *attaches* to it: its handshake travels on the link
+//!   (`ConnectReq` in an `OnComm` frame under the new comm's route, filed for the listen comm
+//!   its nonce names), so it opens no socket. Should the link end before the answer, the
+//!   connect founds a link of its own instead. A request on a connection of its own (from an
+//!   older build of the plan, or a peer that lost its link) may still ask to attach: the
+//!   listener attaches only to a link it has with that process and that is open; else the
+//!   connection becomes a new link (the connector's `found` key) — never an error.
 //! * After setup a comm's messages (recovery) travel on the link as `OnComm` frames named by
 //!   a [`Route`]: the connector's id of the comm and which end receives. Closing a comm sends
 //!   `CommClosed`, which the other end's comm reports as "the peer closed" at once, as a
@@ -21,7 +24,7 @@
 //!   process, one to a send comm an id of the receiving process, so the ids of both
 //!   directions on one link never collide.
 
-use super::handshake::{LinkOffer, Message, Route, WireError};
+use super::handshake::{EndpointRepr, LinkOffer, Message, Route, WireError};
 use super::time::Time;
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
@@ -97,28 +100,31 @@ impl Router {
         self.inboxes.len()
     }
 
-    /// A frame read off the link. Frames for a comm this end does not have (closed here, its
-    /// peer not told yet) are dropped; a message that is not a link frame is an error, and
-    /// the link is then unusable.
-    pub fn handle_message(&mut self, m: Message) -> Result<(), WireError> {
+    /// A frame read off the link: `Some` for a new comm's `ConnectReq` (the comm is open from
+    /// then on, for the listen comm the request's nonce names to take or refuse). Other frames
+    /// for a comm this end does not have (closed here, its peer not told yet) are dropped; a
+    /// message that is not a link frame is an error, and the link is then unusable.
+    pub fn handle_message(&mut self, m: Message) -> Result<Option<(Route, EndpointRepr)>, WireError> {
         match m {
             Message::OnComm { route, message } => {
-                if let Some(inbox) = self.inboxes.get_mut(&route) {
-                    if inbox.messages.len() >= INBOX_LIMIT {
-                        inbox.flooded = true;
-                    } else {
-                        inbox.messages.push_back(*message);
+                match (self.inboxes.get_mut(&route), *message) {
+                    (None, Message::ConnectReq(req)) => {
+                        self.open(route);
+                        return Ok(Some((route, req)));
                     }
+                    (None, _) => {}
+                    (Some(inbox), _) if inbox.messages.len() >= INBOX_LIMIT => inbox.flooded = true,
+                    (Some(inbox), m) => inbox.messages.push_back(m),
                 }
-                Ok(())
+                Ok(None)
             }
             Message::CommClosed { route } => {
                 if let Some(inbox) = self.inboxes.get_mut(&route) {
                     inbox.closed = true;
                 }
-                Ok(())
+                Ok(None)
             }
-            _ => Err(WireError::BadField("a setup message on a shared link")),
+            _ => Err(WireError::BadField("a message outside any comm on a shared link")),
         }
     }
 
@@ -135,7 +141,13 @@ impl Router {
 
     /// The comm's next message.
     pub fn take(&mut self, local: Route) -> Option<Message> {
-        self.inboxes.get_mut(&local)?.messages.pop_front()
+        let messages = &mut self.inboxes.get_mut(&local)?.messages;
+        let m = messages.pop_front();
+        // Messages come in a setup and in recoveries only: an empty inbox keeps no memory.
+        if messages.is_empty() {
+            *messages = VecDeque::new();
+        }
+        m
     }
 }
 
@@ -289,6 +301,37 @@ mod tests {
         r.handle_message(on(c, 99)).unwrap();
         assert_eq!(r.state(c), PortState::Flooded);
         assert!(r.handle_message(Message::Ready { nonce: 1 }).is_err());
+    }
+
+    #[test]
+    fn a_connect_request_on_the_link_opens_its_comm() {
+        let mut r = Router::default();
+        let route = local_route(5, true);
+        let req = |nonce| crate::transport::proto::handshake::EndpointRepr {
+            nonce,
+            tc: 0,
+            sl: 0,
+            flags: 0,
+            addr: 0,
+            devs: vec![],
+            qps: vec![],
+            eager: Default::default(),
+            link: Default::default(),
+        };
+        let ask = |nonce| Message::OnComm {
+            route,
+            message: Box::new(Message::ConnectReq(req(nonce))),
+        };
+        assert_eq!(r.handle_message(ask(7)).unwrap(), Some((route, req(7))));
+        assert_eq!(r.state(route), PortState::Nothing, "open, nothing waiting");
+        // Its later frames wait for the comm; a second request on it is just a message.
+        r.handle_message(on(route, 1)).unwrap();
+        assert_eq!(r.handle_message(ask(8)).unwrap(), None);
+        assert_eq!(r.take(route), Some(ready(1)));
+        assert_eq!(r.take(route), Some(Message::ConnectReq(req(8))));
+        // Anything else for an unknown comm is dropped.
+        assert_eq!(r.handle_message(on(local_route(6, true), 1)).unwrap(), None);
+        assert_eq!(r.comms(), 1);
     }
 
     #[test]
