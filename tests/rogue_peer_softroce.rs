@@ -22,7 +22,7 @@ use nccl_net_ferroce::transport::proto::handshake::{
 use nccl_net_ferroce::transport::proto::plan::Remote;
 use rogue_peer::{
     read_msg, rogue_accept, rogue_listen, rogue_listen_as, rogue_receiver, rogue_receiver_answering, rogue_sender,
-    send_msg, Rogue, BLOCK,
+    rogue_sender_offering, send_msg, Rogue, BLOCK,
 };
 use softroce_common::{pair, reg, transfer};
 use std::ffi::c_void;
@@ -923,5 +923,94 @@ fn a_shared_link_that_carries_garbage_or_a_close_fails_its_comm_clearly() {
             h.check("after the rogue links");
         },
         &["malformed side-channel message", "closed the connection"],
+    );
+}
+
+/// A peer process that founded a link with ferroce's listener and then asks, on that link, for
+/// a listen comm this process does not have (a stale handle): ferroce refuses it at once with a
+/// `Reject` on the request's own route, and its comm on the link and the honest comm go on.
+#[test]
+fn a_request_on_a_link_for_an_unknown_listener_is_refused_on_its_route() {
+    case(
+        "a_request_on_a_link_for_an_unknown_listener_is_refused_on_its_route",
+        "127.0.14.14",
+        |ctx| {
+            let h = Honest::new(ctx);
+            let mut handle = [0u8; 128];
+            let mut l = api::listen(ctx, 0, &mut handle).expect("listen");
+            let mut r = None;
+            let offer = LinkOffer {
+                process: ROGUE_PROCESS,
+                attach: 0,
+                found: 0x5eed,
+                comm: 1,
+            };
+            let mut rogue = rogue_sender_offering(
+                &h.members(),
+                &handle,
+                &mut || {
+                    if r.is_none() {
+                        r = api::accept(&mut l).expect("accept of the rogue");
+                    }
+                },
+                offer,
+            );
+            assert_eq!(
+                rogue.peer.link.found, 0x5eed,
+                "ferroce took the link: {:?}",
+                rogue.peer.link
+            );
+            let end = Instant::now() + Duration::from_secs(20);
+            while r.is_none() {
+                r = api::accept(&mut l).expect("accept of the rogue");
+                assert!(Instant::now() < end, "accept of the rogue never finished");
+            }
+            // On the link: a request for a listener nonce nobody here has.
+            let route = Route {
+                comm: 99,
+                to_recv: true,
+            };
+            let mut stale = rogue.peer.clone();
+            stale.nonce = 0xdead;
+            stale.link = LinkOffer {
+                process: ROGUE_PROCESS,
+                attach: 0x5eed,
+                found: 0,
+                comm: 99,
+            };
+            send_msg(
+                &mut rogue.stream,
+                &Message::OnComm {
+                    route,
+                    message: Box::new(Message::ConnectReq(stale)),
+                },
+            );
+            // Another listen comm's accept reads the process's links.
+            let mut handle2 = [0u8; 128];
+            let mut l2 = api::listen(ctx, 0, &mut handle2).expect("listen");
+            let answer = read_msg(&mut rogue.stream, &mut || {
+                assert!(api::accept(&mut l2).expect("accept").is_none());
+            });
+            let Message::OnComm { route: back, message } = answer else {
+                panic!("not an answer on the link: {answer:?}")
+            };
+            assert_eq!(
+                back,
+                Route {
+                    comm: 99,
+                    to_recv: false
+                }
+            );
+            match *message {
+                Message::Reject { code, text } => {
+                    assert_eq!(code, nccl_net_ferroce::transport::proto::setup::reject::NONCE_MISMATCH);
+                    assert!(text.contains("stale or foreign handle"), "{text}");
+                }
+                m => panic!("not a Reject: {m:?}"),
+            }
+            h.check("after the stale request on the link");
+            drop((r, l, l2, rogue));
+        },
+        &[],
     );
 }

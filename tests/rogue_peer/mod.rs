@@ -192,6 +192,16 @@ pub fn rogue_receiver_answering(
 /// (our QPs, our CTS FIFO at the start of our block), then Ready. `pump` drives ferroce's
 /// accept.
 pub fn rogue_sender(members: &[Arc<NetDevice>], handle: &[u8; 128], pump: &mut dyn FnMut()) -> Rogue {
+    rogue_sender_offering(members, handle, pump, LinkOffer::default())
+}
+
+/// [`rogue_sender`] whose request makes `link` offer (say, to found a link).
+pub fn rogue_sender_offering(
+    members: &[Arc<NetDevice>],
+    handle: &[u8; 128],
+    pump: &mut dyn FnMut(),
+    link: LinkOffer,
+) -> Rogue {
     let h = HandleRepr::parse(handle).expect("ferroce's handle");
     let ListenAddr::V4 { ip, port } = h.addr else {
         panic!("an IPv4 side channel on lo")
@@ -200,7 +210,8 @@ pub fn rogue_sender(members: &[Arc<NetDevice>], handle: &[u8; 128], pump: &mut d
     let (devs, qps, placement, block) = resources(members, members.len());
     let rkeys: Vec<u32> = block.mrs.iter().map(|m| m.rkey()).collect();
     let list = conn::qp_list(qps.iter().map(QueuePair::qpn).zip(placement.iter().copied()), &[]);
-    let req = conn::endpoint(&devs, list, h.nonce, 0, 0, 0, block.addr() as u64, &rkeys);
+    let mut req = conn::endpoint(&devs, list, h.nonce, 0, 0, 0, block.addr() as u64, &rkeys);
+    req.link = link;
     send_msg(&mut stream, &Message::ConnectReq(req.clone()));
     let Message::ConnectResp(resp) = read_msg(&mut stream, pump) else {
         panic!("ferroce did not answer with ConnectResp")
