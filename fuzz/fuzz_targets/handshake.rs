@@ -65,11 +65,19 @@ fn read_in_pieces(data: &[u8], mut cut: impl FnMut(&FrameReader, usize) -> usize
     out
 }
 
+/// Whether `emit` keeps all of `m`: a `Reject` text (also one a link frame carries) only when
+/// it fits the 1 KiB that `emit` keeps.
+fn emitted_whole(m: &Message) -> bool {
+    match m {
+        Message::Reject { text, .. } => text.len() <= 1024,
+        Message::OnComm { message, .. } => emitted_whole(message),
+        _ => true,
+    }
+}
+
 fn round_trip_message(version: u16, m: &Message) {
-    if let Message::Reject { text, .. } = m {
-        if text.len() > 1024 {
-            return; // emit keeps the first 1 KiB only
-        }
+    if !emitted_whole(m) {
+        return;
     }
     let mut out = Vec::new();
     m.emit(version, &mut out);
