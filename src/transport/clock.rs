@@ -3,7 +3,7 @@
 
 use super::proto::time::Time;
 use once_cell::sync::Lazy;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 static EPOCH: Lazy<Instant> = Lazy::new(Instant::now);
 
@@ -11,4 +11,15 @@ static EPOCH: Lazy<Instant> = Lazy::new(Instant::now);
 pub fn now() -> Time {
     let ns = EPOCH.elapsed().as_nanos();
     Time::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
+}
+
+/// Whether `every` has passed since `last` (never set: yes); when it has, `last` becomes now.
+/// What rate-limited work of the process (the idle rounds, reading every link) asks first.
+pub fn due(last: &mut Option<Instant>, every: Duration) -> bool {
+    let now = Instant::now();
+    if last.is_some_and(|t| now.duration_since(t) < every) {
+        return false;
+    }
+    *last = Some(now);
+    true
 }

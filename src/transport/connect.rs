@@ -4,7 +4,7 @@
 //! returns a comm. The protocol decisions are [`proto::setup`](super::proto::setup)'s.
 
 use super::conn::{self, Conn, ConnQp, LocalDev, Probe, RegBuf};
-use super::link::{self, FoundingMark, Link, Port, SideChannel};
+use super::link::{self, FoundingMark, Joining, Link, Port, SideChannel};
 use super::proto::handshake::{self, EndpointRepr, HandleRepr, LinkOffer, Message, FLAG_SPLIT, FLAG_STANDBY};
 use super::proto::link::{Outcome, Plan};
 use super::proto::setup::{AwaitResponse, Dialing, Finishing, SetupError};
@@ -66,17 +66,6 @@ struct Answered {
     inline: u32,
     /// Where the comm's side channel goes once `Ready` is out.
     side: Joining,
-}
-
-/// The listener's answer about the link, carried out once `Ready` is out.
-enum Joining {
-    /// The comm's port on the link (held from the answer on).
-    Attached(Port),
-    /// The setup connection becomes the link of this key.
-    Founded(u64),
-    /// The setup channel stays the comm's: a connection of its own, or its port on the link
-    /// it was set up over.
-    Keep,
 }
 
 /// What one step of awaiting the answer came to.
@@ -496,19 +485,7 @@ fn finish(
         ..
     } = *f;
     chan.release_buffers();
-    let chan = match (side, chan) {
-        (Joining::Attached(port), _) => SideChannel::Shared(port),
-        (Joining::Founded(key), SideChannel::Own(c)) => SideChannel::Shared(link::found(
-            c,
-            key,
-            target.listener.process,
-            target.link.offer.comm,
-            false,
-        )),
-        // (A founding is offered on connections of their own only: `outcome` holds the
-        // answer to the offer.)
-        (Joining::Founded(_) | Joining::Keep, chan) => chan,
-    };
+    let chan = side.side_channel(chan, target.listener.process, target.link.offer.comm, false);
     let members = &target.members;
     let spec = sender_qp_spec(peer.tc, peer.sl, !probes.is_empty(), inline);
     let conn = Conn {

@@ -33,11 +33,11 @@ enum LinkEnd {
 }
 
 impl LinkEnd {
-    fn of(e: ChannelError) -> LinkEnd {
+    fn of(e: &ChannelError) -> LinkEnd {
         match e {
             ChannelError::Closed => LinkEnd::Closed,
             ChannelError::Io(e) => LinkEnd::Io(e.kind(), e.to_string()),
-            ChannelError::Wire(w) => LinkEnd::Wire(w),
+            ChannelError::Wire(w) => LinkEnd::Wire(w.clone()),
         }
     }
 
@@ -69,7 +69,7 @@ struct LinkIo {
 }
 
 impl LinkIo {
-    fn finish(&mut self, e: ChannelError, ended: &AtomicBool) {
+    fn finish(&mut self, e: &ChannelError, ended: &AtomicBool) {
         if self.end.is_none() {
             self.end = Some(LinkEnd::of(e));
             ended.store(true, Ordering::Release);
@@ -83,17 +83,17 @@ impl LinkIo {
             return;
         }
         if let Err(e) = self.chan.flush() {
-            return self.finish(e, &link.ended);
+            return self.finish(&e, &link.ended);
         }
         loop {
             match self.chan.poll_recv() {
                 Ok(Some(m)) => match self.router.handle_message(m) {
                     Ok(None) => {}
                     Ok(Some((route, req))) => self.file_request(link, route, req),
-                    Err(w) => return self.finish(ChannelError::Wire(w), &link.ended),
+                    Err(w) => return self.finish(&ChannelError::Wire(w), &link.ended),
                 },
                 Ok(None) => break,
-                Err(e) => return self.finish(e, &link.ended),
+                Err(e) => return self.finish(&e, &link.ended),
             }
         }
         // A burst of setups grows the buffers; between them the link keeps none.
@@ -137,11 +137,6 @@ impl LinkIo {
 }
 
 impl Link {
-    /// The key both ends know the link by.
-    pub fn key(&self) -> u64 {
-        self.key
-    }
-
     /// The peer's address of the connection that became the link.
     pub fn peer(&self) -> SocketAddr {
         self.peer
@@ -195,19 +190,15 @@ impl Port {
     fn poll_recv(&mut self) -> Result<Option<Message>, ChannelError> {
         let mut io = self.link.io.lock();
         io.pump(&self.link);
-        match io.router.state(self.local) {
-            PortState::Flooded => Err(ChannelError::Wire(WireError::BadField(
+        match (io.router.state(self.local), &io.end) {
+            (PortState::Flooded, _) => Err(ChannelError::Wire(WireError::BadField(
                 "more recovery messages for one comm than a recovery sends",
             ))),
-            PortState::Data => Ok(io.router.take(self.local)),
-            _ if matches!(io.end, Some(LinkEnd::Wire(_))) => {
-                Err(io.end.as_ref().map_or(ChannelError::Closed, LinkEnd::error))
-            }
-            PortState::Closed => Err(ChannelError::Closed),
-            PortState::Nothing => match &io.end {
-                Some(e) => Err(e.error()),
-                None => Ok(None),
-            },
+            (PortState::Data, _) => Ok(io.router.take(self.local)),
+            // A malformed frame is reported before "closed".
+            (_, Some(e @ LinkEnd::Wire(_))) | (PortState::Nothing, Some(e)) => Err(e.error()),
+            (PortState::Closed, _) => Err(ChannelError::Closed),
+            (PortState::Nothing, None) => Ok(None),
         }
     }
 
@@ -226,11 +217,11 @@ impl Port {
         if let Some(e) = &io.end {
             return Err(e.error());
         }
-        io.chan.flush().map_err(|e| {
-            let error = LinkEnd::of(e);
-            io.finish(error.error(), &self.link.ended);
-            error.error()
-        })
+        let sent = io.chan.flush();
+        if let Err(e) = &sent {
+            io.finish(e, &self.link.ended);
+        }
+        sent
     }
 }
 
@@ -242,8 +233,33 @@ impl Drop for Port {
         if io.end.is_none() {
             io.chan.queue(&bye);
             if let Err(e) = io.chan.flush() {
-                io.finish(e, &self.link.ended);
+                io.finish(&e, &self.link.ended);
             }
+        }
+    }
+}
+
+/// What a comm's side channel becomes once its handshake is over (the outcome of its link
+/// offer, `proto::link::Outcome`).
+pub enum Joining {
+    /// The comm's port on a link (held from the answer on).
+    Attached(Port),
+    /// The setup connection becomes the link of this key.
+    Founded(u64),
+    /// The setup channel stays the comm's: a connection of its own, or its port on the link
+    /// it was set up over.
+    Keep,
+}
+
+impl Joining {
+    /// The comm's side channel, its handshake done over `setup`: with the peer process
+    /// `process`, the connector's comm id `comm`, `recv` at the recv comm.
+    pub fn side_channel(self, setup: SideChannel, process: u64, comm: u64, recv: bool) -> SideChannel {
+        match (self, setup) {
+            (Joining::Attached(port), _) => SideChannel::Shared(port),
+            (Joining::Founded(key), SideChannel::Own(c)) => SideChannel::Shared(found(c, key, process, comm, recv)),
+            // (Only a setup connection of its own is offered or answered as a founding.)
+            (Joining::Founded(_) | Joining::Keep, chan) => chan,
         }
     }
 }
@@ -491,15 +507,11 @@ pub fn unlisten(nonce: u64) {
 /// requests for a listen comm arrive on any of them. Called by a listen comm's accept.
 pub fn pump_links() {
     static LAST: Mutex<Option<Instant>> = Mutex::new(None);
+    if !LAST
+        .try_lock()
+        .is_some_and(|mut last| super::clock::due(&mut last, PUMP_EVERY))
     {
-        let Some(mut last) = LAST.try_lock() else {
-            return;
-        };
-        let now = Instant::now();
-        if last.is_some_and(|t| now.duration_since(t) < PUMP_EVERY) {
-            return;
-        }
-        *last = Some(now);
+        return;
     }
     let links: Vec<Arc<Link>> = LINKS.lock().links.values().filter_map(Weak::upgrade).collect();
     for l in &links {
@@ -515,9 +527,4 @@ pub fn take_request(nonce: u64) -> Option<(Port, EndpointRepr)> {
     let r = REQUESTS.lock().get_mut(&nonce)?.pop_front()?;
     let peer = r.link.peer;
     Some((Port::new(r.link, r.route, peer), r.req))
-}
-
-/// Links of this process that are open (for tests and `--stats`).
-pub fn open_links() -> usize {
-    LINKS.lock().links.values().filter(|l| l.strong_count() > 0).count()
 }

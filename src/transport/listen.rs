@@ -5,7 +5,7 @@
 //! Malformed or foreign connections are WARNed and dropped; the listener keeps working.
 
 use super::conn::{self, Conn, LocalDev, RegBuf};
-use super::link::{self, Port, SideChannel};
+use super::link::{self, Joining, Port, SideChannel};
 use super::proto::eager;
 use super::proto::handshake::{self, EndpointRepr, HandleRepr, Message, FLAG_SPLIT};
 use super::proto::recv as recv_core;
@@ -336,17 +336,6 @@ struct RecvParts {
     side: Joining,
 }
 
-/// The listener's side of the link answer, carried out once `Ready` came.
-enum Joining {
-    /// The comm's port on a link (held from the answer on).
-    Attached(Port),
-    /// The setup connection becomes the link of this key.
-    Founded(u64),
-    /// The setup channel stays the comm's: a connection of its own, or its port on the link
-    /// it was set up over.
-    Keep,
-}
-
 /// The answer to a request's link offer (`proto::link::answer`) that came on `chan`, and what
 /// this end does about it. A request on a link is on the link it names (else the connector
 /// refuses the answer).
@@ -365,7 +354,7 @@ fn answer_link(req: &EndpointRepr, chan: &SideChannel) -> (handshake::LinkOffer,
     let open = (share && asked.attach != 0)
         .then(|| link::attachable(asked.attach, asked.process))
         .flatten();
-    let answer = super::proto::link::answer(asked, link::process_id(), share, |_, _| open.is_some());
+    let answer = super::proto::link::answer(asked, link::process_id(), share, open.is_some());
     let side = match (open, answer.attach, answer.found) {
         (Some(l), a, _) if a != 0 => Joining::Attached(Port::attach(l, asked.comm, true, chan.peer())),
         (_, _, f) if f != 0 => Joining::Founded(f),
@@ -378,14 +367,7 @@ impl RecvParts {
     fn finish(self, mut chan: SideChannel) -> Box<Guarded<recv::RecvDp>> {
         let p = self;
         chan.release_buffers();
-        let chan = match (p.side, chan) {
-            (Joining::Attached(port), _) => SideChannel::Shared(port),
-            (Joining::Founded(key), SideChannel::Own(c)) => {
-                SideChannel::Shared(link::found(c, key, p.peer.link.process, p.peer.link.comm, true))
-            }
-            // (`answer_link` founds on connections of their own only.)
-            (Joining::Founded(_) | Joining::Keep, chan) => chan,
-        };
+        let chan = p.side.side_channel(chan, p.peer.link.process, p.peer.link.comm, true);
         let conn = Conn {
             qps: p.qps,
             probes: p.probes,

@@ -154,11 +154,9 @@ pub fn step_idle_comms() {
     let Some(mut last) = LAST.try_lock() else {
         return;
     };
-    let now = Instant::now();
-    if last.is_some_and(|t| now.duration_since(t) < ROUND) {
+    if !super::clock::due(&mut last, ROUND) {
         return;
     }
-    *last = Some(now);
     let Some(mut list) = registry().try_lock() else {
         return;
     };

@@ -195,13 +195,13 @@ pub enum Outcome {
     Own,
 }
 
-/// The listener's answer to a request's offer. `attachable(key, process)`: it has the open
-/// link `key` with that process. `share`: it takes part in links (wire version 6 on). A comm
+/// The listener's answer to a request's offer. `attachable`: it has the open link the offer asks to
+/// attach to, with the offering process. `share`: it takes part in links (wire version 6 on). A comm
 /// within one process keeps its own connection (both ends of a link would be this process's).
-pub fn answer(asked: &LinkOffer, own_process: u64, share: bool, attachable: impl Fn(u64, u64) -> bool) -> LinkOffer {
+pub fn answer(asked: &LinkOffer, own_process: u64, share: bool, attachable: bool) -> LinkOffer {
     let outcome = if !share || asked.process == 0 || asked.comm == 0 || asked.process == own_process {
         Outcome::Own
-    } else if asked.attach != 0 && attachable(asked.attach, asked.process) {
+    } else if asked.attach != 0 && attachable {
         Outcome::Attached { key: asked.attach }
     } else if asked.found != 0 {
         Outcome::Founded { key: asked.found }
@@ -354,19 +354,19 @@ mod tests {
             comm: 1,
         };
         let open = |key: u64, process: u64| key == 5 && process == 10;
-        let a = answer(&asked, 20, true, open);
+        let a = answer(&asked, 20, true, open(asked.attach, asked.process));
         assert_eq!((a.attach, a.found, a.comm, a.process), (5, 0, 1, 20));
         assert_eq!(outcome(&asked, &a), Ok(Outcome::Attached { key: 5 }));
         // The link is gone here (or is another process's): the connection founds a new one.
-        let f = answer(&asked, 20, true, |_, _| false);
+        let f = answer(&asked, 20, true, false);
         assert_eq!(outcome(&asked, &f), Ok(Outcome::Founded { key: 6 }));
         let other = LinkOffer { process: 11, ..asked };
         assert_eq!(
-            outcome(&other, &answer(&other, 20, true, open)),
+            outcome(&other, &answer(&other, 20, true, open(other.attach, other.process))),
             Ok(Outcome::Founded { key: 6 })
         );
         // A listener that does not share, or a connector that offers nothing: own connection.
-        let own = answer(&asked, 20, false, open);
+        let own = answer(&asked, 20, false, open(asked.attach, asked.process));
         assert_eq!(
             own,
             LinkOffer {
@@ -378,11 +378,14 @@ mod tests {
         );
         assert_eq!(outcome(&asked, &own), Ok(Outcome::Own));
         assert_eq!(
-            outcome(&asked, &answer(&LinkOffer::default(), 20, true, open)),
+            outcome(&asked, &answer(&LinkOffer::default(), 20, true, false)),
             Ok(Outcome::Own)
         );
         // Within one process: own connection.
-        assert_eq!(outcome(&asked, &answer(&asked, 10, true, open)), Ok(Outcome::Own));
+        assert_eq!(
+            outcome(&asked, &answer(&asked, 10, true, open(asked.attach, asked.process))),
+            Ok(Outcome::Own)
+        );
     }
 
     #[test]
