@@ -25,6 +25,11 @@
  *             and while they were set up the sender never had more than that one open)
  *       -X N  (recv/send with -c: the sender closes comm 0 after N groups and goes on with the
  *             others; the receiver must get an error on comm 0 within -t and finish the others)
+ *       -A N  (recv/send: the receiver posts N groups on comm 0, and once they are done, waits
+ *             0.5 s (the sender's next messages land: with the eager path, unasked) and closes
+ *             comm 0; the sender must get ncclRemoteError on comm 0 within -t, whatever its
+ *             sends wait for, and finish the other comms)
+ *       -W TEXT  (with -A, at the sender: the WARN of comm 0 says TEXT)
  *
  * Both processes derive the same schedule from the seed: per group n buffers (1..8, distinct
  * tags in shuffled order, sizes 0..256 KiB, sometimes 0, sometimes up to -b bytes), receive
@@ -226,7 +231,9 @@ static struct {
   int close_after;   /* -X: the sender closes comm 0 after this many groups; the receiver expects it */
   int shared_link;   /* -L: the comms with the peer hold one file descriptor in all */
   int reconnect;     /* -R: a second round of comms after the receiver closed all of the first */
-} opt = {200, 32, 1, 0, -1, 0, 8, 0, 0, 0, 64u << 20, 1, 120, NULL, 0, 0, -1, -1, 0, 0};
+  int abort_after;   /* -A: the receiver closes comm 0 after this many groups; the sender expects it */
+  const char* want_warn; /* -W: what the WARN of -A's failure says */
+} opt = {200, 32, 1, 0, -1, 0, 8, 0, 0, 0, 64u << 20, 1, 120, NULL, 0, 0, -1, -1, 0, 0, -1, "closed the connection"};
 static void* g_dl;
 
 static void gen_group(uint64_t seed, int comm, int g, group_t* G) {
@@ -331,7 +338,8 @@ typedef struct {
 static int recv_step(recv_t* R) {
   net_t* n = R->n;
   int progress = 0;
-  while (R->posted < opt.groups && R->posted - R->done < opt.window) {
+  int groups = opt.abort_after >= 0 && R->comm == 0 ? opt.abort_after : opt.groups;
+  while (R->posted < groups && R->posted - R->done < opt.window) {
     int w = R->posted % MAXW;
     group_t* G = &R->g[w];
     gen_group(opt.seed, R->comm, R->posted, G);
@@ -844,6 +852,12 @@ static int run_remote(net_t* n, int sender, const char* file) {
         if (opt.expect_error) break;
         continue;
       }
+      if (!sender && c == 0 && opt.abort_after >= 0 && R[0].done == opt.abort_after) {
+        usleep(500000);
+        CHECK(n_close_recv(n, comms[0]) == 0, "closeRecv of comm 0 after %d groups", opt.abort_after);
+        fprintf(stderr, "receiver: closed comm 0 after %d groups\n", opt.abort_after);
+        closed[0] = 1;
+      }
       if (sender && c == 0 && opt.close_after >= 0 && S[0].done_g == opt.close_after) {
         CHECK(n_close_send(n, comms[0]) == 0, "closeSend of comm 0 after %d groups", opt.close_after);
         fprintf(stderr, "sender: closed comm 0 after %d groups\n", opt.close_after);
@@ -857,7 +871,7 @@ static int run_remote(net_t* n, int sender, const char* file) {
   double took = now_s() - t0;
   /* -X: the sender keeps the link open a while after its other comms are done, so that only
    * the close of comm 0 itself (not the link ending) can fail the receiver's comm 0 in time. */
-  if (sender && opt.close_after >= 0) sleep(2);
+  if ((sender && opt.close_after >= 0) || (!sender && opt.abort_after >= 0)) sleep(2);
   if (opt.expect_error) {
     int e = 0;
     for (int c = 0; c < C && !e; c++) e = err[c];
@@ -882,6 +896,17 @@ static int run_remote(net_t* n, int sender, const char* file) {
             failed_at[0] - t0, c, done_at[c] - t0);
     }
     printf("receiver: comm 0 failed %.2f s after the start with the others going on: %s\n", failed_at[0] - t0, last_warn);
+  } else if (opt.abort_after >= 0 && sender) {
+    CHECK(err[0] == FERROCE_NCCL_REMOTE_ERROR, "comm 0, closed by the receiver, fails with ncclRemoteError (%d) after %d groups",
+          err[0], S[0].done_g);
+    CHECK(S[0].done_g == opt.abort_after, "comm 0: the %d groups the receiver took completed (%d)", opt.abort_after, S[0].done_g);
+    CHECK(strstr(last_warn, "closed the connection") && strstr(last_warn, opt.want_warn), "its WARN says the peer closed it, and '%s': %s",
+          opt.want_warn, last_warn);
+    CHECK(warns == 1, "one WARN, for comm 0 alone (%d)", warns);
+    for (int c = 1; c < C; c++)
+      CHECK(err[c] == 0 && S[c].done_g == opt.groups, "comm %d finished all %d groups (%d, error %d)", c, opt.groups,
+            S[c].done_g, err[c]);
+    printf("sender: comm 0 failed %.2f s after the start: %s\n", failed_at[0] - t0, last_warn);
   } else {
     for (int c = 0; c < C; c++) {
       if (closed[c]) continue;
@@ -1005,6 +1030,8 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "-1")) opt.singles = 1;
     else if (!strcmp(a, "-E")) opt.expect_eager = atol(v), i++;
     else if (!strcmp(a, "-X")) opt.close_after = atoi(v), i++;
+    else if (!strcmp(a, "-A")) opt.abort_after = atoi(v), i++;
+    else if (!strcmp(a, "-W")) opt.want_warn = v, i++;
     else if (!strcmp(a, "-L")) opt.shared_link = 1;
     else if (!strcmp(a, "-R")) opt.reconnect = 1;
     else {

@@ -113,6 +113,56 @@ fn without_the_eager_path_every_send_waits_for_its_cts() {
     }
 }
 
+/// Eager messages whose receives are never posted (the receiver closed its comm): once their
+/// writes are acknowledged the sender has nothing left with the NIC while the sends stay in
+/// flight for a verdict only the receiver could give. That is what lets the driver fail them
+/// when the side channel says the receiver is gone (a send whose writes are still with the NIC
+/// ends by itself: acknowledged, or failed by the transport's retries).
+#[test]
+fn eager_sends_the_receiver_never_answers_leave_nothing_with_the_nic() {
+    let mut c = Case::simple((0..5).map(|_| single(64, 8)).collect());
+    c.eager_max = 224;
+    let mut r = Run::new(c);
+    // The one receive the receiver posts: its CTS brings the sender the eager credit.
+    assert!(r.try_irecv().unwrap().is_some());
+    for _ in 0..2000 {
+        if r.next_send == 0 {
+            r.try_isend().unwrap();
+        }
+        r.fab.step(&mut r.rng);
+        r.poll(Side::Sender);
+        r.poll(Side::Receiver);
+        if !r.sends.is_empty() {
+            r.test_send(0).unwrap();
+        }
+        if !r.recvs.is_empty() {
+            r.test_recv(0).unwrap();
+        }
+    }
+    assert_eq!((r.sends_done, r.groups_done), (1, 1), "{}", r.progress());
+    for k in 1..5 {
+        let got = r.try_isend().unwrap();
+        assert!(
+            matches!(got, Some(Isend::Started { eager: true, .. })),
+            "send {k}: {got:?}"
+        );
+    }
+    assert!(r.send.chains_in_flight(), "the eager writes are posted");
+    for _ in 0..1000 {
+        r.fab.step(&mut r.rng);
+        r.poll(Side::Sender);
+    }
+    assert!(
+        !r.send.chains_in_flight(),
+        "every eager write was acknowledged: {}",
+        r.progress()
+    );
+    for k in 0..4 {
+        r.test_send(k).unwrap();
+    }
+    assert_eq!(r.sends_done, 1, "without a verdict no eager send completes");
+}
+
 fn single(posted: usize, sent: usize) -> Vec<Msg> {
     vec![Msg { posted, sent, tag: 1 }]
 }

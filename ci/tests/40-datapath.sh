@@ -180,6 +180,14 @@ local_case "eager path off (FERROCE_EAGER_MAX=0)" "$st FERROCE_EAGER_MAX=0" 12 -
 pair_case "eager path: messages <= 224 B, single receives" "$st" 12 "-g 300 -S 224 -1 -D -E 100" "-g 300 -S 224 -1 -D -E 100"
 pair_case "eager path: messages <= 224 B, groups, dmabuf" "$st" 12 "-g 300 -S 224" "-g 300 -S 224 -E 20"
 pair_case "eager path with 1% loss" "$st SOFTROCE_LOSS=0.01 NCCL_IB_TIMEOUT=14" 12 "-g 200 -S 224 -1 -D -E 10" "-g 200 -S 224 -1 -D -E 10"
+# A receiver that closes its comm while the sender's eager messages wait for their verdict
+# (receives it never posts, though their writes landed): the sender fails on that comm alone,
+# as it does waiting for a CTS with the eager path off, never hangs. Its window (-w 4) is what
+# the eager credit covers, so no later isend finds the peer gone for it: its test must.
+pair_case "eager path: the receiver closes with eager messages unasked: the sender errors out" "$st" 12 \
+    "-g 100 -S 224 -1 -D -c 2 -A 20 -t 30" "-g 100 -S 224 -1 -D -c 2 -A 20 -t 30 -w 4 -W answer -E 1"
+pair_case "eager path off: the receiver closes with sends waiting: the sender errors out" "$st FERROCE_EAGER_MAX=0" 12 \
+    "-g 100 -S 224 -1 -D -c 2 -A 20 -t 30" "-g 100 -S 224 -1 -D -c 2 -A 20 -t 30 -w 4 -W buffer -E 0"
 mixed_case() {
     name=$1 renv=$2 senv=$3
     next_addr; a=$A; next_addr; b=$A

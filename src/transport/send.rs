@@ -330,24 +330,17 @@ impl SendDp {
             return Err(Error::internal("test: unknown send request"));
         };
         if let Some(size) = self.core.test(idx)? {
-            if let Some(pr) = self.prof.as_mut() {
-                pr.events.stop_request(idx);
-            }
-            if let (Some(s), Some(started)) = (&self.io.stats, &self.started) {
-                let t0 = started[usize::from(idx) % SEND_REQUESTS];
-                s.message_done(u64::from(size), stats::since(t0, clock::now()));
-            }
-            if !sizes.is_null() {
-                // SAFETY: NCCL passes NULL or room for one int for a send.
-                unsafe { *sizes = size.min(i32::MAX as u32) as i32 };
-            }
+            // SAFETY: as this function's.
+            unsafe { self.completed(idx, size, sizes) };
             return Ok(true);
         }
         // A posted send to a dead peer fails by itself (transport retries exhausted within
-        // NCCL_IB_TIMEOUT × NCCL_IB_RETRY_CNT); a closed side channel alone is not an error here
-        // because the receiver may close as soon as the data has landed, before our ACK.
+        // NCCL_IB_TIMEOUT × NCCL_IB_RETRY_CNT); a closed side channel alone is not an error while
+        // the NIC still carries a chain, because the receiver may close as soon as the data has
+        // landed, before our ACK. Without one, what the request waits for only the receiver
+        // could send (an eager message's verdict in its CTS): it never comes.
         let (waiting, open, in_flight) = (self.core.waiting(), self.core.group_open(), self.in_flight());
-        self.io.idle_probe(&mut self.core.state, || {
+        let gone = self.io.idle_probe(&mut self.core.state, || {
             if waiting {
                 "send-queue credits: completions of earlier writes (the network or the peer's NIC does not answer)".to_string()
             } else if open {
@@ -356,7 +349,41 @@ impl SendDp {
                 format!("completions of {in_flight} posted send(s). Likely cause: receiver-not-ready (RNR) — the peer's NIC answers but the peer posted no receive for the write with immediate, which the NIC retries without end (rnr_retry 7, as NCCL sets it): is the peer a ferroce or NCCL receiver, and alive? Else the network or the peer's NIC does not answer (check the link and the GID; NCCL_IB_TIMEOUT x NCCL_IB_RETRY_CNT bounds that wait, and then the send fails)")
             }
         })?;
+        if gone && !self.io.recovery.pending() && !self.core.chains_in_flight() {
+            // Completions and CTS entries that raced with the peer's exit still count.
+            self.poll()?;
+            self.progress()?;
+            if let Some(size) = self.core.test(idx)? {
+                // SAFETY: as this function's.
+                unsafe { self.completed(idx, size, sizes) };
+                return Ok(true);
+            }
+            if !self.core.chains_in_flight() {
+                return Err(self
+                    .io
+                    .fail_peer_gone(&mut self.core.state, "a send waiting for the receiver's answer"));
+            }
+        }
         Ok(false)
+    }
+
+    /// Send request `idx` completed with `size` bytes: its profiler event ends, its statistics
+    /// count, NCCL gets its size.
+    ///
+    /// # Safety
+    /// `sizes` is NULL or points to room for one `i32`.
+    unsafe fn completed(&mut self, idx: u16, size: u32, sizes: *mut i32) {
+        if let Some(pr) = self.prof.as_mut() {
+            pr.events.stop_request(idx);
+        }
+        if let (Some(s), Some(started)) = (&self.io.stats, &self.started) {
+            let t0 = started[usize::from(idx) % SEND_REQUESTS];
+            s.message_done(u64::from(size), stats::since(t0, clock::now()));
+        }
+        if !sizes.is_null() {
+            // SAFETY: NCCL passes NULL or room for one int for a send (the caller's contract).
+            unsafe { *sizes = size.min(i32::MAX as u32) as i32 };
+        }
     }
 
     /// Requests in flight.

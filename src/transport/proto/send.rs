@@ -324,6 +324,14 @@ impl SendCore {
         self.cur.active && self.cur.matched == fifo::full_mask(self.cur.n)
     }
 
+    /// Whether a posted chain still waits for its completion: work of this comm the NIC ends
+    /// by itself (acknowledged, or failed once the transport's retries are spent). Requests
+    /// in flight without one wait for the receiver alone (its CTS, or an eager message's
+    /// verdict).
+    pub fn chains_in_flight(&self) -> bool {
+        self.chains.iter().any(|log| log.len > 0)
+    }
+
     /// Whether the oldest group is matched in part: some of its buffers still wait for their
     /// isend.
     pub fn group_open(&self) -> bool {
