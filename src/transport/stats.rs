@@ -12,6 +12,7 @@
 //! comm the process ever had.
 
 use super::proto::time::Time;
+use once_cell::sync::Lazy;
 use parking_lot::{Condvar, Mutex};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -259,25 +260,24 @@ struct Totals {
 #[derive(Default)]
 struct Registry {
     live: Vec<Arc<CommStats>>,
+    /// The last [`KEEP_CLOSED`] closed comms, for the file (none without one).
     closed: std::collections::VecDeque<Arc<CommStats>>,
     /// Totals of closed comms no longer in `closed`.
     dropped: Totals,
+    /// The same comms' counters by side (for [`side_totals`]).
+    dropped_sides: BySide,
     writer_started: bool,
 }
 
-static REGISTRY: Mutex<Registry> = Mutex::new(Registry {
-    live: Vec::new(),
-    closed: std::collections::VecDeque::new(),
-    dropped: Totals {
-        comms: 0,
-        send_bytes: 0,
-        send_messages: 0,
-        recv_bytes: 0,
-        recv_messages: 0,
-        errors: 0,
-    },
-    writer_started: false,
-});
+impl Registry {
+    /// A closed comm counts from now on only in the totals.
+    fn fold(&mut self, s: &CommStats) {
+        add_totals(&mut self.dropped, s);
+        add_side(&mut self.dropped_sides, s);
+    }
+}
+
+static REGISTRY: Lazy<Mutex<Registry>> = Lazy::new(Mutex::default);
 
 /// Whether comms keep statistics (FERROCE_STATS set, or NCCL_DEBUG=INFO/TRACE).
 pub fn enabled() -> bool {
@@ -334,10 +334,15 @@ pub fn close(s: &Arc<CommStats>) {
     crate::log_info!(crate::log::subsys::NET, "{}", s.summary());
     let mut r = REGISTRY.lock();
     r.live.retain(|x| !Arc::ptr_eq(x, s));
+    // Only the file lists closed comms one by one: with statistics on for the INFO summaries
+    // alone, a closed comm keeps nothing but its share of the totals.
+    if crate::config::get().stats_dir.is_none() {
+        return r.fold(s);
+    }
     r.closed.push_back(s.clone());
     while r.closed.len() > KEEP_CLOSED {
         if let Some(old) = r.closed.pop_front() {
-            add_totals(&mut r.dropped, &old);
+            r.fold(&old);
         }
     }
 }
@@ -368,8 +373,8 @@ pub struct SideTotals {
     pub eager: u64,
 }
 
-/// Send and receive sides' sums over the comms still listed (live and the last
-/// [`KEEP_CLOSED`] closed ones), for `ferroce_stats_totals_get`.
+/// Send and receive sides' sums over every comm the process had, for
+/// `ferroce_stats_totals_get`.
 #[derive(Default, Clone, Copy, Debug)]
 pub struct BySide {
     pub send: SideTotals,
@@ -378,18 +383,22 @@ pub struct BySide {
 
 pub fn side_totals() -> BySide {
     let r = REGISTRY.lock();
-    let mut t = BySide::default();
+    let mut t = r.dropped_sides;
     for s in r.live.iter().chain(r.closed.iter()) {
-        let side = if s.kind == "send" { &mut t.send } else { &mut t.recv };
-        side.comms += 1;
-        side.messages += CommStats::get(&s.messages);
-        side.post_calls += CommStats::get(&s.post_calls);
-        side.wrs += CommStats::get(&s.wrs);
-        side.completions += CommStats::get(&s.completions);
-        side.cts_writes += CommStats::get(&s.cts_writes);
-        side.eager += CommStats::get(&s.eager);
+        add_side(&mut t, s);
     }
     t
+}
+
+fn add_side(t: &mut BySide, s: &CommStats) {
+    let side = if s.kind == "send" { &mut t.send } else { &mut t.recv };
+    side.comms += 1;
+    side.messages += CommStats::get(&s.messages);
+    side.post_calls += CommStats::get(&s.post_calls);
+    side.wrs += CommStats::get(&s.wrs);
+    side.completions += CommStats::get(&s.completions);
+    side.cts_writes += CommStats::get(&s.cts_writes);
+    side.eager += CommStats::get(&s.eager);
 }
 
 /// The whole file's text.
