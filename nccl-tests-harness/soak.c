@@ -488,27 +488,33 @@ static void run_allreduce(rank_t* r, int iter) {
 
 /* Close: optionally with extra requests in flight on both sides first (left unfinished). */
 static void rank_close(rank_t* r) {
+  /* Said before the close barrier: once every rank passed it, any peer may deregister a buffer
+   * this rank's request in flight writes into, before this rank itself gets past the barrier (the
+   * registration thread's calls still step this rank's comms meanwhile); scan_warns expects a peer
+   * gone only after this line. */
+  int in_flight = 0;
+  for (int p = 0; p < r->n; p++)
+    if (p != r->rank && r->sc[p])
+      in_flight |= (r->plan.close_inflight && !r->tx[p].failed && !r->rx[p].failed) || r->tx[p].posted > r->tx[p].done ||
+                   r->rx[p].posted > r->rx[p].done;
+  if (in_flight) fprintf(stderr, "[rank %d] soak: cycle %d closes with requests in flight\n", r->rank, r->plan.cycle);
   uint32_t type;
   if (send_msg(r->fd, M_CLOSING, NULL, 0) || recv_msg(r->fd, &type, NULL, 0) < 0 || type != M_CLOSE)
     fail(r, "the close barrier failed");
   r->reg_run = 0;
   pthread_join(r->reg_thread, NULL);
   r->closing = 1;
-  int in_flight = 0;
   for (int p = 0; p < r->n; p++) {
     if (p == r->rank || !r->sc[p]) continue;
     stream_t* s[2] = {&r->tx[p], &r->rx[p]};
-    for (int d = 0; d < 2; d++) {
+    for (int d = 0; d < 2; d++)
       if (r->plan.close_inflight && !s[0]->failed && !s[1]->failed) {
         s[d]->limit = -1, s[d]->stopped = 0;
         for (int i = 0; i < 2; i++) stream_post(r, s[d]); /* tested never again: closed in flight */
       }
-      in_flight |= s[d]->posted > s[d]->done;
-    }
   }
   /* as NCCL (net.cc, recvProxyFree): deregister, then close; a peer's write into a buffer
-   * deregistered in flight is refused (scan_warns expects the WARN only after this line) */
-  if (in_flight) fprintf(stderr, "[rank %d] soak: cycle %d closes with requests in flight\n", r->rank, r->plan.cycle);
+   * deregistered in flight is refused */
   for (int p = 0; p < r->n; p++) {
     if (p == r->rank || !r->sc[p]) continue;
     if (r->tx[p].mh) h_dereg(&r->h, r->sc[p], r->tx[p].mh);
@@ -826,7 +832,8 @@ static int softroce_faults(double* lost, double* reordered, double* duplicated) 
 
 /* ---- the WARN scan: every plugin WARN in the rank logs must be one the soak's faults cause ----
  * Each rank log says, per cycle, "cycle N begins: fault F, victim V", "cycle N closes with
- * requests in flight" (before it deregisters buffers with requests in flight) and "cycle N done".
+ * requests in flight" (before the close barrier, so before any rank deregisters a buffer with
+ * requests in flight) and "cycle N done".
  * Expected, and only so:
  *  - a peer gone (it was killed or aborted: its side channel closed, its QPs stopped answering,
  *    or it deregistered the buffer our write was for): on a survivor in a cycle with a fault,
