@@ -165,6 +165,8 @@ static int body(hctx_t* h) {
     if (rc || !lcs[i]) h_die(h, "listen #%d = %d", i, rc);
   }
   double t_listen = h_now() - t0;
+  /* what the listen comms hold before any connect: they share the process's one listener */
+  double listen_fds = open_fds() - m0.fds;
   h_allgather(h, mine, (size_t)n * H_HANDLE_SIZE, all);
   h_connect_pairs(h, n, nconnect ? all + (size_t)(1 - h->rank) * n * H_HANDLE_SIZE : NULL, scs, nlisten ? lcs : NULL,
                   rcs, 300);
@@ -184,9 +186,10 @@ static int body(hctx_t* h) {
 
   double v[10] = {t_listen, t_local, t_all, m1.heap - m0.heap, m1.rss - m0.rss, m1.fds - m0.fds,
                   m2.heap - m1.heap, m3.heap - m0.heap, m0.heap, m0.rss};
-  double allv[20], fds_all = m1.fds - fds_pre, fdsv[2];
+  double allv[20], fds_all = m1.fds - fds_pre, fdsv[2], lfdv[2];
   h_allgather(h, v, sizeof v, allv);
   h_allgather(h, &fds_all, sizeof fds_all, fdsv);
+  h_allgather(h, &listen_fds, sizeof listen_fds, lfdv);
   if (h->rank == 0) {
     double heap = allv[3] + allv[13], rss = allv[4] + allv[14];
     /* Both processes' descriptors for all their connections, the 2 warm-up ones included; each
@@ -211,15 +214,17 @@ static int body(hctx_t* h) {
     printf("#   file descriptors    : %.3f per connection, %.1f per peer process (all both processes opened\n"
            "#                         for their %d connections, warm-up included; %+.0f after the warm-up)\n",
            fds / (conns + 2), fds / 2, conns + 2, fds_growth);
+    printf("#   listen comms        : %d hold %.0f descriptor(s) before their connects (rank 0 %.0f, rank 1 %.0f)\n", nlisten,
+           lfdv[0] > lfdv[1] ? lfdv[0] : lfdv[1], lfdv[0], lfdv[1]);
     if (h->o->check)
       printf("#   one 8-byte message through every connection: ok (heap +%.1f KiB per connection while used)\n",
              (allv[6] + allv[16]) / conns / 1024);
     printf("#   after closing them: heap %+.1f KiB per connection vs. before (leak check)\n",
            (allv[7] + allv[17]) / conns / 1024);
     printf("scale_bench conns=%d setup_ms=%.1f setup_us_per_conn=%.1f heap_per_conn_KiB=%.1f rss_per_conn_KiB=%.1f "
-           "fds_per_conn=%.3f fds_per_peer=%.1f leak_per_conn_KiB=%.2f",
+           "fds_per_conn=%.3f fds_per_peer=%.1f listen_fds=%.0f leak_per_conn_KiB=%.2f",
            conns, setup * 1e3, setup * 1e6 / conns, heap / conns / 1024, rss / conns / 1024, fds / (conns + 2), fds / 2,
-           (allv[7] + allv[17]) / conns / 1024);
+           lfdv[0] > lfdv[1] ? lfdv[0] : lfdv[1], (allv[7] + allv[17]) / conns / 1024);
     if (oneway) printf(" recv_comm_KiB=%.1f send_comm_KiB=%.1f", allv[3] / n / 1024, allv[13] / n / 1024);
     printf("\n");
   }

@@ -143,12 +143,12 @@ pub fn format_bytes(bytes: Option<u64>) -> String {
     }
 }
 
-/// Ferroce's file descriptors per connection while it is set up, at most: its listen comm's
-/// listener (until NCCL closes it) and a setup socket (the connector's, or the accepted one)
-/// where no link to the peer process carries the handshake yet. NCCL sets a communicator's
-/// connections up at once, so this bounds the peak. The comms between two processes share one
-/// side-channel link (wire version 6): 1 or 2 descriptors per peer process once set up, not
-/// per connection (a comm with a version-5 peer or within this process keeps its own socket).
+/// Ferroce's file descriptors per connection, at most: a comm within this process keeps a
+/// socket at each end, and one with a peer process of wire version 5 or older a socket per
+/// comm. Between processes of wire version 6 the comms with one peer process share one
+/// side-channel link and the listen comms of a process one listener, so there it is per peer
+/// process, not per connection; but a process cannot know its peers' versions before they
+/// connect, so this bounds the peak.
 pub const FDS_PER_CONNECTION: u64 = 2;
 
 /// What to tell the user when a call fails with `errno` because of a resource limit, with the
@@ -185,10 +185,9 @@ fn nofile_hint(limit: Option<Limit>, open: Option<u64>) -> String {
     let open = open.map_or(String::new(), |n| format!(", {n} open"));
     format!(
         "out of file descriptors: RLIMIT_NOFILE is {now}{open}. ferroce needs {FDS_PER_CONNECTION} per \
-         connection while connections are set up (a listen comm, and a setup socket until a link to the \
-         peer process carries the handshakes; set up, the comms with one peer process share one \
-         socket), so a job of N connections per process needs at most about \
-         {FDS_PER_CONNECTION}×N + 64. Raise it: `ulimit -n 65536`, `* - nofile 65536` in \
+         connection at most (with peers of an older ferroce, or within one process; between processes of \
+         this version one per peer process, and one listener), so a job of N connections per process \
+         needs at most about {FDS_PER_CONNECTION}×N + 64. Raise it: `ulimit -n 65536`, `* - nofile 65536` in \
          /etc/security/limits.conf (LimitNOFILE= for a systemd service), `--ulimit nofile=65536:65536` \
          for a container; `ferroce-doctor --conns N` checks it"
     )

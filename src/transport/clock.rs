@@ -13,6 +13,11 @@ pub fn now() -> Time {
     Time::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
 }
 
+/// The shortest time between two rounds that a listen comm's accept drives for the whole
+/// process (reading every link, the process's listener): a burst of thousands of connects is
+/// read once per round, not once per accept call.
+pub const ACCEPT_ROUND: Duration = Duration::from_millis(1);
+
 /// Whether `every` has passed since `last` (never set: yes); when it has, `last` becomes now.
 /// What rate-limited work of the process (the idle rounds, reading every link) asks first.
 pub fn due(last: &mut Option<Instant>, every: Duration) -> bool {

@@ -22,7 +22,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Why a link ended (kept to tell every comm on it).
 #[derive(Clone, Debug)]
@@ -474,8 +474,6 @@ struct LinkRequest {
 static REQUESTS: Lazy<Mutex<HashMap<u64, VecDeque<LinkRequest>>>> = Lazy::new(Default::default);
 /// The most requests one listen comm keeps waiting (NCCL connects once per handle).
 const MAX_REQUESTS: usize = 64;
-/// The shortest time between two reads of every link by `pump_links`.
-const PUMP_EVERY: Duration = Duration::from_millis(1);
 
 /// A listen comm with this nonce takes requests that come on links.
 pub fn listen_on(nonce: u64) {
@@ -503,13 +501,14 @@ pub fn unlisten(nonce: u64) {
     }
 }
 
-/// Read every link of the process that no one holds now (at most once per [`PUMP_EVERY`]):
+/// Read every link of the process that no one holds now (at most once per
+/// [`ACCEPT_ROUND`](super::clock::ACCEPT_ROUND)):
 /// requests for a listen comm arrive on any of them. Called by a listen comm's accept.
 pub fn pump_links() {
     static LAST: Mutex<Option<Instant>> = Mutex::new(None);
     if !LAST
         .try_lock()
-        .is_some_and(|mut last| super::clock::due(&mut last, PUMP_EVERY))
+        .is_some_and(|mut last| super::clock::due(&mut last, super::clock::ACCEPT_ROUND))
     {
         return;
     }

@@ -1,15 +1,17 @@
-//! Listen and accept (spec §7.2, §8.5, the receiver's side): a TCP listener on the side-channel
-//! interface, the connections on it in their setup states, and the receiver's resources built
-//! for the one being accepted. The protocol decisions are [`proto::setup`](super::proto::setup)'s.
+//! Listen and accept (spec §7.2, §8.5, the receiver's side): a listen comm's place at the
+//! process's listener (`process_listener`, shared by every listen comm) and on its links, the
+//! connection it accepts in its setup states, and the receiver's resources built for it. The
+//! protocol decisions are [`proto::setup`](super::proto::setup)'s.
 //!
 //! Malformed or foreign connections are WARNed and dropped; the listener keeps working.
 
 use super::conn::{self, Conn, LocalDev, RegBuf};
 use super::link::{self, Joining, Port, SideChannel};
+use super::process_listener::{self, refuse, Entrance};
 use super::proto::eager;
 use super::proto::handshake::{self, EndpointRepr, HandleRepr, Message, FLAG_SPLIT};
 use super::proto::recv as recv_core;
-use super::proto::setup::{AwaitReady, AwaitRequest, Incoming, Refusal, SetupError};
+use super::proto::setup::{AwaitReady, AwaitRequest, Incoming, Refusal};
 use super::proto::split;
 use super::proto::time::Time;
 use super::sidechannel::{self, ChannelError};
@@ -20,7 +22,6 @@ use crate::device::{NetDevice, VirtualDevice};
 use crate::error::{Error, Result};
 use crate::ibv::qp::QpCaps;
 use crate::ibv::{sys, QueuePair};
-use std::net::TcpListener;
 use std::sync::Arc;
 
 // Queue and CQ sizes of the receiver, from what can be outstanding at once (see
@@ -38,10 +39,8 @@ const RECEIVER_SEND_WR: u32 = super::proto::recv::CTS_DEPTH as u32;
 /// (≤ recv::CTS_DEPTH unretired). Flush reads complete elsewhere (FLUSH_CQE), so the receive
 /// CQ of a device holds m·rq_depth + CTS_DEPTH for its m QPs.
 const RECEIVER_CQE_CTS: usize = super::proto::recv::CTS_DEPTH;
-/// Most simultaneous unidentified connections kept per listener.
-const MAX_PENDING: usize = 64;
 
-/// A connection whose first message has not arrived yet.
+/// A request for this listen comm, before it is taken as the one being accepted.
 struct Pending {
     chan: SideChannel,
     state: AwaitRequest,
@@ -66,28 +65,23 @@ enum Polled {
     Since(Time),
 }
 
-/// A listening endpoint: one TCP listener plus the handshakes in progress on it.
+/// A listening endpoint: its place at the process's listener plus the handshake in progress.
 pub struct ListenComm {
-    listener: TcpListener,
+    entrance: Entrance,
     nonce: u64,
     members: Vec<Arc<NetDevice>>,
-    pending: Vec<Pending>,
     slot: Slot,
     polled: Polled,
 }
 
-/// Open a listener on the side-channel interface and write the handle (≤ 128 bytes).
+/// Take a place at the process's listener and write the handle (≤ 128 bytes).
 /// Never blocks; always returns a comm on success.
 pub fn listen(dev: &Arc<VirtualDevice>, handle: &mut [u8; 128]) -> Result<Box<ListenComm>> {
     conn::check_members(dev)?;
-    let ifa = sidechannel::side_channel_interface()?;
-    let listener = sidechannel::bind_listener(ifa)?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| Error::system(format!("getsockname on the listener: {e}")))?;
     let nonce = sidechannel::random_nonzero();
+    let entrance = process_listener::enter(nonce)?;
     HandleRepr {
-        addr: sidechannel::listen_addr(addr),
+        addr: sidechannel::listen_addr(entrance.addr()),
         ndevs: dev.members.len() as u8,
         nonce,
         min_version: handshake::OLDEST_WIRE_VERSION,
@@ -98,10 +92,9 @@ pub fn listen(dev: &Arc<VirtualDevice>, handle: &mut [u8; 128]) -> Result<Box<Li
     // Connects from processes this one has a link with send their request on it.
     link::listen_on(nonce);
     Ok(Box::new(ListenComm {
-        listener,
+        entrance,
         nonce,
         members: dev.members.clone(),
-        pending: Vec::new(),
         slot: Slot::Free,
         polled: Polled::Never,
     }))
@@ -114,40 +107,6 @@ fn read(chan: &mut SideChannel) -> std::result::Result<Option<Incoming>, Channel
         Ok(m) => Ok(m.map(Ok)),
         Err(ChannelError::Wire(e)) => Ok(Some(Err(e))),
         Err(e) => Err(e),
-    }
-}
-
-/// Drop a connection the protocol refused: WARN, and tell the peer why if the refusal says so.
-fn refuse(mut chan: SideChannel, r: Refusal) {
-    let peer = chan.peer();
-    match &r.error {
-        SetupError::Malformed(e) => crate::log_warn!("listener: rejected a connection from {peer}: {e}"),
-        SetupError::WrongNonce { .. } if r.reject.is_some() => crate::log_warn!(
-            "listener: connection from {peer} carries another listener's handle (nonce mismatch: a stale or foreign handle); rejected"
-        ),
-        SetupError::WrongNonce { .. } => {
-            crate::log_warn!("listener: {peer} sent Ready with another listener's nonce; dropped")
-        }
-        SetupError::Rejected { .. } => crate::log_warn!(
-            "listener: second connection attempt from {peer} while one is being accepted; rejected"
-        ),
-        SetupError::Unexpected { state: "AwaitRequest", got } => {
-            crate::log_warn!("listener: unexpected first message from {peer}: {got:?}; dropped")
-        }
-        SetupError::Unexpected { got, .. } => {
-            crate::log_warn!("listener: {peer} sent {got:?} instead of Ready; dropped")
-        }
-        SetupError::TimedOut {
-            state: "AwaitRequest",
-            after,
-        } => crate::log_warn!("listener: {peer} connected but sent no complete connection request within {after:?} (nothing, or part of one); dropped"),
-        SetupError::TimedOut { after, .. } => {
-            crate::log_warn!("listener: {peer} did not finish the handshake within {after:?}; dropped")
-        }
-    }
-    if let Some(m) = r.reject {
-        chan.queue(&m);
-        let _ = chan.flush();
     }
 }
 
@@ -170,93 +129,47 @@ impl ListenComm {
             }
             Polled::Since(t) => t,
         };
-        self.take_connections(now, timeout)?;
-        self.progress_pending(now)?;
-        self.take_link_requests(now, timeout)?;
+        let expired = now.saturating_since(first) > timeout;
+        self.take_requests(now, timeout, expired)?;
         if let Some(comm) = self.progress_accepting(now) {
             return Ok(Some(comm));
         }
-        if matches!(self.slot, Slot::Free) && now.saturating_since(first) > timeout {
+        if matches!(self.slot, Slot::Free) && expired {
             return Err(Error::remote(format!(
                 "no peer completed a connection to this listener ({}) within {timeout:?} — is the sending rank alive and can it reach this address? (FERROCE_CONNECT_TIMEOUT_SEC sets the limit)",
-                self.listener.local_addr().map(|a| a.to_string()).unwrap_or_default()
+                self.entrance.addr()
             )));
         }
         Ok(None)
     }
 
-    /// New TCP connections join the pending list (the oldest is dropped when it is full).
-    fn take_connections(&mut self, now: Time, timeout: std::time::Duration) -> Result<()> {
-        while let Some(chan) = sidechannel::try_accept(&self.listener)? {
-            if self.pending.len() >= MAX_PENDING {
-                let old = self.pending.remove(0);
-                crate::log_warn!(
-                    "listener: too many unidentified connections, dropping the one from {}",
-                    old.chan.peer()
-                );
-            }
-            self.pending.push(Pending {
-                chan: SideChannel::Own(chan),
-                state: AwaitRequest::new(self.nonce, now, timeout),
-            });
+    /// Requests for this listen comm, from the process's listener (`final_round`: a round of it
+    /// now, whatever the rate limit) and from its links: taken as a connection's first message
+    /// is (a busy listen comm refuses them).
+    fn take_requests(&mut self, now: Time, timeout: std::time::Duration, final_round: bool) -> Result<()> {
+        while let Some((chan, req)) = self.entrance.take(now, timeout, final_round)? {
+            self.take(SideChannel::Own(chan), req, now, timeout)?;
         }
-        Ok(())
-    }
-
-    /// Unidentified connections: wait for their first message; a valid request is accepted.
-    fn progress_pending(&mut self, now: Time) -> Result<()> {
-        let mut i = 0;
-        while i < self.pending.len() {
-            let p = &mut self.pending[i];
-            let incoming = match read(&mut p.chan) {
-                Ok(Some(m)) => m,
-                Ok(None) => match p.state.handle_timeout(now) {
-                    Ok(()) => {
-                        i += 1;
-                        continue;
-                    }
-                    Err(e) => {
-                        let p = self.pending.remove(i);
-                        refuse(p.chan, Refusal { error: e, reject: None });
-                        continue;
-                    }
-                },
-                Err(e) => {
-                    let p = self.pending.remove(i);
-                    crate::log_info!(
-                        crate::log::subsys::NET,
-                        "listener: connection from {} went away before identifying itself: {e}",
-                        p.chan.peer()
-                    );
-                    continue;
-                }
-            };
-            let p = self.pending.remove(i);
-            let busy = matches!(self.slot, Slot::Accepting(_));
-            match p.state.handle_message(incoming, busy) {
-                Ok(req) => self.start_accepting(p, &req, now)?,
-                Err(r) => refuse(p.chan, r),
-            }
-        }
-        Ok(())
-    }
-
-    /// Requests that came on the process's links for this listener: taken as a connection's
-    /// first message is (a busy listener refuses them).
-    fn take_link_requests(&mut self, now: Time, timeout: std::time::Duration) -> Result<()> {
         link::pump_links();
         while let Some((port, req)) = link::take_request(self.nonce) {
-            let p = Pending {
-                chan: SideChannel::Shared(port),
-                state: AwaitRequest::new(self.nonce, now, timeout),
-            };
-            let busy = matches!(self.slot, Slot::Accepting(_));
-            match p.state.handle_message(Ok(Message::ConnectReq(req)), busy) {
-                Ok(req) => self.start_accepting(p, &req, now)?,
-                Err(r) => refuse(p.chan, r),
-            }
+            self.take(SideChannel::Shared(port), req, now, timeout)?;
         }
         Ok(())
+    }
+
+    fn take(&mut self, chan: SideChannel, req: EndpointRepr, now: Time, timeout: std::time::Duration) -> Result<()> {
+        let p = Pending {
+            chan,
+            state: AwaitRequest::new(self.nonce, now, timeout),
+        };
+        let busy = matches!(self.slot, Slot::Accepting(_));
+        match p.state.handle_message(Ok(Message::ConnectReq(req)), busy) {
+            Ok(req) => self.start_accepting(p, &req, now),
+            Err(r) => {
+                refuse(p.chan, r);
+                Ok(())
+            }
+        }
     }
 
     /// Build our end for a valid request and answer it. A failure is told to the peer and

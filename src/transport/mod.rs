@@ -49,6 +49,7 @@ pub mod errors;
 pub mod link;
 pub mod listen;
 pub mod mr_cache;
+pub mod process_listener;
 pub mod proto;
 pub mod recover;
 pub mod recovery;

@@ -204,8 +204,20 @@ pub fn bind_listener(ifa: &IfAddr) -> Result<TcpListener> {
     })?;
     l.set_nonblocking(true)
         .map_err(|e| Error::system(format!("listener O_NONBLOCK: {e}")))?;
+    // Every listen comm of the process shares this listener, and NCCL connects a whole
+    // communicator at once: std's backlog of 128 would drop the SYNs past it, which TCP sends
+    // again only after a second. Listening again sets the backlog (the kernel caps it at
+    // net.core.somaxconn).
+    // SAFETY: listen(2) on the listener's own open socket; it reads no memory of ours.
+    if unsafe { libc::listen(l.as_raw_fd(), LISTEN_BACKLOG) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(Error::system(format!("listen backlog on {addr}: {e}")));
+    }
     Ok(l)
 }
+
+/// The backlog of the process's listener: pending connects of one communicator's setup.
+const LISTEN_BACKLOG: libc::c_int = 4096;
 
 /// Accept one pending connection, if any.
 pub fn try_accept(l: &TcpListener) -> Result<Option<Channel>> {

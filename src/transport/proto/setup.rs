@@ -231,13 +231,7 @@ impl AwaitRequest {
     /// and queue `ConnectResp`. `Err`: drop the connection, after sending the `Reject`, if any.
     pub fn handle_message(&self, m: Incoming, busy: bool) -> Result<EndpointRepr, Refusal> {
         match m.map_err(|e| Refusal::silent(SetupError::Malformed(e)))? {
-            Message::ConnectReq(req) if req.nonce != self.nonce => Err(Refusal {
-                error: SetupError::WrongNonce { got: req.nonce },
-                reject: Some(Box::new(Message::Reject {
-                    code: reject::NONCE_MISMATCH,
-                    text: "nonce mismatch: this listener did not issue that handle".into(),
-                })),
-            }),
+            Message::ConnectReq(req) if req.nonce != self.nonce => Err(wrong_nonce(req.nonce)),
             Message::ConnectReq(_) if busy => Err(Refusal {
                 error: SetupError::Rejected {
                     code: reject::BUSY,
@@ -269,6 +263,52 @@ impl AwaitRequest {
         Message::Reject {
             code: reject::SETUP_FAILED,
             text: format!("receiver setup failed: {why}"),
+        }
+    }
+
+    pub fn handle_timeout(&self, now: Time) -> Result<(), SetupError> {
+        self.timer.check(now, "AwaitRequest")
+    }
+}
+
+/// The refusal of a request whose handle no listen comm here issued.
+fn wrong_nonce(got: u64) -> Refusal {
+    Refusal {
+        error: SetupError::WrongNonce { got },
+        reject: Some(Box::new(Message::Reject {
+            code: reject::NONCE_MISMATCH,
+            text: "nonce mismatch: this listener did not issue that handle".into(),
+        })),
+    }
+}
+
+/// A connection on the listener this process's listen comms share, its first message not
+/// come yet: the nonce of its request says which listen comm it is for.
+#[derive(Clone, Debug)]
+pub struct Unidentified {
+    timer: StateTimer,
+}
+
+impl Unidentified {
+    /// A connection accepted at `now`.
+    pub fn new(now: Time, timeout: Duration) -> Unidentified {
+        Unidentified {
+            timer: StateTimer::new(now, timeout),
+        }
+    }
+
+    /// The connection's first message. `listening(nonce)`: whether a listen comm of this
+    /// process issued the handle with that nonce. `Ok`: a request for that listen comm, which
+    /// then takes it as its [`AwaitRequest`] would. `Err`: drop the connection, after sending
+    /// the `Reject`, if any.
+    pub fn handle_message(&self, m: Incoming, listening: impl Fn(u64) -> bool) -> Result<EndpointRepr, Refusal> {
+        match m.map_err(|e| Refusal::silent(SetupError::Malformed(e)))? {
+            Message::ConnectReq(req) if listening(req.nonce) => Ok(req),
+            Message::ConnectReq(req) => Err(wrong_nonce(req.nonce)),
+            other => Err(Refusal::silent(SetupError::Unexpected {
+                state: "AwaitRequest",
+                got: kind_name(&other),
+            })),
         }
     }
 
@@ -488,6 +528,47 @@ mod tests {
         assert!(matches!(
             a.handle_build_failed("no CQ"),
             Message::Reject { code: reject::SETUP_FAILED, text } if text.contains("no CQ")
+        ));
+    }
+
+    #[test]
+    fn a_shared_listener_files_a_request_by_its_nonce_and_refuses_the_rest() {
+        let u = Unidentified::new(t(0), TIMEOUT);
+        let listening = |n: u64| n == NONCE || n == NONCE + 1;
+        assert_eq!(u.handle_message(req(NONCE), listening), Ok(endpoint(NONCE)));
+        assert_eq!(u.handle_message(req(NONCE + 1), listening), Ok(endpoint(NONCE + 1)));
+        // A handle no listen comm of this process issued (stale, foreign, or closed) is told why.
+        let r = u.handle_message(req(FOREIGN), listening).unwrap_err();
+        assert_eq!(r.error, SetupError::WrongNonce { got: FOREIGN });
+        assert!(matches!(
+            r.reject.as_deref(),
+            Some(Message::Reject {
+                code: reject::NONCE_MISMATCH,
+                ..
+            })
+        ));
+        let r = u.handle_message(malformed(), listening).unwrap_err();
+        assert!(matches!(r.error, SetupError::Malformed(_)) && r.reject.is_none());
+        for (m, kind) in [
+            (ready(NONCE), "Ready"),
+            (resp(NONCE), "ConnectResp"),
+            (reject(), "Reject"),
+        ] {
+            assert_eq!(
+                u.handle_message(m, listening).unwrap_err(),
+                Refusal::silent(SetupError::Unexpected {
+                    state: "AwaitRequest",
+                    got: kind
+                })
+            );
+        }
+        assert_eq!(u.handle_timeout(t(0) + TIMEOUT), Ok(()));
+        assert!(matches!(
+            u.handle_timeout(t(0) + TIMEOUT + Duration::from_millis(1)),
+            Err(SetupError::TimedOut {
+                state: "AwaitRequest",
+                ..
+            })
         ));
     }
 
