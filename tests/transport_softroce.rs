@@ -535,6 +535,55 @@ fn garbage_on_listen_port_then_real_peer() {
     api::finalize(ctx).unwrap();
 }
 
+/// The listen comms of a process share its one listener: every handle names the same address,
+/// a handle whose listen comm closed is refused at once by nonce (not left to time out) while
+/// another listen comm keeps the listener open, and that one still accepts.
+#[test]
+fn listen_comms_share_one_listener_and_a_stale_handle_is_refused() {
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let (mut stale, mut live) = ([0u8; 128], [0u8; 128]);
+    let l1 = api::listen(&ctx, 0, &mut stale).expect("listen");
+    let mut l2 = api::listen(&ctx, 0, &mut live).expect("listen");
+    // Bytes 12..20 of a handle: the listener's port and IPv4 address.
+    assert_eq!(
+        stale[12..20],
+        live[12..20],
+        "both handles name the process's one listener"
+    );
+    assert_ne!(stale, live, "each listen comm has its own nonce");
+    drop(l1);
+    let err = loop {
+        match api::connect(&ctx, 0, &mut stale) {
+            Ok(None) => {
+                // The refusal comes from the listener's round, which an accept drives.
+                assert!(api::accept(&mut l2).expect("accept").is_none());
+            }
+            Ok(Some(_)) => panic!("connected through a closed listen comm's handle"),
+            Err(e) => break e,
+        }
+    };
+    assert!(
+        err.message.contains("rejected the connection") && err.message.contains("nonce mismatch"),
+        "{}",
+        err.message
+    );
+    let (mut s, mut r) = (None, None);
+    let end = deadline();
+    while s.is_none() || r.is_none() {
+        if s.is_none() {
+            s = api::connect(&ctx, 0, &mut live).expect("connect");
+        }
+        if r.is_none() {
+            r = api::accept(&mut l2).expect("accept");
+        }
+        assert!(Instant::now() < end, "connection setup did not finish");
+    }
+    transfer(s.as_ref().unwrap(), r.as_ref().unwrap(), 3000, 4096, 5);
+    drop((l2, s, r));
+    api::finalize(ctx).unwrap();
+}
+
 /// A handle nobody listens on: connect gives up with a clear error after the timeout.
 #[test]
 fn connect_to_nobody_times_out() {
