@@ -7,7 +7,7 @@
 
 mod softroce_common;
 
-use nccl_net_ferroce::api::{self, CommContext, RecvHandle, SendHandle};
+use nccl_net_ferroce::api::{self, CommContext, ListenHandle, RecvHandle, SendHandle};
 use nccl_net_ferroce::transport::{MemHandle, Request};
 use softroce_common::softroce_lib;
 use std::sync::{Arc, Mutex, Once};
@@ -53,18 +53,26 @@ fn deadline() -> Instant {
 fn pair(ctx: &CommContext) -> (Box<SendHandle>, Box<RecvHandle>) {
     let mut handle = [0u8; 128];
     let mut l = api::listen(ctx, 0, &mut handle).expect("listen");
+    connect_accept(ctx, &mut handle, &mut l)
+}
+
+/// Connect to `handle` and accept on its listen comm `l`, alternately on one thread.
+fn connect_accept(
+    ctx: &CommContext,
+    handle: &mut [u8; 128],
+    l: &mut ListenHandle,
+) -> (Box<SendHandle>, Box<RecvHandle>) {
     let (mut s, mut r) = (None, None);
     let end = deadline();
     while s.is_none() || r.is_none() {
         if s.is_none() {
-            s = api::connect(ctx, 0, &mut handle).expect("connect");
+            s = api::connect(ctx, 0, handle).expect("connect");
         }
         if r.is_none() {
-            r = api::accept(&mut l).expect("accept");
+            r = api::accept(l).expect("accept");
         }
         assert!(Instant::now() < end, "connection setup did not finish");
     }
-    drop(l);
     (s.unwrap(), r.unwrap())
 }
 
@@ -517,18 +525,8 @@ fn garbage_on_listen_port_then_real_peer() {
             .expect("garbage must not fail the listener")
             .is_none());
     }
-    let (mut s, mut r) = (None, None);
-    let end = deadline();
-    while s.is_none() || r.is_none() {
-        if s.is_none() {
-            s = api::connect(&ctx, 0, &mut handle).expect("connect");
-        }
-        if r.is_none() {
-            r = api::accept(&mut l).expect("accept");
-        }
-        assert!(Instant::now() < end);
-    }
-    transfer(s.as_ref().unwrap(), r.as_ref().unwrap(), 5000, 8192, 3);
+    let (s, r) = connect_accept(&ctx, &mut handle, &mut l);
+    transfer(&s, &r, 5000, 8192, 3);
     drop(l);
     drop(s);
     drop(r);
@@ -568,18 +566,8 @@ fn listen_comms_share_one_listener_and_a_stale_handle_is_refused() {
         "{}",
         err.message
     );
-    let (mut s, mut r) = (None, None);
-    let end = deadline();
-    while s.is_none() || r.is_none() {
-        if s.is_none() {
-            s = api::connect(&ctx, 0, &mut live).expect("connect");
-        }
-        if r.is_none() {
-            r = api::accept(&mut l2).expect("accept");
-        }
-        assert!(Instant::now() < end, "connection setup did not finish");
-    }
-    transfer(s.as_ref().unwrap(), r.as_ref().unwrap(), 3000, 4096, 5);
+    let (s, r) = connect_accept(&ctx, &mut live, &mut l2);
+    transfer(&s, &r, 3000, 4096, 5);
     drop((l2, s, r));
     api::finalize(ctx).unwrap();
 }
