@@ -472,8 +472,9 @@ struct LinkRequest {
 
 /// Requests waiting per listen comm (its nonce): the ones NCCL has not accepted yet.
 static REQUESTS: Lazy<Mutex<HashMap<u64, VecDeque<LinkRequest>>>> = Lazy::new(Default::default);
-/// The most requests one listen comm keeps waiting (NCCL connects once per handle).
-const MAX_REQUESTS: usize = 64;
+/// The most requests one listen comm keeps waiting, on links and at the process's listener
+/// alike (NCCL connects once per handle).
+pub const MAX_REQUESTS: usize = 64;
 
 /// A listen comm with this nonce takes requests that come on links.
 pub fn listen_on(nonce: u64) {

@@ -10,7 +10,7 @@
 //! and closes with the last one (and the connections still unidentified with it). No thread of
 //! its own: every listen comm's accept moves it on.
 
-use super::link::SideChannel;
+use super::link::{self, SideChannel};
 use super::proto::handshake::{EndpointRepr, Message};
 use super::proto::setup::{reject, Refusal, SetupError, Unidentified};
 use super::proto::time::Time;
@@ -25,9 +25,6 @@ use std::time::{Duration, Instant};
 /// Unidentified connections kept beyond one per listen comm (the oldest is dropped beyond):
 /// room for junk without refusing a burst of honest connects.
 const UNIDENTIFIED_SLACK: usize = 64;
-
-/// The most requests one listen comm keeps waiting (NCCL connects once per handle).
-const MAX_WAITING: usize = 64;
 
 /// A connection whose first message has not arrived yet.
 struct Pending {
@@ -184,7 +181,7 @@ impl ProcessListener {
             let waiting = &mut self.waiting;
             match p.state.handle_message(incoming, |n| waiting.contains_key(&n)) {
                 Ok(req) => match waiting.get_mut(&req.nonce) {
-                    Some(q) if q.len() < MAX_WAITING => q.push_back((p.chan, req)),
+                    Some(q) if q.len() < link::MAX_REQUESTS => q.push_back((p.chan, req)),
                     _ => {
                         let mut chan = p.chan;
                         crate::log_warn!(
