@@ -267,6 +267,10 @@ pub struct Config {
     /// FERROCE_STATS_INTERVAL_SEC: also rewrite the statistics file this often (default 10;
     /// 0 = only at finalize and exit).
     pub stats_interval_sec: u64,
+    /// FERROCE_CALL_TRACE: an INFO line for every call NCCL makes into the plugin, with its
+    /// arguments and result; the data path calls (isend, irecv, test, iflush) only the first
+    /// this many (default 0 = off).
+    pub call_trace: u64,
     /// NCCL_DEBUG is INFO or TRACE: comms keep statistics and log a summary when they close.
     pub debug_info: bool,
 }
@@ -320,6 +324,7 @@ impl Default for Config {
             recovery_attempts_max: 0,
             stats_dir: None,
             stats_interval_sec: 10,
+            call_trace: 0,
             debug_info: false,
         }
     }
@@ -520,6 +525,7 @@ impl Config {
             recovery_attempts_max: r.int("NCCL_IB_RESILIENCY_PORT_RECOVERY_ATTEMPTS_MAX", 0, 0, 1_000_000) as u32,
             stats_dir: r.raw("FERROCE_STATS").filter(|d| !d.is_empty()),
             stats_interval_sec: r.int("FERROCE_STATS_INTERVAL_SEC", 10, 0, 86_400) as u64,
+            call_trace: r.int("FERROCE_CALL_TRACE", 0, 0, i64::MAX) as u64,
             debug_info: r
                 .raw("NCCL_DEBUG")
                 .is_some_and(|v| v.eq_ignore_ascii_case("INFO") || v.eq_ignore_ascii_case("TRACE")),
@@ -532,7 +538,7 @@ impl Config {
         let flag = |b: bool| if b { "1" } else { "0" }.to_string();
         let auto = |v: i32| if v < 0 { "(auto)".to_string() } else { v.to_string() };
         let newest = |v: u16| if v == 0 { "(newest)".to_string() } else { v.to_string() };
-        let rows: [(&'static str, String); 47] = [
+        let rows: [(&'static str, String); 48] = [
             ("NCCL_IB_HCA", self.hca.to_string()),
             ("NCCL_IB_GID_INDEX", auto(self.gid_index)),
             ("NCCL_IB_ADDR_FAMILY", self.addr_family.to_string()),
@@ -611,6 +617,7 @@ impl Config {
                 self.stats_dir.clone().unwrap_or_else(|| "(off)".into()),
             ),
             ("FERROCE_STATS_INTERVAL_SEC", self.stats_interval_sec.to_string()),
+            ("FERROCE_CALL_TRACE", self.call_trace.to_string()),
             // Read for one thing only: at INFO, comms keep statistics and log them at close.
             (
                 "NCCL_DEBUG",

@@ -3,6 +3,7 @@
 //! Every function body runs inside [`ffi::call`]: no panic crosses into NCCL, errors are logged
 //! once and mapped to `ncclResult_t`, and out-pointers are written only on success.
 
+use super::call_trace::{out_ptr, read, Line};
 use super::ffi::{self, non_null};
 use super::types::*;
 use crate::api::{self, CommContext, ListenHandle, MemHandle, RecvHandle, Request, SendHandle};
@@ -21,7 +22,11 @@ unsafe fn handle_bytes<'a>(handle: *mut c_void) -> Result<&'a mut [u8; NCCL_NET_
 
 /// `init` of v6–v9 (and v10 without the profiler): once per load, one implicit context.
 pub fn init_legacy(logger: NcclLogger) -> NcclResult {
-    ffi::call("init", || api::init(logger, -1, true).map(drop))
+    ffi::call_traced(
+        "init",
+        || api::init(logger, -1, true).map(drop),
+        || Line::of("table v6-v10: one implicit context".into()),
+    )
 }
 
 /// # Safety
@@ -33,13 +38,18 @@ pub unsafe extern "C" fn init_v6(logger: NcclLogger) -> NcclResult {
 /// # Safety
 /// `ndev` is NULL (an error) or writable.
 pub unsafe extern "C" fn devices(ndev: *mut c_int) -> NcclResult {
-    ffi::call("devices", || {
-        let out = non_null(ndev, "ndev")?;
-        let n = api::devices()?;
-        // SAFETY: non-NULL out-pointer from NCCL.
-        unsafe { *out = n };
-        Ok(())
-    })
+    ffi::call_traced(
+        "devices",
+        || {
+            let out = non_null(ndev, "ndev")?;
+            let n = api::devices()?;
+            // SAFETY: non-NULL out-pointer from NCCL.
+            unsafe { *out = n };
+            Ok(())
+        },
+        // SAFETY: NCCL's out-pointer, NULL or writable (hence readable).
+        || Line::of(format!("ndev -> {:?}", unsafe { read(ndev) })),
+    )
 }
 
 /// Fills any version's properties struct from the newest form.
@@ -49,14 +59,18 @@ pub fn get_properties<P>(
     props: *mut P,
     convert: impl FnOnce(&api::Properties) -> P,
 ) -> NcclResult {
-    ffi::call(name, || {
-        let out = non_null(props, "props")?;
-        let p = api::properties(dev)?;
-        // SAFETY: NCCL passes a (possibly uninitialized) struct of this version's layout; we
-        // write it whole without reading it.
-        unsafe { out.write(convert(&p)) };
-        Ok(())
-    })
+    ffi::call_traced(
+        name,
+        || {
+            let out = non_null(props, "props")?;
+            let p = api::properties(dev)?;
+            // SAFETY: NCCL passes a (possibly uninitialized) struct of this version's layout; we
+            // write it whole without reading it.
+            unsafe { out.write(convert(&p)) };
+            Ok(())
+        },
+        || Line::of(format!("dev {dev}, props {props:p}")),
+    )
 }
 
 /// `ptrSupport` of a device.
@@ -83,15 +97,24 @@ pub fn vprops<const N: usize>(p: &api::Properties) -> (c_int, [c_int; N]) {
 /// # Safety
 /// As NCCL's `listen`: `handle` has 128 bytes, `listen_comm` is an out-pointer.
 pub unsafe fn listen(ctx: &CommContext, dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> NcclResult {
-    ffi::call("listen", || {
-        let out = non_null(listen_comm, "listenComm")?;
-        // SAFETY: forwarded contract.
-        let bytes = unsafe { handle_bytes(handle)? };
-        let comm = api::listen(ctx, dev, bytes)?;
-        // SAFETY: non-NULL out-pointer.
-        unsafe { *out = Box::into_raw(comm).cast() };
-        Ok(())
-    })
+    ffi::call_traced(
+        "listen",
+        || {
+            let out = non_null(listen_comm, "listenComm")?;
+            // SAFETY: forwarded contract.
+            let bytes = unsafe { handle_bytes(handle)? };
+            let comm = api::listen(ctx, dev, bytes)?;
+            // SAFETY: non-NULL out-pointer.
+            unsafe { *out = Box::into_raw(comm).cast() };
+            Ok(())
+        },
+        // SAFETY: NCCL's out-pointer, NULL or writable.
+        || {
+            Line::of(format!("dev {dev}, handle {handle:p}, listenComm -> {}", unsafe {
+                out_ptr(listen_comm)
+            }))
+        },
+    )
 }
 
 /// # Safety
@@ -105,15 +128,29 @@ pub unsafe extern "C" fn listen_v6(dev: c_int, handle: *mut c_void, listen_comm:
 /// # Safety
 /// As NCCL's `connect`; `dev_comm` may be NULL or point at NULL, and is left untouched (HOST plugin).
 pub unsafe fn connect(ctx: &CommContext, dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void) -> NcclResult {
-    ffi::call("connect", || {
-        let out = non_null(send_comm, "sendComm")?;
-        // SAFETY: forwarded contract; the same handle address comes back on every retry.
-        let bytes = unsafe { handle_bytes(handle)? };
-        let comm = api::connect(ctx, dev, bytes)?;
-        // SAFETY: non-NULL out-pointer; NULL means "not connected yet, call again".
-        unsafe { *out = comm.map_or(std::ptr::null_mut(), |c| Box::into_raw(c).cast()) };
-        Ok(())
-    })
+    ffi::call_traced(
+        "connect",
+        || {
+            let out = non_null(send_comm, "sendComm")?;
+            // SAFETY: forwarded contract; the same handle address comes back on every retry.
+            let bytes = unsafe { handle_bytes(handle)? };
+            let comm = api::connect(ctx, dev, bytes)?;
+            // SAFETY: non-NULL out-pointer; NULL means "not connected yet, call again".
+            unsafe { *out = comm.map_or(std::ptr::null_mut(), |c| Box::into_raw(c).cast()) };
+            Ok(())
+        },
+        || {
+            // SAFETY: NCCL's out-pointer, NULL or writable.
+            let comm = unsafe { read(send_comm) };
+            Line {
+                text: format!(
+                    "dev {dev}, trafficClass {}, handle {handle:p}, sendComm -> {comm:?}",
+                    ctx.traffic_class
+                ),
+                quiet: comm.is_some_and(|c| c.is_null()),
+            }
+        },
+    )
 }
 
 /// # Safety
@@ -140,15 +177,26 @@ pub unsafe extern "C" fn connect_v7(
 /// `listen_comm` is NULL (an error) or a live listen comm of ours that no other thread uses during
 /// the call; `recv_comm` is NULL (an error) or writable.
 pub unsafe extern "C" fn accept_v6(listen_comm: *mut c_void, recv_comm: *mut *mut c_void) -> NcclResult {
-    ffi::call("accept", || {
-        let out = non_null(recv_comm, "recvComm")?;
-        let listen = non_null(listen_comm.cast::<ListenHandle>(), "listenComm")?;
-        // SAFETY: a live listenComm from our listen; NCCL drives one accept at a time.
-        let comm = api::accept(unsafe { &mut *listen })?;
-        // SAFETY: non-NULL out-pointer.
-        unsafe { *out = comm.map_or(std::ptr::null_mut(), |c| Box::into_raw(c).cast()) };
-        Ok(())
-    })
+    ffi::call_traced(
+        "accept",
+        || {
+            let out = non_null(recv_comm, "recvComm")?;
+            let listen = non_null(listen_comm.cast::<ListenHandle>(), "listenComm")?;
+            // SAFETY: a live listenComm from our listen; NCCL drives one accept at a time.
+            let comm = api::accept(unsafe { &mut *listen })?;
+            // SAFETY: non-NULL out-pointer.
+            unsafe { *out = comm.map_or(std::ptr::null_mut(), |c| Box::into_raw(c).cast()) };
+            Ok(())
+        },
+        || {
+            // SAFETY: NCCL's out-pointer, NULL or writable.
+            let comm = unsafe { read(recv_comm) };
+            Line {
+                text: format!("listenComm {listen_comm:p}, recvComm -> {comm:?}"),
+                quiet: comm.is_some_and(|c| c.is_null()),
+            }
+        },
+    )
 }
 
 /// # Safety
@@ -170,7 +218,20 @@ fn reg(
     dmabuf: Option<(i32, u64)>,
     mhandle: *mut *mut c_void,
 ) -> NcclResult {
-    ffi::call("regMr", || {
+    let describe = || {
+        let kind = match ptr_type {
+            NCCL_PTR_HOST => "HOST".to_string(),
+            NCCL_PTR_CUDA => "CUDA".to_string(),
+            other => other.to_string(),
+        };
+        let dmabuf = dmabuf.map_or_else(|| "none".into(), |(fd, offset)| format!("fd {fd} offset {offset}"));
+        // SAFETY: NCCL's out-pointer, NULL or writable.
+        let out = unsafe { out_ptr(mhandle) };
+        Line::of(format!(
+            "comm {comm:p}, data {data:p}, size {size}, type {kind}, dmabuf {dmabuf}, mhandle -> {out}"
+        ))
+    };
+    let body = || {
         let out = non_null(mhandle, "mhandle")?;
         let comm = non_null(comm, "comm")?;
         // SAFETY: NCCL passes a live send or receive comm of ours.
@@ -184,7 +245,8 @@ fn reg(
         // SAFETY: non-NULL out-pointer.
         unsafe { *out = Box::into_raw(mh).cast() };
         Ok(())
-    })
+    };
+    ffi::call_traced("regMr", body, describe)
 }
 
 /// # Safety
@@ -234,13 +296,17 @@ pub unsafe extern "C" fn reg_mr_dma_buf(
 /// `mhandle` is NULL (an error) or a handle from regMr, deregistered once, that no request in
 /// flight uses.
 pub unsafe extern "C" fn dereg_mr(_comm: *mut c_void, mhandle: *mut c_void) -> NcclResult {
-    ffi::call("deregMr", || {
-        if mhandle.is_null() {
-            return Ok(());
-        }
-        // SAFETY: NCCL passes each mhandle from our regMr to deregMr exactly once.
-        api::dereg_mr(unsafe { Box::from_raw(mhandle.cast::<MemHandle>()) })
-    })
+    ffi::call_traced(
+        "deregMr",
+        || {
+            if mhandle.is_null() {
+                return Ok(());
+            }
+            // SAFETY: NCCL passes each mhandle from our regMr to deregMr exactly once.
+            api::dereg_mr(unsafe { Box::from_raw(mhandle.cast::<MemHandle>()) })
+        },
+        || Line::of(format!("comm {_comm:p}, mhandle {mhandle:p}")),
+    )
 }
 
 /// # Safety
@@ -276,15 +342,28 @@ pub unsafe fn isend_with(
     phandle: *mut c_void,
     request: *mut *mut c_void,
 ) -> NcclResult {
-    ffi::call("isend", || {
-        let out = non_null(request, "request")?;
-        let comm = non_null(send_comm.cast::<SendHandle>(), "sendComm")?;
-        // SAFETY: live handles from NCCL; isend runs on the comm's progress thread.
-        let req = unsafe { api::isend_profiled(&*comm, data as usize, size, tag, mem_handle(mhandle)?, phandle)? };
-        // SAFETY: non-NULL out-pointer; NULL = retry later.
-        unsafe { *out = req.map_or(std::ptr::null_mut(), |r| r.cast()) };
-        Ok(())
-    })
+    ffi::call_traced(
+        "isend",
+        || {
+            let out = non_null(request, "request")?;
+            let comm = non_null(send_comm.cast::<SendHandle>(), "sendComm")?;
+            // SAFETY: live handles from NCCL; isend runs on the comm's progress thread.
+            let req = unsafe { api::isend_profiled(&*comm, data as usize, size, tag, mem_handle(mhandle)?, phandle)? };
+            // SAFETY: non-NULL out-pointer; NULL = retry later.
+            unsafe { *out = req.map_or(std::ptr::null_mut(), |r| r.cast()) };
+            Ok(())
+        },
+        || {
+            // SAFETY: NCCL's out-pointer, NULL or writable.
+            let req = unsafe { read(request) };
+            Line {
+                text: format!(
+                    "comm {send_comm:p}, data {data:p}, size {size}, tag {tag}, mhandle {mhandle:p}, phandle {phandle:p}, request -> {req:?}"
+                ),
+                quiet: req.is_some_and(|r| r.is_null()),
+            }
+        },
+    )
 }
 
 /// # Safety
@@ -350,7 +429,33 @@ pub unsafe fn irecv(
     request: *mut *mut c_void,
     hint_allowed: bool,
 ) -> NcclResult {
-    let rc = ffi::call("irecv", || {
+    // NCCL's hint in *request, read before the call overwrites it.
+    // SAFETY: NCCL's out-pointer, NULL or readable.
+    let hint_in = unsafe { read(request) }.is_some_and(|r| r as usize == NCCL_NET_OPTIONAL_RECV_COMPLETION);
+    let describe = || {
+        // SAFETY: NCCL's out-pointer, NULL or writable.
+        let req = unsafe { read(request) };
+        let entries = if n >= 0 && n as usize == sizes.len() && !data.is_null() && !tags.is_null() {
+            (0..sizes.len())
+                .map(|i| {
+                    // SAFETY: NCCL passes arrays of n entries.
+                    let (d, t) = unsafe { (*data.add(i), *tags.add(i)) };
+                    format!("{{data {d:p}, size {}, tag {t}}}", sizes[i])
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        } else {
+            "(arrays not read)".into()
+        };
+        Line {
+            text: format!(
+                "comm {recv_comm:p}, n {n}, {entries}, optional-completion hint {}, request -> {req:?}",
+                hint_allowed && hint_in
+            ),
+            quiet: req.is_some_and(|r| r.is_null()),
+        }
+    };
+    let body = || {
         let out = non_null(request, "request")?;
         let comm = non_null(recv_comm.cast::<RecvHandle>(), "recvComm")?;
         let n = ffi::int_size(n, "irecv n")?;
@@ -380,7 +485,8 @@ pub unsafe fn irecv(
         // SAFETY: non-NULL out-pointer; always overwritten, a 0x1 hint must never stay.
         unsafe { *out = req.map_or(std::ptr::null_mut(), |r| r.cast()) };
         Ok(())
-    });
+    };
+    let rc = ffi::call_traced("irecv", body, describe);
     if rc != 0 && !request.is_null() {
         // SAFETY: non-NULL out-pointer. Never leave NCCL's 0x1 hint behind, even on error.
         unsafe { *request = std::ptr::null_mut() };
@@ -518,7 +624,25 @@ pub unsafe extern "C" fn iflush(
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> NcclResult {
-    ffi::call("iflush", || {
+    let describe = || {
+        let entries = if (1..=api::MAX_RECVS as c_int).contains(&n) && !data.is_null() && !sizes.is_null() {
+            (0..n as usize)
+                .map(|i| {
+                    // SAFETY: NCCL passes arrays of n entries.
+                    let (d, s) = unsafe { (*data.add(i), *sizes.add(i)) };
+                    format!("{{data {d:p}, size {s}}}")
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        } else {
+            "(arrays not read)".into()
+        };
+        // SAFETY: NCCL's out-pointer, NULL or writable.
+        Line::of(format!("comm {recv_comm:p}, n {n}, {entries}, request -> {}", unsafe {
+            out_ptr(request)
+        }))
+    };
+    let body = || {
         let out = non_null(request, "request")?;
         let comm = non_null(recv_comm.cast::<RecvHandle>(), "recvComm")?;
         let n = ffi::int_size(n, "iflush n")?;
@@ -540,7 +664,8 @@ pub unsafe extern "C" fn iflush(
         // SAFETY: non-NULL out-pointer; NULL = nothing to flush.
         unsafe { *out = req.map_or(std::ptr::null_mut(), |r| r.cast()) };
         Ok(())
-    })
+    };
+    ffi::call_traced("iflush", body, describe)
 }
 
 /// # Safety
@@ -548,67 +673,102 @@ pub unsafe extern "C" fn iflush(
 /// reported done; `done` is NULL (an error) or writable; `sizes` is NULL or has room for the
 /// request's count.
 pub unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> NcclResult {
-    ffi::call("test", || {
-        let out = non_null(done, "done")?;
-        let req = non_null(request.cast::<Request>(), "request")?;
-        // SAFETY: a request of ours not yet reported done; sizes is NULL or has room for its count.
-        let finished = unsafe { api::test(req, sizes)? };
-        // SAFETY: non-NULL out-pointer.
-        unsafe { *out = finished as c_int };
-        Ok(())
-    })
+    ffi::call_traced(
+        "test",
+        || {
+            let out = non_null(done, "done")?;
+            let req = non_null(request.cast::<Request>(), "request")?;
+            // SAFETY: a request of ours not yet reported done; sizes is NULL or has room for its count.
+            let finished = unsafe { api::test(req, sizes)? };
+            // SAFETY: non-NULL out-pointer.
+            unsafe { *out = finished as c_int };
+            Ok(())
+        },
+        || {
+            // SAFETY: NCCL's out-pointers, NULL or writable; sizes has room for at least one entry.
+            let (finished, first_size) = unsafe { (read(done), read(sizes)) };
+            let sizes = match finished {
+                Some(1) => format!(", sizes[0] -> {first_size:?}"),
+                _ => String::new(),
+            };
+            Line {
+                text: format!("request {request:p}, done -> {finished:?}{sizes}"),
+                quiet: finished == Some(0),
+            }
+        },
+    )
 }
 
 /// # Safety
 /// `comm` is NULL or a live send comm of ours, closed once and not used after or during the call.
 pub unsafe extern "C" fn close_send(comm: *mut c_void) -> NcclResult {
-    ffi::call("closeSend", || {
-        if !comm.is_null() {
-            // SAFETY: NCCL closes each comm of ours once, with no call in flight on it.
-            drop(unsafe { Box::from_raw(comm.cast::<SendHandle>()) });
-        }
-        Ok(())
-    })
+    ffi::call_traced(
+        "closeSend",
+        || {
+            if !comm.is_null() {
+                // SAFETY: NCCL closes each comm of ours once, with no call in flight on it.
+                drop(unsafe { Box::from_raw(comm.cast::<SendHandle>()) });
+            }
+            Ok(())
+        },
+        || Line::of(format!("comm {comm:p}")),
+    )
 }
 
 /// # Safety
 /// `comm` is NULL or a live receive comm of ours, closed once and not used after or during the
 /// call.
 pub unsafe extern "C" fn close_recv(comm: *mut c_void) -> NcclResult {
-    ffi::call("closeRecv", || {
-        if !comm.is_null() {
-            // SAFETY: as close_send.
-            drop(unsafe { Box::from_raw(comm.cast::<RecvHandle>()) });
-        }
-        Ok(())
-    })
+    ffi::call_traced(
+        "closeRecv",
+        || {
+            if !comm.is_null() {
+                // SAFETY: as close_send.
+                drop(unsafe { Box::from_raw(comm.cast::<RecvHandle>()) });
+            }
+            Ok(())
+        },
+        || Line::of(format!("comm {comm:p}")),
+    )
 }
 
 /// # Safety
 /// `comm` is NULL or a live listen comm of ours, closed once and not used after or during the call.
 pub unsafe extern "C" fn close_listen(comm: *mut c_void) -> NcclResult {
-    ffi::call("closeListen", || {
-        if !comm.is_null() {
-            // SAFETY: as close_send.
-            drop(unsafe { Box::from_raw(comm.cast::<ListenHandle>()) });
-        }
-        Ok(())
-    })
+    ffi::call_traced(
+        "closeListen",
+        || {
+            if !comm.is_null() {
+                // SAFETY: as close_send.
+                drop(unsafe { Box::from_raw(comm.cast::<ListenHandle>()) });
+            }
+            Ok(())
+        },
+        || Line::of(format!("comm {comm:p}")),
+    )
 }
 
 /// `makeVDevice` for a vProps type with `N` member slots.
 pub fn make_vdevice(d: *mut c_int, ndevs: c_int, devs: &[c_int], max: usize) -> NcclResult {
-    ffi::call("makeVDevice", || {
-        let out = non_null(d, "d")?;
-        let n = ffi::int_size(ndevs, "vProps.ndevs")?;
-        if n > devs.len() {
-            return Err(Error::internal(format!("makeVDevice with ndevs={n} (at most {max})")));
-        }
-        let idx = api::make_vdevice(&devs[..n], max)?;
-        // SAFETY: non-NULL out-pointer.
-        unsafe { *out = idx };
-        Ok(())
-    })
+    ffi::call_traced(
+        "makeVDevice",
+        || {
+            let out = non_null(d, "d")?;
+            let n = ffi::int_size(ndevs, "vProps.ndevs")?;
+            if n > devs.len() {
+                return Err(Error::internal(format!("makeVDevice with ndevs={n} (at most {max})")));
+            }
+            let idx = api::make_vdevice(&devs[..n], max)?;
+            // SAFETY: non-NULL out-pointer.
+            unsafe { *out = idx };
+            Ok(())
+        },
+        || {
+            let members = &devs[..usize::try_from(ndevs).unwrap_or(0).min(devs.len())];
+            // SAFETY: NCCL's out-pointer, NULL or writable.
+            Line::of(format!("devs {members:?}, d -> {:?}", unsafe { read(d) }))
+        },
+    )
 }
 
 /// # Safety
@@ -628,13 +788,23 @@ pub unsafe extern "C" fn make_vdevice_v9(d: *mut c_int, props: *mut NcclNetVDevi
 /// or NCCL's logger, callable from any thread until the last `finalize`.
 pub unsafe extern "C" fn init_v11(
     ctx: *mut *mut c_void,
-    _comm_id: u64,
+    comm_id: u64,
     config: *mut NcclNetCommConfig,
     logger: NcclLogger,
     profiler: NcclProfilerCallback,
 ) -> NcclResult {
     api::set_profiler(profiler);
-    ffi::call("init", || {
+    let describe = || {
+        // SAFETY: NULL-checked; NCCL's config is valid for the call; ctx is NCCL's out-pointer.
+        let traffic_class = unsafe { read(config) }.map_or(-1, |c| c.traffic_class);
+        Line::of(format!(
+            "commId {comm_id:#x}, trafficClass {traffic_class}, profiler {}, ctx -> {}",
+            profiler.is_some(),
+            // SAFETY: as above.
+            unsafe { out_ptr(ctx) }
+        ))
+    };
+    let body = || {
         let out = non_null(ctx, "ctx")?;
         // The config lives on NCCL's stack: copy the value, keep no pointer.
         let traffic_class = if config.is_null() {
@@ -647,7 +817,8 @@ pub unsafe extern "C" fn init_v11(
         // SAFETY: non-NULL out-pointer.
         unsafe { *out = Box::into_raw(context).cast() };
         Ok(())
-    })
+    };
+    ffi::call_traced("init", body, describe)
 }
 
 /// # Safety
@@ -690,19 +861,40 @@ pub unsafe extern "C" fn connect_v11(
 /// # Safety
 /// `ctx` is NULL (an error) or a context from [`init_v11`], finalized once and not used after.
 pub unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
-    ffi::call("finalize", || {
-        let ctx = non_null(ctx.cast::<CommContext>(), "ctx")?;
-        // SAFETY: the ctx from init_v11, finalized once by NCCL.
-        api::finalize(unsafe { Box::from_raw(ctx) })
-    })
+    // The counts before the last finalize forgets NCCL's logger.
+    super::call_trace::log_counts();
+    ffi::call_traced(
+        "finalize",
+        || {
+            let ctx = non_null(ctx.cast::<CommContext>(), "ctx")?;
+            // SAFETY: the ctx from init_v11, finalized once by NCCL.
+            api::finalize(unsafe { Box::from_raw(ctx) })
+        },
+        || Line::of(format!("ctx {ctx:p}")),
+    )
 }
 
 /// `setNetAttr` hints are advisory (spec §7.12); ferroce's QP layout does not depend on them.
+/// NCCL 2.28 calls it before every connect, accept, isend and irecv, so it must cost nothing.
 ///
 /// # Safety
-/// None beyond the C ABI: neither pointer is read.
-pub unsafe extern "C" fn set_net_attr(_ctx: *mut c_void, _attr: *mut NcclNetAttr) -> NcclResult {
-    ffi::call("setNetAttr", || Ok(()))
+/// `attr` is NULL or valid for the call; it is read only for `FERROCE_CALL_TRACE`.
+pub unsafe extern "C" fn set_net_attr(ctx: *mut c_void, attr: *mut NcclNetAttr) -> NcclResult {
+    ffi::call_traced(
+        "setNetAttr",
+        || Ok(()),
+        || {
+            // SAFETY: NCCL passes NULL or an attribute struct valid for the call.
+            let text = match unsafe { read(attr) } {
+                Some(a) => format!(
+                    "ctx {ctx:p}, op {}, algo {}, proto {}, send {:?}, recv {:?}",
+                    a.op, a.algo, a.proto, a.send_comm_attr, a.recv_comm_attr
+                ),
+                None => format!("ctx {ctx:p}, attr NULL"),
+            };
+            Line::of(text)
+        },
+    )
 }
 
 /// Stops the plugin's threads when the library is unloaded without `finalize` (v6–v10 NCCL):

@@ -6,6 +6,22 @@ use crate::error::{code, Error, Result};
 /// Runs `body` for the exported function `name`: `Ok` → ncclSuccess; `Err` → one WARN (unless the
 /// error was already reported) and its code; a panic → one WARN and ncclInternalError.
 pub fn call(name: &str, body: impl FnOnce() -> Result<()>) -> i32 {
+    call_traced(name, body, Default::default)
+}
+
+/// [`call`], and then the call's line for `FERROCE_CALL_TRACE` ([`super::call_trace`]):
+/// `describe` gives the arguments and outputs, and runs only when that line is logged.
+pub fn call_traced(
+    name: &str,
+    body: impl FnOnce() -> Result<()>,
+    describe: impl FnOnce() -> super::call_trace::Line,
+) -> i32 {
+    let rc = result_code(name, body);
+    super::call_trace::record(name, rc, describe);
+    rc
+}
+
+fn result_code(name: &str, body: impl FnOnce() -> Result<()>) -> i32 {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
         Ok(Ok(())) => code::SUCCESS,
         Ok(Err(e)) => {

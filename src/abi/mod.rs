@@ -4,6 +4,7 @@
 //! ABI; each `vN` module holds only the adapters its version needs (int sizes, missing
 //! arguments, older property structs) and its table. All of them call `crate::api`.
 
+mod call_trace;
 pub mod ffi;
 pub mod stats;
 pub mod types;
