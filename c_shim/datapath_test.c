@@ -31,6 +31,13 @@
  *             comm 0; the sender must get ncclRemoteError on comm 0 within -t, whatever its
  *             sends wait for, and finish the other comms)
  *       -W TEXT  (with -A, at the sender: the WARN of comm 0 says TEXT)
+ *       -P    (local, v11+: NCCL 2.28.9's call pattern, as FERROCE_CALL_TRACE recorded it on a GPU
+ *             host: setNetAttr before every connect, accept, isend and irecv call; three host
+ *             buffers (NCCL's LL, LL128 and SIMPLE buffers) registered on each comm as soon as it
+ *             exists, before the other end is accepted, and deregistered just before its close;
+ *             single receives with the 0x1 hint; receive comms closed before send comms; the
+ *             comms driven by a second thread (NCCL's proxy thread) while init and finalize run
+ *             on the main thread)
  *
  * Both processes derive the same schedule from the seed: per group n buffers (1..8, distinct
  * tags in shuffled order, sizes 0..256 KiB, sometimes 0, sometimes up to -b bytes), receive
@@ -53,6 +60,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <pthread.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -135,8 +143,10 @@ static int n_listen(net_t* n, int dev, void* h, void** lc) {
   DISPATCH(T(6)->listen(dev, h, lc), T(7)->listen(dev, h, lc), T(8)->listen(dev, h, lc), T(9)->listen(dev, h, lc),
            T(10)->listen(dev, h, lc), T(11)->listen(n->ctx, dev, h, lc), T(12)->listen(n->ctx, dev, h, lc))
 }
+static void nccl_attr(net_t* n, int op);
 static int n_connect(net_t* n, int dev, void* h, void** sc) {
   ferroce_net_device_handle_t* dh = NULL;
+  nccl_attr(n, 1);
   ferroce_net_comm_config_t cfg = {-1};
   DISPATCH(T(6)->connect(dev, h, sc), T(7)->connect(dev, h, sc, &dh), T(8)->connect(dev, h, sc, &dh),
            T(9)->connect(dev, h, sc, &dh), T(10)->connect(dev, &cfg, h, sc, &dh), T(11)->connect(n->ctx, dev, h, sc, &dh),
@@ -144,6 +154,7 @@ static int n_connect(net_t* n, int dev, void* h, void** sc) {
 }
 static int n_accept(net_t* n, void* lc, void** rc) {
   ferroce_net_device_handle_t* dh = NULL;
+  nccl_attr(n, 2);
   DISPATCH(T(6)->accept(lc, rc), T(7)->accept(lc, rc, &dh), T(8)->accept(lc, rc, &dh), T(9)->accept(lc, rc, &dh),
            T(10)->accept(lc, rc, &dh), T(11)->accept(lc, rc, &dh), T(12)->accept(lc, rc, &dh))
 }
@@ -158,12 +169,14 @@ static int n_regmr_dmabuf(net_t* n, void* comm, void* data, size_t size, int typ
 }
 static int n_deregmr(net_t* n, void* comm, void* mh) { SAME(deregMr(comm, mh)) }
 static int n_isend(net_t* n, void* sc, void* data, size_t size, int tag, void* mh, void** req) {
+  nccl_attr(n, 3);
   DISPATCH(T(6)->isend(sc, data, (int)size, tag, mh, req), T(7)->isend(sc, data, (int)size, tag, mh, req),
            T(8)->isend(sc, data, (int)size, tag, mh, req), T(9)->isend(sc, data, size, tag, mh, req),
            T(10)->isend(sc, data, size, tag, mh, NULL, req), T(11)->isend(sc, data, size, tag, mh, NULL, req),
            T(12)->isend(sc, data, size, tag, mh, NULL, req))
 }
 static int n_irecv(net_t* n, void* rc, int cnt, void** data, size_t* sizes, int* tags, void** mhs, void** req) {
+  nccl_attr(n, 4);
   int isz[8];
   for (int i = 0; i < cnt; i++) isz[i] = (int)sizes[i];
   DISPATCH(T(6)->irecv(rc, cnt, data, isz, tags, mhs, req), T(7)->irecv(rc, cnt, data, isz, tags, mhs, req),
@@ -234,8 +247,26 @@ static struct {
   int reconnect;     /* -R: a second round of comms after the receiver closed all of the first */
   int abort_after;   /* -A: the receiver closes comm 0 after this many groups; the sender expects it */
   const char* want_warn; /* -W: what the WARN of -A's failure says */
-} opt = {200, 32, 1, 0, -1, 0, 8, 0, 0, 0, 64u << 20, 1, 120, NULL, 0, 0, -1, -1, 0, 0, -1, "closed the connection"};
+  int nccl_pattern;      /* -P: NCCL 2.28.9's call pattern */
+} opt = {200, 32, 1, 0, -1, 0, 8, 0, 0, 0, 64u << 20, 1, 120, NULL, 0, 0, -1, -1, 0, 0, -1, "closed the connection", 0};
 static void* g_dl;
+
+/* -P: the hints NCCL 2.28.9 gave before every connect, accept, isend and irecv call (thousands per
+ * second on its proxy thread): they must cost nothing and change nothing. */
+static long attr_calls;
+static void nccl_attr(net_t* n, int op) {
+  if (!opt.nccl_pattern || n->ver < 11) return;
+  ferroce_net_attr_t a;
+  memset(&a, 0, sizeof a);
+  a.sendCommAttr = (ferroce_net_comm_attr_t){1 + (int)(attr_calls % 8), 1, 1 + op, 1};
+  a.recvCommAttr = (ferroce_net_comm_attr_t){1 + (int)(attr_calls % 4), 1, 2, 1};
+  a.op = (uint32_t)op;
+  a.algo = (uint32_t)(attr_calls % 7);
+  a.proto = (uint32_t)(attr_calls % 3);
+  int rc = n->ver == 11 ? T(11)->setNetAttr(n->ctx, &a) : T(12)->setNetAttr(n->ctx, &a);
+  if (rc != 0) CHECK(0, "setNetAttr = %d", rc);
+  attr_calls++;
+}
 
 static void gen_group(uint64_t seed, int comm, int g, group_t* G) {
   uint64_t s = seed * 1000003 + (uint64_t)comm * 7919 + (uint64_t)g;
@@ -532,6 +563,19 @@ static int summary(void) {
   return failed ? 1 : 0;
 }
 
+/* -P: NCCL's per-comm protocol buffers (LL, LL128, SIMPLE: the sizes NCCL 2.28.9 registered),
+ * [comm][0 send, 1 receive][protocol]. */
+static const size_t proto_sizes[3] = {512u << 10, 4800u << 10, 4u << 20};
+static buf_t proto_bufs[16][2][3];
+static int proto_register(net_t* n, void* comm, int c, int side) {
+  for (int p = 0; p < 3; p++)
+    if (buf_alloc(n, comm, &proto_bufs[c][side][p], proto_sizes[p], 0) != 0) return -1;
+  return 0;
+}
+static void proto_deregister(net_t* n, void* comm, int c, int side) {
+  for (int p = 0; p < 3; p++) buf_free(n, comm, &proto_bufs[c][side][p]);
+}
+
 /* Connect `count` pairs in this process, connect and accept driven alternately on one thread. */
 static int connect_local(net_t* n, int count, void** sc, void** rc) {
   for (int c = 0; c < count; c++) {
@@ -541,11 +585,22 @@ static int connect_local(net_t* n, int count, void** sc, void** rc) {
     sc[c] = rc[c] = NULL;
     double end = now_s() + 30;
     while (!sc[c] || !rc[c]) {
-      if (!sc[c] && n_connect(n, opt.dev, handle, &sc[c]) != 0) return -1;
-      if (!rc[c] && n_accept(n, lc, &rc[c]) != 0) return -1;
+      if (!sc[c]) {
+        if (n_connect(n, opt.dev, handle, &sc[c]) != 0) return -1;
+        /* NCCL registers its buffers on a send comm at once, before the receiver is accepted. */
+        if (sc[c] && opt.nccl_pattern && proto_register(n, sc[c], c, 0) != 0) return -1;
+      }
+      if (!rc[c]) {
+        if (n_accept(n, lc, &rc[c]) != 0) return -1;
+        if (rc[c] && opt.nccl_pattern) {
+          CHECK(n_close_listen(n, lc) == 0, "closeListen right after its accept");
+          lc = NULL;
+          if (proto_register(n, rc[c], c, 1) != 0) return -1;
+        }
+      }
       if (now_s() > end) return -1;
     }
-    CHECK(n_close_listen(n, lc) == 0, "closeListen");
+    if (lc) CHECK(n_close_listen(n, lc) == 0, "closeListen");
   }
   return 0;
 }
@@ -568,13 +623,14 @@ static void check_eager(void) {
           work);
 }
 
-static int run_local(net_t* n) {
-  int fds0 = count_fds();
+/* The comms of run_local, from set-up to close (-P: on a thread of its own, as NCCL's proxy). */
+static void* local_comms(void* arg) {
+  net_t* n = arg;
   void* sc[16];
   void* rc[16];
   int C = opt.comms > 16 ? 16 : opt.comms;
   CHECK(connect_local(n, C, sc, rc) == 0, "connect %d comm(s) in one process", C);
-  if (failed) return summary();
+  if (failed) return NULL;
   if (opt.hint) {
     /* An irecv that fails (n = 0) must not leave the 0x1 hint behind either. */
     void* req = (void*)0x1;
@@ -604,16 +660,46 @@ static int run_local(net_t* n) {
       left++;
       if (recv_step(&R[c]) < 0 || send_step(&S[c]) < 0) {
         CHECK(0, "comm %d: error (recv %d, send %d)", c, R[c].err, S[c].err);
-        return summary();
+        return NULL;
       }
     }
   }
-  for (int c = 0; c < C; c++) {
+  for (int c = 0; c < C; c++)
     CHECK(R[c].done == opt.groups && S[c].done_g == opt.groups, "comm %d finished %d/%d groups in time", c, R[c].done,
           opt.groups);
-    CHECK(n_close_send(n, sc[c]) == 0, "closeSend");
-    CHECK(n_close_recv(n, rc[c]) == 0, "closeRecv");
+  if (opt.nccl_pattern) {
+    /* NCCL 2.28.9's teardown: each comm's registrations, then the comm; receive comms first. */
+    for (int c = 0; c < C; c++) {
+      proto_deregister(n, rc[c], c, 1);
+      CHECK(n_close_recv(n, rc[c]) == 0, "closeRecv");
+    }
+    for (int c = 0; c < C; c++) {
+      proto_deregister(n, sc[c], c, 0);
+      CHECK(n_close_send(n, sc[c]) == 0, "closeSend");
+    }
+    printf("NCCL 2.28.9's pattern: %ld setNetAttr calls\n", attr_calls);
+    CHECK(attr_calls > 2L * opt.groups * C, "setNetAttr before every connect, accept, isend and irecv (%ld calls)", attr_calls);
+  } else {
+    for (int c = 0; c < C; c++) {
+      CHECK(n_close_send(n, sc[c]) == 0, "closeSend");
+      CHECK(n_close_recv(n, rc[c]) == 0, "closeRecv");
+    }
   }
+  return NULL;
+}
+
+static int run_local(net_t* n) {
+  int fds0 = count_fds();
+  if (opt.nccl_pattern) {
+    CHECK(n->ver >= 11, "-P needs a v11+ table (setNetAttr)");
+    pthread_t proxy;
+    CHECK(pthread_create(&proxy, NULL, local_comms, n) == 0, "start the proxy thread");
+    pthread_join(proxy, NULL);
+  } else {
+    local_comms(n);
+  }
+  if (failed) return summary();
+  int C = opt.comms > 16 ? 16 : opt.comms;
   CHECK(count_fds() == fds0, "no fd leaked by %d comm(s): %d fds before, %d after", C, fds0, count_fds());
   CHECK(warns == 0, "no WARN on a clean run (%d, last: %s)", warns, last_warn);
   check_eager();
@@ -1036,6 +1122,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "-W")) opt.want_warn = v, i++;
     else if (!strcmp(a, "-L")) opt.shared_link = 1;
     else if (!strcmp(a, "-R")) opt.reconnect = 1;
+    else if (!strcmp(a, "-P")) opt.nccl_pattern = opt.hint = opt.singles = 1;
     else {
       fprintf(stderr, "unknown option %s\n", a);
       return 2;

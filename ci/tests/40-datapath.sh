@@ -255,6 +255,36 @@ large_case 6 2684354560
 for v in 7 8; do large_case $v 2147483647; done
 for v in 9 10 11 12; do large_case $v 2684354560; done
 
+# What real NCCL did on the GPU host (nccl-tests-harness/gpu/, NCCL 2.28.9 with FERROCE_CALL_TRACE):
+# setNetAttr before every connect, accept, isend and irecv; three buffers registered per comm before
+# the peer is accepted; single receives with the 0x1 hint; deregistration just before each close;
+# a proxy thread drives the comms, the main thread inits and finalizes.
+for v in 11 12; do
+    local_case "NCCL 2.28.9's call pattern" "" $v -P -c 3 -g 100
+done
+# The call trace itself: every call logged until the limit, and the counts at finalize match what
+# the program called (its setNetAttr count, printed by -P).
+next_addr
+echo "--- FERROCE_CALL_TRACE=40 (v11, NCCL 2.28.9's call pattern)"
+if FERROCE_CALL_TRACE=40 DATAPATH_VERBOSE=1 SOFTROCE_ADDR=$A timeout 120 "$T" "$PLUGIN" 11 local -P -g 20 >"$tmp/out" 2>&1; then
+    attrs=$(sed -n "s/^NCCL 2.28.9's pattern: \([0-9]*\) setNetAttr calls$/\1/p" "$tmp/out")
+    counts=$(grep -a 'call trace: calls from NCCL so far:' "$tmp/out")
+    threads=$(grep -aoE 'NET/ferroce call [0-9]+ \[[0-9]+' "$tmp/out" | awk '{print $4}' | sort -u | wc -l)
+    if grep -aq 'NET/ferroce call 1 \[[0-9]* [^]]*\] init(commId 0x1, trafficClass -1, profiler false, ctx -> 0x' "$tmp/out" &&
+        grep -aqE '\] regMr\(comm 0x[0-9a-f]+, data 0x[0-9a-f]+, size 4915200, type HOST, dmabuf none, mhandle -> 0x' "$tmp/out" &&
+        grep -aq 'call trace: 40 data path and retry calls logged' "$tmp/out" &&
+        [ -n "$attrs" ] && printf '%s' "$counts" | grep -q "setNetAttr $attrs, " &&
+        printf '%s' "$counts" | grep -qE 'regMr ([0-9]+), deregMr \1, ' && [ "$threads" = 2 ]; then
+        ok "call trace: init, regMr, the limit line; counts at finalize: ${counts#*so far: }"
+    else
+        tail -5 "$tmp/out"
+        ko "FERROCE_CALL_TRACE lines (setNetAttr called $attrs times; $threads threads; $counts)"
+    fi
+else
+    tail -15 "$tmp/out"
+    ko "FERROCE_CALL_TRACE run"
+fi
+
 for v in 6 12; do
     next_addr
     a=$A
