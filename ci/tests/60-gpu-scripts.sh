@@ -157,6 +157,19 @@ assert e0["SOFTROCE_ADDR"] == "127.0.77.1" and e1["SOFTROCE_ADDR"] == "127.0.77.
 assert "SOFTROCE_ADDR" not in t.rank_environment(1, environ={})
 assert "NCCL_HOSTID" not in t.rank_environment(1, no_hostid=True, environ={})
 assert t.nccl_version_string(type("T", (), {"cuda": type("C", (), {"nccl": type("N", (), {"version": staticmethod(lambda: (2, 21, 5))})})})) == "2.21.5"
+# The embedding aggregation latency: nearest-rank percentiles, query counts, its rows.
+assert t.percentile([5, 1, 3, 2, 4], 50) == 3 and t.percentile([7], 99) == 7
+assert t.percentile(list(range(1, 101)), 99) == 99 and t.percentile(list(range(1, 201)), 99) == 198
+assert t.parse_counts("1,8,64") == [1, 8, 64] and t.parse_counts("") == []
+for bad in ("0", "x", "-1"):
+    try:
+        t.parse_counts(bad)
+    except Exception:
+        pass
+    else:
+        raise AssertionError("accepted bad query count %r" % bad)
+lat = t.latency_row(8, 2, 1536, [float(v) for v in range(1, 201)], [900.0, 1100.0], 0).split()
+assert lat[:2] == ["#", "embed-latency"] and lat[2:7] == ["8", "16", "24576", "100.0", "198.0"], lat
 # Rows in nccl-tests' layout, for the shell parser.
 print("# op: all_reduce")
 print(t.header("x", "all_reduce"))
@@ -174,7 +187,7 @@ if [ "$n" -eq 34 ]; then ok "--dry-run plans 17 sizes x 2 dtypes (4K..256M)"; el
 has "--dry-run: distinct NCCL_HOSTID per rank" 'rank 1 env: NCCL_HOSTID=ferroce-gpu-rank1' "$D/dry.txt"
 # The whole script with one rank on a pure-Python stand-in for torch (testdata/fake_torch).
 FT=(env PYTHONPATH="$TD/fake_torch" RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 python3 "$G/torch_allreduce.py"
-    -e 16K --embed-vocab 100 --embed-dim 8 --embed-batch 16 -n 3 -w 1)
+    -e 16K --embed-vocab 100 --embed-dim 8 --embed-batch 16 -n 3 -w 1 --embed-queries '')
 expect "whole flow with 1 rank on a fake torch: every element checked, none wrong" 0 "${FT[@]}"
 cp "$D/out" "$D/ft.txt"
 has "... NCCL_HOSTID set before init_process_group" '^# rank 0/1: cuda:0 \(fake GPU\), NCCL_HOSTID=ferroce-gpu-rank0$' "$D/ft.txt"
@@ -262,6 +275,11 @@ fi
 compare_tables "$TD/torch-ferroce-good.log" "$TD/torch-socket-good.log" ferroce socket >"$D/cmp"
 has "compare_tables: markdown header" '^\| op \| type \| size \(B\) \| ferroce busbw' "$D/cmp"
 has "compare_tables: ratio per size" '^\| all_reduce \| float \| 67108864 \| 1\.63 \| 2\.51 \| 0\.65 \|$' "$D/cmp"
+printf '%s\n' '# embed-latency  queries rows bytes p50(us) p99(us) mean(us) encode(us) #wrong' \
+    '# embed-latency        1      2      3072      20.0      30.0      21.0       900.0      0' >"$D/lat-a.log"
+printf '%s\n' '# embed-latency        1      2      3072      50.0      90.0      55.0       900.0      0' >"$D/lat-b.log"
+compare_latency "$D/lat-a.log" "$D/lat-b.log" ferroce socket >"$D/cmp"
+has "compare_latency: P50 and P99 of both, and their ratios" '^\| 1 \| 2 \| 3072 \| 20\.0 \| 30\.0 \| 50\.0 \| 90\.0 \| 2\.50 \| 3\.00 \|$' "$D/cmp"
 compare_tables "$TD/torch-ferroce-good.log" "$D/nonexistent.log" ferroce socket >"$D/cmp" 2>/dev/null
 has "compare_tables: a missing side shows '-'" '^\| all_reduce \| float \| 4096 \| 0\.07 \| - \| - \|$' "$D/cmp"
 show_tables "$TD/torch-ferroce-good.log" >"$D/show"

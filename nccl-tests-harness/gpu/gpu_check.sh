@@ -188,6 +188,14 @@ write_summary() {
             compare_tables "$OUTD/torch-ferroce.log" "$OUTD/torch-socket.log" ferroce socket
             echo
         fi
+        if grep -aqs '^# embed-latency  *[0-9]' "$OUTD/torch-ferroce.log" "$OUTD/torch-socket.log"; then
+            echo "## torch: embedding aggregation latency (BERT-style encoder, all_gather), ferroce vs NCCL socket"
+            echo
+            grep -ah -m 1 '^# embedding aggregation latency' "$OUTD/torch-ferroce.log" "$OUTD/torch-socket.log" | head -n 1 | sed 's/^# /- /'
+            echo
+            compare_latency "$OUTD/torch-ferroce.log" "$OUTD/torch-socket.log" ferroce socket
+            echo
+        fi
         if [ -s "$OUTD/direct-ferroce.log" ] || [ -s "$OUTD/direct-socket.log" ]; then
             echo "## nccl_direct: bus bandwidth, ferroce vs NCCL socket"
             echo

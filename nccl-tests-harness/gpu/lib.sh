@@ -262,6 +262,30 @@ compare_tables() {
         }'
 }
 
+# compare_latency A B NAME_A NAME_B: the embedding aggregation latency rows of two
+# torch_allreduce.py logs ("# embed-latency" lines) as one markdown table, B / A ratios last.
+compare_latency() {
+    local a=$1 b=$2 na=$3 nb=$4
+    {
+        grep -a '^# embed-latency  *[0-9]' "$a" 2>/dev/null | sed 's/^# embed-latency/A/'
+        grep -a '^# embed-latency  *[0-9]' "$b" 2>/dev/null | sed 's/^# embed-latency/B/'
+    } | awk -v na="$na" -v nb="$nb" '
+        { q = $2; if (!(q in seen)) { seen[q] = 1; order[++n] = q; rows[q] = $3; bytes[q] = $4 }
+          if ($1 == "A") { a50[q] = $5; a99[q] = $6 } else { b50[q] = $5; b99[q] = $6 } }
+        END {
+            printf "| queries per rank | rows gathered | bytes | %s P50 (us) | %s P99 (us) | %s P50 (us) | %s P99 (us) | %s / %s P50 | %s / %s P99 |\n", na, na, nb, nb, nb, na, nb, na
+            print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            for (i = 1; i <= n; i++) {
+                q = order[i]
+                x50 = (q in a50) ? a50[q] : "-"; x99 = (q in a99) ? a99[q] : "-"
+                y50 = (q in b50) ? b50[q] : "-"; y99 = (q in b99) ? b99[q] : "-"
+                r50 = (x50 != "-" && y50 != "-" && x50 + 0 > 0) ? sprintf("%.2f", y50 / x50) : "-"
+                r99 = (x99 != "-" && y99 != "-" && x99 + 0 > 0) ? sprintf("%.2f", y99 / x99) : "-"
+                printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", q, rows[q], bytes[q], x50, x99, y50, y99, r50, r99
+            }
+        }'
+}
+
 # busbw_at FILE OP TYPE BYTES: the busbw of that row, or "-".
 busbw_at() {
     extract_rows "$1" | awk -v o="$2" -v t="$3" -v s="$4" '$1 == o && $2 == t && $3 == s {v = $4} END {print (v == "" ? "-" : v)}'

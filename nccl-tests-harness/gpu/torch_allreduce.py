@@ -17,6 +17,11 @@ Each rank
   * all_gathers a batch of embedding vectors (the serving pattern: a fixed, seeded nn.Embedding on
     every rank; each rank embeds its slice of the batch; the gathered batch is compared on rank 0,
     and on every rank, with a local recomputation of the whole batch);
+  * measures the seed's inference case: each rank encodes a batch of queries with a small
+    BERT-style encoder built from ENCODER (seeded random weights, nothing downloaded), then the
+    pooled embeddings are all_gathered through the transport; P50/P99 latency of that aggregation
+    step (ranks aligned first, one query batch size at a time: --embed-queries 1,8,64), and every
+    gathered row is checked against a local recomputation;
   * prints, on rank 0, time and bus bandwidth per size in nccl-tests' columns
     (size, count, type, redop, root, time, algbw, busbw, #wrong) and exits non-zero on any wrong
     element on any rank.
@@ -35,6 +40,8 @@ SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 TYPE_NAMES = {"float32": "float", "bfloat16": "bfloat16", "float16": "half"}
 ELEM_SIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 PATTERN = 13  # x_r[i] = i % PATTERN + 1 + r
+# The BERT-style query encoder (MiniLM-sized: the embedding models used for retrieval).
+ENCODER = {"vocab": 30522, "hidden": 384, "layers": 4, "heads": 6, "intermediate": 1536, "seq_len": 32}
 
 
 def parse_size(text):
@@ -98,6 +105,74 @@ def expected_sum_scale(world, calls, max_first, limit):
     return scale
 
 
+def percentile(values, q):
+    """The q-th percentile (0 < q <= 100) by the nearest-rank method: the smallest value with at
+    least q % of the values at or below it."""
+    if not values:
+        raise ValueError("percentile of no values")
+    v = sorted(values)
+    k = max(1, -(-len(v) * q // 100))  # ceil(n * q / 100)
+    return v[int(k) - 1]
+
+
+def parse_counts(text):
+    """'1,8,64' -> [1, 8, 64]; '' -> [] (the latency section is not run)."""
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit() or int(part) < 1:
+            raise argparse.ArgumentTypeError("bad query count %r (use e.g. 1,8,64)" % part)
+        out.append(int(part))
+    return out
+
+
+def latency_header(world, iters, dtype_name):
+    c = ENCODER
+    return "\n".join([
+        "# embedding aggregation latency: BERT-style encoder (vocab %d, hidden %d, %d layers, %d heads, "
+        "seq %d), %s, pooled vectors all_gathered over %d ranks, %d timed iterations per row" % (
+            c["vocab"], c["hidden"], c["layers"], c["heads"], c["seq_len"], dtype_name, world, iters),
+        "# embed-latency %8s %6s %9s %9s %9s %9s %11s %6s" % (
+            "queries", "rows", "bytes", "p50(us)", "p99(us)", "mean(us)", "encode(us)", "#wrong"),
+    ])
+
+
+def latency_row(queries, world, row_bytes, lat_us, encode_us, wrong):
+    """One row: queries per rank, gathered rows and bytes, P50/P99/mean of the aggregation step,
+    P50 of the encoding, wrong elements."""
+    return "# embed-latency %8d %6d %9d %9.1f %9.1f %9.1f %11.1f %6d" % (
+        queries, queries * world, queries * world * row_bytes, percentile(lat_us, 50),
+        percentile(lat_us, 99), sum(lat_us) / len(lat_us), percentile(encode_us, 50), wrong)
+
+
+def build_encoder(torch, cfg):
+    """A BERT-style encoder from a config: token and position embeddings, LayerNorm, post-norm
+    transformer layers with GELU, mean pooling over the unpadded tokens, L2 normalisation."""
+    nn = torch.nn
+
+    class Encoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = nn.Embedding(cfg["vocab"], cfg["hidden"])
+            self.pos = nn.Embedding(cfg["seq_len"], cfg["hidden"])
+            self.norm = nn.LayerNorm(cfg["hidden"])
+            layer = nn.TransformerEncoderLayer(cfg["hidden"], cfg["heads"], cfg["intermediate"], dropout=0.0,
+                                               activation="gelu", batch_first=True)
+            self.layers = nn.TransformerEncoder(layer, cfg["layers"], enable_nested_tensor=False)
+
+        def forward(self, ids, mask):
+            pos = torch.arange(ids.shape[1], device=ids.device)
+            x = self.norm(self.tok(ids) + self.pos(pos)[None, :, :])
+            x = self.layers(x, src_key_padding_mask=~mask)
+            m = mask[:, :, None].to(x.dtype)
+            pooled = (x * m).sum(dim=1) / m.sum(dim=1)
+            return torch.nn.functional.normalize(pooled, dim=-1)
+
+    return Encoder()
+
+
 def header(title, op):
     return "\n".join([
         "# op: %s" % op,
@@ -130,6 +205,10 @@ def parse_args(argv=None):
     p.add_argument("--embed-dim", type=int, default=1024)
     p.add_argument("--embed-batch", type=int, default=2048,
                    help="global batch of token ids (split evenly over the ranks)")
+    p.add_argument("--embed-queries", type=parse_counts, default=parse_counts("1,8,64"),
+                   help="query batch sizes per rank for the aggregation latency ('' = skip it)")
+    p.add_argument("--embed-iters", type=int, default=200,
+                   help="timed iterations per query batch size (P99 needs 100 or more)")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--timeout", type=int, default=300,
                    help="seconds for init_process_group's collective timeout")
@@ -146,6 +225,8 @@ def parse_args(argv=None):
         p.error("-b %d is larger than -e %d" % (a.minbytes, a.maxbytes))
     if a.iters < 1 or a.warmup_iters < 0 or a.stepfactor < 1:
         p.error("need -n >= 1, -w >= 0, -f >= 1")
+    if a.embed_iters < 1:
+        p.error("need --embed-iters >= 1")
     return a
 
 
@@ -190,6 +271,9 @@ def dry_run(a):
     per = a.embed_batch // world
     print("# all_gather embedding: vocab %d dim %d batch %d (%d per rank)" % (
         a.embed_vocab, a.embed_dim, per * world, per))
+    if a.embed_queries:
+        print(latency_header(world, a.embed_iters, "float32"))
+        print("# embed-latency plan: queries per rank %s" % ",".join(map(str, a.embed_queries)))
     return 0
 
 
@@ -318,6 +402,9 @@ def main(argv=None):
             print("# rank 0: gathered embedding rows differ from the recomputation at rows %s" % bad,
                   flush=True)
 
+    if a.embed_queries:
+        total_wrong += embedding_latency(a, torch, dist, dev, rank, world, say)
+
     say("# Out of bounds values : %d %s" % (total_wrong, "FAILED" if total_wrong else "OK"))
     if busbws:
         say("# Avg bus bandwidth    : %g " % (sum(busbws) / len(busbws)))
@@ -325,6 +412,68 @@ def main(argv=None):
     dist.barrier(device_ids=[dev_index])
     dist.destroy_process_group()
     return 1 if total_wrong else 0
+
+
+def embedding_latency(a, torch, dist, dev, rank, world, say):
+    """The seed's inference case: encode, then all_gather the pooled embeddings; P50/P99 of the
+    all_gather step on rank 0 (ranks aligned by a small all_reduce first, so that one rank's
+    encoding does not count as the other's network time). Returns the wrong elements, all ranks."""
+    cfg = ENCODER
+    torch.manual_seed(a.seed + 7)  # the same weights on every rank
+    model = build_encoder(torch, cfg).to(dev).eval()
+    align = torch.zeros(1, device=dev)
+    say(latency_header(world, a.embed_iters, "float32"))
+    wrong_all = 0
+    for q in a.embed_queries:
+
+        def batch(it, r):
+            """Token ids and padding mask of rank r's queries in iteration it (seeded: any rank can
+            recompute any other's)."""
+            g = torch.Generator().manual_seed(a.seed * 1000003 + it * 131 + r * 7 + q)
+            ids = torch.randint(1, cfg["vocab"], (q, cfg["seq_len"]), generator=g)
+            lengths = torch.randint(4, cfg["seq_len"] + 1, (q,), generator=g)
+            mask = torch.arange(cfg["seq_len"])[None, :] < lengths[:, None]
+            return ids.to(dev), mask.to(dev)
+
+        out = torch.empty((q * world, cfg["hidden"]), dtype=torch.float32, device=dev)
+        lat, enc = [], []
+        warm = min(20, a.embed_iters)
+        with torch.inference_mode():
+            for it in range(warm + a.embed_iters):
+                ids, mask = batch(it, rank)
+                torch.cuda.synchronize(dev)
+                t0 = time.perf_counter()
+                mine = model(ids, mask).contiguous()
+                torch.cuda.synchronize(dev)
+                t1 = time.perf_counter()
+                dist.all_reduce(align)
+                torch.cuda.synchronize(dev)
+                t2 = time.perf_counter()
+                dist.all_gather_into_tensor(out, mine)
+                torch.cuda.synchronize(dev)
+                t3 = time.perf_counter()
+                if it >= warm:
+                    enc.append((t1 - t0) * 1e6)
+                    lat.append((t3 - t2) * 1e6)
+            # The last iteration's gathered rows against a recomputation of every rank's queries:
+            # this rank's own rows bit for bit, the others' (the same kernels on the same inputs)
+            # within float32 rounding of a different launch.
+            last = warm + a.embed_iters - 1
+            wrong = 0
+            for r in range(world):
+                ids, mask = batch(last, r)
+                ref = model(ids, mask)
+                got = out[r * q:(r + 1) * q]
+                if r == rank:
+                    wrong += int(torch.ne(got, mine).sum().item())
+                else:
+                    wrong += int((~torch.isclose(got, ref, rtol=1e-5, atol=1e-6)).sum().item())
+        t = torch.tensor([float(wrong)], dtype=torch.float64, device=dev)
+        dist.all_reduce(t)
+        w = int(t[0].item())
+        wrong_all += w
+        say(latency_row(q, world, cfg["hidden"] * 4, lat, enc, w))
+    return wrong_all
 
 
 if __name__ == "__main__":
