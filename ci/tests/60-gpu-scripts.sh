@@ -339,7 +339,7 @@ FERROCE_GPU_DEVICE_MOD=1 OMPI_COMM_WORLD_RANK=1 "$G/rank_exec.sh" env >"$D/env" 
 has "rank_exec.sh: NCCL_TESTS_DEVICE = rank % GPUs" '^NCCL_TESTS_DEVICE=0$' "$D/env"
 
 echo "== argument parsing"
-for s in run_torch.sh run_nccl_direct.sh run_nccl_tests.sh gpu_check.sh build_nccl_direct.sh; do
+for s in run_torch.sh run_nccl_direct.sh run_nccl_tests.sh gpu_check.sh build_nccl_direct.sh build_nccl_tests.sh; do
     expect "$s --help" 0 "$G/$s" --help
     expect "$s rejects an unknown option" 2 "$G/$s" --bogus
 done
@@ -378,6 +378,30 @@ has "nvcc: -gencode for sm_90" 'arch=compute_90,code=\[sm_90,compute_90\]' "$D/n
 has "nvcc: NCCL include, library and RPATH" "-I$D/nccl/include .*nccl_direct\.cu -L$D/nccl/lib -l:libnccl\.so\.2 -Xlinker -rpath -Xlinker $D/nccl/lib" "$D/nvcc.args"
 has "nccl.env written" '^NCCL_VERSION=2\.21\.5$' "$D/build/nccl.env"
 expect "nvcc missing is an error" 1 env NCCL_HOME="$D/nccl" NVCC="" CUDA_HOME="$D/none" PATH=/usr/bin:/bin "$G/build_nccl_direct.sh" --out "$D/build2"
+
+echo "== build_nccl_tests.sh (fake nccl-tests source, fake NCCL, MPI and nvcc)"
+mkdir -p "$D/nts/src" "$D/mpi/include"
+touch "$D/mpi/include/mpi.h"
+# A stand-in for nccl-tests' top-level Makefile: records its variables, makes the two binaries.
+cat >"$D/nts/Makefile" <<'EOF'
+default:
+	@mkdir -p $(BUILDDIR)
+	@echo "MPI=$(MPI) MPI_HOME=$(MPI_HOME) NCCL_HOME=$(NCCL_HOME) NVCC=$(NVCC) NVCC_GENCODE=$(NVCC_GENCODE)" >$(BUILDDIR)/make.args
+	@test -e $(NCCL_HOME)/include/nccl.h && test -e $(NCCL_HOME)/lib/libnccl.so
+	@printf '#!/bin/sh\n' >$(BUILDDIR)/all_reduce_perf; cp $(BUILDDIR)/all_reduce_perf $(BUILDDIR)/sendrecv_perf; chmod +x $(BUILDDIR)/*_perf
+EOF
+cp "$D/nts/Makefile" "$D/nts/src/Makefile"
+NTB=(env NCCL_HOME="$D/nccl" MPI_HOME="$D/mpi" NVCC="$TD/fake_nvcc.sh" NVCC_ARCH=sm_90 "$G/build_nccl_tests.sh" "$D/nts" --jobs 2)
+expect "build with MPI against the NCCL found (fake make, nvcc)" 0 "${NTB[@]}"
+has "make: MPI=1, MPI_HOME, an NCCL_HOME of links, sm_90" "^MPI=1 MPI_HOME=$D/mpi NCCL_HOME=$D/nts/build/nccl-home NVCC=$TD/fake_nvcc.sh NVCC_GENCODE=-gencode=arch=compute_90,code=sm_90\$" "$D/nts/build/make.args"
+[ "$(readlink "$D/nts/build/nccl-home/lib/libnccl.so")" = "$D/nccl/lib/libnccl.so.2" ] &&
+    ok "... libnccl.so links to the package's libnccl.so.2" || ko "nccl-home/lib/libnccl.so: $(readlink "$D/nts/build/nccl-home/lib/libnccl.so")"
+has "nccl.env names the NCCL library" "^NCCL_LIB=$D/nccl/lib\$" "$D/nts/build/nccl.env"
+expect "run_nccl_tests.sh runs that build with its NCCL first on LD_LIBRARY_PATH" 0 "$G/run_nccl_tests.sh" "$D/nts" --dry-run --log-dir "$D/nts-logs"
+has "... (the environment it logs)" "^#env LD_LIBRARY_PATH=.*$D/nccl/lib" "$D/out"
+expect "MPI missing is an error" 1 env NCCL_HOME="$D/nccl" MPI_HOME="$D/none" NVCC="$TD/fake_nvcc.sh" "$G/build_nccl_tests.sh" "$D/nts"
+has "... that says what to install" 'MPI not found .*install Open MPI' "$D/out"
+expect "a directory without nccl-tests' Makefile is refused" 2 "$G/build_nccl_tests.sh" "$D/none"
 
 echo "== run_nccl_direct.sh end to end (fake nccl_direct)"
 FAKE=$TD/fake_nccl_direct.sh

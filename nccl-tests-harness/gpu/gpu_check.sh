@@ -9,14 +9,16 @@
 #   3 direct-build    build_nccl_direct.sh               (nvcc against the NCCL PyTorch uses)
 #   4 direct-ferroce  run_nccl_direct.sh --transport ferroce
 #   5 direct-socket   run_nccl_direct.sh --transport socket
-#   6 nccl-tests      run_nccl_tests.sh --baseline socket (only when NCCL_TESTS_DIR is set)
+#   6 nccl-tests-build build_nccl_tests.sh $NCCL_TESTS_SRC (only when NCCL_TESTS_SRC is set: an
+#                     nccl-tests source checkout, built with MPI against the NCCL PyTorch uses)
+#   7 nccl-tests      run_nccl_tests.sh --baseline socket (when NCCL_TESTS_DIR or NCCL_TESTS_SRC is set)
 # Output, in $OUT when set (the device tool's folder), else ./gpu-results: summary.md, steps.log and
 # one log per run (at most 8 files: what the device tool brings back). The summary is printed last.
 #
 #   gpu_check.sh [--budget SEC (default 450: the whole check)] [--only STEP,...] [--summarize DIR]
 #
 # --only runs just the named steps (e.g. --only direct-build,direct-ferroce for a short rerun).
-# Environment: OUT, FERROCE_LIB_DIR, NCCL_TESTS_DIR (optional step 6), GPU_CHECK_BUDGET,
+# Environment: OUT, FERROCE_LIB_DIR, NCCL_TESTS_DIR or NCCL_TESTS_SRC (steps 6-7), GPU_CHECK_BUDGET,
 # GPU_CHECK_BUILD_DIR (default nccl-tests-harness/gpu/build), GPU_CHECK_TORCH_ARGS and
 # GPU_CHECK_DIRECT_ARGS (default "-n 10 -w 2 --cap 512M"), PYTHON, NVCC, NCCL_HOME.
 #
@@ -43,8 +45,8 @@ done
 case $BUDGET in '' | *[!0-9]*) echo "--budget needs seconds"; exit 2 ;; esac
 for n in ${ONLY//,/ }; do
     case $n in
-        torch-ferroce | torch-socket | direct-build | direct-ferroce | direct-socket | nccl-tests) ;;
-        *) echo "--only: unknown step '$n' (torch-ferroce torch-socket direct-build direct-ferroce direct-socket nccl-tests)"; exit 2 ;;
+        torch-ferroce | torch-socket | direct-build | direct-ferroce | direct-socket | nccl-tests-build | nccl-tests) ;;
+        *) echo "--only: unknown step '$n' (torch-ferroce torch-socket direct-build direct-ferroce direct-socket nccl-tests-build nccl-tests)"; exit 2 ;;
     esac
 done
 mkdir -p "$OUTD" || exit 1
@@ -177,6 +179,10 @@ write_summary() {
         echo "| nccl_direct build (nvcc) | $([ "$brc" = 0 ] && echo PASS || echo "${brc:+FAIL (rc $brc)}${brc:-NOT RUN}") | - | - | - |"
         summary_row direct-ferroce ferroce "$OUTD/direct-ferroce.log" "nccl_direct all_reduce + send/recv, ferroce"
         summary_row direct-socket socket "$OUTD/direct-socket.log" "nccl_direct all_reduce + send/recv, NCCL socket"
+        if grep -q '^nccl-tests-build|' "$RESULTS" 2>/dev/null; then
+            brc=$(awk -F'|' '$1 == "nccl-tests-build" {r = $2} END {print r}' "$RESULTS")
+            echo "| nccl-tests build (MPI, PyTorch's NCCL) | $([ "$brc" = 0 ] && echo PASS || echo "FAIL (rc $brc)") | - | - | - |"
+        fi
         if grep -q '^nccl-tests|' "$RESULTS" 2>/dev/null; then
             summary_row nccl-tests ferroce "$OUTD/nccl-tests-ferroce.log" "nccl-tests, ferroce"
             summary_row nccl-tests socket "$OUTD/nccl-tests-socket.log" "nccl-tests, NCCL socket"
@@ -232,7 +238,7 @@ ENV_REPORT=$(env_report)
 printf '%s\n' "$ENV_REPORT" | tee -a "$STEPS_LOG"
 
 # Budget split (seconds; each step is also capped by what is left): torch ferroce 140, socket 80,
-# build 50, nccl_direct ferroce 90, socket 50 (+ nccl-tests 120 when asked). Iterations are capped
+# build 50, nccl_direct ferroce 90, socket 50 (+ nccl-tests build 90, run 120 when asked). Iterations are capped
 # (-n 10 -w 2, at most 512 MiB moved per size) so that a slow fabric still finishes every size.
 TORCH_ARGS=${GPU_CHECK_TORCH_ARGS:--n 10 -w 2 --cap 512M}
 DIRECT_ARGS=${GPU_CHECK_DIRECT_ARGS:--n 10 -w 2 --cap 512M}
@@ -251,6 +257,10 @@ if [ -x "$BUILD_DIR/nccl_direct" ]; then
     step direct-socket 50 bash -c '"$0"/run_nccl_direct.sh --transport socket --bin "$BUILD_DIR"/nccl_direct --log-dir "$1" --timeout "$STEP_LIMIT" -- $DIRECT_ARGS' "$GPU_DIR" "$OUTD"
 else
     echo "== nccl_direct not built: direct-ferroce and direct-socket skipped" | tee -a "$STEPS_LOG"
+fi
+if [ -n "${NCCL_TESTS_SRC:-}" ] && [ -z "${NCCL_TESTS_DIR:-}" ]; then
+    step nccl-tests-build 90 "$GPU_DIR/build_nccl_tests.sh" "$NCCL_TESTS_SRC"
+    NCCL_TESTS_DIR=$NCCL_TESTS_SRC
 fi
 if [ -n "${NCCL_TESTS_DIR:-}" ]; then
     # shellcheck disable=SC2016

@@ -25,6 +25,84 @@ export GPU_ORIG_LD_LIBRARY_PATH GPU_ORIG_SOCKET_IFNAME
 
 gpu_say() { echo "[$(basename "$0")] $*"; }
 
+# find_nccl: sets NCCL_INCLUDE and NCCL_LIB (directories) and NCCL_LINK (the -l argument) for the
+# NCCL to build against: $NCCL_HOME/{include,lib}; else the Python package nvidia.nccl ($PYTHON,
+# default python3: the NCCL PyTorch uses); else libnccl.so[.2] in the system library directories
+# with /usr/include/nccl.h. A library found without its nccl.h gets nccl_min/nccl.h (minimal,
+# ABI-accurate declarations). Returns 1 when there is no NCCL.
+find_nccl() {
+    NCCL_INCLUDE="" NCCL_LIB="" NCCL_LINK=""
+    local cand d l
+    if [ -n "${NCCL_HOME:-}" ]; then
+        cand="$NCCL_HOME"
+    else
+        cand=$("${PYTHON:-python3}" - 2>/dev/null <<'EOF'
+import importlib.util, os
+spec = importlib.util.find_spec("nvidia.nccl")
+for p in (list(spec.submodule_search_locations or []) if spec else []):
+    print(p)
+EOF
+        )
+    fi
+    for d in $cand; do
+        for l in lib lib64; do
+            if [ -e "$d/$l/libnccl.so" ] || [ -e "$d/$l/libnccl.so.2" ]; then NCCL_LIB=$d/$l; break; fi
+        done
+        if [ -n "$NCCL_LIB" ]; then
+            [ -e "$d/include/nccl.h" ] && NCCL_INCLUDE=$d/include
+            break
+        fi
+    done
+    if [ -z "$NCCL_LIB" ]; then
+        for d in /usr/lib/x86_64-linux-gnu /usr/lib64 /usr/lib /usr/local/cuda/lib64; do
+            if [ -e "$d/libnccl.so" ] || [ -e "$d/libnccl.so.2" ]; then NCCL_LIB=$d; break; fi
+        done
+        [ -n "$NCCL_LIB" ] && [ -e /usr/include/nccl.h ] && NCCL_INCLUDE=/usr/include
+    fi
+    [ -n "$NCCL_LIB" ] || return 1
+    if [ -z "$NCCL_INCLUDE" ]; then
+        NCCL_INCLUDE=$GPU_DIR/nccl_min
+        gpu_say "no nccl.h next to $NCCL_LIB: using the minimal declarations in $NCCL_INCLUDE/nccl.h"
+    fi
+    # shellcheck disable=SC2034  # read by the build scripts that source this file
+    if [ -e "$NCCL_LIB/libnccl.so" ]; then NCCL_LINK=-lnccl; else NCCL_LINK=-l:libnccl.so.2; fi
+    return 0
+}
+
+# nccl_header_version DIR: NCCL's version from DIR/nccl.h ("?" when it has none).
+nccl_header_version() {
+    awk '/^#define NCCL_MAJOR /{a=$3} /^#define NCCL_MINOR /{b=$3} /^#define NCCL_PATCH /{c=$3}
+         END {if (a != "") print a "." b "." c; else print "?"}' "$1/nccl.h"
+}
+
+# find_nvcc: sets NVCC_BIN from $NVCC, PATH, $CUDA_HOME/bin or /usr/local/cuda/bin; 1 when none.
+find_nvcc() {
+    NVCC_BIN=${NVCC:-}
+    local c
+    if [ -z "$NVCC_BIN" ]; then
+        for c in nvcc "${CUDA_HOME:-/nonexistent}/bin/nvcc" /usr/local/cuda/bin/nvcc; do
+            if command -v "$c" >/dev/null 2>&1; then NVCC_BIN=$(command -v "$c"); break; fi
+        done
+    fi
+    [ -n "$NVCC_BIN" ]
+}
+
+# gpu_arch_flags: sets GPU_ARCH (e.g. 90, from $NVCC_ARCH=sm_90 or the compute capability
+# nvidia-smi reports; empty: nvcc's default) and ARCH_FLAGS (nvcc's -gencode arguments for it).
+gpu_arch_flags() {
+    local arch=${NVCC_ARCH:-} cc
+    if [ -z "$arch" ] && command -v nvidia-smi >/dev/null 2>&1; then
+        cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
+        case $cc in [0-9][0-9] | [0-9][0-9][0-9]) arch=sm_$cc ;; esac
+    fi
+    GPU_ARCH=${arch#sm_}
+    # shellcheck disable=SC2034  # read by the build scripts that source this file
+    ARCH_FLAGS=()
+    # shellcheck disable=SC2034
+    [ -n "$GPU_ARCH" ] && ARCH_FLAGS=(-gencode "arch=compute_$GPU_ARCH,code=[sm_$GPU_ARCH,compute_$GPU_ARCH]")
+    return 0
+}
+
 # Number of (non-softroce) devices `ibv_devices` prints on stdin.
 count_ibv_devices() {
     awk '/^[[:space:]]*-+[[:space:]]+-+[[:space:]]*$/ {h = 1; next}

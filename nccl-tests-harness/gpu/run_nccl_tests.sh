@@ -11,6 +11,8 @@
 # for in DIR/build/ and DIR/. Options: --np N (2)  --log-dir DIR (./gpu-results)  --timeout SEC per
 # binary (300)  --tests "all_reduce_perf sendrecv_perf"  --mpirun CMD (default mpirun)  --dry-run
 # -- ARGS... (replace the default nccl-tests arguments "-b 4K -e 256M -f 2 -g 1 -n 20 -w 5 -c 1")
+# A build made by build_nccl_tests.sh (DIR/build/nccl.env) runs with the NCCL it was built against
+# first on LD_LIBRARY_PATH.
 #
 # Why MPI: the ranks must be separate processes, each with its own NCCL_HOSTID (NCCL reads it once
 # per process), or NCCL connects them through P2P/SHM instead of the network. nccl-tests without
@@ -69,6 +71,16 @@ find_test() {
     done
     return 1
 }
+
+# build_nccl_tests.sh's record of the NCCL the binaries were built against (the pip package's
+# library is not on the loader's path): it goes first in the path every mode starts from.
+if [ -f "$TESTS_DIR/build/nccl.env" ]; then
+    nccl_lib=$(sed -n 's/^NCCL_LIB=//p' "$TESTS_DIR/build/nccl.env")
+    if [ -n "$nccl_lib" ]; then
+        GPU_ORIG_LD_LIBRARY_PATH=$nccl_lib${GPU_ORIG_LD_LIBRARY_PATH:+:$GPU_ORIG_LD_LIBRARY_PATH}
+        export GPU_ORIG_LD_LIBRARY_PATH
+    fi
+fi
 
 # uses_mpi BIN: 0 when the binary was built with MPI=1 (linked against libmpi).
 uses_mpi() {
