@@ -33,6 +33,17 @@ pass=0
 fail=0
 ok() { pass=$((pass + 1)); echo "    ok: $*"; }
 ko() { fail=$((fail + 1)); echo "    FAILED: $*"; }
+# show_failure LOG: what a failed run said: sanitizer reports, each failed test's own output with
+# its panic message, the suites' results. The whole log is kept in target/sanitizer-logs/ (the
+# temporary directory goes at exit).
+show_failure() {
+    mkdir -p "$ROOT/target/sanitizer-logs"
+    kept=$ROOT/target/sanitizer-logs/$(basename "$1")
+    cp "$1" "$kept"
+    grep -E "Sanitizer|SUMMARY|test result|^error" "$1" | head -30
+    awk '/^failures:$/ {on = 1} on {print} /^test result:/ {on = 0}' "$1" | head -80
+    echo "    (whole log: $kept)"
+}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT INT TERM
 if [ ! -f "$R/softroce/libibverbs.so.1" ] || [ ! -f "$R/libnccl-net-ferroce.so" ]; then
@@ -63,7 +74,7 @@ if FERROCE_TEST_SOFTROCE=1 asan_cargo -p ferroce --lib --test sim_transport --te
     ! grep -q "Sanitizer" "$tmp/plugin"; then
     ok "$(grep -c '^test result: ok' "$tmp/plugin") suites clean"
 else
-    grep -E "Sanitizer|SUMMARY|panicked|test result|error" "$tmp/plugin" | head -30
+    show_failure "$tmp/plugin"
     ko "plugin tests under ASan"
 fi
 
@@ -71,7 +82,7 @@ echo "--- softroce: its tests (ASan)"
 if SOFTROCE_ADDR=127.0.81.1 asan_cargo -p softroce -- --test-threads 1 >"$tmp/softroce" 2>&1 && ! grep -q "Sanitizer" "$tmp/softroce"; then
     ok "$(grep -c '^test result: ok' "$tmp/softroce") suites clean"
 else
-    grep -E "Sanitizer|SUMMARY|panicked|test result|error" "$tmp/softroce" | head -30
+    show_failure "$tmp/softroce"
     ko "softroce tests under ASan"
 fi
 
@@ -106,7 +117,7 @@ else
         ! grep -q "$tsan_report" "$tmp/tsan-softroce"; then
         ok "softroce under TSan: $(grep -c '^test result: ok' "$tmp/tsan-softroce") suites clean"
     else
-        grep -E "ThreadSanitizer|SUMMARY|panicked|test result|^error" "$tmp/tsan-softroce" | head -30
+        show_failure "$tmp/tsan-softroce"
         ko "softroce tests under TSan"
     fi
     # Less the 4.5 GiB message, as under ASan (TSan's shadow memory would add as much again).
@@ -118,7 +129,7 @@ else
         ok "plugin under TSan (softroce instrumented too): $(grep -c '^test result: ok' "$tmp/tsan-plugin") suites clean"
     else
         tail -5 "$tmp/tsan-lib"
-        grep -E "ThreadSanitizer|SUMMARY|panicked|test result|^error" "$tmp/tsan-plugin" | head -30
+        show_failure "$tmp/tsan-plugin"
         ko "plugin tests under TSan"
     fi
 fi
