@@ -2,11 +2,16 @@
 //!
 //! Each call into the plugin becomes one INFO line (subsystem NET) with its sequence number, the
 //! calling thread, its arguments and its result, so a run with real NCCL shows which table entries
-//! it uses, in which order, from which threads, with which sizes, memory types and flushes. Setup
-//! and teardown calls are all logged; the data path calls (isend, irecv, test, iflush, and
-//! setNetAttr, which NCCL 2.28 calls before each of them), which run millions of times, and the quiet calls (a connect or accept that is not done yet, a test of an
-//! unfinished request) only until N of them were logged. Every call is counted, and the counts go
-//! to one INFO line at `finalize`. Off (N = 0), a call costs one relaxed load.
+//! it uses, in which order, from which threads, with which sizes, memory types and flushes.
+//!
+//! * Setup and teardown calls are all logged.
+//! * The data path calls (isend, irecv, test, iflush, and setNetAttr, which NCCL 2.28 calls
+//!   before each of them and before every connect and accept), which run millions of times, and
+//!   the quiet calls (a connect or accept that is not done yet, a test of an unfinished request)
+//!   only until N of them were logged.
+//! * Every call is counted, and the counts go to one INFO line at `finalize`.
+//!
+//! Off (N = 0), a call costs one relaxed load.
 
 use crate::log::subsys;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -158,7 +163,12 @@ pub unsafe fn read<T: Copy>(p: *const T) -> Option<T> {
 /// As [`read`].
 pub unsafe fn out_ptr<T>(p: *const *mut T) -> String {
     // SAFETY: per the contract.
-    unsafe { read(p) }.map_or_else(|| "-".into(), |v| format!("{v:p}"))
+    shown(unsafe { read(p) })
+}
+
+/// A value read back from an out-pointer (`-`: the out-pointer was NULL).
+pub fn shown(value: Option<impl std::fmt::Debug>) -> String {
+    value.map_or_else(|| "-".into(), |v| format!("{v:?}"))
 }
 
 #[cfg(test)]
@@ -167,8 +177,8 @@ mod tests {
 
     #[test]
     fn every_entry_name_of_the_abi_layer_is_counted() {
-        // Every name the ABI layer gives ffi::call, ffi::call_traced or get_properties is one of
-        // ENTRIES (a name missing there would be logged but never counted).
+        // Every name the ABI layer gives ffi::call, ffi::call_traced, get_properties or
+        // close_comm is one of ENTRIES (a name missing there would be logged but never counted).
         let files = [
             "common.rs",
             "v6.rs",
@@ -183,7 +193,7 @@ mod tests {
         for file in files {
             let path = format!("{}/src/abi/{file}", env!("CARGO_MANIFEST_DIR"));
             let text = std::fs::read_to_string(path).unwrap();
-            for opener in ["call(", "call_traced(", "get_properties("] {
+            for opener in ["call(", "call_traced(", "get_properties(", ">("] {
                 for part in text.split(opener).skip(1) {
                     if let Some(quoted) = part.trim_start().strip_prefix('"') {
                         names.push(quoted.split('"').next().unwrap_or_default().to_string());

@@ -3,7 +3,7 @@
 //! Every function body runs inside [`ffi::call`]: no panic crosses into NCCL, errors are logged
 //! once and mapped to `ncclResult_t`, and out-pointers are written only on success.
 
-use super::call_trace::{out_ptr, read, Line};
+use super::call_trace::{out_ptr, read, shown, Line};
 use super::ffi::{self, non_null};
 use super::types::*;
 use crate::api::{self, CommContext, ListenHandle, MemHandle, RecvHandle, Request, SendHandle};
@@ -48,7 +48,7 @@ pub unsafe extern "C" fn devices(ndev: *mut c_int) -> NcclResult {
             Ok(())
         },
         // SAFETY: NCCL's out-pointer, NULL or writable (hence readable).
-        || Line::of(format!("ndev -> {:?}", unsafe { read(ndev) })),
+        || Line::of(format!("ndev -> {}", shown(unsafe { read(ndev) }))),
     )
 }
 
@@ -144,8 +144,9 @@ pub unsafe fn connect(ctx: &CommContext, dev: c_int, handle: *mut c_void, send_c
             let comm = unsafe { read(send_comm) };
             Line {
                 text: format!(
-                    "dev {dev}, trafficClass {}, handle {handle:p}, sendComm -> {comm:?}",
-                    ctx.traffic_class
+                    "dev {dev}, trafficClass {}, handle {handle:p}, sendComm -> {}",
+                    ctx.traffic_class,
+                    shown(comm)
                 ),
                 quiet: comm.is_some_and(|c| c.is_null()),
             }
@@ -192,7 +193,7 @@ pub unsafe extern "C" fn accept_v6(listen_comm: *mut c_void, recv_comm: *mut *mu
             // SAFETY: NCCL's out-pointer, NULL or writable.
             let comm = unsafe { read(recv_comm) };
             Line {
-                text: format!("listenComm {listen_comm:p}, recvComm -> {comm:?}"),
+                text: format!("listenComm {listen_comm:p}, recvComm -> {}", shown(comm)),
                 quiet: comm.is_some_and(|c| c.is_null()),
             }
         },
@@ -358,7 +359,8 @@ pub unsafe fn isend_with(
             let req = unsafe { read(request) };
             Line {
                 text: format!(
-                    "comm {send_comm:p}, data {data:p}, size {size}, tag {tag}, mhandle {mhandle:p}, phandle {phandle:p}, request -> {req:?}"
+                    "comm {send_comm:p}, data {data:p}, size {size}, tag {tag}, mhandle {mhandle:p}, phandle {phandle:p}, request -> {}",
+                    shown(req)
                 ),
                 quiet: req.is_some_and(|r| r.is_null()),
             }
@@ -449,8 +451,9 @@ pub unsafe fn irecv(
         };
         Line {
             text: format!(
-                "comm {recv_comm:p}, n {n}, {entries}, optional-completion hint {}, request -> {req:?}",
-                hint_allowed && hint_in
+                "comm {recv_comm:p}, n {n}, {entries}, optional-completion hint {}, request -> {}",
+                hint_allowed && hint_in,
+                shown(req)
             ),
             quiet: req.is_some_and(|r| r.is_null()),
         }
@@ -688,64 +691,55 @@ pub unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mu
             // SAFETY: NCCL's out-pointers, NULL or writable; sizes has room for at least one entry.
             let (finished, first_size) = unsafe { (read(done), read(sizes)) };
             let sizes = match finished {
-                Some(1) => format!(", sizes[0] -> {first_size:?}"),
+                Some(1) => format!(", sizes[0] -> {}", shown(first_size)),
                 _ => String::new(),
             };
             Line {
-                text: format!("request {request:p}, done -> {finished:?}{sizes}"),
+                text: format!("request {request:p}, done -> {}{sizes}", shown(finished)),
                 quiet: finished == Some(0),
             }
         },
     )
 }
 
+/// Closes a comm of ours whose handle is a `Box<T>`, for the exported function `name`.
+///
 /// # Safety
-/// `comm` is NULL or a live send comm of ours, closed once and not used after or during the call.
-pub unsafe extern "C" fn close_send(comm: *mut c_void) -> NcclResult {
+/// `comm` is NULL or a live `T` of ours, closed once and not used after or during the call.
+unsafe fn close_comm<T>(name: &str, comm: *mut c_void) -> NcclResult {
     ffi::call_traced(
-        "closeSend",
+        name,
         || {
             if !comm.is_null() {
                 // SAFETY: NCCL closes each comm of ours once, with no call in flight on it.
-                drop(unsafe { Box::from_raw(comm.cast::<SendHandle>()) });
+                drop(unsafe { Box::from_raw(comm.cast::<T>()) });
             }
             Ok(())
         },
         || Line::of(format!("comm {comm:p}")),
     )
+}
+
+/// # Safety
+/// `comm` is NULL or a live send comm of ours, closed once and not used after or during the call.
+pub unsafe extern "C" fn close_send(comm: *mut c_void) -> NcclResult {
+    // SAFETY: per the contract.
+    unsafe { close_comm::<SendHandle>("closeSend", comm) }
 }
 
 /// # Safety
 /// `comm` is NULL or a live receive comm of ours, closed once and not used after or during the
 /// call.
 pub unsafe extern "C" fn close_recv(comm: *mut c_void) -> NcclResult {
-    ffi::call_traced(
-        "closeRecv",
-        || {
-            if !comm.is_null() {
-                // SAFETY: as close_send.
-                drop(unsafe { Box::from_raw(comm.cast::<RecvHandle>()) });
-            }
-            Ok(())
-        },
-        || Line::of(format!("comm {comm:p}")),
-    )
+    // SAFETY: per the contract.
+    unsafe { close_comm::<RecvHandle>("closeRecv", comm) }
 }
 
 /// # Safety
 /// `comm` is NULL or a live listen comm of ours, closed once and not used after or during the call.
 pub unsafe extern "C" fn close_listen(comm: *mut c_void) -> NcclResult {
-    ffi::call_traced(
-        "closeListen",
-        || {
-            if !comm.is_null() {
-                // SAFETY: as close_send.
-                drop(unsafe { Box::from_raw(comm.cast::<ListenHandle>()) });
-            }
-            Ok(())
-        },
-        || Line::of(format!("comm {comm:p}")),
-    )
+    // SAFETY: per the contract.
+    unsafe { close_comm::<ListenHandle>("closeListen", comm) }
 }
 
 /// `makeVDevice` for a vProps type with `N` member slots.
@@ -766,7 +760,7 @@ pub fn make_vdevice(d: *mut c_int, ndevs: c_int, devs: &[c_int], max: usize) -> 
         || {
             let members = &devs[..usize::try_from(ndevs).unwrap_or(0).min(devs.len())];
             // SAFETY: NCCL's out-pointer, NULL or writable.
-            Line::of(format!("devs {members:?}, d -> {:?}", unsafe { read(d) }))
+            Line::of(format!("devs {members:?}, d -> {}", shown(unsafe { read(d) })))
         },
     )
 }
