@@ -66,10 +66,14 @@ impl Error {
     }
 
     /// A failed OS or verbs call: `what` failed with the current `errno`, plus the resource-limit
-    /// hint when the errno says a limit was hit.
+    /// hint when the errno says a limit was hit, or the bad-address hint.
     pub fn last_os(what: &str) -> Self {
         let err = std::io::Error::last_os_error();
-        Self::system(format!("{what} failed: {err}{}", limit_suffix(&err)))
+        Self::system(format!(
+            "{what} failed: {err}{}{}",
+            limit_suffix(&err),
+            fault_suffix(&err)
+        ))
     }
 
     /// The single mapping from error kinds to `ncclResult_t` (spec §1.1, §11 rule 11).
@@ -202,6 +206,19 @@ pub fn limit_suffix(err: &std::io::Error) -> String {
         .unwrap_or_default()
 }
 
+/// `" — <hint>"` when `err` is EFAULT, which a registration gets for memory the NIC cannot pin:
+/// most often a GPU buffer on a NIC without a GPU path. Else empty.
+pub fn fault_suffix(err: &std::io::Error) -> String {
+    if err.raw_os_error() != Some(libc::EFAULT) {
+        return String::new();
+    }
+    " — the memory is not mapped in this process with the access the NIC needs. For a GPU buffer: \
+     the NIC reaches GPU memory only through nvidia_peermem or DMA-BUF (see the INFO line \
+     'GPUDirect peer memory' and ferroce-doctor's 'gpudirect' check; softroce never can), so leave \
+     NCCL_NET_GDR_LEVEL unset or set it to LOC to keep GPU buffers off this NIC"
+        .into()
+}
+
 /// File descriptors open in this process.
 fn open_fds() -> Option<u64> {
     std::fs::read_dir("/proc/self/fd").ok().map(|d| d.count() as u64)
@@ -210,6 +227,16 @@ fn open_fds() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bad_address_says_what_to_check() {
+        let fault = fault_suffix(&std::io::Error::from_raw_os_error(libc::EFAULT));
+        assert!(
+            fault.contains("nvidia_peermem") && fault.contains("NCCL_NET_GDR_LEVEL"),
+            "{fault}"
+        );
+        assert_eq!(fault_suffix(&std::io::Error::from_raw_os_error(libc::ENOMEM)), "");
+    }
 
     #[test]
     fn every_kind_maps_to_its_nccl_code() {

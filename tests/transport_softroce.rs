@@ -1527,3 +1527,43 @@ fn messages_of_2_5_and_4_5_gib() {
     api::finalize(ctx).unwrap();
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// Memory the NIC cannot pin (here a reserved range, as a GPU buffer is to a NIC without a GPU
+/// path: CUDA reserves its addresses without access) fails regMr at once with a system error
+/// that says what to check, for host and CUDA registrations alike; the comm goes on working.
+#[test]
+fn a_buffer_the_nic_cannot_reach_fails_registration_with_a_hint() {
+    let Some(ctx) = setup() else { return };
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let (s, r) = pair(&ctx);
+    let len = 8192;
+    // SAFETY: a fresh anonymous mapping with no access, unmapped below.
+    let reserved = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_NONE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(reserved, libc::MAP_FAILED);
+    for kind in [api::MemKind::Host, api::MemKind::Cuda] {
+        let Err(err) = api::reg_mr(&device_of(&*s), reserved as usize, len, kind, None) else {
+            panic!("regMr of a reserved range ({kind:?}) succeeded");
+        };
+        assert_eq!(err.result_code(), nccl_net_ferroce::error::code::SYSTEM_ERROR, "{err}");
+        assert!(err.message.contains("Bad address"), "{err}");
+        assert!(
+            err.message.contains("nvidia_peermem") && err.message.contains("NCCL_NET_GDR_LEVEL"),
+            "{err}"
+        );
+    }
+    // SAFETY: the mapping made above.
+    unsafe { libc::munmap(reserved, len) };
+    let buf = vec![1u8; 4096];
+    let mh = reg(&*r, &buf);
+    api::dereg_mr(mh).unwrap();
+    drop((s, r));
+}

@@ -126,6 +126,32 @@ fn dmabuf_mr_maps_the_fd() {
     }
 }
 
+/// Like the kernel, registration fails with EFAULT for memory the process cannot use as the
+/// access asks (a reserved range such as a GPU pointer without peer memory, a freed mapping, a
+/// read-only page the NIC would write), instead of faulting later in the engine.
+#[test]
+fn memory_that_is_not_there_or_not_writable_is_refused_with_efault() {
+    let c = open(ADDR);
+    // SAFETY: test code: fresh anonymous mappings, registered and unmapped here only.
+    unsafe {
+        let page = |prot| libc::mmap(null_mut(), 4096, prot, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0);
+        let errno = || *libc::__errno_location();
+        let reserved = page(libc::PROT_NONE);
+        assert!(ibv_reg_mr_iova2(c.pd, reserved, 4096, reserved as u64, 0).is_null());
+        assert_eq!(errno(), libc::EFAULT, "PROT_NONE");
+        libc::munmap(reserved, 4096);
+        assert!(ibv_reg_mr_iova2(c.pd, reserved, 4096, reserved as u64, 0).is_null());
+        assert_eq!(errno(), libc::EFAULT, "unmapped");
+        let read_only = page(libc::PROT_READ);
+        assert!(ibv_reg_mr_iova2(c.pd, read_only, 4096, read_only as u64, ACCESS_ALL as u32).is_null());
+        assert_eq!(errno(), libc::EFAULT, "read-only memory registered for writing");
+        let mr = ibv_reg_mr_iova2(c.pd, read_only, 4096, read_only as u64, 4 /* REMOTE_READ */);
+        assert!(!mr.is_null(), "read-only memory for remote reads: errno {}", errno());
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        libc::munmap(read_only, 4096);
+    }
+}
+
 #[test]
 fn completion_channel_and_async_event() {
     let c = open(ADDR);

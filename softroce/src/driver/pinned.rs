@@ -1,7 +1,12 @@
-//! Locked-memory accounting, as the kernel does for `ibv_reg_mr` of user memory: every
-//! registration pins its pages, the process's pinned bytes (over all its contexts) may not
-//! pass `RLIMIT_MEMLOCK` unless it has `CAP_IPC_LOCK`, and past it the registration fails with
-//! ENOMEM. DMA-BUF registrations pin no user pages and are not counted.
+//! Pinning user memory, as the kernel does for `ibv_reg_mr`:
+//!
+//! * Every page of the range must be mapped and readable, and writable when the access flags
+//!   let the NIC write it; else the registration fails with EFAULT (the kernel's
+//!   `get_user_pages`), not later with a fault in the engine thread. A GPU pointer without a
+//!   peer-memory module is such a range: CUDA reserves its addresses without access.
+//! * Every registration pins its pages, the process's pinned bytes (over all its contexts) may
+//!   not pass `RLIMIT_MEMLOCK` unless it has `CAP_IPC_LOCK`, and past it the registration fails
+//!   with ENOMEM. DMA-BUF registrations pin no user pages and are not counted.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -70,6 +75,54 @@ pub fn pin(bytes: u64) -> Result<(), i32> {
     }
 }
 
+/// Whether `[addr, addr + len)` lies in mappings of `maps` (the text of `/proc/self/maps`) that
+/// are readable, and writable when `writable`, without a gap.
+fn mapped_in(maps: &str, addr: usize, len: usize, writable: bool) -> bool {
+    let Some(end) = addr.checked_add(len) else {
+        return false;
+    };
+    let mut at = addr;
+    for line in maps.lines() {
+        let mut fields = line.split_whitespace();
+        let (Some(range), Some(perms)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let Some((lo, hi)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16)) else {
+            continue;
+        };
+        if hi <= at {
+            continue;
+        }
+        let perms = perms.as_bytes();
+        let allowed = perms.first() == Some(&b'r') && (!writable || perms.get(1) == Some(&b'w'));
+        if lo > at || !allowed {
+            return false;
+        }
+        at = hi;
+        if at >= end {
+            return true;
+        }
+    }
+    false
+}
+
+/// EFAULT unless every page of `[addr, addr + len)` is mapped, readable, and writable when
+/// `writable` (the kernel's check when it pins the pages). An empty range is always fine.
+pub fn check_mapped(addr: usize, len: usize, writable: bool) -> Result<(), i32> {
+    if len == 0 {
+        return Ok(());
+    }
+    let maps = std::fs::read_to_string("/proc/self/maps").map_err(|_| libc::EFAULT)?;
+    if mapped_in(&maps, addr, len, writable) {
+        Ok(())
+    } else {
+        Err(libc::EFAULT)
+    }
+}
+
 /// Give `bytes` back (a deregistration).
 pub fn unpin(bytes: u64) {
     let _ = PINNED.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| Some(c.saturating_sub(bytes)));
@@ -83,6 +136,52 @@ pub fn pinned() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const MAPS: &str = "\
+1000-3000 rw-p 00000000 00:00 0                          [heap]
+3000-4000 r--p 00000000 08:01 42                         /usr/lib/x.so
+4000-5000 ---p 00000000 00:00 0
+6000-8000 rw-s 00000000 00:05 7                          /memfd:buf (deleted)
+";
+
+    #[test]
+    fn a_range_must_be_mapped_without_gaps_and_with_the_access_it_needs() {
+        assert!(mapped_in(MAPS, 0x1000, 0x2000, true));
+        assert!(mapped_in(MAPS, 0x2fff, 2, false), "across two readable mappings");
+        assert!(!mapped_in(MAPS, 0x2fff, 2, true), "the second one is read-only");
+        assert!(!mapped_in(MAPS, 0x4000, 1, false), "no access (a reserved range)");
+        assert!(!mapped_in(MAPS, 0x5000, 1, false), "not mapped");
+        assert!(!mapped_in(MAPS, 0x7000, 0x1001, false), "runs past the last mapping");
+        assert!(
+            !mapped_in(MAPS, 0x800, 0x1000, false),
+            "starts before the first mapping"
+        );
+        assert!(mapped_in(MAPS, 0x6000, 0x2000, true));
+        assert!(!mapped_in(MAPS, usize::MAX, 2, false));
+    }
+
+    #[test]
+    fn this_process_s_own_memory_is_mapped_and_a_freed_mapping_is_not() {
+        let v = vec![7u8; 3 * 4096];
+        assert_eq!(check_mapped(v.as_ptr() as usize, v.len(), true), Ok(()));
+        // SAFETY: a fresh anonymous mapping, unmapped below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        assert_eq!(check_mapped(p as usize, 4096, false), Err(libc::EFAULT));
+        // SAFETY: the mapping made above.
+        unsafe { libc::munmap(p, 4096) };
+        assert_eq!(check_mapped(p as usize, 4096, false), Err(libc::EFAULT));
+        assert_eq!(check_mapped(p as usize, 0, false), Ok(()));
+    }
 
     #[test]
     fn registrations_count_whole_pages() {

@@ -88,6 +88,11 @@ const ACCESS_HUGETLB: u32 = ibv_access_flags::IBV_ACCESS_HUGETLB.0;
 const ACCESS_OPTIONAL_RANGE: u32 = rdma_sys::ib_uverbs_access_flags::IB_UVERBS_ACCESS_OPTIONAL_RANGE.0;
 
 /// Validates access flags the way a real provider does; returns the flags kept.
+/// Whether `access` lets the NIC write the memory (the kernel then pins it for writing).
+fn writable(access: u32) -> bool {
+    access & (ibv_access::LOCAL_WRITE | ibv_access::REMOTE_WRITE | ibv_access::REMOTE_ATOMIC | ACCESS_MW_BIND) != 0
+}
+
 fn check_access(access: c_int) -> Result<u32, i32> {
     let a = access as u32 & !ACCESS_OPTIONAL_RANGE;
     let known = ibv_access::LOCAL_WRITE
@@ -123,7 +128,11 @@ fn register(
     if (host as u64).checked_add(len as u64).is_none() || iova.checked_add(len as u64).is_none() {
         return Err(libc::EINVAL);
     }
-    // User memory is pinned against RLIMIT_MEMLOCK, as the kernel does; a DMA-BUF is not.
+    // User memory must be there to pin (EFAULT, as the kernel), and is pinned against
+    // RLIMIT_MEMLOCK; a DMA-BUF is neither.
+    if map.is_none() {
+        pinned::check_mapped(host, len, writable(access))?;
+    }
     let pinned = if map.is_none() {
         pinned::page_bytes(host, len)
     } else {
@@ -344,6 +353,10 @@ pub unsafe extern "C" fn ibv_rereg_mr(
             }
         }
         if flags & 1 != 0 {
+            if let Err(e) = pinned::check_mapped(addr as usize, length, writable(ni.access)) {
+                super::set_errno(e);
+                return ERR_CMD;
+            }
             // The new range is pinned before the old one is let go, as the kernel does.
             let bytes = pinned::page_bytes(addr as usize, length);
             if let Err(e) = pinned::pin(bytes) {
