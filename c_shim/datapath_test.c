@@ -251,6 +251,9 @@ static struct {
 } opt = {200, 32, 1, 0, -1, 0, 8, 0, 0, 0, 64u << 20, 1, 120, NULL, 0, 0, -1, -1, 0, 0, -1, "closed the connection", 0};
 static void* g_dl;
 
+/* The comms a run sets up: -c, at most 16. */
+static int comm_count(void) { return opt.comms > 16 ? 16 : opt.comms; }
+
 /* -P: the hints NCCL 2.28.9 gave before every connect, accept, isend and irecv call (thousands per
  * second on its proxy thread): they must cost nothing and change nothing. */
 static long attr_calls;
@@ -628,7 +631,7 @@ static void* local_comms(void* arg) {
   net_t* n = arg;
   void* sc[16];
   void* rc[16];
-  int C = opt.comms > 16 ? 16 : opt.comms;
+  int C = comm_count();
   CHECK(connect_local(n, C, sc, rc) == 0, "connect %d comm(s) in one process", C);
   if (failed) return NULL;
   if (opt.hint) {
@@ -699,7 +702,7 @@ static int run_local(net_t* n) {
     local_comms(n);
   }
   if (failed) return summary();
-  int C = opt.comms > 16 ? 16 : opt.comms;
+  int C = comm_count();
   CHECK(count_fds() == fds0, "no fd leaked by %d comm(s): %d fds before, %d after", C, fds0, count_fds());
   CHECK(warns == 0, "no WARN on a clean run (%d, last: %s)", warns, last_warn);
   check_eager();
@@ -901,7 +904,7 @@ static void second_round(net_t* n, int sender, const char* file, int C) {
  * error (never a hang) within the limit; with -X the sender closes comm 0 early and the
  * receiver must see an error on that comm alone. */
 static int run_remote(net_t* n, int sender, const char* file) {
-  int C = opt.comms > 16 ? 16 : opt.comms;
+  int C = comm_count();
   void* comms[16] = {0};
   double end = now_s() + opt.limit;
   int fds0 = count_fds(), peak = fds0;

@@ -134,11 +134,23 @@ except Exception as e:
     fi
 }
 
+# step_field NAME COLUMN: the step's recorded exit status (2) or seconds (3); empty when not run.
+step_field() {
+    awk -F'|' -v n="$1" -v c="$2" '$1 == n {v = $c} END {print v}' "$RESULTS" 2>/dev/null
+}
+
+# build_row NAME TITLE: the summary row of a build step: PASS, FAIL (rc N) or NOT RUN.
+build_row() {
+    local rc
+    rc=$(step_field "$1" 2)
+    echo "| $2 | $([ "$rc" = 0 ] && echo PASS || echo "${rc:+FAIL (rc $rc)}${rc:-NOT RUN}") | - | - | - |"
+}
+
 # One summary row for a run step: result, time, #wrong, proof of use.
 summary_row() {
     local name=$1 mode=$2 log=$3 title=$4 rc secs wrong proof verdict ok
-    rc=$(awk -F'|' -v n="$name" '$1 == n {r = $2} END {print r}' "$RESULTS" 2>/dev/null)
-    secs=$(awk -F'|' -v n="$name" '$1 == n {s = $3} END {print s}' "$RESULTS" 2>/dev/null)
+    rc=$(step_field "$name" 2)
+    secs=$(step_field "$name" 3)
     if [ -z "$rc" ] || [ "$rc" = skip ]; then
         echo "| $title | NOT RUN | - | - | ${rc:+no time left} |"
         return
@@ -173,15 +185,11 @@ write_summary() {
         echo "|---|---|---:|---|---|"
         summary_row torch-ferroce ferroce "$OUTD/torch-ferroce.log" "torch all_reduce + all_gather, ferroce"
         summary_row torch-socket socket "$OUTD/torch-socket.log" "torch all_reduce + all_gather, NCCL socket"
-        name=direct-build
-        local brc
-        brc=$(awk -F'|' -v n="$name" '$1 == n {r = $2} END {print r}' "$RESULTS" 2>/dev/null)
-        echo "| nccl_direct build (nvcc) | $([ "$brc" = 0 ] && echo PASS || echo "${brc:+FAIL (rc $brc)}${brc:-NOT RUN}") | - | - | - |"
+        build_row direct-build "nccl_direct build (nvcc)"
         summary_row direct-ferroce ferroce "$OUTD/direct-ferroce.log" "nccl_direct all_reduce + send/recv, ferroce"
         summary_row direct-socket socket "$OUTD/direct-socket.log" "nccl_direct all_reduce + send/recv, NCCL socket"
         if grep -q '^nccl-tests-build|' "$RESULTS" 2>/dev/null; then
-            brc=$(awk -F'|' '$1 == "nccl-tests-build" {r = $2} END {print r}' "$RESULTS")
-            echo "| nccl-tests build (MPI, PyTorch's NCCL) | $([ "$brc" = 0 ] && echo PASS || echo "FAIL (rc $brc)") | - | - | - |"
+            build_row nccl-tests-build "nccl-tests build (MPI, PyTorch's NCCL)"
         fi
         if grep -q '^nccl-tests|' "$RESULTS" 2>/dev/null; then
             summary_row nccl-tests ferroce "$OUTD/nccl-tests-ferroce.log" "nccl-tests, ferroce"

@@ -89,8 +89,13 @@ pub fn record(name: &str, rc: i32, describe: impl FnOnce() -> Line) {
         COUNTS[i].fetch_add(1, Ordering::Relaxed);
     }
     let seq = SEQUENCE.fetch_add(1, Ordering::Relaxed) + 1;
+    let data_path = DATA_PATH.contains(&name);
+    if data_path && DATA_PATH_LOGGED.load(Ordering::Relaxed) >= limit() {
+        // Past the limit: counted above, and not described (millions of calls).
+        return;
+    }
     let line = describe();
-    if DATA_PATH.contains(&name) || (line.quiet && rc == 0) {
+    if data_path || (line.quiet && rc == 0) {
         let logged = DATA_PATH_LOGGED.fetch_add(1, Ordering::Relaxed);
         if logged >= limit() {
             return;

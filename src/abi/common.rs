@@ -431,9 +431,10 @@ pub unsafe fn irecv(
     request: *mut *mut c_void,
     hint_allowed: bool,
 ) -> NcclResult {
-    // NCCL's hint in *request, read before the call overwrites it.
+    // NCCL's hint in *request (v9+), read before the call overwrites it.
     // SAFETY: NCCL's out-pointer, NULL or readable.
-    let hint_in = unsafe { read(request) }.is_some_and(|r| r as usize == NCCL_NET_OPTIONAL_RECV_COMPLETION);
+    let hint =
+        hint_allowed && unsafe { read(request) }.is_some_and(|r| r as usize == NCCL_NET_OPTIONAL_RECV_COMPLETION);
     let describe = || {
         // SAFETY: NCCL's out-pointer, NULL or writable.
         let req = unsafe { read(request) };
@@ -452,7 +453,7 @@ pub unsafe fn irecv(
         Line {
             text: format!(
                 "comm {recv_comm:p}, n {n}, {entries}, optional-completion hint {}, request -> {}",
-                hint_allowed && hint_in,
+                hint,
                 shown(req)
             ),
             quiet: req.is_some_and(|r| r.is_null()),
@@ -475,8 +476,6 @@ pub unsafe fn irecv(
         };
         // SAFETY: live handles from our regMr.
         let handles = unsafe { handle_array(mhs)? };
-        // SAFETY: reading the value NCCL stored before the call.
-        let hint = hint_allowed && unsafe { *out } as usize == NCCL_NET_OPTIONAL_RECV_COMPLETION;
         // SAFETY: NCCL passes NULL or n profiler handles (v10+).
         let phandles: &[*mut c_void] = if phandles.is_null() {
             &[]
