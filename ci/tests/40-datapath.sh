@@ -177,9 +177,12 @@ local_case "eager path: messages <= 224 B, single receives" "$st" 12 -g 300 -S 2
 local_case "eager path: messages <= 224 B, groups, dmabuf" "$st" 12 -g 300 -S 224 -E 50
 local_case "eager path: FERROCE_EAGER_MAX=1000, 2 QPs split" "$st FERROCE_EAGER_MAX=1000 NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1" 12 -g 300 -S 1000 -E 50
 local_case "eager path off (FERROCE_EAGER_MAX=0)" "$st FERROCE_EAGER_MAX=0" 12 -g 100 -S 224 -E 0
-pair_case "eager path: messages <= 224 B, single receives" "$st" 12 "-g 300 -S 224 -1 -D -E 100" "-g 300 -S 224 -1 -D -E 100"
+# Between two processes the receiver keeps one receive posted (-w 1), as a receiver whose
+# consumer lags does: each send then finds no CTS yet and goes eagerly, whatever the timing. With
+# 32 receives posted ahead the receiver's CTS usually wins, and how many go eagerly is luck.
+pair_case "eager path: messages <= 224 B, single receives, a lagging receiver" "$st" 12 "-g 300 -S 224 -1 -D -w 1 -E 200" "-g 300 -S 224 -1 -D -E 200"
 pair_case "eager path: messages <= 224 B, groups, dmabuf" "$st" 12 "-g 300 -S 224" "-g 300 -S 224 -E 20"
-pair_case "eager path with 1% loss" "$st SOFTROCE_LOSS=0.01 NCCL_IB_TIMEOUT=14" 12 "-g 200 -S 224 -1 -D -E 10" "-g 200 -S 224 -1 -D -E 10"
+pair_case "eager path with 1% loss" "$st SOFTROCE_LOSS=0.01 NCCL_IB_TIMEOUT=14" 12 "-g 200 -S 224 -1 -D -w 1 -E 100" "-g 200 -S 224 -1 -D -E 100"
 # A receiver that closes its comm while the sender's eager messages wait for their verdict
 # (receives it never posts, though their writes landed): the sender fails on that comm alone,
 # as it does waiting for a CTS with the eager path off, never hangs. Its window (-w 4) is what
