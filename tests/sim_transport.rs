@@ -504,6 +504,7 @@ fn probe_isend(r: &mut Run) -> Result<Isend, Error> {
         size: 8,
         tag: 1,
         lkeys: r.fab.keys(r.send_data),
+        host: true,
     };
     let (now, fifo) = (r.now, r.fifo);
     let Run { fab, send: core, .. } = r;
@@ -760,6 +761,30 @@ fn a_failed_flush_read_is_reported_by_test() {
     };
     let err = r.recv.test(&view, idx).unwrap_err();
     assert!(err.message.contains("flush read failed"), "{err}");
+}
+
+/// An eager send from a GPU's memory (the sender's CUDA or DMA-BUF registration) never goes
+/// inline: the provider copies an inline payload with the CPU at the post, and the CPU cannot
+/// read a GPU's memory (on a real NIC, a crash in `ibv_post_send`). Its payload goes by DMA in a
+/// write of its own, then its header inline; from host memory the same sends go inline, in one
+/// write each. (The fabric also refuses an inline WR that reads a GPU's memory, in every case.)
+#[test]
+fn an_eager_send_from_gpu_memory_never_goes_inline() {
+    for gpu in [false, true] {
+        let mut c = Case::simple((0..40).map(|k| single(224, 8 + 5 * k)).collect());
+        c.eager_max = 224;
+        c.send_gpu = gpu;
+        // The receiver lags (one receive posted at a time), so the sends go before their CTS.
+        c.recv_window = 1;
+        let r = run_case(c);
+        assert!(r.eager_sends >= 30, "gpu {gpu}: {} of 40 sends eager", r.eager_sends);
+        let inline = r.fab.queues.inline_payloads[Side::Sender.index()];
+        if gpu {
+            assert_eq!(inline, 0, "no inline payload from a GPU's memory");
+        } else {
+            assert_eq!(inline, r.eager_sends, "one inline write per eager send from host memory");
+        }
+    }
 }
 
 /// Found by the `transport_core` fuzz target (input kept as

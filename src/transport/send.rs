@@ -273,6 +273,7 @@ impl SendDp {
             size,
             tag,
             lkeys: mh.lkeys,
+            host: mh.host,
         };
         let SendDp {
             io, ring, core, prof, ..

@@ -114,6 +114,9 @@ pub struct Region {
     pub bytes: Vec<u8>,
     pub writes: Vec<u16>,
     pub ndevs: usize,
+    /// Host memory the CPU may read; false for a GPU's, which only the NIC's DMA reaches (an
+    /// inline WR's payload is copied by the CPU at the post).
+    pub cpu: bool,
 }
 
 /// The key of region `r` on member device `dev`.
@@ -185,6 +188,8 @@ pub struct Queues {
     pub max_msg: usize,
     /// Receive posts (`ibv_post_recv` calls) per side.
     pub recv_posts: [usize; 2],
+    /// Inline WRs posted with a payload (beyond an eager header), per side.
+    pub inline_payloads: [usize; 2],
     /// Per side and QP: its generation, the recovery epoch that made it (0 at connect).
     pub gen: [Vec<u32>; 2],
     flush_sq: VecDeque<(usize, WorkRequest)>,
@@ -232,6 +237,7 @@ impl Queues {
                     chain.len()
                 );
                 q.unretired.extend(chain.iter().map(|w| w.signaled));
+                self.inline_payloads[side.index()] += chain.iter().filter(|w| w.inline && w.local.is_some()).count();
                 q.sq.extend(chain.iter().copied());
             }
             Post::Recv { qp, wr_id, count } => {
@@ -293,6 +299,7 @@ impl Fabric {
                 sq_depth,
                 max_msg: usize::MAX,
                 recv_posts: [0; 2],
+                inline_payloads: [0; 2],
                 gen: [vec![0; n], vec![0; n]],
             },
             routes: [sender_routes, receiver_routes],
@@ -313,6 +320,7 @@ impl Fabric {
             bytes: vec![0; len],
             writes: vec![0; len],
             ndevs,
+            cpu: true,
         });
         self.regions.len() - 1
     }
@@ -536,6 +544,10 @@ impl Fabric {
                 let local = wr.local.map_or(0, |s| s.len as usize);
                 if local > 0 {
                     assert!(wr.prefix.is_none() || wr.inline, "a prefix on a WR that is not inline");
+                    assert!(
+                        !wr.inline || self.regions[src_r].cpu,
+                        "{side:?} QP {qp}: an inline WR whose payload is a GPU's memory (the provider would copy it with the CPU)"
+                    );
                     data.extend_from_slice(&self.regions[src_r].bytes[src_off..src_off + local]);
                 }
                 if len > 1 && rng.chance(self.faults.torn_writes) {

@@ -108,6 +108,8 @@ pub struct Case {
     /// as NCCL's proxy posts a step's receive only after an earlier step's completed (0: no
     /// limit).
     pub recv_window: usize,
+    /// The sender's buffers are a GPU's memory (only the NIC reads them: never inline).
+    pub send_gpu: bool,
 }
 
 impl Case {
@@ -131,6 +133,7 @@ impl Case {
             gpu_percent: 0,
             named_imm: true,
             recv_window: 0,
+            send_gpu: false,
         }
     }
 
@@ -212,6 +215,7 @@ impl Run {
         let send_data = fab.register(Side::Sender, s_total.max(1), nl);
         let recv_data = fab.register(Side::Receiver, r_total.max(1), nr);
         let scratch = fab.register(Side::Receiver, MAX_DEVS, nr);
+        fab.regions[send_data].cpu = !case.send_gpu;
         for b in fab.regions[send_data].bytes.iter_mut() {
             *b = rng.next() as u8;
         }
@@ -574,6 +578,7 @@ impl Run {
             size: m.sent,
             tag: m.tag,
             lkeys: self.fab.keys(self.send_data),
+            host: !self.case.send_gpu,
         };
         let now = self.now;
         let fifo = self.fifo;
@@ -1048,5 +1053,6 @@ pub fn case_from(seed: u64, rng: &mut Rng) -> Case {
         gpu_percent: if rng.chance(30) { rng.below(60) } else { 0 },
         named_imm: !rng.chance(20),
         recv_window: if rng.chance(30) { rng.range(1, 4) } else { 0 },
+        send_gpu: rng.chance(25),
     }
 }

@@ -41,7 +41,9 @@
 //!
 //! All eager messages go over QP 0 of the connection, so they arrive in order. The write with
 //! immediate that carries one writes [`EAGER_HEADER_BYTES`] of header then the payload into its slot;
-//! its immediate is [`IMM_EAGER`] | slot. Header (little-endian):
+//! its immediate is [`IMM_EAGER`] | slot. The header always goes inline; the payload too when
+//! both fit and it is host memory (never a GPU's: the CPU copies inline bytes at the post).
+//! Header (little-endian):
 //!
 //! | off | size | field |
 //! |---|---|---|
@@ -252,13 +254,23 @@ impl SlotQueue {
 pub struct EagerSendConfig {
     /// The largest payload sent eagerly (`FERROCE_EAGER_MAX`, at most what a slot holds).
     pub max: usize,
-    /// The eager QP's `max_inline_data`: a message whose header and payload fit goes in one
-    /// inline write; a larger one writes its payload first, then its header inline.
+    /// The eager QP's `max_inline_data`: a message in host memory whose header and payload fit
+    /// goes in one inline write; a larger one, or one in a GPU's memory (an inline post copies
+    /// the payload with the CPU, which cannot read it), writes its payload first, then its
+    /// header inline.
     pub inline_max: usize,
     /// Slot 0 of the receiver's landing ring, and its rkey per peer member device.
     pub landing: u64,
     pub landing_rkeys: [u32; super::limits::MAX_DEVS],
     pub slot_bytes: usize,
+}
+
+impl EagerSendConfig {
+    /// Whether a message of `len` bytes goes in one inline write: it is in host memory (`host`)
+    /// and fits with its header.
+    pub fn inline(&self, host: bool, len: usize) -> bool {
+        host && EAGER_HEADER_BYTES + len <= self.inline_max
+    }
 }
 
 /// The sender's eager state.
@@ -279,11 +291,13 @@ pub struct SenderState {
     /// messages waiting for the CTS path, both as slots.
     pub claims: SlotQueue,
     pub deferred: SlotQueue,
-    /// Per slot: the send request, its tag and header (kept for a replay), whether its write
-    /// was acknowledged, and whether the slot is taken (acknowledged and decided frees it).
+    /// Per slot: the send request, its tag and header (kept for a replay), whether its payload
+    /// is host memory (may go inline), whether its write was acknowledged, and whether the slot
+    /// is taken (acknowledged and decided frees it).
     pub req: [u16; SLOTS],
     pub tag: [i32; SLOTS],
     pub hdr: [[u8; EAGER_HEADER_BYTES]; SLOTS],
+    pub host: u32,
     pub acked: u32,
     pub busy: u32,
     /// Messages whose claim bound, and refused ones.
@@ -307,6 +321,7 @@ impl SenderState {
             req: [0; SLOTS],
             tag: [0; SLOTS],
             hdr: [[0; EAGER_HEADER_BYTES]; SLOTS],
+            host: 0,
             acked: 0,
             busy: 0,
             bound: 0,

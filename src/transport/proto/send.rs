@@ -501,8 +501,12 @@ impl SendCore {
         truncated_to
     }
 
-    /// The send as a request's kept buffer and lkeys describe it.
-    fn kept_send(&self, r: u16, tag: i32) -> SendBuf {
+    /// The send of eager slot `slot` as its request's kept buffer and lkeys describe it.
+    fn eager_kept_send(&self, slot: usize) -> SendBuf {
+        let Some(e) = self.eager.as_deref() else {
+            return SendBuf::default();
+        };
+        let (r, tag, host) = (e.req[slot], e.tag[slot], e.host & (1 << slot) != 0);
         let k = self.kept.get(usize::from(r)).copied().unwrap_or_default();
         let mut lkeys = [0; MAX_DEVS];
         let l = usize::from(r) * self.nldevs;
@@ -514,6 +518,7 @@ impl SendCore {
             size: k.len(),
             tag,
             lkeys,
+            host,
         }
     }
 
@@ -523,7 +528,7 @@ impl SendCore {
         let Some(e) = self.eager.as_deref() else {
             return Ok(Isend::NoBuffer);
         };
-        let inline = eager::EAGER_HEADER_BYTES + send.size <= e.cfg.inline_max;
+        let inline = e.cfg.inline(send.host, send.size);
         let wrs = if inline || send.size == 0 { 1 } else { 2 };
         if !e.may_send(send.size) || usize::from(self.credits[EAGER_QP]) < wrs {
             return Ok(Isend::NoBuffer);
@@ -561,6 +566,7 @@ impl SendCore {
         e.req[slot] = r;
         e.tag[slot] = send.tag;
         e.hdr[slot] = header.to_bytes();
+        e.host = (e.host & !(1 << slot)) | (u32::from(send.host) << slot);
         e.acked &= !(1 << slot);
         e.busy |= 1 << slot;
         e.sent += 1;
@@ -575,8 +581,8 @@ impl SendCore {
     }
 
     /// Post the eager write of slot `slot` (its header kept in the eager state, its payload
-    /// `send`) on the eager QP: one inline write when both fit, else the payload and then the
-    /// header inline. The write with immediate is signaled; its completion acknowledges it.
+    /// `send`) on the eager QP: one inline write when both fit and the payload is host memory,
+    /// else the payload (by DMA) and then the header inline. The write with immediate is signaled; its completion acknowledges it.
     /// The caller logs the chain.
     fn post_eager(&mut self, slot: usize, send: SendBuf, post: &mut impl FnMut(Post<'_>) -> Result<()>) -> Result<()> {
         let Some(e) = self.eager.as_deref() else {
@@ -591,7 +597,7 @@ impl SendCore {
             len: send.size as u32,
             lkey: send.lkeys[ldev],
         });
-        let inline = eager::EAGER_HEADER_BYTES + send.size <= e.cfg.inline_max;
+        let inline = e.cfg.inline(send.host, send.size);
         let r = e.req[slot];
         let mut chain = [WorkRequest::EMPTY; 2];
         let mut k = 0;
@@ -652,7 +658,7 @@ impl SendCore {
                 return Ok(());
             };
             let (claim, deferred) = (e.claims.front(), e.deferred.front());
-            let deferred = deferred.map(|slot| (slot, e.acked(slot), e.req[slot], e.tag[slot]));
+            let deferred = deferred.map(|slot| (slot, e.acked(slot), e.req[slot]));
             if let Some(slot) = claim {
                 if !self.cur.active && !self.load_group(ring, now)? {
                     return Ok(());
@@ -660,14 +666,14 @@ impl SendCore {
                 self.decide_claim(slot);
                 continue;
             }
-            if let Some((slot, acked, r, tag)) = deferred {
+            if let Some((slot, acked, r)) = deferred {
                 if !acked || self.waiting() {
                     return Ok(());
                 }
                 if !self.cur.active && !self.load_group(ring, now)? {
                     return Ok(());
                 }
-                let send = self.kept_send(r, tag);
+                let send = self.eager_kept_send(slot);
                 let Some(i) = fifo::match_tag(&self.cur.entries[..self.cur.n], self.cur.matched, send.tag) else {
                     // The group waits for other sends first.
                     return Ok(());
@@ -1088,12 +1094,12 @@ impl SendCore {
     /// Post the eager write of slot `slot` again (a recovery found it had not landed); its
     /// payload bytes.
     fn replay_eager(&mut self, slot: usize, post: &mut impl FnMut(Post<'_>) -> Result<()>) -> Result<u64> {
-        let Some(e) = self.eager.as_deref() else {
+        if self.eager.is_none() {
             return Err(self.state.fail(Error::internal(
                 "recovery: an eager chain on a connection without the eager path",
             )));
-        };
-        let send = self.kept_send(e.req[slot], e.tag[slot]);
+        }
+        let send = self.eager_kept_send(slot);
         // The chain log keeps the chain where it was (the recovery posts in its order).
         self.post_eager(slot, send, post)?;
         Ok(send.size as u64)
@@ -1183,4 +1189,6 @@ pub struct SendBuf {
     pub tag: i32,
     /// The registration's lkey on every member device.
     pub lkeys: [u32; MAX_DEVS],
+    /// Host memory, which the CPU may read (an inline post copies it); false for a GPU's.
+    pub host: bool,
 }
