@@ -68,12 +68,22 @@ impl Error {
     /// A failed OS or verbs call: `what` failed with the current `errno`, plus the resource-limit
     /// hint when the errno says a limit was hit, or the bad-address hint.
     pub fn last_os(what: &str) -> Self {
-        let err = std::io::Error::last_os_error();
+        Self::os(what, &std::io::Error::last_os_error())
+    }
+
+    /// `what` failed with `err`, with the hints of [`Error::last_os`].
+    pub fn os(what: &str, err: &std::io::Error) -> Self {
         Self::system(format!(
             "{what} failed: {err}{}{}",
-            limit_suffix(&err),
-            fault_suffix(&err)
+            limit_suffix(err),
+            fault_suffix(err)
         ))
+    }
+
+    /// Appends `suffix` (a hint) to the message.
+    pub fn suffixed(mut self, suffix: &str) -> Self {
+        self.message.push_str(suffix);
+        self
     }
 
     /// The single mapping from error kinds to `ncclResult_t` (spec §1.1, §11 rule 11).
@@ -219,6 +229,20 @@ pub fn fault_suffix(err: &std::io::Error) -> String {
         .into()
 }
 
+/// `" — <hint>"` when a DMA-BUF registration failed with EOPNOTSUPP: the NIC's driver cannot
+/// import that buffer (for NCCL, always a GPU's). Else empty.
+pub fn dmabuf_suffix(err: &std::io::Error) -> String {
+    if err.raw_os_error() != Some(libc::EOPNOTSUPP) {
+        return String::new();
+    }
+    " — the NIC's driver cannot import this DMA-BUF. For a GPU buffer, DMA-BUF needs the GPU \
+     driver's export (NVIDIA's open kernel modules, CUDA 11.7 or later, Linux 5.12 or later) and \
+     a NIC driver that imports it (ferroce-doctor's 'gpudirect' check says which is missing; \
+     softroce never can). NCCL_DMABUF_ENABLE=0 makes NCCL register GPU buffers through \
+     nvidia_peermem instead; NCCL_NET_GDR_LEVEL=LOC keeps them off this NIC"
+        .into()
+}
+
 /// File descriptors open in this process.
 fn open_fds() -> Option<u64> {
     std::fs::read_dir("/proc/self/fd").ok().map(|d| d.count() as u64)
@@ -236,6 +260,12 @@ mod tests {
             "{fault}"
         );
         assert_eq!(fault_suffix(&std::io::Error::from_raw_os_error(libc::ENOMEM)), "");
+        let dmabuf = dmabuf_suffix(&std::io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+        assert!(
+            dmabuf.contains("NCCL_DMABUF_ENABLE=0") && dmabuf.contains("gpudirect"),
+            "{dmabuf}"
+        );
+        assert_eq!(dmabuf_suffix(&std::io::Error::from_raw_os_error(libc::EINVAL)), "");
     }
 
     #[test]

@@ -782,7 +782,10 @@ fn an_eager_send_from_gpu_memory_never_goes_inline() {
         if gpu {
             assert_eq!(inline, 0, "no inline payload from a GPU's memory");
         } else {
-            assert_eq!(inline, r.eager_sends, "one inline write per eager send from host memory");
+            assert_eq!(
+                inline, r.eager_sends,
+                "one inline write per eager send from host memory"
+            );
         }
     }
 }

@@ -1530,7 +1530,8 @@ fn messages_of_2_5_and_4_5_gib() {
 
 /// Memory the NIC cannot pin (here a reserved range, as a GPU buffer is to a NIC without a GPU
 /// path: CUDA reserves its addresses without access) fails regMr at once with a system error
-/// that says what to check, for host and CUDA registrations alike; the comm goes on working.
+/// that says what to check, for host and CUDA registrations alike, and so does a DMA-BUF it
+/// cannot import; the comm goes on working.
 #[test]
 fn a_buffer_the_nic_cannot_reach_fails_registration_with_a_hint() {
     let Some(ctx) = setup() else { return };
@@ -1560,6 +1561,29 @@ fn a_buffer_the_nic_cannot_reach_fails_registration_with_a_hint() {
             "{err}"
         );
     }
+    // A DMA-BUF the NIC cannot import (here an eventfd, which softroce cannot map, as it cannot
+    // map a GPU's dma-buf): the error names the way out.
+    // SAFETY: a fresh eventfd, closed below.
+    let efd = unsafe { libc::eventfd(0, 0) };
+    assert!(efd >= 0);
+    let Err(err) = api::reg_mr(
+        &device_of(&*s),
+        reserved as usize,
+        len,
+        api::MemKind::Cuda,
+        Some((efd, 0)),
+    ) else {
+        panic!("regMrDmaBuf of an eventfd succeeded");
+    };
+    // SAFETY: the eventfd made above.
+    unsafe { libc::close(efd) };
+    assert_eq!(err.result_code(), nccl_net_ferroce::error::code::SYSTEM_ERROR, "{err}");
+    assert!(
+        err.message.contains("ibv_reg_dmabuf_mr")
+            && err.message.contains("cannot import this DMA-BUF")
+            && err.message.contains("NCCL_DMABUF_ENABLE=0"),
+        "{err}"
+    );
     // SAFETY: the mapping made above.
     unsafe { libc::munmap(reserved, len) };
     let buf = vec![1u8; 4096];

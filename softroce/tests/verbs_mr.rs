@@ -550,3 +550,34 @@ fn srq_shared_by_two_qps() {
         assert_eq!(ibv_destroy_srq(srq), 0);
     }
 }
+
+/// A dma-buf registration fails as the kernel's does: EINVAL for a range past the buffer's end
+/// (mapped, the engine would fault on it), EBADF for no file, EOPNOTSUPP for a file the CPU
+/// cannot map (a GPU's dma-buf: softroce reaches memory only with the CPU).
+#[test]
+fn dmabuf_registrations_softroce_cannot_serve_fail_with_the_kernels_errno() {
+    let c = open(ADDR);
+    // SAFETY: test code: a fresh memfd, an eventfd and a closed fd number, closed here.
+    unsafe {
+        let errno = || *libc::__errno_location();
+        let fd = libc::memfd_create(c"softroce-test".as_ptr(), 0);
+        assert!(fd >= 0);
+        assert_eq!(libc::ftruncate(fd, 2 * 4096), 0);
+        assert!(ibv_reg_dmabuf_mr(c.pd, 4096, 4097, 0x9000_0000, fd, ACCESS_ALL).is_null());
+        assert_eq!(errno(), libc::EINVAL, "a range past the end");
+        assert!(ibv_reg_dmabuf_mr(c.pd, u64::MAX - 10, 4096, 0x9000_0000, fd, ACCESS_ALL).is_null());
+        assert_eq!(errno(), libc::EINVAL, "a range that wraps");
+        let mr = ibv_reg_dmabuf_mr(c.pd, 4096, 4096, 0x9000_0000, fd, ACCESS_ALL);
+        assert!(!mr.is_null(), "the last page fits: errno {}", errno());
+        assert_eq!(ibv_dereg_mr(mr), 0);
+        libc::close(fd);
+        assert!(ibv_reg_dmabuf_mr(c.pd, 0, 4096, 0x9000_0000, fd, ACCESS_ALL).is_null());
+        assert_eq!(errno(), libc::EBADF, "a closed fd");
+        // A file the CPU cannot map, as a GPU's dma-buf.
+        let efd = libc::eventfd(0, 0);
+        assert!(efd >= 0);
+        assert!(ibv_reg_dmabuf_mr(c.pd, 0, 4096, 0x9000_0000, efd, ACCESS_ALL).is_null());
+        assert_eq!(errno(), libc::EOPNOTSUPP, "a file the CPU cannot map");
+        libc::close(efd);
+    }
+}

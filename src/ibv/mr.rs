@@ -100,9 +100,9 @@ impl MemoryRegion {
         // SAFETY: live PD; the kernel validates fd/offset/len and takes its own reference.
         let raw = unsafe { reg(pd.as_ptr(), offset, len, iova, fd, access as i32) };
         if raw.is_null() {
-            return Err(Error::last_os(&format!(
-                "ibv_reg_dmabuf_mr({name}, fd {fd}, offset {offset}, {len} bytes)"
-            )));
+            let err = std::io::Error::last_os_error();
+            let what = format!("ibv_reg_dmabuf_mr({name}, fd {fd}, offset {offset}, {len} bytes)");
+            return Err(Error::os(&what, &err).suffixed(&crate::error::dmabuf_suffix(&err)));
         }
         LIVE_MRS.fetch_add(1, Ordering::Relaxed);
         Ok(MemoryRegion { pd, raw })

@@ -223,6 +223,10 @@ pub unsafe extern "C" fn ibv_reg_mr_iova2(
 /// As in rdma-core, `mr->addr` reports `offset`; the data path uses the mapping,
 /// addressed through `iova`.
 ///
+/// Errors as the kernel's: EINVAL for a range past the dma-buf's end (mapped, it would fault in
+/// the engine), EOPNOTSUPP for a dma-buf this NIC cannot reach — here one the CPU cannot map,
+/// such as a GPU's (softroce moves bytes with the CPU; a real NIC imports it for DMA).
+///
 /// # Safety
 /// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
 #[no_mangle]
@@ -241,6 +245,24 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
         if let Err(e) = check_access(access) {
             return null_err(e);
         }
+        // SAFETY: `stat` is plain data, valid all-zero; fstat writes only into it.
+        let st = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            (libc::fstat(fd, &mut st) == 0).then_some(st)
+        };
+        let Some(st) = st else {
+            return null_err(super::errno());
+        };
+        // A dma-buf's size is its inode's, as a memfd's (a file of size 0 that is not a regular
+        // file has none to check, and mapping it decides).
+        let sized = st.st_mode & libc::S_IFMT == libc::S_IFREG || st.st_size > 0;
+        if sized
+            && offset
+                .checked_add(length as u64)
+                .is_none_or(|end| end > st.st_size as u64)
+        {
+            return null_err(libc::EINVAL);
+        }
         // SAFETY: sysconf is always safe.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
         let base_off = offset & !(page - 1);
@@ -258,7 +280,12 @@ pub unsafe extern "C" fn ibv_reg_dmabuf_mr(
             )
         };
         if p == libc::MAP_FAILED {
-            return null_err(super::errno());
+            return null_err(match super::errno() {
+                e @ (libc::ENOMEM | libc::EACCES | libc::EPERM | libc::EAGAIN) => e,
+                // The exporter refuses the CPU a mapping (a GPU driver's answers ENOTSUPP,
+                // EINVAL or ENODEV; a file that is no buffer, ENODEV): this NIC cannot reach it.
+                _ => libc::EOPNOTSUPP,
+            });
         }
         let host = p as usize + skew;
         match register(pd, host, length, iova, access, Some((p as usize, map_len))) {
