@@ -582,8 +582,8 @@ impl SendCore {
 
     /// Post the eager write of slot `slot` (its header kept in the eager state, its payload
     /// `send`) on the eager QP: one inline write when both fit and the payload is host memory,
-    /// else the payload (by DMA) and then the header inline. The write with immediate is signaled; its completion acknowledges it.
-    /// The caller logs the chain.
+    /// else the payload (by DMA) and then the header inline. The write with immediate is
+    /// signaled; its completion acknowledges it. The caller logs the chain.
     fn post_eager(&mut self, slot: usize, send: SendBuf, post: &mut impl FnMut(Post<'_>) -> Result<()>) -> Result<()> {
         let Some(e) = self.eager.as_deref() else {
             return Ok(());
