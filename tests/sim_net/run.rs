@@ -1029,9 +1029,11 @@ pub fn case_from(seed: u64, rng: &mut Rng) -> Case {
         ar_threshold: rng.chance(30).then(|| rng.range(0, 8192)),
         inline_cts: rng.chance(30),
         // Devices whose WRs carry as little as 1/7 of the largest buffer (64 KiB): chunks go
-        // in up to 7 pieces, groups in chains of up to 57 WRs.
+        // in up to 7 pieces, groups in chains of up to 57 WRs. Pieces are whole CHUNK_ALIGN
+        // units, so the smallest such device is the one whose 7 aligned pieces hold 64 KiB.
         wr_bytes: if rng.chance(40) {
-            rng.range((64 << 10) / limits::PIECES_PER_BUFFER + 1, 16 << 10)
+            let unit = limits::PIECES_PER_BUFFER * split::CHUNK_ALIGN;
+            rng.range((64usize << 10).div_ceil(unit) * split::CHUNK_ALIGN, 16 << 10)
         } else {
             limits::MAX_WR_BYTES
         },
