@@ -476,8 +476,11 @@ impl Fabric {
         let s = side.index();
         if let Some((torn, finish)) = self.queues.qps[s][qp].torn.take() {
             // The rest of a half-landed write goes only to the QP the first part went to:
-            // when the peer replaced its QPs meanwhile, the message is lost (retries run out).
-            if self.queues.gen[s][qp] != self.queues.gen[side.peer().index()][qp] {
+            // when the peer replaced its QPs meanwhile, stopped answering, or its QP went to
+            // the error state (which drops what arrives), the message is lost (retries run out).
+            let peer = side.peer().index();
+            if self.queues.gen[s][qp] != self.queues.gen[peer][qp] || self.silent[s] || self.queues.qps[peer][qp].failed
+            {
                 if let Some(wr) = finish {
                     self.error_qp(side, qp, &wr, WC_RETRY_EXC_ERR);
                 }
