@@ -87,12 +87,12 @@ const ACCESS_HUGETLB: u32 = ibv_access_flags::IBV_ACCESS_HUGETLB.0;
 /// `IBV_ACCESS_OPTIONAL_RANGE` as the kernel's value).
 const ACCESS_OPTIONAL_RANGE: u32 = rdma_sys::ib_uverbs_access_flags::IB_UVERBS_ACCESS_OPTIONAL_RANGE.0;
 
-/// Validates access flags the way a real provider does; returns the flags kept.
 /// Whether `access` lets the NIC write the memory (the kernel then pins it for writing).
 fn writable(access: u32) -> bool {
     access & (ibv_access::LOCAL_WRITE | ibv_access::REMOTE_WRITE | ibv_access::REMOTE_ATOMIC | ACCESS_MW_BIND) != 0
 }
 
+/// Validates access flags the way a real provider does; returns the flags kept.
 fn check_access(access: c_int) -> Result<u32, i32> {
     let a = access as u32 & !ACCESS_OPTIONAL_RANGE;
     let known = ibv_access::LOCAL_WRITE
@@ -130,10 +130,8 @@ fn register(
     }
     // User memory must be there to pin (EFAULT, as the kernel), and is pinned against
     // RLIMIT_MEMLOCK; a DMA-BUF is neither.
-    if map.is_none() {
-        pinned::check_mapped(host, len, writable(access))?;
-    }
     let pinned = if map.is_none() {
+        pinned::check_mapped(host, len, writable(access))?;
         pinned::page_bytes(host, len)
     } else {
         0
