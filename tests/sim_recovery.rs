@@ -3,7 +3,8 @@
 //! QPs replaced per epoch, and the exactly-once oracle of `sim_net::run` — every message
 //! completes once with the right bytes and sizes, and nothing writes into a buffer after its
 //! request completed (a message that had not completed may be written again: NCCL does not
-//! look at it yet). Each case runs many seeds; a failing one prints its seed.
+//! look at it yet). Each case runs many seeds; a failing one prints its seed. For a soak,
+//! `SIM_EXTRA_SEEDS=n cargo test --release --test sim_recovery` runs n more seeds per case.
 
 mod sim_net;
 
@@ -88,10 +89,16 @@ fn tally(t: &mut Tally, r: &Run) {
     t.failed += u32::from(r.send.state.failed() || r.recv.state.failed());
 }
 
+/// A case's seeds, with `SIM_EXTRA_SEEDS` more after them.
+fn seeds(base: std::ops::Range<u64>) -> std::ops::Range<u64> {
+    let extra = std::env::var("SIM_EXTRA_SEEDS").map_or(0, |s| s.parse::<u64>().expect("SIM_EXTRA_SEEDS is a number"));
+    base.start..base.end + extra
+}
+
 /// Every seed ends with every request done and the oracle satisfied.
-fn all_recover(seeds: std::ops::Range<u64>, inject: &dyn Fn(&mut Run), hook: Option<fn(&mut Run, Side, u32)>) -> Tally {
+fn all_recover(base: std::ops::Range<u64>, inject: &dyn Fn(&mut Run), hook: Option<fn(&mut Run, Side, u32)>) -> Tally {
     let mut t = Tally::default();
-    for seed in seeds {
+    for seed in seeds(base) {
         let mut r = run_with(seed, Duration::from_secs(30), inject, hook);
         assert_recovered(seed, &mut r);
         tally(&mut t, &r);
@@ -170,7 +177,7 @@ fn move_off_device_0(r: &mut Run, side: Side, _epoch: u32) {
 #[test]
 fn the_loss_of_a_member_device_fails_over_to_the_others() {
     let mut moved = 0;
-    for seed in 400..520 {
+    for seed in seeds(400..520) {
         let mut r = run_with(seed, Duration::from_secs(30), &fail_device_0, Some(move_off_device_0));
         assert_recovered(seed, &mut r);
         moved += usize::from(r.case.sender_devs > 1 && r.fab.routes(Side::Sender).iter().all(|q| q.dev != 0));
@@ -222,7 +229,7 @@ fn member_0_port(r: &mut Run, down: bool) {
 #[test]
 fn a_member_port_that_goes_down_again_during_its_failback_is_failed_over_again() {
     let (mut striped, mut flapped) = (0, 0);
-    for seed in 1200..1320 {
+    for seed in seeds(1200..1320) {
         let again = [1, 3, 10, 40, 120][seed as usize % 5];
         let down = |r: &mut Run| member_0_port(r, true);
         let up = |r: &mut Run| member_0_port(r, false);
@@ -311,7 +318,7 @@ fn fail_new_qps_always(r: &mut Run, _side: Side, _epoch: u32) {
 #[test]
 fn qps_that_keep_failing_fail_the_comm_at_the_bound_and_nothing_hangs() {
     let mut gave_up = 0;
-    for seed in 1000..1060 {
+    for seed in seeds(1000..1060) {
         let r = run_with(
             seed,
             Duration::from_secs(2),
@@ -350,7 +357,7 @@ fn close_at_first_rebuild(r: &mut Run, _side: Side, _epoch: u32) {
 #[test]
 fn the_peer_dying_during_recovery_is_an_error_never_a_hang() {
     let mut errors = 0;
-    for seed in 1100..1180 {
+    for seed in seeds(1100..1180) {
         let mut r = run_with(
             seed,
             Duration::from_secs(30),

@@ -21,11 +21,22 @@ use sim_net::run::{random_case, run_case, Case, Msg, Run};
 use sim_net::{Fabric, Faults, RingView, Side};
 use std::time::Duration;
 
+/// Seeds 0..500; for a soak, `SIM_SEEDS=n SIM_START=s cargo test --release --test
+/// sim_transport seeded` runs seeds s..s+n instead.
 #[test]
 fn seeded() {
-    let seeds: Vec<u64> = match std::env::var("SIM_SEED") {
-        Ok(s) => vec![s.parse().expect("SIM_SEED is a number")],
-        Err(_) => (0..500).collect(),
+    let var = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .map(|s| s.parse::<u64>().unwrap_or_else(|_| panic!("{name} is a number")))
+    };
+    let seeds: Vec<u64> = match (var("SIM_SEED"), var("SIM_SEEDS")) {
+        (Some(seed), _) => vec![seed],
+        (None, Some(n)) => {
+            let start = var("SIM_START").unwrap_or(0);
+            (start..start + n).collect()
+        }
+        (None, None) => (0..500).collect(),
     };
     for seed in seeds {
         run_case(random_case(seed));
