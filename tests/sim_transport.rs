@@ -774,6 +774,114 @@ fn a_failed_flush_read_is_reported_by_test() {
     assert!(err.message.contains("flush read failed"), "{err}");
 }
 
+/// A receiver that closes right after an eager message completed its receive: the CTS write
+/// that carries the message's verdict may not have landed yet (lost and waiting for its
+/// retransmission, or still queued in the provider), and a close that destroyed it would leave
+/// the send without an answer. The close posts a signaled zero-length write behind the CTS
+/// writes (`post_close_markers`) and waits for it; once it completed, the verdict is in the
+/// sender's FIFO and the send completes. With nothing left unacknowledged, or without the eager
+/// path, there is nothing to mark.
+#[test]
+fn a_receiver_closing_after_an_eager_delivery_first_lands_the_verdict() {
+    let mut c = Case::simple((0..2).map(|_| single(64, 8)).collect());
+    c.eager_max = 224;
+    let mut r = Run::new(c);
+    // Message 0 through the CTS path: its CTS brings the sender the eager credit.
+    assert!(r.try_irecv().unwrap().is_some());
+    for _ in 0..2000 {
+        if r.next_send == 0 {
+            r.try_isend().unwrap();
+        }
+        r.fab.step(&mut r.rng);
+        r.poll(Side::Sender);
+        r.poll(Side::Receiver);
+        if !r.sends.is_empty() {
+            r.test_send(0).unwrap();
+        }
+        if !r.recvs.is_empty() {
+            r.test_recv(0).unwrap();
+        }
+    }
+    assert_eq!((r.sends_done, r.groups_done), (1, 1), "{}", r.progress());
+    let got = r.try_isend().unwrap();
+    assert!(matches!(got, Some(Isend::Started { eager: true, .. })), "{got:?}");
+    for _ in 0..1000 {
+        if !r.send.chains_in_flight() {
+            break;
+        }
+        r.fab.step(&mut r.rng);
+        r.poll(Side::Sender);
+    }
+    assert!(
+        !r.send.chains_in_flight(),
+        "the eager write was acknowledged: {}",
+        r.progress()
+    );
+    // The receive is posted after its message landed: it completes at once, its CTS write (the
+    // verdict) only posted.
+    assert!(r.try_irecv().unwrap().is_some());
+    for _ in 0..100 {
+        r.poll(Side::Receiver);
+        if !r.recvs.is_empty() {
+            r.test_recv(0).unwrap();
+        }
+    }
+    assert_eq!(
+        r.groups_done,
+        2,
+        "the eager message completed its receive: {}",
+        r.progress()
+    );
+    r.test_send(0).unwrap();
+    assert_eq!(r.sends_done, 1, "no verdict yet");
+    let Run { fab, recv, .. } = &mut r;
+    let marked = recv
+        .post_close_markers(&mut |p| fab.queues.post(Side::Receiver, p))
+        .unwrap();
+    assert_ne!(marked, 0, "the close marks the CTS QP with a write not acknowledged");
+    assert!(!r.recv.cts_landed(marked));
+    for _ in 0..2000 {
+        if r.recv.cts_landed(marked) {
+            break;
+        }
+        r.fab.step(&mut r.rng);
+        r.poll(Side::Receiver);
+    }
+    assert!(r.recv.cts_landed(marked), "the marker completed: {}", r.progress());
+    for _ in 0..100 {
+        r.poll(Side::Sender);
+        if !r.sends.is_empty() {
+            r.test_send(0).unwrap();
+        }
+    }
+    assert_eq!(
+        r.sends_done,
+        2,
+        "the verdict landed, the send completed: {}",
+        r.progress()
+    );
+    let Run { fab, recv, .. } = &mut r;
+    assert_eq!(
+        recv.post_close_markers(&mut |p| fab.queues.post(Side::Receiver, p))
+            .unwrap(),
+        0,
+        "every CTS write acknowledged: nothing to wait for"
+    );
+
+    let mut c = Case::simple(vec![single(64, 8)]);
+    c.eager_max = 0;
+    let mut r = Run::new(c);
+    assert!(r.try_irecv().unwrap().is_some());
+    r.receiver_flush_cts().unwrap();
+    let Run { fab, recv, .. } = &mut r;
+    assert_eq!(
+        recv.post_close_markers(&mut |p| fab.queues.post(Side::Receiver, p))
+            .unwrap(),
+        0,
+        "without the eager path a completed receive's CTS was read before its data came"
+    );
+}
+
 /// An eager send from a GPU's memory (the sender's CUDA or DMA-BUF registration) never goes
 /// inline: the provider copies an inline payload with the CPU at the post, and the CPU cannot
 /// read a GPU's memory (on a real NIC, a crash in `ibv_post_send`). Its payload goes by DMA in a

@@ -18,6 +18,12 @@ pub fn now() -> Time {
 /// read once per round, not once per accept call.
 pub const ACCEPT_ROUND: Duration = Duration::from_millis(1);
 
+/// The longest a recv comm's close waits for the sender to acknowledge its last CTS writes
+/// (`recv::RecvDp::drain_cts`): on a working fabric they land within microseconds; this covers a
+/// lost packet's retransmission at NCCL_IB_TIMEOUT 14 or so, and bounds a close whose peer
+/// stopped answering.
+pub const CLOSE_DRAIN: Duration = Duration::from_secs(1);
+
 /// Whether `every` has passed since `last` (never set: yes); when it has, `last` becomes now.
 /// What rate-limited work of the process (the idle rounds, reading every link) asks first.
 pub fn due(last: &mut Option<Instant>, every: Duration) -> bool {

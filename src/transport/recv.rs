@@ -21,6 +21,7 @@ use super::proto::request::{ReqKind, Request, RECV_REQUESTS};
 use super::proto::time::Time;
 use super::proto::{fifo, split};
 use super::ring_memory::RingMemory;
+use super::sidechannel::Peek;
 use super::stats;
 use super::watch::{Guarded, Watched};
 use super::{clock, MemHandle};
@@ -33,6 +34,7 @@ use crate::profiler::{self, OpenEvents, QpEvent};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Bytes of the receiver's one registered block: the CTS staging ring (the same shape as the
 /// sender's FIFO), which also holds each group's completion record ([`fifo::SIZES_IN_ENTRY`])
@@ -584,9 +586,41 @@ impl RecvDp {
     }
 }
 
+impl RecvDp {
+    /// At close, before the QPs go: wait until the sender has the CTS writes posted so far,
+    /// verdicts on its eager messages among them ([`RecvCore::post_close_markers`]), for at most
+    /// [`clock::CLOSE_DRAIN`], and not at all for a failed comm or a peer that is gone.
+    fn drain_cts(&mut self) {
+        let RecvDp { io, core, .. } = self;
+        // SAFETY: a zero-length write reads no local memory.
+        let marked = match core.post_close_markers(&mut |p| unsafe { io.post(p) }) {
+            Ok(m) if m != 0 => m,
+            _ => return,
+        };
+        let until = Instant::now() + clock::CLOSE_DRAIN;
+        while !self.core.cts_landed(marked) {
+            if self.poll().is_err() || self.io.conn.chan.peek() == Peek::Gone {
+                return;
+            }
+            if Instant::now() >= until {
+                crate::log_info!(
+                    crate::log::subsys::NET,
+                    "recv comm with {}: closed before its last CTS writes were acknowledged within {} ms; eager sends they answer fail at the sender",
+                    self.io.conn.chan.peer(),
+                    clock::CLOSE_DRAIN.as_millis()
+                );
+                return;
+            }
+            std::thread::yield_now();
+        }
+    }
+}
+
 impl Drop for RecvDp {
-    /// Every Start gets its Stop, also for receives still in flight at close.
+    /// The sender gets what was told it ([`RecvDp::drain_cts`]); every Start gets its Stop,
+    /// also for receives still in flight at close.
     fn drop(&mut self) {
+        self.drain_cts();
         if let Some(pr) = self.prof.as_mut() {
             pr.events.stop_all();
         }

@@ -692,6 +692,50 @@ impl RecvCore {
         Ok(())
     }
 
+    /// Closing: a signaled zero-length write on every CTS QP with CTS writes not known to have
+    /// landed, whose completion retires them all (RC completes in order). With the eager path an
+    /// eager message completes its receive before its group's CTS write — the verdict the sender
+    /// waits for — was acknowledged; a receiver that closes at once would destroy that write with
+    /// its QP (lost on the wire, or still queued in the provider), and the sender's send would
+    /// fail though its message was taken. Without the eager path a receive completes only after
+    /// the sender read its CTS. Returns the CTS QPs marked (a bit each; 0: nothing to wait for).
+    pub fn post_close_markers(&mut self, post: &mut impl FnMut(Post<'_>) -> Result<()>) -> Result<u32> {
+        if self.eager.is_none() || self.state.failed() || self.recovering() {
+            return Ok(0);
+        }
+        let mut marked = 0;
+        for d in 0..self.cfg.cts_qps.min(self.cfg.routes.len()).min(MAX_DEVS) {
+            if self.cts_retired[d] >= self.cts_posted[d] || !self.cts_room(d, 1) {
+                continue;
+            }
+            let rdev = self.cfg.routes[d].remote_dev.min(MAX_DEVS - 1);
+            let wr = WorkRequest {
+                wr_id: cts_wr_id(d, self.cts_posted[d]),
+                op: Op::Write,
+                local: None,
+                remote: Remote {
+                    addr: self.cfg.peer_fifo.addr,
+                    rkey: self.cfg.peer_fifo.rkeys[rdev],
+                },
+                signaled: true,
+                inline: false,
+                prefix: None,
+            };
+            self.cts_posted[d] += 1;
+            post(Post::Send {
+                qp: d,
+                chain: std::slice::from_ref(&wr),
+            })?;
+            marked |= 1 << d;
+        }
+        Ok(marked)
+    }
+
+    /// Whether every CTS write posted on the CTS QPs of `marked` was acknowledged.
+    pub fn cts_landed(&self, marked: u32) -> bool {
+        (0..MAX_DEVS).all(|d| marked & (1 << d) == 0 || self.cts_retired[d] >= self.cts_posted[d])
+    }
+
     /// Post receives on QP `qp` in batches until it has at least `want` to spare.
     fn keep_spare(&mut self, qp: usize, want: usize, post: &mut impl FnMut(Post<'_>) -> Result<()>) -> Result<()> {
         let Some(rq) = self.rqs.get_mut(qp) else {
