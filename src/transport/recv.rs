@@ -589,8 +589,14 @@ impl RecvDp {
 impl RecvDp {
     /// At close, before the QPs go: wait until the sender has the CTS writes posted so far,
     /// verdicts on its eager messages among them ([`RecvCore::post_close_markers`]), for at most
-    /// [`clock::CLOSE_DRAIN`], and not at all for a failed comm or a peer that is gone.
+    /// [`clock::CLOSE_DRAIN`], and not at all for a failed comm, a close with receives in
+    /// flight, or a peer that is gone.
     fn drain_cts(&mut self) {
+        // A close with receives in flight is an abort: the sender's sends for them fail anyway,
+        // and polling now would report what the abort itself causes (deregistered buffers).
+        if self.in_flight() > 0 || self.io.conn.chan.peek() == Peek::Gone {
+            return;
+        }
         let RecvDp { io, core, .. } = self;
         // SAFETY: a zero-length write reads no local memory.
         let marked = match core.post_close_markers(&mut |p| unsafe { io.post(p) }) {
@@ -599,7 +605,7 @@ impl RecvDp {
         };
         let until = Instant::now() + clock::CLOSE_DRAIN;
         while !self.core.cts_landed(marked) {
-            if self.poll().is_err() || self.io.conn.chan.peek() == Peek::Gone {
+            if self.io.conn.chan.peek() == Peek::Gone || self.poll().is_err() {
                 return;
             }
             if Instant::now() >= until {
