@@ -124,17 +124,9 @@ fn without_the_eager_path_every_send_waits_for_its_cts() {
     }
 }
 
-/// Eager messages whose receives are never posted (the receiver closed its comm): once their
-/// writes are acknowledged the sender has nothing left with the NIC while the sends stay in
-/// flight for a verdict only the receiver could give. That is what lets the driver fail them
-/// when the side channel says the receiver is gone (a send whose writes are still with the NIC
-/// ends by itself: acknowledged, or failed by the transport's retries).
-#[test]
-fn eager_sends_the_receiver_never_answers_leave_nothing_with_the_nic() {
-    let mut c = Case::simple((0..5).map(|_| single(64, 8)).collect());
-    c.eager_max = 224;
-    let mut r = Run::new(c);
-    // The one receive the receiver posts: its CTS brings the sender the eager credit.
+/// The receiver posts one receive and the sender's first send fills it through the CTS path;
+/// both are then tested to completion (the caller checks they are).
+fn first_message_through_the_cts_path(r: &mut Run) {
     assert!(r.try_irecv().unwrap().is_some());
     for _ in 0..2000 {
         if r.next_send == 0 {
@@ -150,6 +142,20 @@ fn eager_sends_the_receiver_never_answers_leave_nothing_with_the_nic() {
             r.test_recv(0).unwrap();
         }
     }
+}
+
+/// Eager messages whose receives are never posted (the receiver closed its comm): once their
+/// writes are acknowledged the sender has nothing left with the NIC while the sends stay in
+/// flight for a verdict only the receiver could give. That is what lets the driver fail them
+/// when the side channel says the receiver is gone (a send whose writes are still with the NIC
+/// ends by itself: acknowledged, or failed by the transport's retries).
+#[test]
+fn eager_sends_the_receiver_never_answers_leave_nothing_with_the_nic() {
+    let mut c = Case::simple((0..5).map(|_| single(64, 8)).collect());
+    c.eager_max = 224;
+    let mut r = Run::new(c);
+    // The one receive the receiver posts: its CTS brings the sender the eager credit.
+    first_message_through_the_cts_path(&mut r);
     assert_eq!((r.sends_done, r.groups_done), (1, 1), "{}", r.progress());
     for k in 1..5 {
         let got = r.try_isend().unwrap();
@@ -787,21 +793,7 @@ fn a_receiver_closing_after_an_eager_delivery_first_lands_the_verdict() {
     c.eager_max = 224;
     let mut r = Run::new(c);
     // Message 0 through the CTS path: its CTS brings the sender the eager credit.
-    assert!(r.try_irecv().unwrap().is_some());
-    for _ in 0..2000 {
-        if r.next_send == 0 {
-            r.try_isend().unwrap();
-        }
-        r.fab.step(&mut r.rng);
-        r.poll(Side::Sender);
-        r.poll(Side::Receiver);
-        if !r.sends.is_empty() {
-            r.test_send(0).unwrap();
-        }
-        if !r.recvs.is_empty() {
-            r.test_recv(0).unwrap();
-        }
-    }
+    first_message_through_the_cts_path(&mut r);
     assert_eq!((r.sends_done, r.groups_done), (1, 1), "{}", r.progress());
     let got = r.try_isend().unwrap();
     assert!(matches!(got, Some(Isend::Started { eager: true, .. })), "{got:?}");

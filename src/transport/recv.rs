@@ -584,9 +584,7 @@ impl RecvDp {
         }
         Ok(true)
     }
-}
 
-impl RecvDp {
     /// At close, before the QPs go: wait until the sender has the CTS writes posted so far,
     /// verdicts on its eager messages among them ([`RecvCore::post_close_markers`]), for at most
     /// [`clock::CLOSE_DRAIN`], and not at all for a failed comm, a close with receives in

@@ -708,24 +708,8 @@ impl RecvCore {
             if self.cts_retired[d] >= self.cts_posted[d] || !self.cts_room(d, 1) {
                 continue;
             }
-            let rdev = self.cfg.routes[d].remote_dev.min(MAX_DEVS - 1);
-            let wr = WorkRequest {
-                wr_id: cts_wr_id(d, self.cts_posted[d]),
-                op: Op::Write,
-                local: None,
-                remote: Remote {
-                    addr: self.cfg.peer_fifo.addr,
-                    rkey: self.cfg.peer_fifo.rkeys[rdev],
-                },
-                signaled: true,
-                inline: false,
-                prefix: None,
-            };
-            self.cts_posted[d] += 1;
-            post(Post::Send {
-                qp: d,
-                chain: std::slice::from_ref(&wr),
-            })?;
+            // Zero entries: no local memory, signaled.
+            self.post_cts(d, 0, 0, true, post)?;
             marked |= 1 << d;
         }
         Ok(marked)
@@ -770,7 +754,8 @@ impl RecvCore {
         let wr = WorkRequest {
             wr_id: cts_wr_id(d, self.cts_posted[d]),
             op: Op::Write,
-            local: Some(Sge {
+            // A close marker writes nothing (`post_close_markers`).
+            local: (len > 0).then(|| Sge {
                 addr: self.cfg.staging.addr + (pos * fifo::ENTRY_BYTES) as u64,
                 len: bytes,
                 lkey: self.cfg.staging.lkeys[d],
@@ -780,7 +765,7 @@ impl RecvCore {
                 rkey: self.cfg.peer_fifo.rkeys[rdev],
             },
             signaled,
-            inline: bytes <= self.cfg.cts_inline_max[d],
+            inline: len > 0 && bytes <= self.cfg.cts_inline_max[d],
             prefix: None,
         };
         // Counted before posting: a WR the provider may hold counts against the queue.
