@@ -1,6 +1,6 @@
 #!/bin/bash
-# Side by side: ferroce against another NCCL net plugin on the same harness and fabric
-# (issue 13 item 4), so a user can compare before switching. Interleaved rounds (the order of the
+# Side by side: ferroce against another NCCL net plugin on the same harness and fabric,
+# so a user can compare before switching. Interleaved rounds (the order of the
 # two plugins alternates), medians per size:
 #   * sendrecv_perf 2 ranks, 8 B .. MAX (×4): time (us) and busbw (GB/s) per size;
 #   * one-way 4 MiB streamed (GB/s), 8-byte ping-pong half round trip (us);

@@ -1,6 +1,6 @@
 #!/bin/bash
 # `make bench` (the main job): the plugin's nccl-tests-style numbers on this host, next to
-# perftest over the same fabric, and the ratios the project targets (issue 5):
+# perftest over the same fabric, and the ratios the project targets:
 #   P1 = plugin sendrecv throughput at >= 4 MiB / ib_write_bw (4 MiB)          target >= 0.97
 #        ib_write_bw streams 4 MiB writes into one 4 MiB buffer, so P1 uses sendrecv_perf -O
 #        (rank 0 -> 1 only, iterations streamed) with 4 MiB messages into a 4 MiB buffer; the
@@ -14,7 +14,7 @@
 #        (one network trip: the eager path, FERROCE_EAGER_MAX)                   target <= 1.30
 #   E1, E2 = sendrecv_perf and all_reduce_perf 8 B time, eager path on / off (FERROCE_EAGER_MAX=0)
 #        in the same round; E2 target <= 0.50 (the 8-byte all_reduce time halved)
-# and the verbs work per message (issue 13): post calls, WRs, signaled completions, CQ polls,
+# and the verbs work per message: post calls, WRs, signaled completions, CQ polls,
 # packets, CTS writes, with the targets <= 1 post call per QP a message uses (each side), <= 1
 # signaled completion per QP per send, <= 1 CTS write per irecv (ci/work-counts.py); and
 #   F1 = file descriptors per connection at 1024 connections between two processes (scale_bench:
@@ -137,7 +137,7 @@ run_harness all_reduce 300 "$H/all_reduce_perf" -N 2 -b 8 -e "$MAX" -f 2 -n "$IT
 run_harness sendrecv_oneway 120 "$H/sendrecv_perf" -N 2 -O --chunk 4M -b 4M -e "$MAX" -f 2 -n "$ITERS" -w 2 --csv "$OUT/sendrecv_oneway.csv"
 run_harness pingpong 120 "$H/sendrecv_perf" -N 2 -P -b 8 -e 8 -n 2000 -w 100
 
-# ---- 1b. verbs work per message (issue 13 item 1): softroce's counters and the plugin's own
+# ---- 1b. verbs work per message: softroce's counters and the plugin's own
 # statistics (FERROCE_STATS) around each size's timed iterations; the targets are PASS/FAIL lines
 # with their figure (a FAIL is reported, not an error of the bench)
 for w in sendrecv all_reduce; do
@@ -376,7 +376,7 @@ if [ "${BENCH_SCALE:-1}" != 0 ] && [ "$PLUGIN_OK" = 1 ]; then
     SOFTROCE_FLAG=${SOFTROCE_FLAG/127.0.50/127.0.52}
     if run_harness scale 240 "$H/scale_bench" -N 2 --conns 1024; then
         grep '^scale_bench ' "$OUT/scale.txt" >>"$SUMMARY"
-        # F1 (issue 13): side-channel descriptors per connection, the comms of a process pair
+        # F1: side-channel descriptors per connection, the comms of a process pair
         # sharing one link (wire version 6)
         awk '/^scale_bench conns=/ {
             for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }

@@ -3,7 +3,7 @@
 nccl-tests-harness/common.c h_work_report), read back.
 
   work-counts.py table   NAME FILE   one line per size and rank: the counts per message
-  work-counts.py targets NAME FILE   issue 13's targets, one PASS/FAIL line each with its figure:
+  work-counts.py targets NAME FILE   the verbs-work targets, one PASS/FAIL line each with its figure:
                                      <= 1 post call per QP a message uses (the sender's data
                                      posts, the receiver's receive posts), <= 1 signaled
                                      completion per QP per send, <= 1 CTS write per irecv

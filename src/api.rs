@@ -33,11 +33,12 @@ pub struct CommContext {
 /// The context of v6–v10 callers, which have no per-communicator init.
 pub const LEGACY_CONTEXT: CommContext = CommContext { traffic_class: -1 };
 
-/// Most virtual devices (spec §8.2).
+/// Most virtual devices (docs/nccl-net-abi.md#nic-fusion).
 pub const MAX_VIRTUAL_DEVICES: usize = 256;
 /// `maxRecvs` we report: grouped receives up to 8, as NCCL's IB transport.
 pub use crate::transport::MAX_RECVS;
-/// `maxP2pBytes` NCCL accepts at most (spec §1.4); a device reports what its data path
+/// `maxP2pBytes` NCCL accepts at most (docs/nccl-net-abi.md#types-and-constants); a device reports
+/// what its data path
 /// carries, below this: as many pieces as one chain holds, each at most the port's `max_msg_sz`
 /// (`transport::proto::split::max_buffer_bytes`).
 pub const MAX_P2P_BYTES: usize = 1 << 40;
@@ -232,7 +233,7 @@ fn interned(s: &str) -> *const c_char {
     p
 }
 
-/// `getProperties` (spec §4, §12.6): every field.
+/// `getProperties` (docs/nccl-net-abi.md#properties, #rules-ferroce-keeps): every field.
 pub fn properties(dev: i32) -> Result<Properties> {
     let reg = registry()?;
     let vdev = virtual_device(dev)?;
@@ -272,7 +273,8 @@ pub fn properties(dev: i32) -> Result<Properties> {
     })
 }
 
-/// `makeVDevice` (spec §7.10, §8.2): fuses physical devices; returns the new device index. An
+/// `makeVDevice` (docs/nccl-net-abi.md#nic-fusion): fuses physical devices; returns the new device
+/// index. An
 /// identical group made before (e.g. by a previous load) returns the same index.
 pub fn make_vdevice(members: &[i32], max_members: usize) -> Result<i32> {
     let reg = registry()?;
@@ -393,7 +395,8 @@ pub fn accept(listen: &mut ListenHandle) -> Result<Option<Box<RecvHandle>>> {
     Ok(listen.inner.accept()?.map(|c| CommHandle::new(device, c)))
 }
 
-/// Registration (spec §7.4): host memory always; CUDA memory through peer memory or DMA-BUF.
+/// Registration (docs/nccl-net-abi.md#memory-registration): host memory always; CUDA memory
+/// through peer memory or DMA-BUF.
 pub fn reg_mr(
     device: &Arc<VirtualDevice>,
     addr: usize,

@@ -7,7 +7,7 @@
 use once_cell::sync::OnceCell;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-/// The list syntax of `NCCL_IB_HCA` and `NCCL_SOCKET_IFNAME` (spec §9.5):
+/// The list syntax of `NCCL_IB_HCA` and `NCCL_SOCKET_IFNAME` (docs/nccl-net-abi.md#list-syntax):
 /// `[^][=]name[:port[:rail[:plane]]],...`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DeviceFilter {

@@ -1,5 +1,5 @@
 //! Device discovery, GID selection and the properties NCCL sees, as NCCL's IB transport does
-//! them (spec §8.1–§8.3, §8.6).
+//! them (docs/nccl-net-abi.md#device-discovery, #gpudirect-detection, #gid-selection).
 //!
 //! The decisions (which ports, which GID, what speed, which PCI path) are pure functions with
 //! table-driven tests; [`discover`] only gathers their inputs from libibverbs and sysfs.
@@ -112,7 +112,8 @@ impl VirtualDevice {
         }
     }
 
-    /// Fuses `members` (spec §8.2): same link layer, joined name, common rail or -1.
+    /// Fuses `members` (docs/nccl-net-abi.md#nic-fusion): same link layer, joined name, common
+    /// rail or -1.
     pub fn fused(members: Vec<Arc<NetDevice>>) -> Result<VirtualDevice> {
         let first = members
             .first()
@@ -161,7 +162,8 @@ pub fn format_gid(gid: &[u8; 16]) -> String {
 // ---------------------------------------------------------------------------------------------
 // Pure decisions
 
-/// Whether a port becomes a device (spec §8.1 step 4): ACTIVE, IB or Ethernet link layer.
+/// Whether a port becomes a device (docs/nccl-net-abi.md#device-discovery): ACTIVE, IB or Ethernet
+/// link layer.
 pub fn port_is_usable(port: &PortInfo) -> std::result::Result<LinkLayer, String> {
     if port.state != PORT_ACTIVE {
         return Err(format!("port state is {} (not ACTIVE)", port_state_name(port.state)));
@@ -196,7 +198,8 @@ pub fn speed_mbps(active_speed: u8, active_width: u8) -> i32 {
 }
 
 /// The PCI path NCCL should see: the function digit forced to 0 so the ports (and, with
-/// `merge_vfs`, the VFs) of one adapter share a PCI node (spec §7.9). Input is a realpath such as
+/// `merge_vfs`, the VFs) of one adapter share a PCI node (docs/nccl-net-abi.md#properties). Input
+/// is a realpath such as
 /// `/sys/devices/pci0000:00/0000:00:02.0/0000:3b:00.1`.
 pub fn merged_pci_path(realpath: &str, merge_vfs: bool) -> String {
     let mut path = realpath.as_bytes().to_vec();
@@ -241,7 +244,8 @@ fn gid_in_range(gid: &[u8; 16], cfg: &Config) -> bool {
     }
 }
 
-/// Chooses the RoCE GID index (spec §8.6): `NCCL_IB_GID_INDEX` when set, else the first valid GID
+/// Chooses the RoCE GID index (docs/nccl-net-abi.md#gid-selection): `NCCL_IB_GID_INDEX` when set,
+/// else the first valid GID
 /// of the wanted family, inside the range, with the wanted RoCE version. `gid(i)` and
 /// `roce_type(i)` read the table; an unreadable GID is skipped.
 pub fn select_roce_gid(
@@ -282,7 +286,8 @@ pub fn select_roce_gid(
     Ok(cur)
 }
 
-/// The IB GID index (spec §8.6): the routable-FLID index when its FLID is non-zero, else 0.
+/// The IB GID index (docs/nccl-net-abi.md#gid-selection): the routable-FLID index when its FLID is
+/// non-zero, else 0.
 pub fn select_ib_gid(table_len: i32, gid: &dyn Fn(i32) -> Option<[u8; 16]>, cfg: &Config) -> i32 {
     let idx = cfg.routable_flid_gid_index;
     if idx >= 0 && idx < table_len {
@@ -305,7 +310,8 @@ pub struct Discovery {
     pub peer_memory: bool,
 }
 
-/// Whether GPU memory can be registered through a peer-memory module (spec §8.3).
+/// Whether GPU memory can be registered through a peer-memory module
+/// (docs/nccl-net-abi.md#gpudirect-detection).
 pub fn peer_memory_present() -> bool {
     [
         "/sys/kernel/mm/memory_peers/nv_mem/version",

@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-/// `ncclResult_t` values (spec §1.1). Never renumbered.
+/// `ncclResult_t` values (docs/nccl-net-abi.md#result-codes). Never renumbered.
 pub mod code {
     pub const SUCCESS: i32 = 0;
     pub const UNHANDLED_CUDA_ERROR: i32 = 1;
@@ -86,7 +86,8 @@ impl Error {
         self
     }
 
-    /// The single mapping from error kinds to `ncclResult_t` (spec §1.1, §11 rule 11).
+    /// The single mapping from error kinds to `ncclResult_t` (docs/nccl-net-abi.md#result-codes,
+    /// #rules-ferroce-keeps).
     pub fn result_code(&self) -> i32 {
         match self.kind {
             ErrorKind::System => code::SYSTEM_ERROR,

@@ -1,4 +1,4 @@
-//! Logging through the logger NCCL hands to `init` (spec §1.2).
+//! Logging through the logger NCCL hands to `init` (docs/nccl-net-abi.md#logging).
 //!
 //! NCCL's logger is a C variadic function; we always call it with the format `"%s"` and one
 //! pre-formatted, NUL-terminated string, so no user text is ever interpreted as a format.
@@ -77,7 +77,8 @@ pub fn emit(level: i32, flags: u64, file: &'static str, line: u32, message: &str
         Some(log) => {
             let text = CString::new(text.replace('\0', " ")).unwrap_or_default();
             let file = CString::new(file).unwrap_or_default();
-            // SAFETY: NCCL's logger is thread-safe (spec §1.2); the format "%s" consumes exactly
+            // SAFETY: NCCL's logger is thread-safe (docs/nccl-net-abi.md#logging); the format "%s"
+            // consumes exactly
             // the one NUL-terminated string argument we pass; all pointers outlive the call.
             unsafe {
                 log(

@@ -1,4 +1,5 @@
-//! NCCL's profiler callback (spec §1.3, net ABI v10+): per work request, a Start event when it
+//! NCCL's profiler callback (docs/nccl-net-abi.md#profiler-events, net ABI v10+): per work
+//! request, a Start event when it
 //! is posted and a Stop event when its request is reported done, with NCCL's IB plugin id and
 //! the IB event-descriptor layout (device, wr_id, opcode, QP number, length), so NCCL's
 //! existing profiler plugins decode ferroce's events as IB ones.

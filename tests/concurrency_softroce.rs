@@ -1,4 +1,4 @@
-//! Registration concurrent with the data path (issue 14 item 5): NCCL's service thread calls
+//! Registration concurrent with the data path: NCCL's service thread calls
 //! regMr/deregMr while its proxy thread drives isend/irecv/test on a comm of the same device.
 //! A second thread registers and deregisters host buffers (some overlapping each other, so
 //! the MR cache's reuse and refcounts are exercised) on the device of a live connection while

@@ -1,5 +1,5 @@
 //! Asynchronous events attributed to exactly the comms they concern, with softroce's fault
-//! control (issue 11 item 2, issue 14 item 5). Each test runs a child process (its own two
+//! control. Each test runs a child process (its own two
 //! softroce devices, stderr captured) with FERROCE_TEST_SOFTROCE=1 after `make build`:
 //!
 //! * port down (softroce-ctl port-down): only the comm on that port fails;

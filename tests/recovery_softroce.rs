@@ -1,4 +1,4 @@
-//! Recovery of a connection whose QPs fail, over softroce (issue 11 §4): each test runs a child
+//! Recovery of a connection whose QPs fail, over softroce: each test runs a child
 //! process (one softroce device, both ends of a connection on it, stderr captured) with
 //! FERROCE_TEST_SOFTROCE=1 after `make build`:
 //!

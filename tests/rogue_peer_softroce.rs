@@ -1,4 +1,4 @@
-//! A rogue peer that gets nowhere (issue 14 item 4), over softroce: a peer that completes the
+//! A rogue peer that gets nowhere, over softroce: a peer that completes the
 //! handshake correctly (`rogue_peer`) and then lies. For each lie the real plugin code must
 //! detect it, fail only that comm with a WARN naming the peer and what it did (or, for sizes,
 //! report no more than was posted), write nothing outside registered buffers (guard bytes

@@ -1,4 +1,4 @@
-//! Recovery of a connection whose QPs fail (issue 11), in the two-endpoint simulation: both
+//! Recovery of a connection whose QPs fail, in the two-endpoint simulation: both
 //! ends' `proto::recovery` machines, their side channel (with duplicated and stale messages),
 //! QPs replaced per epoch, and the exactly-once oracle of `sim_net::run` — every message
 //! completes once with the right bytes and sizes, and nothing writes into a buffer after its

@@ -705,7 +705,7 @@ fn close_with_requests_in_flight() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// GPU flush: the loopback QP is made by the first iflush that reads (spec §7.7, §8.9).
+// GPU flush: the loopback QP is made by the first iflush that reads (docs/nccl-net-abi.md#flush).
 
 /// The receive comm behind a handle, to read its counters (this thread drives its data path).
 fn rcomm(r: &RecvHandle) -> &nccl_net_ferroce::transport::RecvComm {
@@ -1097,7 +1097,7 @@ fn gdr_flush_disable_child() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Sizes that disagree, comms that failed, closes mid-flight, messages past 2 GiB (issue 14 §5).
+// Sizes that disagree, comms that failed, closes mid-flight, messages past 2 GiB.
 
 /// A send larger than the posted receive (NCCL never does this; a peer that disagrees on sizes
 /// might): the sender moves only the posted bytes and its test() reports the posted size, the
@@ -1446,7 +1446,7 @@ impl Drop for Sparse {
 /// max_msg_sz (softroce's is 2 GiB, as mlx5's), so they go in pieces: irecv and isend accept
 /// them, every probe byte (one per MiB, plus the last byte) lands, and each end's test()
 /// reports the size saturated to i32::MAX (an int cannot hold it), never a negative or wrapped
-/// one. Issue 14 §5 (it failed before: one WR past max_msg_sz, irecv capped at 4 GiB).
+/// one (it failed before: one WR past max_msg_sz, irecv capped at 4 GiB).
 #[test]
 fn messages_of_2_5_and_4_5_gib() {
     let Some(ctx) = setup() else { return };

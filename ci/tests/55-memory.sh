@@ -1,12 +1,12 @@
 #!/bin/bash
-# Heap per connection (issue 5 §5: ≤ 32 KiB for both ends of a connection, one QP): the
+# Heap per connection (≤ 32 KiB for both ends of a connection, one QP): the
 # harness's scale_bench opens 256 connections between two processes over softroce (-O: rank 0
 # holds every recv comm, rank 1 every send comm, so each comm kind is measured apart), moves
 # one message through each, closes them, and reports mallinfo2 in-use heap per recv comm and
 # per send comm. Fails when recv comm + send comm exceeds 32 KiB with the eager path off
 # (FERROCE_EAGER_MAX=0: the protocol the 32 KiB target was set for), or 40 KiB with it on (its
 # landing ring is one 4 KiB page per receiving end, plus its claim table and the receives the
-# eager QP keeps to spare: issue 13 counts that cost, README: Eager path), or when a run fails.
+# eager QP keeps to spare: docs/design/eager-path.md counts that cost), or when a run fails.
 # Heap is deterministic enough for a fixed threshold (no timing is checked). Addresses
 # 127.0.54.x.
 #
@@ -15,11 +15,11 @@
 # its whole state behind, at least the smaller end's heap (the recv comm, ~12 KiB: its QP, CQ,
 # CTS FIFO and request pool), 3x the bound, so any leaked comm fails; what is left today (+2.5 KiB
 # per connection at 256 connections, +1.2 KiB at 1024: a fixed part retained at the high-water
-# mark, such as container capacity, plus <1 KiB per connection, issue 14 §3) passes, and a
+# mark, such as container capacity, plus <1 KiB per connection) passes, and a
 # regression that doubles it fails.
 # Then 10^4 connect/close cycles of one connection each way (scale_bench --cycles): each rank's
-# heap must grow by less than one connection's worth, its descriptors not at all (issue 14 §3).
-# Then the file descriptors of 1024 connections (issue 13 item 5, at the end).
+# heap must grow by less than one connection's worth, its descriptors not at all.
+# Then the file descriptors of 1024 connections (at the end).
 # Builds nothing (make build does); the runs are bounded by `timeout`.
 set -u
 cd "$(dirname "$0")/../.."
@@ -111,7 +111,7 @@ else
     fail=$((fail + 1))
 fi
 
-# Connect/close cycles (issue 14 §3): 10^4 times one connection each way made, used for one
+# Connect/close cycles: 10^4 times one connection each way made, used for one
 # message and closed, in the same two processes; from the first 10 % of the cycles to the last,
 # each rank's heap must grow by less than one connection's worth (the recv + send comm heap
 # measured above) and its descriptors not at all. glibc's per-thread tcache is off
@@ -141,7 +141,7 @@ judge() {
         exit !(h[1] < conn && h[2] < conn && f[1] == 0 && f[2] == 0)
     }'
 judge $? "$CYCLES connect/close cycles: heap grew by less than one connection, fds flat (rc=$RC)" "$D/cycles"
-# File descriptors (issue 13 item 5): 1024 connections between two processes (512 send + 512
+# File descriptors: 1024 connections between two processes (512 send + 512
 # recv comms each, set up at once) hold at most 0.1 descriptor per connection in all, counted
 # from before the first connection (scale_bench's fds_per_conn): the comms of the process pair
 # share one side-channel link (wire version 6), one per process or two when both found one at

@@ -1,6 +1,6 @@
 #!/bin/bash
 # shellcheck disable=SC2016 # backquotes in the patterns are the doctor's own text
-# ferroce-doctor over softroce, and the plugin's own diagnostics (issue 12 items 1, 2, 6, 7, 8):
+# ferroce-doctor over softroce, and the plugin's own diagnostics:
 #
 #   * a healthy host: no fail, exit 0; --json is one valid array with the same checks;
 #   * no RDMA device (the system libibverbs without a driver), a missing libibverbs: a clear

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The statistics file against the harness (issue 12): sendrecv_perf and all_reduce_perf, 2 ranks
+# The statistics file against the harness: sendrecv_perf and all_reduce_perf, 2 ranks
 # over softroce with FERROCE_STATS=DIR and NCCL_DEBUG=INFO. Each rank's file must count exactly
 # the messages and bytes the harness says it passed to isend, every byte received must be
 # counted once on the receiving side, and each comm's close summary must be logged at INFO with

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Verbs work counted (issue 13 item 1): sendrecv_perf and all_reduce_perf, 2 ranks over softroce
+# Verbs work counted: sendrecv_perf and all_reduce_perf, 2 ranks over softroce
 # with --stats and FERROCE_STATS. Every size must print softroce's and the plugin's figures per
 # message, consistent with each other (ci/work-counts.py check: softroce sees exactly the plugin's
 # post calls, WRs >= posts >= 1, packets >= WRs and one per MTU, one signaled completion per send

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Resilience (issue 11): the harness over softroce, 2 ranks on 127.0.70.x (one device each), while
+# Resilience: the harness over softroce, 2 ranks on 127.0.70.x (one device each), while
 # softroce-ctl breaks rank 1's link:
 #   * sendrecv and all_reduce while rank 1's port goes down for 1 s and back, three times: the run
 #     completes, every result is checked (#wrong 0), both ends WARN each loss and each recovery;

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Coverage-guided fuzzing (issue 14 §1): builds fuzz/ with cargo fuzz (libFuzzer, AddressSanitizer;
+# Coverage-guided fuzzing: builds fuzz/ with cargo fuzz (libFuzzer, AddressSanitizer;
 # nightly features through RUSTC_BOOTSTRAP=1, for this job only) and runs every target for a
 # bounded number of inputs, starting from its committed corpus (fuzz/corpus/<target>, only read:
 # new inputs go to a scratch directory). Inputs per target are sized by measurement so that all

@@ -16,7 +16,8 @@ use std::ffi::{c_int, c_void};
 /// `handle` points at 128 writable bytes that live for the call.
 unsafe fn handle_bytes<'a>(handle: *mut c_void) -> Result<&'a mut [u8; NCCL_NET_HANDLE_MAXSIZE], Error> {
     let p = non_null(handle, "handle")?;
-    // SAFETY: NCCL passes a buffer of NCCL_NET_HANDLE_MAXSIZE bytes (spec §7.2); u8 has align 1.
+    // SAFETY: NCCL passes a buffer of NCCL_NET_HANDLE_MAXSIZE bytes
+    // (docs/nccl-net-abi.md#connection-setup); u8 has align 1.
     Ok(unsafe { &mut *(p as *mut [u8; NCCL_NET_HANDLE_MAXSIZE]) })
 }
 
@@ -867,7 +868,8 @@ pub unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
     )
 }
 
-/// `setNetAttr` hints are advisory (spec §7.12); ferroce's QP layout does not depend on them.
+/// `setNetAttr` hints are advisory (docs/nccl-net-abi.md#other-calls); ferroce's QP layout does
+/// not depend on them.
 /// NCCL 2.28 calls it before every connect, accept, isend and irecv, so it must cost nothing.
 ///
 /// # Safety

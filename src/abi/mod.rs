@@ -1,4 +1,5 @@
-//! The exported `ncclNetPlugin_vN` tables (v6–v12, spec §2–§4) and the shims behind them.
+//! The exported `ncclNetPlugin_vN` tables (v6–v12, docs/nccl-net-abi.md#abi-versions, #properties)
+//! and the shims behind them.
 //!
 //! `common` holds the slots whose signature every version shares, written against the newest
 //! ABI; each `vN` module holds only the adapters its version needs (int sizes, missing

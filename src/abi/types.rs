@@ -1,4 +1,5 @@
-//! The NCCL net plugin ABI, declared from the layout tables of spec §1, §3 and §4 (never from
+//! The NCCL net plugin ABI, declared from the layout tables of
+//! docs/nccl-net-abi.md#types-and-constants, #the-function-table, #properties (never from
 //! NCCL's headers). `include/ferroce/nccl_net.h` declares the same layouts for C; both sides
 //! assert every size and offset the spec gives.
 
@@ -24,7 +25,7 @@ pub const NCCL_NET_DEVICE_HOST: c_int = 0;
 pub const NCCL_NET_MAX_DEVS_PER_NIC_V9: usize = 4;
 pub const NCCL_NET_MAX_DEVS_PER_NIC_V12: usize = 8;
 
-/// `ncclNetDeviceHandle_v7..v12` (spec §1.5).
+/// `ncclNetDeviceHandle_v7..v12` (docs/nccl-net-abi.md#types-and-constants).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct NcclNetDeviceHandle {
@@ -202,7 +203,8 @@ pub struct NcclNetPropertiesV12 {
 type Comm = *mut c_void;
 type Out = *mut *mut c_void;
 
-// Slot types: nullable function pointers (NULL = absent). Parameters follow spec §3.1.
+// Slot types: nullable function pointers (NULL = absent). Parameters follow
+// docs/nccl-net-abi.md#the-function-table.
 pub type InitV6 = Option<unsafe extern "C" fn(NcclLogger) -> NcclResult>;
 pub type InitV10 = Option<unsafe extern "C" fn(NcclLogger, NcclProfilerCallback) -> NcclResult>;
 pub type InitV11 =
@@ -463,7 +465,8 @@ mod layout_tests {
         assert_eq!(offset_of!(NcclNetAttr, proto), 40);
     }
 
-    /// (field, v6, v7, v8, v9/v10, v11, v12) offsets from spec §4; -1 = absent.
+    /// (field, v6, v7, v8, v9/v10, v11, v12) offsets from docs/nccl-net-abi.md#properties; -1 =
+    /// absent.
     const PROPS: &[(&str, [i64; 6])] = &[
         ("name", [0, 0, 0, 0, 0, 0]),
         ("pci_path", [8, 8, 8, 8, 8, 8]),
@@ -648,7 +651,7 @@ mod layout_tests {
         assert_eq!(size_of::<NcclNetV10>(), 160);
         assert_eq!(size_of::<NcclNetV11>(), 176);
         assert_eq!(size_of::<NcclNetV12>(), 176);
-        // Slot k at offset 8k (spec §3).
+        // Slot k at offset 8k (docs/nccl-net-abi.md#the-function-table).
         assert_eq!(offset_of!(NcclNetV12, init), 8);
         assert_eq!(offset_of!(NcclNetV12, reg_mr_dma_buf), 64);
         assert_eq!(offset_of!(NcclNetV12, iflush), 96);

@@ -35,7 +35,7 @@ unsafe extern "C" fn connect_v10(
     unsafe { connect(&ctx, dev, handle, send_comm) }
 }
 
-/// Exported data symbol NCCL finds with `dlsym` (spec §2).
+/// Exported data symbol NCCL finds with `dlsym` (docs/nccl-net-abi.md#abi-versions).
 #[no_mangle]
 #[used]
 pub static ncclNetPlugin_v10: NcclNetV10 = NcclNetV10 {

@@ -44,7 +44,7 @@ unsafe extern "C" fn get_properties_v12(dev: std::ffi::c_int, props: *mut NcclNe
     })
 }
 
-/// Exported data symbol NCCL finds with `dlsym` (spec §2).
+/// Exported data symbol NCCL finds with `dlsym` (docs/nccl-net-abi.md#abi-versions).
 #[no_mangle]
 #[used]
 pub static ncclNetPlugin_v12: NcclNetV12 = NcclNetV12 {

@@ -21,7 +21,7 @@ unsafe extern "C" fn get_properties_v6(dev: std::ffi::c_int, props: *mut NcclNet
     })
 }
 
-/// Exported data symbol NCCL finds with `dlsym` (spec §2).
+/// Exported data symbol NCCL finds with `dlsym` (docs/nccl-net-abi.md#abi-versions).
 #[no_mangle]
 #[used]
 pub static ncclNetPlugin_v6: NcclNetV6 = NcclNetV6 {

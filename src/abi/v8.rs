@@ -24,7 +24,7 @@ unsafe extern "C" fn get_properties_v8(dev: std::ffi::c_int, props: *mut NcclNet
     })
 }
 
-/// Exported data symbol NCCL finds with `dlsym` (spec §2).
+/// Exported data symbol NCCL finds with `dlsym` (docs/nccl-net-abi.md#abi-versions).
 #[no_mangle]
 #[used]
 pub static ncclNetPlugin_v8: NcclNetV8 = NcclNetV8 {

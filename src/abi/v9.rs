@@ -31,7 +31,7 @@ pub(super) unsafe extern "C" fn get_properties_v9(dev: std::ffi::c_int, props: *
     })
 }
 
-/// Exported data symbol NCCL finds with `dlsym` (spec §2).
+/// Exported data symbol NCCL finds with `dlsym` (docs/nccl-net-abi.md#abi-versions).
 #[no_mangle]
 #[used]
 pub static ncclNetPlugin_v9: NcclNetV9 = NcclNetV9 {

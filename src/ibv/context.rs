@@ -264,7 +264,8 @@ impl Context {
         Ok(unsafe { gid.raw })
     }
 
-    /// The RoCE version of GID `index` (1 or 2), `Ok(None)` when unknown (spec §8.6 step 4).
+    /// The RoCE version of GID `index` (1 or 2), `Ok(None)` when unknown
+    /// (docs/nccl-net-abi.md#gid-selection).
     /// Asks the library (`ibv_query_gid_ex`) first, then sysfs as NCCL does.
     pub fn gid_roce_version(&self, port: u8, index: i32) -> Result<Option<u8>> {
         if let Some(query) = self.verbs._ibv_query_gid_ex {
@@ -446,7 +447,8 @@ impl ProtectionDomain {
         self.raw
     }
 
-    /// Whether `ibv_reg_dmabuf_mr` is supported (spec §8.3): a registration with fd -1 must fail,
+    /// Whether `ibv_reg_dmabuf_mr` is supported (docs/nccl-net-abi.md#gpudirect-detection): a
+    /// registration with fd -1 must fail,
     /// and only EOPNOTSUPP/EPROTONOSUPPORT mean "no support".
     pub fn probe_dmabuf(&self) -> bool {
         let Some(reg) = self.context.verbs.ibv_reg_dmabuf_mr else {
@@ -491,7 +493,8 @@ pub fn check_rc(rc: c_int, what: impl FnOnce() -> String) -> Result<()> {
     }
 }
 
-/// Parses a sysfs `gid_attrs/types/<i>` read (spec §8.6 step 4): `RoCE v2` → 2, `IB/RoCE v1` or
+/// Parses a sysfs `gid_attrs/types/<i>` read (docs/nccl-net-abi.md#gid-selection): `RoCE v2` → 2,
+/// `IB/RoCE v1` or
 /// `RoCE v1` → 1; EINVAL (an index not mapped into this container) → unknown; other errors fail.
 pub fn read_roce_type(read: std::io::Result<String>) -> std::io::Result<Option<u8>> {
     match read {
@@ -513,7 +516,7 @@ pub fn read_roce_type(read: std::io::Result<String>) -> std::io::Result<Option<u
 #[cfg(test)]
 mod tests {
 
-    /// Regression (issue 14): a failed QP's number, reused by a comm made later, must not fail
+    /// Regression: a failed QP's number, reused by a comm made later, must not fail
     /// that comm when some other QP fails afterwards.
     #[test]
     fn issue_14_a_reused_qp_number_is_not_failed_by_an_older_event() {

@@ -1,4 +1,4 @@
-//! RAII RC queue pair with the state transitions of spec §8.7.
+//! RAII RC queue pair with the state transitions of docs/nccl-net-abi.md#qp-attributes.
 //!
 //! ```text
 //! RESET --to_init--> INIT --to_rtr--> RTR --to_rts--> RTS

@@ -1,6 +1,7 @@
 //! What both ends of a connection share: member devices with their CQs, the RC QPs and how
-//! they pair with the peer's, internally registered buffers, QP bring-up (spec §8.7) and the
-//! handshake records describing this side (spec §8.5).
+//! they pair with the peer's, internally registered buffers, QP bring-up
+//! (docs/nccl-net-abi.md#qp-attributes) and the
+//! handshake records describing this side (docs/nccl-net-abi.md#connection-setup).
 
 use super::link::SideChannel;
 use super::proto::handshake::{self, DevRepr, EndpointRepr, LinkLayer as WireLinkLayer, QpRepr, FLAG_STANDBY};
@@ -25,7 +26,7 @@ const PATH_RETRY_MAX: Duration = Duration::from_secs(60);
 /// Inline bytes requested when NCCL_IB_USE_INLINE=1 (one CTS entry).
 const INLINE_BYTES: u32 = fifo::ENTRY_BYTES as u32;
 
-// The flush loopback QPs of a receive comm (spec §8.9; recv.rs makes them).
+// The flush loopback QPs of a receive comm (docs/nccl-net-abi.md#flush; recv.rs makes them).
 /// Send WRs of a flush loopback QP (made by a comm's first iflush, one per local device): one
 /// RDMA read per flush in flight (bound: ≤ request::FLUSHES_IN_FLIGHT, enforced by iflush,
 /// which fails beyond; a read's WR is outstanding until its completion is polled, which
@@ -147,7 +148,7 @@ pub struct ConnQp {
     pub remote_dev: usize,
 }
 
-/// Traffic class and service level of the data QPs (spec §8.5 step 7).
+/// Traffic class and service level of the data QPs (docs/nccl-net-abi.md#connection-setup).
 pub fn tc_sl(cfg: &Config, comm_tc: i32) -> (u8, u8) {
     let pick = |v: i32| {
         if v >= 0 {

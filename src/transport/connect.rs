@@ -1,4 +1,5 @@
-//! Connect (spec §7.3, §8.5, the sender's side): dial the listener's side channel, build the
+//! Connect (docs/nccl-net-abi.md#connection-setup, the sender's side): dial the listener's side
+//! channel, build the
 //! sender's resources, exchange `ConnectReq` / `ConnectResp` / `Ready`, and hand the result to
 //! the data path. Non-blocking: NCCL re-enters [`connect`] with the same handle until it
 //! returns a comm. The protocol decisions are [`proto::setup`](super::proto::setup)'s.

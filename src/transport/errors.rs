@@ -1,4 +1,5 @@
-//! Completion errors: one WARN that says where, what and what to check (spec §8.8, issue 4).
+//! Completion errors: one WARN that says where, what and what to check
+//! (docs/nccl-net-abi.md#data-path).
 
 use crate::error::{Error, ErrorKind};
 // `ibv_wc_status` values, as rdma-sys declares them.

@@ -1,4 +1,5 @@
-//! Listen and accept (spec §7.2, §8.5, the receiver's side): a listen comm's place at the
+//! Listen and accept (docs/nccl-net-abi.md#connection-setup, the receiver's side): a listen comm's
+//! place at the
 //! process's listener (`process_listener`, shared by every listen comm) and on its links, the
 //! connection it accepts in its setup states, and the receiver's resources built for it. The
 //! protocol decisions are [`proto::setup`](super::proto::setup)'s.
@@ -294,7 +295,8 @@ impl RecvParts {
     }
 }
 
-/// Whether receives need the GPU flush (spec §8.3): peer memory or DMA-BUF, and not disabled.
+/// Whether receives need the GPU flush (docs/nccl-net-abi.md#gpudirect-detection): peer memory or
+/// DMA-BUF, and not disabled.
 fn flush_wanted(members: &[Arc<NetDevice>]) -> bool {
     static PEER_MEMORY: once_cell::sync::OnceCell<bool> = once_cell::sync::OnceCell::new();
     let peer = *PEER_MEMORY.get_or_init(crate::device::peer_memory_present);

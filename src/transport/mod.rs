@@ -1,4 +1,5 @@
-//! Connections and the data path (spec §7.2–§7.8, §8.4–§8.10).
+//! Connections and the data path (docs/nccl-net-abi.md#connection-setup, #closing,
+//! #memory-registration, #nic-fusion).
 //!
 //! `api.rs` calls exactly these entry points; every ABI version drives the same code.
 //!
@@ -34,7 +35,8 @@
 //! Limits: 32 receives in flight per recv comm (NCCL_NET_MAX_REQUESTS) holding at most 64 CTS
 //! entries in all (the FIFO ring: NCCL_STEPS 8 × maxRecvs 8), 32 flushes besides (an error
 //! beyond: iflush cannot say "retry later"); 64 isends in
-//! flight per send comm; beyond these irecv/isend return "retry later" (spec §7.6). Grouped
+//! flight per send comm; beyond these irecv/isend return "retry later"
+//! (docs/nccl-net-abi.md#limits). Grouped
 //! receives of up to 8 buffers of ≤ 4 GiB each.
 //!
 //! Per-message path: no allocation, no lock; syscalls only inside the provider's post/poll and

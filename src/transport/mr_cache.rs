@@ -1,4 +1,5 @@
-//! Process-wide, reference-counted registration cache per device (spec §8.4).
+//! Process-wide, reference-counted registration cache per device
+//! (docs/nccl-net-abi.md#memory-registration).
 //!
 //! Ranges are rounded out to pages; a registration fully covering a requested range of the same
 //! backing ([`Backing`]: host memory, or one DMA-BUF at the same fd offsets) is reused
@@ -106,7 +107,8 @@ pub struct DeviceCache {
     scratch: Mutex<Option<Arc<FlushScratch>>>,
 }
 
-/// One registered page per device that every GPU flush (spec §8.9) reads its byte into.
+/// One registered page per device that every GPU flush (docs/nccl-net-abi.md#flush) reads its byte
+/// into.
 /// Nobody reads it, so all comms share it (instead of a registration per comm). Field order:
 /// the MR goes before the memory.
 pub struct FlushScratch {
@@ -144,10 +146,12 @@ impl DeviceCache {
         match dmabuf {
             None => cache.acquire(start, end, Backing::Host, || {
                 // SAFETY: NCCL registers memory it owns and deregisters it before freeing it
-                // (spec §7.4); the range is page-rounded like NCCL's IB transport does.
+                // (docs/nccl-net-abi.md#memory-registration); the range is page-rounded like
+                // NCCL's IB transport does.
                 unsafe {
                     if relaxed {
-                        // Relaxed ordering when the library has ibv_reg_mr_iova2 (spec §8.1
+                        // Relaxed ordering when the library has ibv_reg_mr_iova2
+                        // (docs/nccl-net-abi.md#device-discovery
                         // step 6); a refusal falls back to a plain registration.
                         if let Some(Ok(mr)) =
                             MemoryRegion::register_relaxed(self.pd.clone(), start, end - start, ACCESS_DATA)
@@ -242,7 +246,7 @@ mod tests {
         assert!(c.is_empty());
     }
 
-    /// Regression (issue 14): the cache was keyed by address alone, so a DMA-BUF registration of
+    /// Regression: the cache was keyed by address alone, so a DMA-BUF registration of
     /// a range a host registration covers got the host MR (and the reverse).
     #[test]
     fn issue_14_host_and_dmabuf_registrations_of_one_range_never_alias() {

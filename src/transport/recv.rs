@@ -4,7 +4,8 @@
 //! The flush path ([`Flush`]: per device a loopback QP on its own CQ of [`FLUSH_CQE`] entries,
 //! reading one byte into the device's shared scratch, [`mr_cache::FlushScratch`]) is made by
 //! the first `iflush` that has something to read, not at accept: NCCL flushes only GPU
-//! buffers, and on compute capability ≥ 9.0 almost never (spec §7.7), so most comms never need
+//! buffers, and on compute capability ≥ 9.0 almost never (docs/nccl-net-abi.md#flush), so most
+//! comms never need
 //! it. If making it fails, that `iflush` returns the error and the comm stays as it was
 //! (usable; a later `iflush` tries again).
 
@@ -99,7 +100,8 @@ struct FlushDev {
 }
 
 impl Flush {
-    /// Make and connect the loopback QP of every local device (spec §8.9), RTS with the CTS
+    /// Make and connect the loopback QP of every local device (docs/nccl-net-abi.md#flush), RTS
+    /// with the CTS
     /// writes' traffic class (NCCL_IB_FIFO_TC, else the sender's) and the sender's SL. On error
     /// everything made so far is destroyed again (QPs before CQs).
     fn new(devs: &[LocalDev], tc: u8, sl: u8) -> Result<Box<Flush>> {

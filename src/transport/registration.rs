@@ -1,4 +1,5 @@
-//! Registration (spec §7.4): a range registered on every member device of a (fused) device
+//! Registration (docs/nccl-net-abi.md#memory-registration): a range registered on every member
+//! device of a (fused) device
 //! through the process-wide, refcounted MR cache of each ([`mr_cache`](super::mr_cache)).
 //! Needs no comm, so NCCL's service thread never touches a comm its progress thread uses.
 

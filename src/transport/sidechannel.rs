@@ -16,7 +16,7 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::time::{Duration, Instant};
 
 // ---------------------------------------------------------------------------------------------
-// Interface selection (spec §8.1 step 3, §9.5)
+// Interface selection (docs/nccl-net-abi.md#device-discovery, #list-syntax)
 // ---------------------------------------------------------------------------------------------
 
 /// One address of one interface.

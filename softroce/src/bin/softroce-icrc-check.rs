@@ -6,7 +6,8 @@
 //! Prints a summary and exits 1 if any packet's ICRC is wrong or none was read.
 //!
 //! A UDP GSO send shows up on `lo` as one super-datagram of equal-size
-//! segments, segment *i* carrying IP ID *i* on the wire (spec §6). When a
+//! segments, segment *i* carrying IP ID *i* on the wire
+//! (docs/softroce-internals.md#udp-segmentation-offload). When a
 //! payload does not verify as one packet, the checker looks for a segment size
 //! (transport headers + an IB MTU + ICRC) that splits it into packets that all
 //! verify with IDs 0, 1, 2, … and counts each segment.

@@ -1,4 +1,4 @@
-//! Address rules (issue 3) and GIDs.
+//! Address rules and GIDs.
 //!
 //! A device binds `SOFTROCE_ADDR` (a comma-separated list, entry *i* for
 //! device *i*) when set; otherwise the IPv4 address of an up, non-loopback

@@ -1,9 +1,10 @@
 //! The thin UDP layer: one unconnected IPv4 socket per device, bound to
 //! `<addr>:4791`, with `IP_PMTUDISC_DO` so that the kernel sends every datagram
-//! with DF set and IP ID 0 — the ICRC covers both (spec §3.6).
+//! with DF set and IP ID 0 — the ICRC covers both (docs/softroce-internals.md#icrc).
 //!
 //! With UDP GSO (`send_gso`), the kernel cuts one datagram into `seg`-byte
-//! segments and gives segment *i* IP ID *i* (spec §6); the caller computes
+//! segments and gives segment *i* IP ID *i* (docs/softroce-internals.md#udp-segmentation-offload);
+//! the caller computes
 //! each segment's ICRC accordingly. With UDP GRO enabled on receive, a
 //! datagram may carry several equal-size segments; [`RecvMeta::seg`] says
 //! their size.

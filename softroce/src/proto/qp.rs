@@ -341,7 +341,7 @@ impl QpCore {
 
     /// Complete everything outstanding with WR_FLUSH_ERR (a head WQE with a
     /// recorded error gets that status instead).
-    //= softroce spec §3.8
+    //= docs/softroce-internals.md#rc-reliability
     //# After an error, remaining WRs complete with WR_FLUSH_ERR, and so do posted receives.
     fn flush(&mut self) {
         //= IBTA Vol 1 §11.6.3.2 (Affiliated asynchronous events)
@@ -517,7 +517,7 @@ impl QpCore {
                 self.stats.rx_dropped += 1;
                 return;
             }
-            //= IBTA Vol 1 §11.6.3 / softroce spec issue 3
+            //= IBTA Vol 1 §11.6.3 / docs/softroce-internals.md#design-rules
             //# COMM_EST when the first packet arrives in RTR, as real NICs raise it.
             if state == QpState::Rtr && !self.comm_est_raised {
                 self.comm_est_raised = true;
@@ -700,7 +700,7 @@ fn check_values(a: &ModifyAttrs) -> Result<(), Errno> {
     if mask & m::DEST_QPN != 0 && a.dest_qp_num > Psn::MASK {
         return Err(Errno::EINVAL);
     }
-    //= softroce spec §5 item 9
+    //= docs/softroce-internals.md#design-rules
     //# rc_pingpong needs -g 0 (as on real RoCE); reject RTR without GRH.
     if mask & m::AV != 0 && !a.ah.is_global {
         return Err(Errno::EINVAL);

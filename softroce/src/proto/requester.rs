@@ -10,7 +10,7 @@ use crate::wire::opcode::MsgKind;
 use crate::wire::{self, AtomicEthRepr, BthRepr, NakCode, OpCode, Psn, RethRepr, RocePacketRepr, Syndrome};
 
 /// AckReq at least every this many packets inside long messages.
-//= softroce spec §3.7
+//= docs/softroce-internals.md#packetisation-psn-and-acknowledgements
 //# AckReq (rxe): set on the last packet of every request message and on every ~64th packet inside long messages.
 const ACK_REQ_EVERY: u32 = 64;
 
@@ -106,7 +106,7 @@ fn check_local(mem: &dyn MemoryAccess, w: &SendWqe) -> Result<(), u32> {
 }
 
 fn imm_to_wire(imm: u32) -> u32 {
-    //= softroce spec §5 item 12
+    //= docs/softroce-internals.md#design-rules
     //# imm_data is big-endian on both sides of the API — never swap it.
     u32::from_be_bytes(imm.to_ne_bytes())
 }
@@ -259,7 +259,7 @@ impl QpCore {
         if state == QpState::Sqd {
             return None;
         }
-        //= softroce spec §3.8
+        //= docs/softroce-internals.md#rc-reliability
         //# IBV_SEND_FENCE holds the WR until earlier reads/atomics are complete
         //# (rxe simply waits until every earlier WR has completed).
         if w.wr.fence && idx > 0 {
@@ -320,7 +320,7 @@ impl QpCore {
         match wr.opcode {
             WrOpcode::RdmaRead => {
                 // A (re)issued READ asks for the tail starting at packet i.
-                //= softroce spec §3.8
+                //= docs/softroce-internals.md#rc-reliability
                 //# for a partially answered READ, re-issue the request for the missing tail
                 //# with adjusted VA/length and the first missing PSN
                 let off = u64::from(i) * u64::from(mtu);
@@ -359,7 +359,7 @@ impl QpCore {
                 if imm && last {
                     req.immdt = Some(imm_to_wire(wr.imm_data));
                 }
-                //= softroce spec §3.7
+                //= docs/softroce-internals.md#packetisation-psn-and-acknowledgements
                 //# Solicited Event set only on the last packet of a SEND or WRITE-with-imm
                 //# when the WR had IBV_SEND_SOLICITED.
                 req.bth.solicited = last && wr.solicited && (is_send || imm);
@@ -406,7 +406,7 @@ impl QpCore {
         if w.started && w.last_psn() + 1 - self.una > 0 {
             self.una = w.last_psn() + 1;
         }
-        //= softroce spec §3.8
+        //= docs/softroce-internals.md#rc-reliability
         //# Only signaled WRs (or sq_sig_all) produce a CQE, but errors always do.
         if status != wc_status::IBV_WC_SUCCESS || w.wr.signaled || self.caps.sq_sig_all {
             let c = self.send_completion(&w, status);
@@ -457,7 +457,7 @@ impl QpCore {
     /// Everything before `p` is acknowledged: complete SEND/WRITE WQEs that
     /// end before `p`. Returns `true` if a READ/atomic ending before `p` is
     /// still unanswered (its responses were lost).
-    //= softroce spec §3.7
+    //= docs/softroce-internals.md#packetisation-psn-and-acknowledgements
     //# A requester must accept coalesced ACKs: an ACK for PSN p acknowledges every request packet ≤ p.
     fn ack_before(&mut self, now: Instant, p: Psn) -> bool {
         let old = self.una;
@@ -588,7 +588,7 @@ impl QpCore {
             return;
         }
         let orig = p.atomic_ack_eth.map(|a| a.orig).unwrap_or(0);
-        //= softroce spec §3.4
+        //= docs/softroce-internals.md#extension-headers
         //# The requester stores the returned original value into its local SGE in host order.
         if let Err(status) = scatter(mem, &w.wr.sges, 0, &orig.to_ne_bytes()) {
             self.complete_head(status);
@@ -600,7 +600,7 @@ impl QpCore {
 
     fn on_nak(&mut self, now: Instant, psn: Psn, code: NakCode) {
         match code {
-            //= softroce spec §3.8
+            //= docs/softroce-internals.md#rc-reliability
             //# NAK sequence error with PSN p: everything before p is implicitly acked;
             //# retransmit from p at once
             NakCode::PsnSequenceError => {
@@ -644,7 +644,7 @@ impl QpCore {
         }
     }
 
-    //= softroce spec §3.8
+    //= docs/softroce-internals.md#rc-reliability
     //# RNR NAK: wait the encoded time, then go back to the NAKed PSN; counts against
     //# rnr_retry (7 = infinite) → RNR_RETRY_EXC_ERR when exhausted.
     fn on_rnr_nak(&mut self, now: Instant, psn: Psn, timer: u8) {
@@ -692,7 +692,7 @@ impl QpCore {
         self.arm_probe(now);
     }
 
-    //= softroce spec §3.8
+    //= docs/softroce-internals.md#rc-reliability
     //# retry_cnt (0–7) bounds consecutive timeout/NAK-sequence retries without
     //# progress; exhausted → RETRY_EXC_ERR and QP error.
     pub(crate) fn on_retransmit_timeout(&mut self, now: Instant) {

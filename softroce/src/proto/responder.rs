@@ -60,7 +60,7 @@ impl QpCore {
     }
 
     fn fatal(&mut self, psn: Psn, f: Fatal) {
-        //= softroce spec §3.8
+        //= docs/softroce-internals.md#rc-reliability
         //# Fatal errors (remote access, invalid request, operational) → NAK, error
         //# completion if a receive WQE was consumed, QP to ERR.
         if self.attrs.qp_state == QpState::Err {
@@ -111,7 +111,7 @@ impl QpCore {
         let psn = p.bth.psn;
         let d = psn - self.epsn;
         if d > 0 {
-            //= softroce spec §3.8
+            //= docs/softroce-internals.md#rc-reliability
             //# PSN ahead of expected → NAK PSN sequence error carrying the expected
             //# PSN, sent once until the gap closes; drop the packet.
             if !self.nak_sent {
@@ -133,7 +133,7 @@ impl QpCore {
         }
     }
 
-    //= softroce spec §3.8
+    //= docs/softroce-internals.md#rc-reliability
     //# PSN behind (duplicate) → SEND/WRITE: re-send an ACK for the last completed PSN,
     //# do not re-execute. READ: find the saved read resource whose PSN range covers it
     //# and regenerate responses starting at that PSN. Atomic: resend the stored
@@ -205,7 +205,7 @@ impl QpCore {
     }
 
     fn push_res(&mut self, r: RdAtomicRes) {
-        //= softroce spec §3.8
+        //= docs/softroce-internals.md#rc-reliability
         //# Keep max_dest_rd_atomic read/atomic resources (ring) for step 3.
         let cap = usize::from(self.attrs.max_dest_rd_atomic).max(1);
         while self.res.len() >= cap {

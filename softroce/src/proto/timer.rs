@@ -47,7 +47,7 @@ impl TimerTable {
 }
 
 /// Local ACK timeout: `4.096 µs × 2^timeout`; `None` for 0 (infinite).
-//= IBTA Vol 1 §9.7.6.1.3 / softroce spec §3.8
+//= IBTA Vol 1 §9.7.6.1.3 / docs/softroce-internals.md#rc-reliability
 //# Retransmission timer per QP: 4.096 µs × 2^timeout (timeout 14 → 67.1 ms; 0 = never)
 pub fn local_ack_timeout(timeout: u8) -> Option<Duration> {
     if timeout == 0 {
@@ -58,7 +58,7 @@ pub fn local_ack_timeout(timeout: u8) -> Option<Duration> {
 }
 
 /// RNR NAK timer code → delay.
-//= IBTA Vol 1 §9.7.5.2.8, Table 45 / softroce spec §3.5
+//= IBTA Vol 1 §9.7.5.2.8, Table 45 / docs/softroce-internals.md#aeth-syndrome
 //# 0 = 655.36 ms, 1 = 0.01, 2 = 0.02, … 12 = 0.64, … 31 = 491.52 ms
 pub fn rnr_delay(code: u8) -> Duration {
     const MICROS: [u64; 32] = [

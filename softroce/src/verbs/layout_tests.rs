@@ -1,4 +1,5 @@
-//! The C layouts we depend on, checked against spec §1.7 (which was measured
+//! The C layouts we depend on, checked against docs/softroce-internals.md#libibverbs-abi (which
+//! was measured
 //! by compiling against the installed rdma-core 44 `verbs.h`).
 
 use std::mem::{offset_of, size_of};

@@ -1,7 +1,7 @@
 //! ACK Extended Transport Header (IBTA Vol 1 §9.3.5), 4 bytes.
 //!
 //! ```text
-//! //= IBTA Vol 1 §9.3.5, Table 43 / softroce spec §3.5
+//! //= IBTA Vol 1 §9.3.5, Table 43 / docs/softroce-internals.md#aeth-syndrome
 //! //# Syndrome (u8) · MSN (u24)
 //! //# bits 6..5: 00 ACK (4..0 credit count, 0x1F = no credit information)
 //! //#            01 RNR NAK (4..0 RNR timer code), 11 NAK (4..0 NAK code)

@@ -1,7 +1,7 @@
 //! Atomic Extended Transport Header (IBTA Vol 1 §9.3.7), 28 bytes.
 //!
 //! ```text
-//! //= IBTA Vol 1 §9.3.7 / softroce spec §3.4
+//! //= IBTA Vol 1 §9.3.7 / docs/softroce-internals.md#extension-headers
 //! //# AtomicETH: VA (u64) · R_Key (u32) · Swap-or-Add (u64) · Compare (u64) — packed
 //! ```
 

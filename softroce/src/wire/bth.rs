@@ -1,7 +1,7 @@
 //! Base Transport Header (IBTA Vol 1 §9.2), 12 bytes.
 //!
 //! ```text
-//! //= IBTA Vol 1 §9.2, Figure 92 / softroce spec §3.2
+//! //= IBTA Vol 1 §9.2, Figure 92 / docs/softroce-internals.md#base-transport-header
 //! //# byte 0: OpCode | byte 1: SE(7) M(6) PadCnt(5..4) TVer(3..0) | 2-3: P_Key
 //! //# byte 4: FECN(7) BECN(6) resv6 | 5-7: DestQP | byte 8: A(7) resv7 | 9-11: PSN
 //! ```
@@ -174,7 +174,8 @@ impl Repr {
 mod tests {
     use super::*;
 
-    // WRITE Only, SE=0 pad=0, pkey ffff, QPN 0x11, AckReq, PSN 0x123456 (spec §3.6 capture).
+    // WRITE Only, SE=0 pad=0, pkey ffff, QPN 0x11, AckReq, PSN 0x123456
+    // (docs/softroce-internals.md#icrc capture).
     static BYTES: [u8; 12] = [0x0a, 0x00, 0xff, 0xff, 0x00, 0x00, 0x00, 0x11, 0x80, 0x12, 0x34, 0x56];
 
     fn repr() -> Repr {

@@ -1,7 +1,7 @@
 //! RoCEv2 Invariant CRC.
 //!
 //! ```text
-//! //= IBTA Annex A17 §A17.4.1 (RoCEv2 ICRC) / softroce spec §3.6
+//! //= IBTA Annex A17 §A17.4.1 (RoCEv2 ICRC) / docs/softroce-internals.md#icrc
 //! //# CRC-32 of the Ethernet/zlib flavour (reflected poly 0xEDB88320, preset
 //! //# all ones, final complement) over: 8 bytes of 0xFF (masked LRH); the IP
 //! //# header with TOS, TTL and header checksum set to all ones (IPv6: traffic
@@ -11,7 +11,8 @@
 //! ```
 //!
 //! IPv4 identification and flags/fragment offset are *inside* the CRC: with
-//! UDP GSO the kernel gives segment *i* the ID *first + i* (spec §6), so the
+//! UDP GSO the kernel gives segment *i* the ID *first + i*
+//! (docs/softroce-internals.md#udp-segmentation-offload), so the
 //! driver passes the ID each segment will carry.
 //!
 //! The CRC is computed by `crc32fast` (PCLMULQDQ/NEON folding, ~40 GB/s);
@@ -86,7 +87,7 @@ impl Crc32 {
 }
 
 /// `Crc32::finish()` after the 8 bytes of 0xFF that stand in for the masked LRH
-/// (raw register 0xDEBB20E3, spec §3.6).
+/// (raw register 0xDEBB20E3, docs/softroce-internals.md#icrc).
 const AFTER_LRH_MASK: u32 = !0xDEBB_20E3;
 
 /// Reference CRC-32/ISO-HDLC, table driven (slicing-by-8).
@@ -297,7 +298,7 @@ pub fn verify_ipv6<'a>(
 mod tests {
     use super::*;
 
-    /// spec §3.6: captured on `lo`, RDMA WRITE Only, QPN 0x11, PSN 0x123456.
+    /// docs/softroce-internals.md#icrc: captured on `lo`, RDMA WRITE Only, QPN 0x11, PSN 0x123456.
     const FRAME: [u8; 76] = [
         0x45, 0x00, 0x00, 0x4c, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x3c, 0x9f, 0x7f, 0x00, 0x00, 0x01, //
         0x7f, 0x00, 0x00, 0x01, 0xc0, 0x01, 0x12, 0xb7, 0x00, 0x38, 0xfe, 0x4b, 0x0a, 0x00, 0xff, 0xff, //
@@ -330,7 +331,7 @@ mod tests {
 
     #[test]
     fn preset_after_lrh_mask() {
-        //= spec §3.6
+        //= docs/softroce-internals.md#icrc
         //# start the raw register at 0xDEBB20E3 — verified: that is the register after 8×0xFF
         let mut c = SoftCrc32::new();
         c.update(&[0xFF; 8]);
@@ -358,7 +359,7 @@ mod tests {
 
     #[test]
     fn matches_spec_crc_input() {
-        // The 80-byte CRC input spelled out in spec §3.6.
+        // The 80-byte CRC input spelled out in docs/softroce-internals.md#icrc.
         let mut input = vec![0xFFu8; 8];
         input.extend_from_slice(&[0x45, 0xff, 0x00, 0x4c, 0x00, 0x00, 0x40, 0x00, 0xff, 0x11, 0xff, 0xff]);
         input.extend_from_slice(&[0x7f, 0, 0, 1, 0x7f, 0, 0, 1]);

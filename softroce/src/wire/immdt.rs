@@ -1,6 +1,7 @@
 //! Immediate Data Extended Transport Header (IBTA Vol 1 §9.3.4), 4 bytes.
 //!
-//! The value is carried byte-exact to `wc.imm_data` (spec §5 item 12: never swap).
+//! The value is carried byte-exact to `wc.imm_data` (docs/softroce-internals.md#design-rules:
+//! never swap).
 //! `imm` here is the big-endian reading of the 4 wire bytes.
 
 scalar_header!(4, u32, imm, set_imm);

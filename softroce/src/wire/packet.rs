@@ -295,7 +295,8 @@ mod tests {
                 },
             );
         }
-        // WRITE Only with Immediate: BTH 0, RETH 12, ImmDt 28, payload 32 (spec §3.3).
+        // WRITE Only with Immediate: BTH 0, RETH 12, ImmDt 28, payload 32
+        // (docs/softroce-internals.md#opcodes).
         let mut rest = RETH.to_vec();
         rest.extend_from_slice(&[0, 0, 0, 7, 9, 9, 9, 9]);
         let bytes = lit(0x0B, 0, &rest);

@@ -24,7 +24,7 @@ impl Psn {
     }
 
     /// Signed distance `self - other` in `-2^23 .. 2^23`.
-    //= softroce spec §3.7
+    //= docs/softroce-internals.md#packetisation-psn-and-acknowledgements
     //# compare with wrap-around as ((a - b) << 8) as i32 (sign gives order)
     pub const fn diff(self, other: Psn) -> i32 {
         (self.0.wrapping_sub(other.0) << 8) as i32 >> 8

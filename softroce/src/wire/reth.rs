@@ -1,7 +1,7 @@
 //! RDMA Extended Transport Header (IBTA Vol 1 §9.3.3), 16 bytes.
 //!
 //! ```text
-//! //= IBTA Vol 1 §9.3.3 / softroce spec §3.4
+//! //= IBTA Vol 1 §9.3.3 / docs/softroce-internals.md#extension-headers
 //! //# RETH: VA (u64) · R_Key (u32) · DMA length (u32) — length of the whole message
 //! ```
 
@@ -99,7 +99,7 @@ impl Repr {
 mod tests {
     use super::*;
 
-    // From the spec §3.6 capture: VA 0x7f0000001000, rkey 0x1234, 16 bytes.
+    // From the docs/softroce-internals.md#icrc capture: VA 0x7f0000001000, rkey 0x1234, 16 bytes.
     static BYTES: [u8; 16] = [0, 0, 0x7f, 0, 0, 0, 0x10, 0, 0, 0, 0x12, 0x34, 0, 0, 0, 0x10];
     const REPR: Repr = Repr {
         va: 0x7f00_0000_1000,

@@ -1,4 +1,4 @@
-//! Recovery of a connection whose QPs failed while its side channel lives (issue 11): both ends
+//! Recovery of a connection whose QPs failed while its side channel lives: both ends
 //! replace their QPs, exchange the new ones over the side channel, agree on what completed and
 //! post the rest again, so every message completes exactly once with NCCL seeing only success.
 //!

@@ -1,4 +1,5 @@
-//! The receiver's protocol (spec §8.8, §8.9): make sure every QP the message will use has a
+//! The receiver's protocol (docs/nccl-net-abi.md#data-path, #flush): make sure every QP the
+//! message will use has a
 //! zero-SGE receive posted for it, stage the CTS entries of the grouped receive and plan their
 //! RDMA writes into the next entries of the sender's FIFO ring (two writes when they straddle
 //! its end), and complete when every used QP delivered its WRITE WITH IMMEDIATE. `iflush` plans
@@ -807,7 +808,7 @@ impl RecvCore {
         self.state.check()?;
         // A NULL flush request means "nothing to flush" to NCCL, so a flush beyond the bound
         // must be an error here, not a retry (NCCL keeps ≤ 32 requests per comm, flushes
-        // included: spec §7.6). The bound sizes the flush QPs and CQs.
+        // included: docs/nccl-net-abi.md#limits). The bound sizes the flush QPs and CQs.
         if self.flushes_in_flight >= request::FLUSHES_IN_FLIGHT {
             return Err(Error::internal(format!(
                 "iflush: {} flushes of this receive comm are already in flight (NCCL keeps at most {} requests per comm)",

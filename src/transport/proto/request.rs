@@ -8,15 +8,18 @@
 /// Most requests in one pool: request indices fill 6-bit `wr_id` lanes ([`SendWrId`]).
 pub const MAX_POOL: usize = 1 << LANE_BITS;
 /// Requests of a send comm: NCCL_STEPS (8) × maxRecvs (8) isends, NCCL's real peak per comm and
-/// as many as the CTS ring has entries (spec §7.6 allows more; beyond this isend says "retry
+/// as many as the CTS ring has entries (docs/nccl-net-abi.md#limits allows more; beyond this isend
+/// says "retry
 /// later", which NCCL does). At any time at most 7 of them belong to the group being matched
 /// (not posted yet); every other one is posted and completes by itself, so a full pool always
 /// drains.
 pub const SEND_REQUESTS: usize = 64;
-/// Receives in flight per recv comm: NCCL_NET_MAX_REQUESTS (spec §7.6); more say "retry later".
+/// Receives in flight per recv comm: NCCL_NET_MAX_REQUESTS (docs/nccl-net-abi.md#limits); more say
+/// "retry later".
 pub const RECVS_IN_FLIGHT: usize = 32;
 /// Flushes in flight per recv comm: NCCL_NET_MAX_REQUESTS again (flushes count against the
-/// comm, spec §7.6). A NULL flush request means "nothing to flush", so iflush cannot say "retry
+/// comm, docs/nccl-net-abi.md#limits). A NULL flush request means "nothing to flush", so iflush
+/// cannot say "retry
 /// later": one more is an error. The flush QPs and their CQs are sized by this.
 pub const FLUSHES_IN_FLIGHT: usize = 32;
 /// Requests of a receive comm: [`RECVS_IN_FLIGHT`] receives plus [`FLUSHES_IN_FLIGHT`] flushes.
@@ -217,7 +220,8 @@ pub const WR_ID_QPS: usize = 1 << 10;
 const _: () = assert!(QP_SHIFT + 10 <= 64);
 const _: () = assert!(super::limits::MAX_CHAIN as u64 <= CHAIN_MASK, "every chain length fits");
 
-/// The `wr_id` of every WR of a group's chain on one QP (spec §8.8 packs 8-bit lanes; ours are
+/// The `wr_id` of every WR of a group's chain on one QP (docs/nccl-net-abi.md#data-path packs
+/// 8-bit lanes; ours are
 /// 6 bits, so the chain's length and QP fit too): the group's request indices (< [`MAX_POOL`])
 /// in lanes 0..8 (bits 0..48), the number of WRs of the chain (bits 48..54, ≤ MAX_CHAIN) and
 /// the QP's index in the connection (bits 54..64). The chain's signaled completion gives back that many

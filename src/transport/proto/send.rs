@@ -1,4 +1,5 @@
-//! The sender's protocol (spec §8.8): read the receiver's CTS entries from our FIFO ring, match
+//! The sender's protocol (docs/nccl-net-abi.md#data-path): read the receiver's CTS entries from
+//! our FIFO ring, match
 //! isends to the buffers of the oldest group by tag, and when the group is complete plan RDMA
 //! WRITEs (split in 128-byte multiples over the chosen QPs) ending in one signaled RDMA WRITE
 //! WITH IMMEDIATE per QP.

@@ -1,4 +1,5 @@
-//! The connection-setup protocol of both ends as pure state machines (spec §8.5): which side
+//! The connection-setup protocol of both ends as pure state machines
+//! (docs/nccl-net-abi.md#connection-setup): which side
 //! channel message each state expects, the nonce checks and the setup timeout. The I/O layer
 //! (transport/listen.rs, transport/connect.rs) owns the sockets and the verbs resources, feeds
 //! every message (or framing error) it reads to `handle_*`, and acts on what comes back;
