@@ -1,6 +1,7 @@
 #!/bin/sh
 # Builds target/release/softroce/libibverbs.so.1: the softroce staticlib linked
-# into a shared object with rdma-core 44's version nodes (spec §1.5).
+# into a shared object with rdma-core 44's version nodes
+# (docs/softroce-internals.md#libibverbs-abi).
 # -z nodelete: a dlclose() must never unmap the code the engine threads run.
 #
 #   SOFTROCE_PRIVATE_NODE  private version node of the targeted rdma-core

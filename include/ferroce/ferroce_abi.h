@@ -226,7 +226,7 @@ typedef ferroce_rs_NcclResult (*ferroce_rs_GetProperties_NcclNetPropertiesV7)(in
                                                                               ferroce_rs_NcclNetPropertiesV7*);
 
 /**
- * `ncclNetDeviceHandle_v7..v12` (spec §1.5).
+ * `ncclNetDeviceHandle_v7..v12` (docs/nccl-net-abi.md#types-and-constants).
  */
 typedef struct {
   int net_device_type;
