@@ -1,15 +1,26 @@
 #!/bin/bash
-# Side by side: ferroce against another NCCL net plugin on the same harness and fabric,
-# so a user can compare before switching. Interleaved rounds (the order of the
-# two plugins alternates), medians per size:
-#   * sendrecv_perf 2 ranks, 8 B .. MAX (×4): time (us) and busbw (GB/s) per size;
-#   * one-way 4 MiB streamed (GB/s), 8-byte ping-pong half round trip (us);
-#   * heap per connection, both ends (scale_bench -O, 256 connections; once per plugin).
-# Each table row gives ferroce, the baseline, and ferroce/baseline.
-#   ci/bench-compare.sh --baseline-plugin PATH [--rounds N] [--max SIZE] [--out DIR]
-# `make bench BASELINE_PLUGIN=PATH` runs it after the usual bench. The baseline is any
-# libnccl-net-*.so exporting ncclNetPlugin_v6..v12 (NCCL's own IB transport built as a plugin, or
-# aws-ofi-nccl, or the harness's TCP mock); over softroce both use the same softroce devices.
+# Side by side: ferroce against another NCCL net plugin on the same harness and fabric, so a user
+# can compare before switching (docs/benchmarks.md, "Comparing with another plugin").
+#
+#   ci/bench-compare.sh --baseline-plugin PATH [--rounds N] [--sizes "64K 256K 1M 4M 64M"]
+#                       [--max SIZE] [--collectives "sendrecv all_reduce"] [--net-version N]
+#                       [--out DIR]
+#   BENCH_BASELINE_ENV="K=V ..."  variables set for the baseline's runs only (NCCL's IB plugin
+#                                 over softroce wants NCCL_IB_GID_INDEX=3, and LD_LIBRARY_PATH
+#                                 reaching the libcudart it was linked with)
+#
+# For each collective (sendrecv_perf, all_reduce_perf; 2 ranks) and size, every round runs both
+# plugins once each, one harness process pair per run, the order alternating from round to round
+# and from size to size, so load that drifts hits both alike. Per run it reads the nccl-tests row
+# (time, #wrong) and the harness's --stats lines: each rank process's CPU time over the timed
+# iterations (every thread: harness, plugin and softroce's engine, so the same fabric work cancels
+# out of a ratio), the time inside isend/irecv/test per call, and softroce's verbs counters per
+# message. A ratio is formed per round (paired) and reported as the median over rounds with a 95 %
+# bootstrap interval over rounds:
+#   speed     = baseline time / ferroce time         (> 1: ferroce faster)
+#   cpu ratio = baseline CPU/msg / ferroce CPU/msg   (> 1: ferroce cheaper)
+# Then the 8-byte ping-pong half round trip and the heap per connection (once per plugin).
+# Output: the tables on stdout and in DIR/compare.txt, every figure in DIR/compare.json.
 # Exit 1 when a run failed or reported wrong results.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -17,18 +28,21 @@ ROOT=$PWD
 REL=$ROOT/target/release
 H=$REL/harness
 SR=$REL/softroce
-BASE="" ROUNDS=5 MAX=64M OUT=$ROOT/target/bench
+BASE="" ROUNDS=10 SIZES="64K 256K 1M 4M 64M" MAX="" COLLS="sendrecv all_reduce" NETV="" OUT=$ROOT/target/bench
 while [ $# -gt 0 ]; do
     case $1 in
     --baseline-plugin) BASE=$2; shift 2 ;;
     --rounds) ROUNDS=$2; shift 2 ;;
+    --sizes) SIZES=$2; shift 2 ;;
     --max) MAX=$2; shift 2 ;;
+    --collectives) COLLS=$2; shift 2 ;;
+    --net-version) NETV=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     *) echo "bench-compare: unknown argument $1" >&2; exit 2 ;;
     esac
 done
 FERROCE=$REL/libnccl-net-ferroce.so
-for f in "$FERROCE" "$H/sendrecv_perf" "$H/scale_bench"; do
+for f in "$FERROCE" "$H/sendrecv_perf" "$H/all_reduce_perf" "$H/scale_bench"; do
     [ -e "$f" ] || { echo "bench-compare: missing $f: run make build first" >&2; exit 1; }
 done
 if [ -z "$BASE" ] || [ ! -e "$BASE" ]; then
@@ -36,6 +50,17 @@ if [ -z "$BASE" ] || [ ! -e "$BASE" ]; then
     exit 1
 fi
 BASE=$(cd "$(dirname "$BASE")" && pwd)/$(basename "$BASE")
+# bytes SIZE: 64K -> 65536
+bytes() {
+    local n=${1%[KMG]}
+    case $1 in *K) echo $((n << 10)) ;; *M) echo $((n << 20)) ;; *G) echo $((n << 30)) ;; *) echo "$n" ;; esac
+}
+if [ -n "$MAX" ]; then
+    keep=""
+    for s in $SIZES; do [ "$(bytes "$s")" -le "$(bytes "$MAX")" ] && keep="$keep $s"; done
+    SIZES=${keep# }
+fi
+[ -n "$SIZES" ] || { echo "bench-compare: no size left (--sizes / --max)" >&2; exit 2; }
 mkdir -p "$OUT"
 D=$(mktemp -d /tmp/bench-compare.XXXXXX)
 trap 'rm -rf "$D"' EXIT
@@ -45,74 +70,65 @@ if [ -e "$SR/libibverbs.so.1" ] && ! env -u LD_LIBRARY_PATH ibv_devices 2>/dev/n
 else
     FLAG="--softroce 0"
 fi
+[ -n "$NETV" ] && FLAG="$FLAG --net-version $NETV"
 fail=0
-# run TAG NAME ARGS...: one harness run of plugin TAG (ferroce|base), output in $D/TAG.NAME.ROUND
+# run TAG NAME ROUND BIN ARGS...: one harness run of plugin TAG (ferroce|base) into $D/TAG.NAME.ROUND
 run() {
-    local tag=$1 name=$2 plugin=$FERROCE
-    shift 2
-    [ "$tag" = base ] && plugin=$BASE
+    local tag=$1 name=$2 r=$3 bin=$4 plugin=$FERROCE
+    shift 4
+    local envs=()
+    if [ "$tag" = base ]; then
+        plugin=$BASE
+        # shellcheck disable=SC2206
+        envs=(${BENCH_BASELINE_ENV:-})
+    fi
     # shellcheck disable=SC2086
-    if ! timeout -k 5 180 "$H/sendrecv_perf" $FLAG --timeout 170 --plugin "$plugin" "$@" >"$D/$tag.$name.$r" 2>&1; then
+    if ! env "${envs[@]}" timeout -k 5 240 "$H/$bin" $FLAG --timeout 230 --plugin "$plugin" "$@" >"$D/$tag.$name.$r" 2>&1; then
         echo "bench-compare: $tag $name round $r failed: $(grep -m1 -E 'error|WARN' "$D/$tag.$name.$r")" >&2
         fail=1
     fi
 }
-echo "== bench-compare: ferroce ($FERROCE) against $BASE, $ROUNDS interleaved rounds"
+# iters SIZE: about 128 MiB moved per run, 10..2000 iterations
+iters() {
+    local n=$((134217728 / $(bytes "$1")))
+    [ $n -lt 10 ] && n=10
+    [ $n -gt 2000 ] && n=2000
+    echo $n
+}
+echo "== bench-compare: ferroce ($FERROCE) against $BASE, $ROUNDS interleaved rounds, sizes $SIZES"
+[ -n "${BENCH_BASELINE_ENV:-}" ] && echo "   baseline runs with: $BENCH_BASELINE_ENV"
 for r in $(seq "$ROUNDS"); do
+    k=0
+    for coll in $COLLS; do
+        for s in $SIZES; do
+            k=$((k + 1))
+            order="ferroce base"
+            [ $(((r + k) % 2)) = 0 ] && order="base ferroce"
+            n=$(iters "$s")
+            w=$((n / 10 + 2))
+            for tag in $order; do
+                run "$tag" "$coll.$s" "$r" "${coll}_perf" -N 2 -b "$s" -e "$s" -n "$n" -w "$w" -c 1 --stats
+            done
+        done
+    done
     order="ferroce base"
     [ $((r % 2)) = 0 ] && order="base ferroce"
     for tag in $order; do
-        run "$tag" table -N 2 -b 8 -e "$MAX" -f 4 -n 20 -w 2
-        run "$tag" oneway -N 2 -O --chunk 4M -b 4M -e 4M -n 64 -w 2 -c 0
-        run "$tag" pingpong -N 2 -P -b 8 -e 8 -n 1000 -w 50 -c 0
+        run "$tag" pingpong "$r" sendrecv_perf -N 2 -P -b 8 -e 8 -n 1000 -w 50 -c 0
     done
     echo "   round $r done"
 done
 for tag in ferroce base; do
     plugin=$FERROCE
-    [ "$tag" = base ] && plugin=$BASE
+    envs=()
+    if [ "$tag" = base ]; then
+        plugin=$BASE
+        # shellcheck disable=SC2206
+        envs=(${BENCH_BASELINE_ENV:-})
+    fi
     # shellcheck disable=SC2086
-    timeout -k 5 180 "$H/scale_bench" $FLAG --timeout 170 --plugin "$plugin" -O --conns 256 >"$D/$tag.scale" 2>&1 || fail=1
+    env "${envs[@]}" timeout -k 5 180 "$H/scale_bench" $FLAG --timeout 170 --plugin "$plugin" -O --conns 256 >"$D/$tag.scale" 2>&1 || fail=1
 done
-python3 - "$D" "$ROUNDS" "$BASE" >"$OUT/compare.txt" <<'PY' || fail=1
-import glob, os, re, statistics, sys
-d, rounds, base = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-def table(tag, name):
-    """{size: [(time_us, busbw), ...]} over the rounds, from nccl-tests-style rows."""
-    out = {}
-    for f in sorted(glob.glob(f"{d}/{tag}.{name}.*")):
-        for line in open(f):
-            c = line.split()
-            if len(c) >= 9 and c[0].isdigit() and c[1].isdigit():
-                if c[8] not in ("0", "N/A"):
-                    sys.exit(f"{tag} {name}: #wrong {c[8]} at {c[0]} bytes")
-                out.setdefault(int(c[0]), []).append((float(c[5]), float(c[7])))
-    return out
-def med(v):
-    return statistics.median(v) if v else float("nan")
-def ratio(a, b):
-    return a / b if b else float("nan")
-print(f"# ferroce against {os.path.basename(base)}: medians of {rounds} interleaved rounds; ratio = ferroce / baseline")
-print(f"{'size (B)':>12} {'time us':>10} {'base us':>10} {'ratio':>7} {'busbw GB/s':>11} {'base':>8} {'ratio':>7}")
-ft, bt = table("ferroce", "table"), table("base", "table")
-if not ft or not bt:
-    sys.exit("no sendrecv table from one of the plugins")
-for size in sorted(set(ft) & set(bt)):
-    a_t, b_t = med([t for t, _ in ft[size]]), med([t for t, _ in bt[size]])
-    a_b, b_b = med([b for _, b in ft[size]]), med([b for _, b in bt[size]])
-    print(f"{size:>12} {a_t:>10.2f} {b_t:>10.2f} {ratio(a_t, b_t):>7.3f} {a_b:>11.3f} {b_b:>8.3f} {ratio(a_b, b_b):>7.3f}")
-def one(tag, name, size, col):
-    v = [x[col] for x in table(tag, name).get(size, [])]
-    return med(v)
-ow_a, ow_b = one("ferroce", "oneway", 4194304, 1), one("base", "oneway", 4194304, 1)
-pp_a, pp_b = one("ferroce", "pingpong", 8, 0), one("base", "pingpong", 8, 0)
-print(f"one-way 4 MiB GB/s          {ow_a:>8.3f} {ow_b:>8.3f} ratio {ratio(ow_a, ow_b):.3f}")
-print(f"ping-pong 8 B half RTT us   {pp_a:>8.2f} {pp_b:>8.2f} ratio {ratio(pp_a, pp_b):.3f}")
-def heap(tag):
-    m = re.search(r"heap_per_conn_KiB=([0-9.]+)", open(f"{d}/{tag}.scale").read())
-    return float(m.group(1)) if m else float("nan")
-h_a, h_b = heap("ferroce"), heap("base")
-print(f"heap per connection KiB     {h_a:>8.1f} {h_b:>8.1f} ratio {ratio(h_a, h_b):.3f}")
-PY
+python3 ci/bench_compare_report.py "$D" "$ROUNDS" "$BASE" "$COLLS" "$SIZES" "$OUT/compare.json" >"$OUT/compare.txt" || fail=1
 cat "$OUT/compare.txt"
 exit $fail

@@ -393,7 +393,8 @@ fi
 
 if [ -n "$BASELINE" ]; then
     echo
-    if ci/bench-compare.sh --baseline-plugin "$BASELINE" --rounds "$ROUNDS" --max "$MAX" --out "$OUT"; then
+    # Ten rounds at least: the ratios' 95 % intervals are bootstrapped over rounds.
+    if ci/bench-compare.sh --baseline-plugin "$BASELINE" --rounds "${BENCH_COMPARE_ROUNDS:-10}" --max "$MAX" --out "$OUT"; then
         cat "$OUT/compare.txt" >>"$SUMMARY"
     else
         problem "the comparison with $BASELINE (ci/bench-compare.sh) failed"

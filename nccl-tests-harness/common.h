@@ -187,7 +187,7 @@ typedef struct {
   double compute_s;                 /* wall time in the CPU reduction (all_reduce_perf) */
   long isend_calls, irecv_calls, tests, sends, recvs;
   double bytes_sent;
-  double cpu_main0, cpu_other0, wall0;
+  double cpu_main0, cpu_other0, cpu_process0, wall0;
 } hstats_t;
 extern hstats_t h_stats;
 void h_stats_begin(hctx_t* h);
