@@ -27,7 +27,7 @@ INSTALL_FILES = $(PLUGIN):644:$(LIBDIR) \
 	$(foreach h,$(HEADERS),$(h):644:$(INCLUDEDIR)/ferroce)
 
 .PHONY: all deps build binaries plugin softroce c_shim harness doctor lint test bench clean \
-	install uninstall deb wheel packages
+	install uninstall deb wheel packages package-binaries
 
 all: build
 
@@ -118,15 +118,16 @@ uninstall:
 
 # target/ferroce_<version>_<arch>.deb and target/wheels/ferroce-<version>-py3-none-manylinux_*.whl,
 # from the release binaries (built first if stale), stripped; see packaging/.
-deb:
-	@ci/install-deps.sh package
-	$(MAKE) --no-print-directory plugin softroce doctor
+deb: package-binaries
 	packaging/deb/build.sh
 
-wheel:
+wheel: package-binaries
+	packaging/python/build.sh
+
+# What the packages ship (once for `make deb wheel`), and the tools that package them.
+package-binaries:
 	@ci/install-deps.sh package
 	$(MAKE) --no-print-directory plugin softroce doctor
-	packaging/python/build.sh
 
 packages: deb wheel
 

@@ -14,6 +14,7 @@
 #   DEB_MAINTAINER   the Maintainer field (default: git's user.name <user.email>)
 set -eu
 cd "$(dirname "$0")/../.."
+# shellcheck source=packaging/common.sh
 . packaging/common.sh
 version=$(ferroce_version)
 arch=$(dpkg --print-architecture)
@@ -54,8 +55,12 @@ mkdir "$shlib/debian"
 printf 'Source: ferroce\n\nPackage: ferroce\nArchitecture: any\n' >"$shlib/debian/control"
 elves=$(find "$PWD/$root/usr" -type f \( -name '*.so*' -o -perm -u+x \) | sort)
 # shellcheck disable=SC2086 # one argument per file
-depends=$(cd "$shlib" && dpkg-shlibdeps -O $elves 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
-[ -n "$depends" ] || { echo "packaging/deb/build.sh: dpkg-shlibdeps computed no Depends" >&2; exit 1; }
+depends=$(cd "$shlib" && dpkg-shlibdeps -O $elves 2>"$shlib/err" | sed -n 's/^shlibs:Depends=//p')
+if [ -z "$depends" ]; then
+    echo "packaging/deb/build.sh: dpkg-shlibdeps computed no Depends" >&2
+    cat "$shlib/err" >&2
+    exit 1
+fi
 size=$(du -sk "$root/usr" | cut -f1)
 sed -e "s|@VERSION@|$version|" -e "s|@ARCH@|$arch|" -e "s|@MAINTAINER@|$maintainer|" \
     -e "s|@INSTALLED_SIZE@|$size|" -e "s|@DEPENDS@|$depends|" packaging/deb/control.in >"$root/DEBIAN/control"

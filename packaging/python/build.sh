@@ -8,6 +8,7 @@
 #                  python3-wheel and python3-pip from ci/install-deps.sh package)
 set -eu
 cd "$(dirname "$0")/../.."
+# shellcheck source=packaging/common.sh
 . packaging/common.sh
 py=${WHEEL_PYTHON:-/usr/bin/python3}
 R=target/release
