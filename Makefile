@@ -79,11 +79,14 @@ lint:
 # reads it); "make test: total N s" comes after it.
 # FERROCE_TEST_SOFTROCE=1: the transport's integration tests run the real verbs path over the
 # softroce library that `binaries` made (they skip without it).
+# The stages are one shell line, and a line that names $(MAKE) directly runs even under make -n:
+# SUBMAKE keeps `make -n test` a dry run.
+SUBMAKE = $(MAKE) --no-print-directory
 test:
 	@start=$$(date +%s); rc=0; \
 	ci/stage.sh deps -- ci/install-deps.sh test && \
-	ci/stage.sh build -- $(MAKE) --no-print-directory binaries && \
-	ci/stage.sh lint -- $(MAKE) --no-print-directory lint && \
+	ci/stage.sh build -- $(SUBMAKE) binaries && \
+	ci/stage.sh lint -- $(SUBMAKE) lint && \
 	ci/stage.sh cargo-test -- env FERROCE_TEST_SOFTROCE=1 $(CARGO) test --release --workspace && \
 	ci/stage.sh scripts -- ci/run-tests.sh || rc=$$?; \
 	echo "make test: total $$(($$(date +%s) - start)) s"; \
