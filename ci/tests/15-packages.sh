@@ -5,7 +5,8 @@
 #     libgcc_s (ALLOWED_NEEDED in packaging/common.sh), a check shown to catch libibverbs;
 #   * make install into a DESTDIR: exactly the expected files, softroce off $(PREFIX)/lib, the
 #     installed plugin loads over the installed softroce; make uninstall leaves no file;
-#   * the .deb: layout (dpkg-deb -c), Depends/Recommends, lintian clean at warning level, installed
+#   * the .deb: layout (dpkg-deb -c), the plugin in a directory the loader searches by default,
+#     Depends/Recommends, lintian clean at warning level, installed
 #     into a scratch root with its own dpkg database (never the host's /usr), the plugin loaded
 #     from there over the packaged softroce, and nothing of it left after purge;
 #   * the wheel: its manylinux tag matches the glibc the binaries import, pip installs it into a
@@ -122,6 +123,16 @@ done
 # softroce anywhere but its private directory would shadow rdma-core's libibverbs.
 stray=$(grep -E 'libibverbs' "$D/deb-list" | grep -v "^usr/lib/$ma/ferroce/softroce/")
 if [ -z "$missing" ] && [ -z "$stray" ]; then ok "deb layout"; else echo "missing:$missing stray: $stray" >"$D/layout"; ko "deb layout" "$D/layout" "$D/deb-list"; fi
+# NCCL's dlopen("libnccl-net-ferroce.so") needs no LD_LIBRARY_PATH when the plugin's directory is
+# one of the loader's built-in directories (searched even without an ld.so.cache entry).
+ldso=$(readelf -l "$R/ferroce-doctor" | sed -n 's/.*interpreter: \(.*\)]/\1/p')
+if "$ldso" --list-diagnostics 2>/dev/null | grep -qE "^path\.system_dirs\[0x[0-9a-f]+\]=\"/usr/lib/$ma/\"$" &&
+    grep -qx "usr/lib/$ma/libnccl-net-ferroce.so" "$D/deb-list"; then
+    ok "deb: the plugin is in a built-in directory of the loader ($ldso: /usr/lib/$ma/)"
+else
+    "$ldso" --list-diagnostics 2>&1 | grep system_dirs >"$D/sysdirs"
+    ko "deb: /usr/lib/$ma/ is not a built-in directory of $ldso" "$D/sysdirs"
+fi
 if grep -q 'License: Apache-2.0' "$D/x/usr/share/doc/ferroce/copyright"; then ok "deb copyright: Apache-2.0"; else ko "deb copyright"; fi
 dpkg-deb -f "$DEB" Depends Recommends >"$D/fields"
 depends=$(dpkg-deb -f "$DEB" Depends)
