@@ -175,6 +175,10 @@ fi
 WHL=${wheels[0]}
 tag=manylinux_2_$(glibc_minor "${elves[@]}")_$(uname -m)
 if [ "$(basename "$WHL")" = "ferroce-$version-py3-none-$tag.whl" ]; then ok "wheel tag $tag"; else ko "wheel $(basename "$WHL"), expected tag $tag"; fi
+"$PY" -c 'import sys, zipfile; print("\n".join(sorted(n for n in zipfile.ZipFile(sys.argv[1]).namelist() if ".dist-info/" not in n)))' "$WHL" >"$D/whl-list"
+printf '%s\n' ferroce/__init__.py ferroce/__main__.py ferroce/_version.py ferroce/bin/ferroce-doctor \
+    ferroce/lib/libnccl-net-ferroce.so ferroce/softroce/libibverbs.so.1 ferroce/softroce/softroce-ctl >"$D/whl-expected"
+if diff "$D/whl-expected" "$D/whl-list" >"$D/whl-diff"; then ok "wheel contents"; else ko "wheel contents differ (- expected, + in the wheel)" "$D/whl-diff"; fi
 # A space in the path: the env lines must be quoted for the shell.
 V="$D/v env"
 if "$PY" -m venv "$V" >"$D/venv" 2>&1 && "$V/bin/pip" install --no-index --quiet "$WHL" >"$D/pip" 2>&1; then
