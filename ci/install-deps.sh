@@ -9,17 +9,17 @@
 #   package  make deb and make wheel (implies build): dpkg-deb and dpkg-shlibdeps, objdump and
 #            strip, Debian's python3 with setuptools, wheel and pip (the wheel is built offline).
 #   test     make test (implies build and package): every tool a test runs, because a test whose
-#            tool is missing fails: ibverbs-utils, perftest, tshark, iperf3, iproute2 (20-softroce-*),
-#            valgrind (10, 55), g++, pyflakes3 and shellcheck (60-gpu-scripts), libcap2-bin
-#            (65-doctor), lintian and python3-venv (15-packages); rust-src (80-sanitizers:
-#            -Zbuild-std) and cargo-fuzz (75-fuzz).
-#   bench    make bench (implies build): perftest (the ib_write_* references), iperf3 and
-#            iproute2 (ci/bench-softroce.sh), python3 (the tables).
+#            tool is missing fails: ibverbs-utils, perftest, tshark, iproute2 (20-softroce-*,
+#            65-doctor), valgrind (10, 40, 80), g++, pyflakes3 and shellcheck (60-gpu-scripts,
+#            15-packages), libcap2-bin (65-doctor), lintian and python3-venv (15-packages);
+#            rust-src (80-sanitizers: -Zbuild-std) and cargo-fuzz (75-fuzz).
+#   bench    make bench (implies build): perftest (the ib_write_* references), iproute2 (ss),
+#            python3 (the tables), ibverbs-utils; iperf3 for ci/bench-softroce.sh.
 set -eu
 [ $# -gt 0 ] || set -- build
 build="build-essential pkg-config libclang-dev libibverbs-dev librdmacm-dev"
 package="dpkg-dev binutils python3 python3-setuptools python3-wheel python3-pip"
-test="ibverbs-utils perftest tshark iperf3 iproute2 valgrind python3-venv pyflakes3 shellcheck g++ libcap2-bin lintian"
+test="ibverbs-utils perftest tshark iproute2 valgrind python3-venv pyflakes3 shellcheck g++ libcap2-bin lintian"
 bench="perftest iperf3 iproute2 python3 ibverbs-utils"
 packages=""
 rust_test=""
