@@ -26,7 +26,7 @@ plugin:
 softroce:
 	softroce/build.sh
 
-# The checklist tool (README: ferroce-doctor), built against the plugin's rlib.
+# The checklist tool (docs/doctor.md), built against the plugin's rlib.
 doctor:
 	$(CARGO) build --release -p ferroce-doctor
 

@@ -331,7 +331,7 @@ pub fn discover(verbs: &Arc<Verbs>, cfg: &Config) -> Result<Discovery> {
     if list.is_null() {
         let err = std::io::Error::last_os_error();
         return Err(Error::system(format!(
-            "no RDMA device: ibv_get_device_list failed: {err} — is an RDMA driver loaded (ibv_devices lists none)? see ferroce README"
+            "no RDMA device: ibv_get_device_list failed: {err} — is an RDMA driver loaded (ibv_devices lists none)? see docs/errors.md"
         )));
     }
     let mut skipped = Vec::new();
@@ -354,7 +354,7 @@ pub fn discover(verbs: &Arc<Verbs>, cfg: &Config) -> Result<Discovery> {
         } else {
             format!("{count} device(s), none usable: {}", skipped.join("; "))
         };
-        return Err(Error::system(format!("no RDMA device: {why} see ferroce README")));
+        return Err(Error::system(format!("no RDMA device: {why} see docs/errors.md")));
     }
     if cfg.device_pci_order {
         // Every node must see the same order; devices without PCI sort last, by name.
