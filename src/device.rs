@@ -185,7 +185,7 @@ pub fn port_state_name(state: u32) -> &'static str {
     }
 }
 
-/// Port speed in Mbps from the lowest set bits of `active_speed` and `active_width` (§8.1 step 5).
+/// Port speed in Mbps from the lowest set bits of `active_speed` and `active_width` (docs/nccl-net-abi.md#device-discovery).
 pub fn speed_mbps(active_speed: u8, active_width: u8) -> i32 {
     const PER_LANE: [i32; 9] = [2500, 5000, 10000, 10000, 14000, 25000, 50000, 100000, 200000];
     const LANES: [i32; 5] = [1, 4, 8, 12, 2];
