@@ -12,7 +12,7 @@ Markdown file, spelt as GitHub makes anchors: lowercase, punctuation dropped but
 each space a `-`, a repeated heading suffixed `-1`, `-2`, ... Links inside code (fenced blocks,
 backquotes) are text, not links.
 
-Code: every `docs/NAME.md` or `docs/NAME.md#anchor` written in a file under src/, softroce/src,
+Code: every `docs/<name>.md` or `docs/<name>.md#<anchor>` written in a file under src/, softroce/src,
 doctor/src, ci/, include/ (and the tests, c_shim/, nccl-tests-harness/, the fuzz targets and the
 Makefile) must resolve the same way, relative to the root, so that the code's
 citations lead somewhere.
@@ -130,7 +130,7 @@ def check_code(path, root, problems):
         for m in CODE_CITATION.finditer(line):
             start = m.start()
             if start > 0 and (line[start - 1].isalnum() or line[start - 1] in "_-"):
-                continue  # part of a longer path (e.g. some/other/docs/x.md)
+                continue  # part of a longer name (another folder of that name)
             why = resolve(m.group(0), root, None)
             if why:
                 problems.append(f"{os.path.relpath(path)}:{no}: '{m.group(0)}': {why}")

@@ -58,7 +58,7 @@ mkdir -p "$p/docs/design" "$p/src" "$p/softroce" "$p/doctor"
     echo '```'
     for i in $(seq 1 200); do echo "line $i"; done
 } >"$p/README.md"
-printf '# Guide\n\n## Set-up\n\n[back](../README.md#planted) [ok](#set-up)\n' >"$p/docs/guide.md"
+printf '# Guide\n\n## Set-up\n\n[back](../README.md#planted) [ok](#set-up)\n' >"$p/$D/guide.md"
 printf '## [0.3.0] - 2026-12-24\n' >"$p/CHANGELOG.md"
 printf '// see %s/guide.md#teardown and %s/guide.md#set-up\n' $D $D >"$p/src/lib.rs"
 for t in Cargo.toml softroce/Cargo.toml doctor/Cargo.toml; do printf '[package]\nversion = "0.2.0"\n' >"$p/$t"; done
