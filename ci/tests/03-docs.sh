@@ -27,9 +27,12 @@ readme_short() {
 
 # No reference to ../shared or an issue number in README.md, CHANGELOG.md and docs/.
 stands_alone() {
-    files=$(cd "$1" && ls README.md CHANGELOG.md 2>/dev/null; cd "$1" && find docs -name '*.md' 2>/dev/null)
-    [ -n "$files" ] || return 0
-    ! (cd "$1" && grep -nHiE '\.\./shared|shared/spec|\bissues? #?[0-9]+|\(#[0-9]+\)' $files)
+    (
+        cd "$1" || exit 1
+        mapfile -t files < <(ls README.md CHANGELOG.md 2>/dev/null; find docs -name '*.md' 2>/dev/null)
+        [ "${#files[@]}" -gt 0 ] || exit 0
+        ! grep -nHiE '\.\./shared|shared/spec|\bissues? #?[0-9]+|\(#[0-9]+\)' "${files[@]}"
+    )
 }
 
 # The newest "## [X.Y.Z]" of CHANGELOG.md is every crate's version.
@@ -64,7 +67,7 @@ printf '// see %s/guide.md#teardown and %s/guide.md#set-up\n' $D $D >"$p/src/lib
 for t in Cargo.toml softroce/Cargo.toml doctor/Cargo.toml; do printf '[package]\nversion = "0.2.0"\n' >"$p/$t"; done
 
 out=$(python3 ci/check-links.py --root "$p" 2>&1)
-echo "$out" | sed 's/^/  planted: /'
+while IFS= read -r line; do echo "  planted: $line"; done <<<"$out"
 if echo "$out" | grep -q "^README.md:2: '$D/guide.md#setup': no heading" &&
     echo "$out" | grep -q "^README.md:2: '$D/design/missing.md': no such file" &&
     echo "$out" | grep -q "^src/lib.rs:1: '$D/guide.md#teardown'" &&
@@ -74,10 +77,10 @@ if echo "$out" | grep -q "^README.md:2: '$D/guide.md#setup': no heading" &&
 else
     bad "check-links did not report exactly the planted broken link, anchor and citation"
 fi
-readme_short "$p" >/dev/null && bad "a 206-line README passed the length check" || ok "length check fails on a 206-line README"
+if readme_short "$p" >/dev/null; then bad "a 206-line README passed the length check"; else ok "length check fails on a 206-line README"; fi
 s=$(stands_alone "$p")
 if echo "$s" | grep -q "README.md:3:"; then ok "stand-alone check fails on ../shared and 'issue 13'"; else bad "stand-alone check missed README.md:3"; fi
-versions_agree "$p" >/dev/null && bad "versions 0.2.0 against CHANGELOG 0.3.0 passed" || ok "version check fails when CHANGELOG and Cargo.toml disagree"
+if versions_agree "$p" >/dev/null; then bad "versions 0.2.0 against CHANGELOG 0.3.0 passed"; else ok "version check fails when CHANGELOG and Cargo.toml disagree"; fi
 
 # The repository.
 if python3 ci/check-links.py; then ok "every link, anchor and docs/ citation resolves"; else bad "broken links (above)"; fi
