@@ -50,7 +50,7 @@ plugin:
 softroce:
 	softroce/build.sh
 
-# The checklist tool (README: ferroce-doctor), built against the plugin's rlib.
+# The checklist tool (docs/doctor.md), built against the plugin's rlib.
 doctor:
 	$(CARGO) build --release -p ferroce-doctor
 

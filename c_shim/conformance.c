@@ -55,6 +55,23 @@ static const char* first_of_level(int level) {
   return "";
 }
 
+/* Whether an INFO line names the plugin's release as "NET/ferroce version X.Y.Z:" — the version
+ * NCCL's log shows at init. `want` (FERROCE_VERSION, which 10-plugin-abi.sh reads from
+ * Cargo.toml) is the exact release expected; without it any X.Y.Z counts. */
+static int info_names_version(const char* want) {
+  for (int i = 0; i < nlines; i++) {
+    if (line_levels[i] != FERROCE_LOG_INFO) continue;
+    const char* p = strstr(lines[i], "NET/ferroce version ");
+    unsigned a, b, c;
+    char colon;
+    if (!p || sscanf(p, "NET/ferroce version %u.%u.%u%c", &a, &b, &c, &colon) != 4 || colon != ':') continue;
+    char seen[64];
+    snprintf(seen, sizeof seen, "%u.%u.%u", a, b, c);
+    if (!want || strcmp(seen, want) == 0) return 1;
+  }
+  return 0;
+}
+
 /* Threads whose name starts with "ferroce" (the plugin's own). */
 static int plugin_threads(void) {
   DIR* d = opendir("/proc/self/task");
@@ -159,7 +176,7 @@ static void check_no_device(const char* path) {
     CHECK(rc == FERROCE_NCCL_SYSTEM_ERROR, "v%d: init returned %d, want ncclSystemError", v, rc);
     CHECK(count_level(FERROCE_LOG_WARN) == 1, "v%d: %d WARN lines, want exactly 1", v, count_level(FERROCE_LOG_WARN));
     const char* w = first_of_level(FERROCE_LOG_WARN);
-    CHECK(strstr(w, "NET/ferroce") && (strstr(w, "no RDMA device") || strstr(w, "libibverbs")) && strstr(w, "README"),
+    CHECK(strstr(w, "NET/ferroce") && (strstr(w, "no RDMA device") || strstr(w, "libibverbs")) && strstr(w, "docs/errors.md"),
           "v%d: WARN does not say what is missing and where to look: %s", v, w);
     printf("v%d no-device: rc=%d WARN: %s\n", v, rc, w);
     CHECK(plugin_threads_settled(before) == before, "v%d: %d plugin threads left after a failed init", v, plugin_threads() - before);
@@ -287,6 +304,9 @@ static void check_devices(const char* path) {
     }
     CHECK(count_level(FERROCE_LOG_WARN) == 0, "v%d: unexpected WARN: %s", v, first_of_level(FERROCE_LOG_WARN));
     if (v == 12) CHECK(count_level(FERROCE_LOG_INFO) >= 2, "v%d: the first init logs the devices and configuration at INFO", v);
+    if (v == 12)
+      CHECK(info_names_version(getenv("FERROCE_VERSION")), "v%d: no INFO line at init names the release 'NET/ferroce version %s:'", v,
+            getenv("FERROCE_VERSION") ? getenv("FERROCE_VERSION") : "X.Y.Z");
     int ndev = 0;
     rc = ((ferroce_net_v6_t*)t)->devices(&ndev);
     CHECK(rc == 0 && ndev >= 1, "v%d devices = %d, n=%d", v, rc, ndev);

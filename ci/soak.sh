@@ -1,5 +1,5 @@
 #!/bin/bash
-# ci/soak.sh --minutes N [soak options]: the soak under faults (README: Reliability). Four rank
+# ci/soak.sh --minutes N [soak options]: the soak under faults (docs/reliability.md). Four rank
 # processes on 127.0.72.1-4 over softroce with 1 % loss, 1 % reordering and 1 % duplication,
 # driving the real plugin (dlopen, as NCCL) through connect/close cycles with sendrecv and
 # all_reduce traffic, kills, aborts, port flaps, closes in flight and concurrent registrations
@@ -28,7 +28,7 @@ mkdir -p "$D/faults"
 limit=$(python3 -c "import sys; print(int(float(sys.argv[1]) * 60 + 120))" "$minutes") || exit 1
 # glibc.malloc.tcache_count=0: mallinfo2 counts the chunks glibc parks in each thread's tcache
 # as in use, so with it the heap samples drift by a few hundred bytes a cycle that no one owns
-# (README: Reliability); without the tcache they are the bytes the process really holds.
+# (docs/reliability.md); without the tcache they are the bytes the process really holds.
 env LD_LIBRARY_PATH="$ROOT/target/release/softroce" GLIBC_TUNABLES=glibc.malloc.tcache_count=0 \
     SOFTROCE_LOSS=0.01 SOFTROCE_REORDER=0.01 SOFTROCE_DUP=0.01 SOFTROCE_FAULT_COUNTS="$D/faults" SOFTROCE_CTL_DIR="$D/ctl" \
     NCCL_IB_TIMEOUT=14 NCCL_SOCKET_IFNAME=lo FERROCE_HANG_WARN_SEC=10 FERROCE_CONNECT_TIMEOUT_SEC=20 \

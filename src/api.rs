@@ -108,7 +108,8 @@ pub fn init(logger: NcclLogger, traffic_class: i32, once_per_load: bool) -> Resu
             .collect();
         log_info!(
             subsys::INIT | subsys::NET,
-            "using {} device(s) through {}; GPUDirect peer memory {}",
+            "version {}: using {} device(s) through {}; GPUDirect peer memory {}",
+            crate::VERSION,
             found.devices.len(),
             verbs.path,
             if found.peer_memory { "present" } else { "absent" }

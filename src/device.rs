@@ -185,7 +185,7 @@ pub fn port_state_name(state: u32) -> &'static str {
     }
 }
 
-/// Port speed in Mbps from the lowest set bits of `active_speed` and `active_width` (§8.1 step 5).
+/// Port speed in Mbps from the lowest set bits of `active_speed` and `active_width` (docs/nccl-net-abi.md#device-discovery).
 pub fn speed_mbps(active_speed: u8, active_width: u8) -> i32 {
     const PER_LANE: [i32; 9] = [2500, 5000, 10000, 10000, 14000, 25000, 50000, 100000, 200000];
     const LANES: [i32; 5] = [1, 4, 8, 12, 2];
@@ -331,7 +331,7 @@ pub fn discover(verbs: &Arc<Verbs>, cfg: &Config) -> Result<Discovery> {
     if list.is_null() {
         let err = std::io::Error::last_os_error();
         return Err(Error::system(format!(
-            "no RDMA device: ibv_get_device_list failed: {err} — is an RDMA driver loaded (ibv_devices lists none)? see ferroce README"
+            "no RDMA device: ibv_get_device_list failed: {err} — is an RDMA driver loaded (ibv_devices lists none)? see docs/errors.md"
         )));
     }
     let mut skipped = Vec::new();
@@ -354,7 +354,7 @@ pub fn discover(verbs: &Arc<Verbs>, cfg: &Config) -> Result<Discovery> {
         } else {
             format!("{count} device(s), none usable: {}", skipped.join("; "))
         };
-        return Err(Error::system(format!("no RDMA device: {why} see ferroce README")));
+        return Err(Error::system(format!("no RDMA device: {why} see docs/errors.md")));
     }
     if cfg.device_pci_order {
         // Every node must see the same order; devices without PCI sort last, by name.

@@ -35,7 +35,9 @@ run "no device (libibverbs missing)" env NCCL_IBVERBS_LIB=/nonexistent/libibverb
 run "no device under ASan+UBSan" env ASAN_OPTIONS=detect_leaks=0 $R/c_shim/conformance-asan "$PLUGIN" no-device
 
 if [ -f $R/softroce/libibverbs.so.1 ]; then
-    sr="env LD_LIBRARY_PATH=$PWD/$R/softroce SOFTROCE_ADDR=127.0.10.1"
+    # FERROCE_VERSION: the release the init INFO line must name (the package's, in Cargo.toml).
+    version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
+    sr="env LD_LIBRARY_PATH=$PWD/$R/softroce SOFTROCE_ADDR=127.0.10.1 FERROCE_VERSION=$version"
     run "devices over softroce (1 device)" $sr $R/c_shim/conformance "$PLUGIN" devices
     run "devices over softroce (2 devices, fusion)" $sr SOFTROCE_DEVICES=2 $R/c_shim/conformance "$PLUGIN" devices
     run "unknown NCCL_IB_HCA device: one clear WARN" $sr NCCL_IB_HCA==mlx5_7 $R/c_shim/conformance "$PLUGIN" no-device

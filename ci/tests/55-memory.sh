@@ -85,7 +85,7 @@ else
 fi
 # The same connections with the eager path off, glibc's tcache off (mallinfo2 counts the chunks
 # it parks as in use: a few tenths of a KiB per connection that come and go between runs, as
-# much as this figure's margin; README: Reliability).
+# much as this figure's margin; docs/reliability.md).
 env LD_LIBRARY_PATH="$SR:$ROOT/target/release" FERROCE_EAGER_MAX=0 GLIBC_TUNABLES=glibc.malloc.tcache_count=0 \
     timeout -k 5 "$T" "$H/scale_bench" -O --conns "$CONNS" --softroce 1 --addr-base 127.0.54 --timeout $((T - 5)) >"$D/out0" 2>&1
 line0=$(grep -E '^scale_bench conns=' "$D/out0" | tail -n 1)
@@ -115,7 +115,7 @@ fi
 # message and closed, in the same two processes; from the first 10 % of the cycles to the last,
 # each rank's heap must grow by less than one connection's worth (the recv + send comm heap
 # measured above) and its descriptors not at all. glibc's per-thread tcache is off
-# (GLIBC_TUNABLES), since mallinfo2 counts the chunks it parks as in use (README: Reliability).
+# (GLIBC_TUNABLES), since mallinfo2 counts the chunks it parks as in use (docs/reliability.md).
 CYCLES=${MEMORY_TEST_CYCLES:-10000}
 echo "== scale_bench --cycles $CYCLES (softroce, 127.0.54.x): heap growth per rank < one connection, fds flat"
 GLIBC_TUNABLES=glibc.malloc.tcache_count=0 LD_LIBRARY_PATH="$SR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" NCCL_SOCKET_IFNAME=lo \

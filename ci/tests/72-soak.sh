@@ -1,5 +1,5 @@
 #!/bin/sh
-# The soak under faults for one minute (ci/soak.sh; README: Reliability): 4 ranks over softroce
+# The soak under faults for one minute (ci/soak.sh; docs/reliability.md): 4 ranks over softroce
 # with loss, reordering and duplication, kills and aborts, closes in flight, registrations from a
 # second thread; fails on a wrong byte, a request without progress, an unexpected error or WARN,
 # or heap/descriptors/RSS that do not stay flat. Then the WARN scan itself: it counts every WARN

@@ -214,7 +214,7 @@ fn unknown_names(vars: &BTreeMap<String, String>) -> Vec<Check> {
                 Check::warn(
                     format!("env {k}"),
                     format!("{k}={}: neither NCCL nor ferroce reads this variable", vars[k]),
-                    "check the spelling (README: Configuration)",
+                    "check the spelling (docs/configuration.md)",
                 )
             }
         })

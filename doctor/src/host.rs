@@ -108,7 +108,7 @@ pub fn run(cfg: &Config, vars: &crate::Vars, job: &JobSize, checks: &mut Vec<Che
             checks.push(Check::fail(
                 "devices",
                 format!("no RDMA device: {why}"),
-                "load the NIC's RDMA driver (mlx5_ib, irdma, bnxt_re, rdma_rxe…) and check `ibv_devices`; without RDMA hardware use softroce (README)",
+                "load the NIC's RDMA driver (mlx5_ib, irdma, bnxt_re, rdma_rxe…) and check `ibv_devices`; without RDMA hardware use softroce (docs/softroce.md)",
             ));
             common_checks(cfg, vars, job, &facts, checks);
             return facts;

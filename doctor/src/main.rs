@@ -46,6 +46,7 @@ usage: ferroce-doctor [--json] [job size] [--serve [--port P] [--serve-addr IP] 
   --timeout SEC      bound on every wait for the peer (default FERROCE_CONNECT_TIMEOUT_SEC, 60)
   --seconds SEC      length of the measurement (default 3)
   --dev N            plugin device to measure on (default 0)
+  --version          print the version (`ferroce-doctor X.Y.Z`) and exit
 ";
 
 #[derive(Debug)]
@@ -117,6 +118,10 @@ fn parse_args(args: &[String]) -> Result<Options, String> {
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--version" || a == "-V") {
+        println!("ferroce-doctor {}", env!("CARGO_PKG_VERSION"));
+        return;
+    }
     let opts = match parse_args(&args) {
         Ok(o) => o,
         Err(e) if e.is_empty() => {

@@ -419,7 +419,7 @@ pub unsafe extern "C" fn isend_v10(
 
 /// # Safety
 /// NCCL's irecv contract: the arrays have `n` entries; `sizes` already widened.
-/// `hint_allowed`: v9+ NCCL may pass NCCL_NET_OPTIONAL_RECV_COMPLETION in `*request` (§12.10).
+/// `hint_allowed`: v9+ NCCL may pass NCCL_NET_OPTIONAL_RECV_COMPLETION in `*request` (docs/nccl-net-abi.md#rules-ferroce-keeps, rule 10).
 #[allow(clippy::too_many_arguments)] // NCCL's irecv has these arguments.
 pub unsafe fn irecv(
     recv_comm: *mut c_void,

@@ -157,7 +157,7 @@ impl Verbs {
             };
         }
         Err(Error::system(format!(
-            "libibverbs not found ({}) — install rdma-core (Debian: apt-get install libibverbs1 ibverbs-providers), or set NCCL_IBVERBS_LIB; see ferroce README",
+            "libibverbs not found ({}) — install rdma-core (Debian: apt-get install libibverbs1 ibverbs-providers), or set NCCL_IBVERBS_LIB; see docs/errors.md",
             tried.join("; ")
         )))
     }

@@ -70,8 +70,8 @@ pub const WIRE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceW");
 pub const STAGE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceS");
 /// Newest wire version this build speaks (peers negotiate, see the module docs). 2: the receiver's completion record
 /// `[slot]` lies `slot × fifo::SLOT_BYTES` past the advertised address (inside its CTS staging).
-/// 3: the CTS FIFO is a ring of 64 entries (4 KiB) that groups fill in posting order (spec
-/// §8.8 slots of 8 entries no longer); the completion record of the group at ring position `p`
+/// 3: the CTS FIFO is a ring of 64 entries (4 KiB) that groups fill in posting order (NCCL's
+/// slots of 8 entries no longer); the completion record of the group at ring position `p`
 /// lies `p × fifo::ENTRY_BYTES` past the advertised address. 4: the side channel also carries
 /// `RecoverHello` and `RecoverReady` after setup (a peer of version 3 could not take part in a
 /// recovery, so it is refused at setup with a clear reason). 5: versions are negotiated (the
