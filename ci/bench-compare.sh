@@ -1,6 +1,6 @@
 #!/bin/bash
 # Side by side: ferroce against another NCCL net plugin on the same harness and fabric, so a user
-# can compare before switching (docs/benchmarks.md, "Comparing with another plugin").
+# can compare before switching (docs/benchmarks.md#against-another-plugin).
 #
 #   ci/bench-compare.sh --baseline-plugin PATH [--rounds N] [--sizes "64K 256K 1M 4M 64M"]
 #                       [--max SIZE] [--collectives "sendrecv all_reduce"] [--net-version N]
