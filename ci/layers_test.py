@@ -89,7 +89,7 @@ CLEAN = {
         "#[no_mangle]\npub extern \"C\" fn ibv_call() -> usize { ffi_guard!(0, { call() }) }\n"
     ),
     "softroce/src/verbs/qp.rs": "use crate::proto;\npub fn post() -> usize { proto::run(proto::Instant(0)) + super::call() }\n",
-    "doctor/src/main.rs": "mod check;\nmod pair;\npub type Vars = Vec<String>;\nfn main() { pair::run(&Vars::new()); }\n",
+    "doctor/src/main.rs": "#![deny(clippy::undocumented_unsafe_blocks)]\nmod check;\nmod pair;\npub type Vars = Vec<String>;\nfn main() { pair::run(&Vars::new()); }\n",
     "doctor/src/check.rs": "pub struct Check;\n",
     "doctor/src/pair.rs": "use crate::check::Check;\npub fn run(_v: &crate::Vars) -> Option<Check> { None }\n",
 }
@@ -142,6 +142,7 @@ BROKEN = {
     "f": ({"f"}, {"src/transport/registration.rs": "pub struct Handle;\n/// Does it.\npub unsafe fn raw() {}\n"}, {}),
     "f2": ({"f"}, {"src/transport/registration.rs": "pub struct Handle;\n/// Does it.\n///\n/// Safety: none\n#[inline]\nunsafe fn raw() {}\n"}, {}),
     "g": ({"g"}, {"src/lib.rs": CLEAN["src/lib.rs"].replace("#![deny(clippy::undocumented_unsafe_blocks)]\n", "")}, {}),
+    "g-doctor": ({"g"}, {"doctor/src/main.rs": CLEAN["doctor/src/main.rs"].replace("deny(clippy::undocumented_unsafe_blocks)", "deny(unused)")}, {}),
     # i: the panic guard.
     "i-unguarded-export": ({"i"}, {"src/abi/mod.rs": CLEAN["src/abi/mod.rs"] + "pub extern \"C\" fn close() -> i32 { crate::api::open(); 0 }\n"}, {}),
     "i-work-before-the-guard": ({"i"}, {"src/abi/mod.rs": CLEAN["src/abi/mod.rs"] + "pub extern \"C\" fn close() -> i32 { crate::log::emit(); guarded(1) }\n"}, {}),
