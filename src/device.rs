@@ -8,7 +8,7 @@ use crate::config::{AddrFamily, Config};
 use crate::error::{Error, Result};
 use crate::ibv::{Context, PortInfo, ProtectionDomain, Verbs};
 use std::ffi::c_int;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 /// NCCL uses at most this many devices.
@@ -215,12 +215,25 @@ pub fn merged_pci_path(realpath: &str, merge_vfs: bool) -> String {
     String::from_utf8(path).unwrap_or_else(|_| realpath.to_string())
 }
 
+/// The address a GID stands for: the IPv4 address of an IPv4-mapped GID (`::ffff:a.b.c.d`),
+/// else the GID as an IPv6 address. The one test of the mapping in this crate (and in
+/// `ferroce-doctor`, which uses this one).
+pub fn gid_ip(gid: &[u8; 16]) -> IpAddr {
+    let v6 = Ipv6Addr::from(*gid);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
 /// IPv4 for IPv4-mapped GIDs (unicast or multicast), else IPv6.
 pub fn gid_family(gid: &[u8; 16]) -> AddrFamily {
-    let v4_mapped = gid[..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff;
-    let v4_mapped_mcast =
-        gid[0] == 0xff && gid[1] == 0x0e && gid[2..10].iter().all(|&b| b == 0) && gid[10] == 0xff && gid[11] == 0xff;
-    if v4_mapped || v4_mapped_mcast {
+    // ff0e::ffff:a.b.c.d is the multicast form of an IPv4-mapped GID.
+    let mut unicast = *gid;
+    if unicast[..2] == [0xff, 0x0e] {
+        unicast[..2].copy_from_slice(&[0, 0]);
+    }
+    if gid_ip(&unicast).is_ipv4() {
         AddrFamily::Inet
     } else {
         AddrFamily::Inet6
@@ -730,6 +743,12 @@ mod tests {
         mcast[1] = 0x0e;
         assert_eq!(gid_family(&mcast), AddrFamily::Inet);
         assert_eq!(gid_family(&v6("fd00::1")), AddrFamily::Inet6);
+        // IPv4-compatible (::a.b.c.d) and other multicast scopes are not IPv4-mapped.
+        assert_eq!(gid_family(&v6("::1.2.3.4")), AddrFamily::Inet6);
+        mcast[1] = 0x05;
+        assert_eq!(gid_family(&mcast), AddrFamily::Inet6);
+        assert_eq!(gid_ip(&v4(1, 2, 3, 4)), IpAddr::from([1, 2, 3, 4]));
+        assert_eq!(gid_ip(&v6("fd00::1")), "fd00::1".parse::<IpAddr>().unwrap());
         assert!(!gid_valid(&link_local()) && !gid_valid(&[0; 16]) && gid_valid(&v4(10, 0, 0, 1)));
     }
 

@@ -4,7 +4,10 @@
 //! loaded at run time) → `device` (discovery, GID selection, properties) → `transport`
 //! (connections and the data path; its protocol core `transport::proto` is pure) → `api` (the
 //! one internal API) → `abi` (the exported `ncclNetPlugin_vN` tables, thin per-version shims).
-//! `ci/tests/05-layers.sh` fails on an import cycle between files.
+//! `ci/tests/05-layers.sh` fails on an import against this order and on an import cycle
+//! between files.
+
+#![deny(clippy::undocumented_unsafe_blocks)]
 
 /// This build's version, as `ferroce-doctor` compares it between hosts.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -10,49 +10,29 @@ mod softroce_common;
 
 use nccl_net_ferroce::api;
 use nccl_net_ferroce::transport::MemKind;
-use softroce_common::{pair, softroce_lib, transfer};
-use std::process::Command;
+use softroce_common::{child, pair, run_child, transfer};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn registration_from_another_thread_while_the_data_path_runs() {
-    if std::env::var("FERROCE_TEST_SOFTROCE").ok().as_deref() != Some("1") {
+    if child(
+        "registration_from_another_thread_while_the_data_path_runs",
+        concurrent_child,
+    ) {
         return;
     }
-    let out = Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "concurrent_child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env("CONCURRENCY_CHILD", "1")
-        .env("NCCL_IBVERBS_LIB", softroce_lib())
-        .env("SOFTROCE_ADDR", "127.0.45.1")
-        .env("NCCL_SOCKET_IFNAME", "lo")
-        .env("FERROCE_CONNECT_TIMEOUT_SEC", "10")
-        .output()
-        .expect("run the child");
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "child failed:\n{text}");
-    assert!(
-        text.contains("concurrent_child: done"),
-        "the child did not run:\n{text}"
+    run_child(
+        "registration_from_another_thread_while_the_data_path_runs",
+        "127.0.45.1",
+        &[],
     );
 }
 
-#[test]
-#[ignore = "the child process of registration_from_another_thread_while_the_data_path_runs, which runs it"]
+/// The child of [`registration_from_another_thread_while_the_data_path_runs`].
 fn concurrent_child() {
-    assert_eq!(
-        std::env::var("CONCURRENCY_CHILD").ok().as_deref(),
-        Some("1"),
-        "run by registration_from_another_thread_while_the_data_path_runs"
-    );
     let ctx = api::init(None, -1, false).expect("init");
     let (s, r) = pair(&ctx, 0);
     // SAFETY: s is a live send handle of this test.
@@ -96,5 +76,4 @@ fn concurrent_child() {
     drop((s, r));
     api::finalize(ctx).expect("finalize");
     println!("concurrent_child: {rounds} registrations beside 60 transfers");
-    println!("concurrent_child: done");
 }

@@ -16,37 +16,20 @@ mod softroce_common;
 
 use nccl_net_ferroce::api::{self, RecvHandle, SendHandle};
 use nccl_net_ferroce::error::{code, Error};
-use softroce_common::{pair, transfer};
-use std::process::Command;
+use softroce_common::{child, ctl, pair, run_child, transfer};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-fn root() -> &'static str {
-    env!("CARGO_MANIFEST_DIR")
-}
-
-/// Runs the child test `child` with two softroce devices on `addrs` ("A,B"); its stdout and
-/// stderr, after checking that it passed.
-fn run_child(child: &str, addrs: &str) -> String {
-    softroce_common::run_child(
-        "EVENTS",
-        child,
-        &[
-            ("SOFTROCE_DEVICES", "2"),
-            ("SOFTROCE_ADDR", addrs),
-            ("NCCL_IB_RETRY_CNT", "2"),
-            // Which comms an event fails, so without recovery (a port that goes down is
-            // recovered from otherwise: tests/recovery_softroce.rs).
-            ("FERROCE_RECOVERY_TIMEOUT_SEC", "0"),
-        ],
-    )
-}
-
-/// Whether this run is the parent of a softroce test (FERROCE_TEST_SOFTROCE=1).
-fn softroce_enabled() -> bool {
-    std::env::var("FERROCE_TEST_SOFTROCE").ok().as_deref() == Some("1")
-}
+/// The children's environment on top of [`run_child`]'s: two softroce devices, short retries.
+const ENV: &[(&str, &str)] = &[
+    ("SOFTROCE_DEVICES", "2"),
+    ("NCCL_IB_TIMEOUT", "12"),
+    ("NCCL_IB_RETRY_CNT", "2"),
+    // Which comms an event fails, so without recovery (a port that goes down is recovered
+    // from otherwise: tests/recovery_softroce.rs).
+    ("FERROCE_RECOVERY_TIMEOUT_SEC", "0"),
+];
 
 /// The plugin's log lines (WARNs go to stderr with NCCL's prefix) that contain `words`.
 fn warns<'a>(text: &'a str, words: &str) -> Vec<&'a str> {
@@ -56,11 +39,16 @@ fn warns<'a>(text: &'a str, words: &str) -> Vec<&'a str> {
 }
 
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn a_port_down_fails_only_the_comms_on_that_port() {
-    if !softroce_enabled() {
+    if child("a_port_down_fails_only_the_comms_on_that_port", port_down_child) {
         return;
     }
-    let text = run_child("port_down_child", "127.0.44.1,127.0.44.2");
+    let text = run_child(
+        "a_port_down_fails_only_the_comms_on_that_port",
+        "127.0.44.1,127.0.44.2",
+        ENV,
+    );
     let warns: Vec<&str> = text.lines().filter(|l| l.contains("the port went down")).collect();
     assert_eq!(warns.len(), 1, "one WARN for the one event: {warns:#?}\n{text}");
     assert!(
@@ -71,22 +59,38 @@ fn a_port_down_fails_only_the_comms_on_that_port() {
 }
 
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn a_device_fatal_event_fails_every_comm_on_the_device_busy_or_idle() {
-    if !softroce_enabled() {
+    if child(
+        "a_device_fatal_event_fails_every_comm_on_the_device_busy_or_idle",
+        device_fatal_child,
+    ) {
         return;
     }
-    let text = run_child("device_fatal_child", "127.0.44.3,127.0.44.4");
+    let text = run_child(
+        "a_device_fatal_event_fails_every_comm_on_the_device_busy_or_idle",
+        "127.0.44.3,127.0.44.4",
+        ENV,
+    );
     let w = warns(&text, "the NIC failed; every connection on it fails");
     assert_eq!(w.len(), 1, "one WARN for the one event: {w:#?}\n{text}");
     assert!(w[0].contains("device softroce0") && w[0].contains("fatal"), "{}", w[0]);
 }
 
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn qp_fatal_and_access_errors_fail_only_the_comm_owning_the_qp() {
-    if !softroce_enabled() {
+    if child(
+        "qp_fatal_and_access_errors_fail_only_the_comm_owning_the_qp",
+        qp_events_child,
+    ) {
         return;
     }
-    let text = run_child("qp_events_child", "127.0.44.5,127.0.44.6");
+    let text = run_child(
+        "qp_fatal_and_access_errors_fail_only_the_comm_owning_the_qp",
+        "127.0.44.5,127.0.44.6",
+        ENV,
+    );
     // One WARN for the injected QP fatal; access errors: the injected one, and possibly the
     // failed pair's receive QP answering writes that were in flight into a buffer the test
     // deregistered after the failure (as on hardware).
@@ -101,11 +105,16 @@ fn qp_fatal_and_access_errors_fail_only_the_comm_owning_the_qp() {
 }
 
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn a_cq_overrun_fails_only_the_comm_using_that_cq() {
-    if !softroce_enabled() {
+    if child("a_cq_overrun_fails_only_the_comm_using_that_cq", cq_overrun_child) {
         return;
     }
-    let text = run_child("cq_overrun_child", "127.0.44.7,127.0.44.8");
+    let text = run_child(
+        "a_cq_overrun_fails_only_the_comm_using_that_cq",
+        "127.0.44.7,127.0.44.8",
+        ENV,
+    );
     let w = warns(&text, "a completion queue overran");
     assert_eq!(w.len(), 2, "one WARN per overrun CQ: {w:#?}\n{text}");
     assert!(w.iter().all(|l| l.contains("device softroce0")), "{w:#?}");
@@ -114,18 +123,8 @@ fn a_cq_overrun_fails_only_the_comm_using_that_cq() {
 /// No profiler handles.
 const NONE: (*mut std::ffi::c_void, *mut std::ffi::c_void) = (std::ptr::null_mut(), std::ptr::null_mut());
 
-/// Whether this run is a child started by one of the tests above.
-fn is_child() -> bool {
-    std::env::var("EVENTS_CHILD").ok().as_deref() == Some("1")
-}
-
-#[test]
-#[ignore = "the child process of a_port_down_fails_only_the_comms_on_that_port, which runs it"]
+/// The child of [`a_port_down_fails_only_the_comms_on_that_port`].
 fn port_down_child() {
-    assert!(
-        is_child(),
-        "run by a_port_down_fails_only_the_comms_on_that_port (EVENTS_CHILD=1)"
-    );
     let ctx = api::init(None, -1, false).expect("init");
     let (s0, r0) = pair(&ctx, 0);
     let (s1, r1) = pair(&ctx, 1);
@@ -144,19 +143,6 @@ fn port_down_child() {
     }
     drop((s0, r0, s1, r1));
     api::finalize(ctx).expect("finalize");
-    println!("port_down_child: done");
-}
-
-/// `softroce-ctl ADDR ARGS...`, which must succeed.
-fn ctl(addr: &str, args: &[&str]) {
-    let tool = format!("{}/target/release/softroce/softroce-ctl", root());
-    let said = Command::new(&tool).arg(addr).args(args).output().expect("softroce-ctl");
-    assert!(
-        said.status.success(),
-        "softroce-ctl {addr} {args:?}: {}{}",
-        String::from_utf8_lossy(&said.stdout),
-        String::from_utf8_lossy(&said.stderr)
-    );
 }
 
 /// A connected pair and its name (for messages).
@@ -315,13 +301,8 @@ fn check_fate(name: &str, fate: Fate, result: Result<(), Error>) {
     }
 }
 
-#[test]
-#[ignore = "the child process of a_device_fatal_event_fails_every_comm_on_the_device_busy_or_idle, which runs it"]
+/// The child of [`a_device_fatal_event_fails_every_comm_on_the_device_busy_or_idle`].
 fn device_fatal_child() {
-    assert!(
-        is_child(),
-        "run by a_device_fatal_event_fails_every_comm_on_the_device_busy_or_idle (EVENTS_CHILD=1)"
-    );
     use Fate::*;
     let fates = [
         ("busy0", Fails),
@@ -331,16 +312,10 @@ fn device_fatal_child() {
         ("idle1", GoesOn),
     ];
     event_scenario(&fates, |_| ctl("127.0.44.3", &["device-fatal"]));
-    println!("device_fatal_child: done");
 }
 
-#[test]
-#[ignore = "the child process of qp_fatal_and_access_errors_fail_only_the_comm_owning_the_qp, which runs it"]
+/// The child of [`qp_fatal_and_access_errors_fail_only_the_comm_owning_the_qp`].
 fn qp_events_child() {
-    assert!(
-        is_child(),
-        "run by qp_fatal_and_access_errors_fail_only_the_comm_owning_the_qp (EVENTS_CHILD=1)"
-    );
     use Fate::*;
     let fates = [
         ("busy0", Fails),
@@ -353,16 +328,10 @@ fn qp_events_child() {
         ctl("127.0.44.5", &["qp-fatal", &qpn_of("busy0")]);
         ctl("127.0.44.5", &["qp-access-err", &qpn_of("idle0")]);
     });
-    println!("qp_events_child: done");
 }
 
-#[test]
-#[ignore = "the child process of a_cq_overrun_fails_only_the_comm_using_that_cq, which runs it"]
+/// The child of [`a_cq_overrun_fails_only_the_comm_using_that_cq`].
 fn cq_overrun_child() {
-    assert!(
-        is_child(),
-        "run by a_cq_overrun_fails_only_the_comm_using_that_cq (EVENTS_CHILD=1)"
-    );
     use Fate::*;
     let fates = [
         ("busy0", Fails),
@@ -375,5 +344,4 @@ fn cq_overrun_child() {
         ctl("127.0.44.7", &["cq-overrun", &qpn_of("busy0")]);
         ctl("127.0.44.7", &["cq-overrun", &qpn_of("idle0")]);
     });
-    println!("cq_overrun_child: done");
 }

@@ -20,51 +20,23 @@ mod softroce_common;
 
 use nccl_net_ferroce::api::{self, RecvHandle, SendHandle};
 use nccl_net_ferroce::error::Error;
-use softroce_common::{pair, reg};
-use std::process::Command;
+use softroce_common::{child, ctl, pair, reg, run_child};
 use std::time::{Duration, Instant};
 
-fn root() -> &'static str {
-    env!("CARGO_MANIFEST_DIR")
-}
-
-/// Runs the child test `child` with one softroce device on `addr` and `env`; its output,
-/// after checking that it passed.
-fn run_child(child: &str, addr: &str, env: &[(&str, &str)]) -> String {
-    let mut all = vec![
-        ("RECOVERY_ADDR", addr),
+/// A child's environment on top of [`run_child`]'s: one softroce device, transport retries
+/// that run out in 4 × 16.8 ms (the loss is noticed fast), and `extra`.
+fn env(extra: (&'static str, &'static str)) -> [(&'static str, &'static str); 4] {
+    [
         ("SOFTROCE_DEVICES", "1"),
-        ("SOFTROCE_ADDR", addr),
-        // Retries run out in 4 × 16.8 ms: the loss is noticed fast.
+        ("NCCL_IB_TIMEOUT", "12"),
         ("NCCL_IB_RETRY_CNT", "3"),
-    ];
-    all.extend_from_slice(env);
-    softroce_common::run_child("RECOVERY", child, &all)
+        extra,
+    ]
 }
 
-fn softroce_enabled() -> bool {
-    std::env::var("FERROCE_TEST_SOFTROCE").ok().as_deref() == Some("1")
-}
-
-fn is_child() -> bool {
-    std::env::var("RECOVERY_CHILD").ok().as_deref() == Some("1")
-}
-
-/// `softroce-ctl ADDR ARGS...`, which must succeed.
-fn ctl(args: &[&str]) {
-    let addr = std::env::var("RECOVERY_ADDR").expect("RECOVERY_ADDR");
-    let tool = format!("{}/target/release/softroce/softroce-ctl", root());
-    let said = Command::new(&tool)
-        .arg(&addr)
-        .args(args)
-        .output()
-        .expect("softroce-ctl");
-    assert!(
-        said.status.success(),
-        "softroce-ctl {addr} {args:?}: {}{}",
-        String::from_utf8_lossy(&said.stdout),
-        String::from_utf8_lossy(&said.stderr)
-    );
+/// `softroce-ctl` on this child's one device (its SOFTROCE_ADDR).
+fn port(args: &[&str]) {
+    ctl(&std::env::var("SOFTROCE_ADDR").expect("SOFTROCE_ADDR"), args);
 }
 
 /// `count` messages from `s` to `r` of sizes cycling through `sizes`, each checked byte for
@@ -188,14 +160,15 @@ fn stream(
 }
 
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn a_port_down_for_a_second_costs_no_message() {
-    if !softroce_enabled() {
+    if child("a_port_down_for_a_second_costs_no_message", port_flap_child) {
         return;
     }
     let text = run_child(
-        "port_flap_child",
+        "a_port_down_for_a_second_costs_no_message",
         "127.0.46.1",
-        &[("FERROCE_RECOVERY_TIMEOUT_SEC", "30")],
+        &env(("FERROCE_RECOVERY_TIMEOUT_SEC", "30")),
     );
     assert!(text.contains("recovering over new QPs"), "the loss is WARNed:\n{text}");
     assert!(
@@ -205,40 +178,49 @@ fn a_port_down_for_a_second_costs_no_message() {
 }
 
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn a_port_that_stays_down_fails_the_comm_at_the_bound() {
-    if !softroce_enabled() {
+    if child(
+        "a_port_that_stays_down_fails_the_comm_at_the_bound",
+        port_stays_down_child,
+    ) {
         return;
     }
     let text = run_child(
-        "port_stays_down_child",
+        "a_port_that_stays_down_fails_the_comm_at_the_bound",
         "127.0.46.2",
-        &[("FERROCE_RECOVERY_TIMEOUT_SEC", "2")],
+        &env(("FERROCE_RECOVERY_TIMEOUT_SEC", "2")),
     );
     assert!(text.contains("could not be recovered within"), "{text}");
 }
 
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn recovery_off_fails_at_the_first_failure() {
-    if !softroce_enabled() {
+    if child("recovery_off_fails_at_the_first_failure", recovery_off_child) {
         return;
     }
     let text = run_child(
-        "recovery_off_child",
+        "recovery_off_fails_at_the_first_failure",
         "127.0.46.3",
-        &[("NCCL_IB_RESILIENCY_PORT_RECOVERY", "0")],
+        &env(("NCCL_IB_RESILIENCY_PORT_RECOVERY", "0")),
     );
     assert!(!text.contains("recovering over new QPs"), "{text}");
 }
 
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn a_receiver_nccl_does_not_call_answers_the_senders_recovery() {
-    if !softroce_enabled() {
+    if child(
+        "a_receiver_nccl_does_not_call_answers_the_senders_recovery",
+        idle_receiver_child,
+    ) {
         return;
     }
     let text = run_child(
-        "idle_receiver_child",
+        "a_receiver_nccl_does_not_call_answers_the_senders_recovery",
         "127.0.46.4",
-        &[("FERROCE_RECOVERY_TIMEOUT_SEC", "60")],
+        &env(("FERROCE_RECOVERY_TIMEOUT_SEC", "60")),
     );
     assert!(
         text.contains("recovered over new QPs"),
@@ -248,17 +230,15 @@ fn a_receiver_nccl_does_not_call_answers_the_senders_recovery() {
 
 const SIZES: [usize; 5] = [8, 4096, 65536, 1 << 20, 300_000];
 
-#[test]
-#[ignore = "the child process of a_port_down_for_a_second_costs_no_message, which runs it"]
+/// The child of [`a_port_down_for_a_second_costs_no_message`].
 fn port_flap_child() {
-    assert!(is_child());
     let ctx = api::init(None, -1, false).expect("init");
     let (s, r) = pair(&ctx, 0);
     let t0 = Instant::now();
     let flap = || {
-        ctl(&["port-down"]);
+        port(&["port-down"]);
         std::thread::sleep(Duration::from_secs(1));
-        ctl(&["port-up"]);
+        port(&["port-up"]);
     };
     // The flap runs on this thread while messages are in flight: the comms see it at their
     // next calls.
@@ -277,7 +257,6 @@ fn port_flap_child() {
     println!("port_flap_child: 5000 messages in {:?}", t0.elapsed());
     drop((s, r));
     api::finalize(ctx).expect("finalize");
-    println!("port_flap_child: done");
 }
 
 /// A stream through which the port goes down for good after 20 messages: the comm fails, with
@@ -292,7 +271,7 @@ fn fails_after_port_down(bound: Duration) {
         1000,
         &SIZES,
         20,
-        &mut || ctl(&["port-down"]),
+        &mut || port(&["port-down"]),
         Duration::from_secs(30),
     )
     .expect_err("the comm fails");
@@ -302,27 +281,19 @@ fn fails_after_port_down(bound: Duration) {
     api::finalize(ctx).expect("finalize");
 }
 
-#[test]
-#[ignore = "the child process of a_port_that_stays_down_fails_the_comm_at_the_bound, which runs it"]
+/// The child of [`a_port_that_stays_down_fails_the_comm_at_the_bound`].
 fn port_stays_down_child() {
-    assert!(is_child());
     // The 2 s bound and its last attempt.
     fails_after_port_down(Duration::from_secs(15));
-    println!("port_stays_down_child: done");
 }
 
-#[test]
-#[ignore = "the child process of recovery_off_fails_at_the_first_failure, which runs it"]
+/// The child of [`recovery_off_fails_at_the_first_failure`].
 fn recovery_off_child() {
-    assert!(is_child());
     fails_after_port_down(Duration::from_secs(15));
-    println!("recovery_off_child: done");
 }
 
-#[test]
-#[ignore = "the child process of a_receiver_nccl_does_not_call_answers_the_senders_recovery, which runs it"]
+/// The child of [`a_receiver_nccl_does_not_call_answers_the_senders_recovery`].
 fn idle_receiver_child() {
-    assert!(is_child());
     let ctx = api::init(None, -1, false).expect("init");
     let (s, r) = pair(&ctx, 0);
     const SIZE: usize = 1 << 20;
@@ -335,10 +306,10 @@ fn idle_receiver_child() {
         .expect("a receive slot");
     // The CTS lands at the sender, then the port goes down under the send.
     std::thread::sleep(Duration::from_millis(200));
-    ctl(&["port-down"]);
+    port(&["port-down"]);
     let flapper = std::thread::spawn(|| {
         std::thread::sleep(Duration::from_secs(1));
-        ctl(&["port-up"]);
+        port(&["port-up"]);
     });
     let t0 = Instant::now();
     let send = loop {
@@ -375,5 +346,4 @@ fn idle_receiver_child() {
     api::dereg_mr(rmh).expect("deregMr");
     drop((s, r));
     api::finalize(ctx).expect("finalize");
-    println!("idle_receiver_child: done");
 }

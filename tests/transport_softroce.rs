@@ -1,7 +1,8 @@
 //! The transport's real verbs path over softroce, through the internal API, in one process.
 //!
-//! Runs only with `FERROCE_TEST_SOFTROCE=1` (and `target/release/softroce/libibverbs.so.1`
-//! built: `softroce/build.sh`); otherwise every test prints why it skipped. Each test binary
+//! Every test is ignored unless asked for (`--include-ignored`); then it needs
+//! `FERROCE_TEST_SOFTROCE=1` and softroce built (`make build`), and fails without them
+//! (tests/softroce_common). Each test binary
 //! is one process, so the environment (softroce address, side-channel interface, library
 //! path) is set once before the plugin reads its configuration.
 
@@ -9,7 +10,7 @@ mod softroce_common;
 
 use nccl_net_ferroce::api::{self, CommContext, ListenHandle, RecvHandle, SendHandle};
 use nccl_net_ferroce::transport::{MemHandle, Request};
-use softroce_common::softroce_lib;
+use softroce_common::{child, require_softroce, run_child, softroce_lib};
 use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
@@ -18,19 +19,12 @@ static SETUP: Once = Once::new();
 /// poisoned guard protects nothing here).
 static LOCK: Mutex<()> = Mutex::new(());
 
-/// The API context, or None (skip) when softroce tests are not enabled.
-fn setup() -> Option<Box<CommContext>> {
-    if std::env::var("FERROCE_TEST_SOFTROCE").ok().as_deref() != Some("1") {
-        eprintln!("skipped: set FERROCE_TEST_SOFTROCE=1 (after softroce/build.sh) to run the softroce transport tests");
-        return None;
-    }
+/// The API context over softroce (the environment set once per process). Fails the test when
+/// softroce is not there ([`require_softroce`]).
+fn setup() -> Box<CommContext> {
+    require_softroce();
     SETUP.call_once(|| {
-        let lib = softroce_lib();
-        assert!(
-            std::path::Path::new(&lib).exists(),
-            "{lib} missing: run softroce/build.sh"
-        );
-        std::env::set_var("NCCL_IBVERBS_LIB", &lib);
+        std::env::set_var("NCCL_IBVERBS_LIB", softroce_lib());
         if std::env::var("SOFTROCE_ADDR").is_err() {
             std::env::set_var("SOFTROCE_ADDR", "127.0.41.1");
         }
@@ -41,7 +35,7 @@ fn setup() -> Option<Box<CommContext>> {
             std::env::set_var("FERROCE_CONNECT_TIMEOUT_SEC", "5");
         }
     });
-    Some(api::init(None, -1, false).expect("init over softroce"))
+    api::init(None, -1, false).expect("init over softroce")
 }
 
 fn deadline() -> Instant {
@@ -167,8 +161,9 @@ fn transfer(s: &SendHandle, r: &RecvHandle, size: usize, cap: usize, seed: u64) 
 }
 
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn connect_and_transfer_sizes() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     for (i, &size) in [0usize, 1, 127, 128, 129, 4095, 4096, 65_537, 1 << 20, (4 << 20) + 3]
@@ -212,8 +207,9 @@ fn isend_retry(s: &SendHandle, p: usize, size: usize, tag: i32, mh: &MemHandle) 
 /// on) and must be refused ("retry later") exactly when it has none; the sends of every posted
 /// group are in flight together.
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn grouped_shuffled_and_32_in_flight() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     const GROUPS: usize = 32;
@@ -338,8 +334,9 @@ struct Posted {
 /// no send going on and refuses a 33rd; then the sends, every byte checked. Twice; the second
 /// round wraps around the end of the FIFO ring.
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn thirty_two_single_receives_in_flight() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     let size = 40_000;
@@ -397,8 +394,9 @@ fn thirty_two_single_receives_in_flight() {
 /// Done twice: from ring position 0, and from position 1, so that the last group straddles the
 /// end of the ring (its CTS goes out in two writes).
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn groups_of_8_until_the_ring_is_full() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     let mut next = xorshift(0xfeed_beef);
@@ -480,8 +478,9 @@ fn groups_of_8_until_the_ring_is_full() {
 /// iflush: NULL for all-empty receives, a request that reads and completes otherwise (softroce
 /// supports DMA-BUF, so flushing is on: a NULL there would mean nothing was flushed).
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn flush_reads_back() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     transfer(&s, &r, 1000, 4096, 5);
@@ -505,9 +504,10 @@ fn flush_reads_back() {
 
 /// Garbage and a foreign peer on the listen port are rejected; the real peer still connects.
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn garbage_on_listen_port_then_real_peer() {
     use std::io::Write;
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let mut handle = [0u8; 128];
     let mut l = api::listen(&ctx, 0, &mut handle).expect("listen");
@@ -537,8 +537,9 @@ fn garbage_on_listen_port_then_real_peer() {
 /// a handle whose listen comm closed is refused at once by nonce (not left to time out) while
 /// another listen comm keeps the listener open, and that one still accepts.
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn listen_comms_share_one_listener_and_a_stale_handle_is_refused() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (mut stale, mut live) = ([0u8; 128], [0u8; 128]);
     let l1 = api::listen(&ctx, 0, &mut stale).expect("listen");
@@ -574,8 +575,9 @@ fn listen_comms_share_one_listener_and_a_stale_handle_is_refused() {
 
 /// A handle nobody listens on: connect gives up with a clear error after the timeout.
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn connect_to_nobody_times_out() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let mut handle = [0u8; 128];
     let l = api::listen(&ctx, 0, &mut handle).expect("listen");
@@ -646,8 +648,9 @@ fn assert_fds_back(before: &[String], what: &str) {
 /// Many comms at once, each moving data; closing them frees every QP, CQ and MR (also with
 /// requests in flight) and every fd.
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn many_comms_and_no_fd_leak() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     // Warm up (first comm may open long-lived fds such as the async-event fd).
     {
@@ -685,8 +688,9 @@ fn many_comms_and_no_fd_leak() {
 
 /// Closing comms with requests still in flight is safe (no hang, no crash).
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn close_with_requests_in_flight() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     let mut dst = vec![0u8; 1 << 16];
@@ -727,8 +731,9 @@ fn flush(r: &RecvHandle, p: usize, len: i32, mh: &MemHandle) -> *mut Request {
 /// first iflush makes one per device (one QP and one CQ more) and its read completes; later
 /// flushes reuse it; closing frees it.
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn flush_qp_only_after_the_first_flush() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let before = live_objects();
     let (s, r) = pair(&ctx);
@@ -786,8 +791,9 @@ fn flush_qp_only_after_the_first_flush() {
 /// older flushes now and then; the flushes of the previous round stay in flight meanwhile (up
 /// to 32 flushes, the bound, with 16 receives). Every byte checked.
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn flushes_interleaved_with_receives() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     const N: usize = 16;
@@ -870,8 +876,9 @@ fn flushes_interleaved_with_receives() {
 /// posted besides; a 33rd flush is an error that leaves the comm working: the 32 complete,
 /// the receives complete, later flushes work.
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn thirty_two_flushes_in_flight_then_an_error() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     let size = 4096;
@@ -919,8 +926,9 @@ fn thirty_two_flushes_in_flight_then_an_error() {
 /// freed (the flush QPs before their CQs, both before the device's PD and scratch). Also a comm
 /// that never flushed, next to them.
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn close_with_flushes_in_flight() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let before = live_objects();
     let buf = vec![9u8; 1 << 16];
@@ -958,9 +966,10 @@ fn close_with_flushes_in_flight() {
 /// that says what to check, the half-made QP and CQ are gone again, and the comm is intact: data
 /// still moves, and the next iflush makes the path and completes.
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn flush_setup_failure_leaves_the_comm_usable() {
     use nccl_net_ferroce::transport::recv::FAIL_NEXT_FLUSH_SETUP;
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     let buf = vec![5u8; 4096];
@@ -993,8 +1002,9 @@ fn flush_setup_failure_leaves_the_comm_usable() {
 /// A flush read that fails (its address lies outside the registration it names) fails the
 /// comm through test() with a WARN that names the flush; closing the failed comm frees all.
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn failed_flush_read_is_reported_by_test() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let before = live_objects();
     let (s, r) = pair(&ctx);
@@ -1021,57 +1031,25 @@ fn failed_flush_read_is_reported_by_test() {
     api::finalize(ctx).unwrap();
 }
 
-/// Runs the ignored test `child` alone in a child process of this test binary with `envs` (the
-/// plugin reads its configuration once per process) and its own softroce address `addr`;
-/// passes when the child passed and printed "`child`: ok" (so it really ran its checks).
-fn run_child(child: &str, addr: &str, envs: &[(&str, &str)]) {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([child, "--exact", "--ignored", "--nocapture", "--test-threads", "1"])
-        .envs(envs.iter().copied())
-        .env("FERROCE_TEST_CHILD", child)
-        .env("SOFTROCE_ADDR", addr)
-        .output()
-        .expect("run the child");
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "child {child} failed:\n{text}");
-    assert!(
-        text.contains(&format!("{child}: ok")),
-        "the child {child} did not run its checks:\n{text}"
-    );
-}
-
-/// Asserts that this process is the child [`run_child`] started for `child`.
-fn assert_child(child: &str) {
-    assert_eq!(
-        std::env::var("FERROCE_TEST_CHILD").as_deref(),
-        Ok(child),
-        "an ignored test that runs only in the child process its parent test starts"
-    );
-}
-
 /// NCCL_GDR_FLUSH_DISABLE=1 (read once per process, so checked in a child process of this
 /// test binary): iflush returns NULL (nothing to flush) and makes no QP.
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn gdr_flush_disable_gives_null_flushes() {
-    if setup().is_none() {
+    if child("gdr_flush_disable_gives_null_flushes", gdr_flush_disable_child) {
         return;
     }
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     run_child(
-        "gdr_flush_disable_child",
+        "gdr_flush_disable_gives_null_flushes",
         "127.0.41.201",
         &[("NCCL_GDR_FLUSH_DISABLE", "1")],
     );
 }
 
-/// The child of [`gdr_flush_disable_gives_null_flushes`], which runs it with `--ignored` in
-/// its own process. Ignored on its own, so that it is never counted as a test that passed
-/// without checking anything.
-#[test]
-#[ignore = "the child process of gdr_flush_disable_gives_null_flushes, which runs it"]
+/// The child of [`gdr_flush_disable_gives_null_flushes`].
 fn gdr_flush_disable_child() {
-    assert_child("gdr_flush_disable_child");
-    let ctx = setup().expect("the parent runs with FERROCE_TEST_SOFTROCE=1");
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     assert_eq!(std::env::var("NCCL_GDR_FLUSH_DISABLE").as_deref(), Ok("1"));
     let before = live_objects();
@@ -1093,7 +1071,6 @@ fn gdr_flush_disable_child() {
     drop(r);
     assert_eq!(live_objects(), before);
     api::finalize(ctx).unwrap();
-    println!("gdr_flush_disable_child: ok");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1105,8 +1082,9 @@ fn gdr_flush_disable_child() {
 /// although one registration covers the bytes after it (so an overrun would land, not fault).
 /// Single receives, and a group of three with one buffer overrun, one exact and one short.
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn send_larger_than_the_posted_receive_is_truncated() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     let slot = 16384;
@@ -1203,8 +1181,9 @@ fn first_error(
 /// that was in flight when it failed reports that error; closing it with that receive never
 /// completed frees every QP, CQ and MR.
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn every_call_on_a_failed_recv_comm_returns_its_error() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let before = live_objects();
     let (s, r) = pair(&ctx);
@@ -1255,24 +1234,25 @@ fn every_call_on_a_failed_recv_comm_returns_its_error() {
 /// receiver fails when its transport retries run out, so the child runs with short ones
 /// (NCCL_IB_TIMEOUT=14, NCCL_IB_RETRY_CNT=3: about 0.3 s, instead of about 35 s by default).
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn every_call_on_a_failed_send_comm_returns_its_error() {
-    if setup().is_none() {
+    if child(
+        "every_call_on_a_failed_send_comm_returns_its_error",
+        failed_send_comm_child,
+    ) {
         return;
     }
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     run_child(
-        "failed_send_comm_child",
+        "every_call_on_a_failed_send_comm_returns_its_error",
         "127.0.41.202",
         &[("NCCL_IB_TIMEOUT", "14"), ("NCCL_IB_RETRY_CNT", "3")],
     );
 }
 
 /// The child of [`every_call_on_a_failed_send_comm_returns_its_error`].
-#[test]
-#[ignore = "the child process of every_call_on_a_failed_send_comm_returns_its_error, which runs it"]
 fn failed_send_comm_child() {
-    assert_child("failed_send_comm_child");
-    let ctx = setup().expect("the parent runs with FERROCE_TEST_SOFTROCE=1");
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let before = live_objects();
     let (s, r) = pair(&ctx);
@@ -1334,15 +1314,15 @@ fn failed_send_comm_child() {
         "(QPs, CQs, MRs) left after closing a failed send comm"
     );
     api::finalize(ctx).unwrap();
-    println!("failed_send_comm_child: ok");
 }
 
 /// Both ends closed at once with requests in flight on each: 8 sends of 1 MiB matched to 8
 /// receives, and 4 more receives no send matches, none ever tested. No hang, no crash, and
 /// every QP, CQ, MR and fd is freed.
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn close_with_requests_in_flight_on_both_sides() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     // Warm up (the first comm opens long-lived fds).
     {
@@ -1448,8 +1428,9 @@ impl Drop for Sparse {
 /// reports the size saturated to i32::MAX (an int cannot hold it), never a negative or wrapped
 /// one (it failed before: one WR past max_msg_sz, irecv capped at 4 GiB).
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn messages_of_2_5_and_4_5_gib() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let mut failures = vec![];
     for size in [(5usize << 30) / 2, (9usize << 30) / 2] {
@@ -1533,8 +1514,9 @@ fn messages_of_2_5_and_4_5_gib() {
 /// that says what to check, for host and CUDA registrations alike, and so does a DMA-BUF it
 /// cannot import; the comm goes on working.
 #[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn a_buffer_the_nic_cannot_reach_fails_registration_with_a_hint() {
-    let Some(ctx) = setup() else { return };
+    let ctx = setup();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let (s, r) = pair(&ctx);
     let len = 8192;

@@ -70,7 +70,7 @@ fi
 echo "--- plugin: unit tests, sim_transport, transport over softroce (ASan)"
 # Less the 4.5 GiB message (it runs natively in make test): under ASan its 7 GiB of copies over
 # softroce take minutes and exercise no code the smaller transfers here do not.
-if FERROCE_TEST_SOFTROCE=1 asan_cargo -p ferroce --lib --test sim_transport --test transport_softroce -- --test-threads 1 --skip messages_of_2_5_and_4_5_gib >"$tmp/plugin" 2>&1 &&
+if FERROCE_TEST_SOFTROCE=1 asan_cargo -p ferroce --lib --test sim_transport --test transport_softroce -- --include-ignored --test-threads 1 --skip messages_of_2_5_and_4_5_gib >"$tmp/plugin" 2>&1 &&
     ! grep -q "Sanitizer" "$tmp/plugin"; then
     ok "$(grep -c '^test result: ok' "$tmp/plugin") suites clean"
 else
@@ -124,7 +124,7 @@ else
     if RUSTFLAGS=$tsan_link SOFTROCE_SANITIZER=thread softroce/build.sh >"$tmp/tsan-lib" 2>&1 &&
         FERROCE_TEST_SOFTROCE=1 FERROCE_TEST_SOFTROCE_LIB=$TS/softroce/libibverbs.so.1 SOFTROCE_ADDR=127.0.82.2 \
             tsan_cargo test -p ferroce --lib --test transport_softroce --test concurrency_softroce --test events_softroce \
-            -- --test-threads 1 --skip messages_of_2_5_and_4_5_gib >"$tmp/tsan-plugin" 2>&1 &&
+            -- --include-ignored --test-threads 1 --skip messages_of_2_5_and_4_5_gib >"$tmp/tsan-plugin" 2>&1 &&
         ! grep -q "$tsan_report" "$tmp/tsan-plugin"; then
         ok "plugin under TSan (softroce instrumented too): $(grep -c '^test result: ok' "$tmp/tsan-plugin") suites clean"
     else

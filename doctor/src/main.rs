@@ -4,6 +4,8 @@
 //! One line per check (`ok` / `warn` / `fail`, the value seen, the fix), or `--json`. Exit
 //! status 0 when nothing fails, 1 otherwise, 2 for a bad command line.
 
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod check;
 mod env;
 mod host;

@@ -1,5 +1,7 @@
 //! Core-only throughput: 64 KiB RDMA WRITEs at MTU 4096 between two QPs,
 //! no ICRC, no network. `cargo test -p softroce --release --test sim_bench -- --ignored --nocapture`.
+//! They print figures and assert nothing, so they are ignored and named `bench_*`: `make test`
+//! runs every ignored test but these (`--include-ignored --skip bench_`).
 
 use softroce::proto::*;
 use std::time::Instant as WallClock;
@@ -8,8 +10,8 @@ mod sim_common;
 use sim_common::*;
 
 #[test]
-#[ignore]
-fn write_64k_core_throughput() {
+#[ignore = "a benchmark: prints figures, asserts nothing"]
+fn bench_write_64k_core_throughput() {
     let s = Setup {
         mtu: MTU_4096,
         ..Setup::default()
@@ -64,8 +66,8 @@ fn write_64k_core_throughput() {
 }
 
 #[test]
-#[ignore]
-fn icrc_throughput() {
+#[ignore = "a benchmark: prints figures, asserts nothing"]
+fn bench_icrc_throughput() {
     use softroce::wire::icrc::{icrc_ipv4, Ipv4Fields};
     let pkt: Vec<u8> = (0..4124u32).map(|i| i as u8).collect();
     let ip = Ipv4Fields::new([127, 0, 0, 1], [127, 0, 0, 2], 0);

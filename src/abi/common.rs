@@ -109,8 +109,8 @@ pub unsafe fn listen(ctx: &CommContext, dev: c_int, handle: *mut c_void, listen_
             unsafe { *out = Box::into_raw(comm).cast() };
             Ok(())
         },
-        // SAFETY: NCCL's out-pointer, NULL or writable.
         || {
+            // SAFETY: NCCL's out-pointer, NULL or writable.
             Line::of(format!("dev {dev}, handle {handle:p}, listenComm -> {}", unsafe {
                 out_ptr(listen_comm)
             }))
@@ -477,10 +477,10 @@ pub unsafe fn irecv(
         };
         // SAFETY: live handles from our regMr.
         let handles = unsafe { handle_array(mhs)? };
-        // SAFETY: NCCL passes NULL or n profiler handles (v10+).
         let phandles: &[*mut c_void] = if phandles.is_null() {
             &[]
         } else {
+            // SAFETY: NCCL passes NULL or n profiler handles (v10+).
             unsafe { std::slice::from_raw_parts(phandles, n) }
         };
         // SAFETY: live comm; irecv runs on the comm's progress thread.

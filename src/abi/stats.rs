@@ -97,10 +97,8 @@ mod tests {
         assert_eq!(std::mem::offset_of!(FerroceStatsTotals, eager_delivered), 112);
         let mut t = FerroceStatsTotals::default();
         // SAFETY: a valid struct of its own size.
-        assert_eq!(
-            unsafe { ferroce_stats_totals_get(&mut t, std::mem::size_of::<FerroceStatsTotals>()) },
-            0
-        );
+        let rc = unsafe { ferroce_stats_totals_get(&mut t, std::mem::size_of::<FerroceStatsTotals>()) };
+        assert_eq!(rc, 0);
         assert_eq!(
             (t.version, t.size as usize),
             (FERROCE_STATS_TOTALS_VERSION, std::mem::size_of::<FerroceStatsTotals>())

@@ -81,10 +81,10 @@ impl<T: Watched> Guarded<T> {
     pub fn enter(&self) -> Entered<'_, T> {
         let mut calls = self.calls.lock();
         *calls = calls.wrapping_add(1);
-        // SAFETY: the lock is held for as long as the reference lives (both in `Entered`),
-        // and every access to `dp` takes it first.
         Entered {
             _calls: calls,
+            // SAFETY: the lock is held for as long as the reference lives (both in `Entered`),
+            // and every access to `dp` takes it first.
             dp: unsafe { &mut *self.dp.get() },
         }
     }

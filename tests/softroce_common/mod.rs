@@ -1,5 +1,13 @@
-//! What the softroce-backed child-process tests share: a connected pair on a device, a
-//! registration, and one checked transfer through the API as NCCL drives it.
+//! The one harness of the softroce-backed tests (`tests/*_softroce.rs`): their gate, the child
+//! process a test runs its checks in, softroce's fault control, and what they share besides (a
+//! connected pair on a device, a registration, one checked transfer through the API as NCCL
+//! drives it).
+//!
+//! Every softroce-backed test is `#[ignore = "needs softroce: ..."]`, so a plain `cargo test`
+//! on a host without softroce built reports it ignored, never passed. `make test` runs them with
+//! `FERROCE_TEST_SOFTROCE=1 cargo test --release --workspace -- --include-ignored --skip bench_`
+//! after `make build` (docs/testing.md); run that way, a missing prerequisite (the gate, the
+//! built library, softroce-ctl) fails the test with what to do ([`require_softroce`]).
 #![allow(dead_code)]
 
 use nccl_net_ferroce::api::{self, CommContext, RecvHandle, SendHandle};
@@ -9,12 +17,111 @@ use std::ffi::c_void;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// The variable that says a softroce-backed test may run: `make build` made softroce's
+/// libibverbs and softroce-ctl.
+pub const GATE: &str = "FERROCE_TEST_SOFTROCE";
+
+/// The variable [`run_child`] sets in a child process to the name of the test it runs.
+const CHILD: &str = "FERROCE_TEST_CHILD";
+
 /// The softroce libibverbs the plugin loads in these tests: FERROCE_TEST_SOFTROCE_LIB when set
 /// (ci/tests/80-sanitizers.sh points it at a ThreadSanitizer build of softroce), else the one
 /// `softroce/build.sh` made.
 pub fn softroce_lib() -> String {
     std::env::var("FERROCE_TEST_SOFTROCE_LIB")
         .unwrap_or_else(|_| format!("{}/target/release/softroce/libibverbs.so.1", env!("CARGO_MANIFEST_DIR")))
+}
+
+/// softroce's fault-control tool, which `softroce/build.sh` builds next to the library.
+fn ctl_tool() -> String {
+    format!("{}/target/release/softroce/softroce-ctl", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The prerequisites of a softroce-backed test: panics (the test fails) with what to do when
+/// the gate is not set or softroce is not built. Called first by every such test, also when
+/// it was asked for by name (`--ignored`), so that none can pass without softroce.
+pub fn require_softroce() {
+    assert!(
+        std::env::var(GATE).as_deref() == Ok("1"),
+        "a softroce-backed test: set {GATE}=1 after `make build` (make test does both), \
+         or leave out --ignored/--include-ignored"
+    );
+    for path in [softroce_lib(), ctl_tool()] {
+        assert!(
+            std::path::Path::new(&path).exists(),
+            "{path} missing: run `make build` (softroce/build.sh)"
+        );
+    }
+}
+
+/// Whether this process is the child process [`run_child`] started for `test`.
+pub fn is_child(test: &str) -> bool {
+    std::env::var(CHILD).as_deref() == Ok(test)
+}
+
+/// The first line of a test that runs its checks in a child process: in that child (started by
+/// [`run_child`] for `test`), runs `body`, prints "`test`: done" (which [`run_child`] looks
+/// for) and returns true, and the test returns; in the parent returns false.
+pub fn child(test: &str, body: impl FnOnce()) -> bool {
+    if !is_child(test) {
+        return false;
+    }
+    body();
+    println!("{test}: done");
+    true
+}
+
+/// Runs test `test` of this test binary (the caller) again as a child process, where [`child`]
+/// runs its body: softroce as the plugin's libibverbs on `addr` (SOFTROCE_ADDR, "A,B" for two
+/// devices), its own fault-control directory, the side channel on lo, a 10 s setup timeout,
+/// with `env` on top. Its stdout and stderr, after checking that it passed and printed
+/// "`test`: done". Checks the prerequisites first ([`require_softroce`]).
+pub fn run_child(test: &str, addr: &str, env: &[(&str, &str)]) -> String {
+    require_softroce();
+    let dir = std::env::temp_dir().join(format!("ferroce-child-{test}-{}", std::process::id()));
+    let out = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            test,
+            "--exact",
+            "--include-ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(CHILD, test)
+        .env("NCCL_IBVERBS_LIB", softroce_lib())
+        .env("SOFTROCE_ADDR", addr)
+        .env("SOFTROCE_CTL_DIR", &dir)
+        .env("NCCL_SOCKET_IFNAME", "lo")
+        .env("FERROCE_CONNECT_TIMEOUT_SEC", "10")
+        .envs(env.iter().copied())
+        .output()
+        .expect("run the child");
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success(), "child {test} failed:\n{text}");
+    assert!(
+        text.contains(&format!("{test}: done")),
+        "the child {test} did not run its checks:\n{text}"
+    );
+    text
+}
+
+/// `softroce-ctl ADDR ARGS...` (fault control of the softroce device on ADDR), which must
+/// succeed. Inside a child of [`run_child`], it finds the child's devices through the
+/// inherited SOFTROCE_CTL_DIR.
+pub fn ctl(addr: &str, args: &[&str]) {
+    let said = Command::new(ctl_tool())
+        .arg(addr)
+        .args(args)
+        .output()
+        .expect("softroce-ctl");
+    assert!(
+        said.status.success(),
+        "softroce-ctl {addr} {args:?}: {}{}",
+        String::from_utf8_lossy(&said.stdout),
+        String::from_utf8_lossy(&said.stderr)
+    );
 }
 
 /// Connect a send/recv pair on device `dev`, driving connect and accept alternately on one
@@ -105,31 +212,4 @@ pub fn transfer(
     api::dereg_mr(smh).expect("deregMr");
     api::dereg_mr(rmh).expect("deregMr");
     result
-}
-
-/// Runs the `#[ignore]`d test `child` of this test binary as a child process (`{tag}_CHILD=1`,
-/// softroce as the plugin's libibverbs, its own fault-control directory, the side channel on
-/// lo, short transport and setup timeouts) with `env` on top; its stdout and stderr, after
-/// checking that it passed and printed "`child`: done".
-pub fn run_child(tag: &str, child: &str, env: &[(&str, &str)]) -> String {
-    let dir = std::env::temp_dir().join(format!("ferroce-{tag}-{child}-{}", std::process::id()));
-    let out = Command::new(std::env::current_exe().expect("test binary"))
-        .args([child, "--exact", "--ignored", "--nocapture", "--test-threads", "1"])
-        .env(format!("{tag}_CHILD"), "1")
-        .env("NCCL_IBVERBS_LIB", softroce_lib())
-        .env("SOFTROCE_CTL_DIR", &dir)
-        .env("NCCL_SOCKET_IFNAME", "lo")
-        .env("NCCL_IB_TIMEOUT", "12")
-        .env("FERROCE_CONNECT_TIMEOUT_SEC", "10")
-        .envs(env.iter().copied())
-        .output()
-        .expect("run the child");
-    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success(), "child failed:\n{text}");
-    assert!(
-        text.contains(&format!("{child}: done")),
-        "the child did not run:\n{text}"
-    );
-    text
 }

@@ -11,7 +11,7 @@
 //! both route to that IPv4 address ([`gid_to_ipv4`]).
 
 use std::ffi::CStr;
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use super::udp::UdpSocket;
 use crate::config;
@@ -19,11 +19,7 @@ use crate::wire;
 
 /// `::ffff:a.b.c.d`.
 pub fn ipv4_mapped_gid(a: Ipv4Addr) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    g[10] = 0xff;
-    g[11] = 0xff;
-    g[12..].copy_from_slice(&a.octets());
-    g
+    a.to_ipv6_mapped().octets()
 }
 
 /// The node GUID (and link-local interface ID) of a device bound to `a`: a
@@ -40,8 +36,8 @@ pub fn guid_for(a: Ipv4Addr) -> u64 {
 /// (`::ffff:a.b.c.d`), or the address embedded in a softroce link-local GID
 /// (see [`guid_for`]). Other GIDs (IPv6) are not routable by this device.
 pub fn gid_to_ipv4(g: &[u8; 16]) -> Option<Ipv4Addr> {
-    if g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff {
-        return Some(Ipv4Addr::new(g[12], g[13], g[14], g[15]));
+    if let Some(a) = Ipv6Addr::from(*g).to_ipv4_mapped() {
+        return Some(a);
     }
     let ll = [0xfe, 0x80, 0, 0, 0, 0, 0, 0];
     if g[..8] == ll && g[8] == 0x02 && g[9] == 0x53 && g[11] == 0xff && g[12] == 0xfe {

@@ -38,17 +38,20 @@ static SOCKETS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 /// still reads the answer instead of a closed socket.
 static ANSWERING: Mutex<()> = Mutex::new(());
 
+/// The atexit hook: a panic must not unwind into libc's exit.
 extern "C" fn remove_sockets() {
-    // Bounded: an answer is one short write; a stuck reader must not hold up the exit.
-    let deadline = Instant::now() + std::time::Duration::from_secs(2);
-    while matches!(ANSWERING.try_lock(), Err(std::sync::TryLockError::WouldBlock)) && Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    if let Ok(v) = SOCKETS.lock() {
-        for p in v.iter() {
-            let _ = std::fs::remove_file(p);
+    let _ = std::panic::catch_unwind(|| {
+        // Bounded: an answer is one short write; a stuck reader must not hold up the exit.
+        let deadline = Instant::now() + std::time::Duration::from_secs(2);
+        while matches!(ANSWERING.try_lock(), Err(std::sync::TryLockError::WouldBlock)) && Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(1));
         }
-    }
+        if let Ok(v) = SOCKETS.lock() {
+            for p in v.iter() {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    });
 }
 
 /// Start the control socket and the `SOFTROCE_FAULTS` schedule of `dev`. A device whose socket

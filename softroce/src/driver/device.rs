@@ -126,7 +126,7 @@ impl Device {
     /// A fresh 24-bit QP number (0 and 1 are reserved for QP0/QP1).
     pub fn alloc_qpn(&self) -> u32 {
         loop {
-            let q = self.next_qpn.fetch_add(1, Ordering::Relaxed) & 0x00ff_ffff;
+            let q = self.next_qpn.fetch_add(1, Ordering::Relaxed) & crate::wire::MASK_24;
             if q >= 2 && !self.engine.has_qp(q) {
                 return q;
             }

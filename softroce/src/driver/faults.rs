@@ -52,7 +52,7 @@ fn parse_qpn(word: &str, arg: Option<&str>) -> Result<u32, String> {
         None => a.parse(),
     }
     .map_err(|_| want())?;
-    if n > 0x00ff_ffff {
+    if n > crate::wire::MASK_24 {
         return Err(format!("{word}: {a} is not a 24-bit QP number"));
     }
     Ok(n)

@@ -105,7 +105,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         self.buffer.as_mut()[field::SYNDROME] = v;
     }
     pub fn set_msn(&mut self, v: u32) {
-        put_be24(&mut self.buffer.as_mut()[field::MSN], v & 0xFF_FFFF);
+        put_be24(&mut self.buffer.as_mut()[field::MSN], v & super::MASK_24);
     }
 }
 

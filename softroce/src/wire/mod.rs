@@ -18,6 +18,10 @@
 
 #![forbid(unsafe_code)]
 
+/// The mask of the headers' 24-bit fields (BTH PSN and destination QP, AETH MSN): keeps a value's
+/// low 24 bits; also the largest value such a field holds.
+pub const MASK_24: u32 = 0x00FF_FFFF;
+
 /// Define a wire enum whose unknown values map to `Unknown(_)` (smoltcp's `enum_with_unknown!`).
 macro_rules! enum_with_unknown {
     (

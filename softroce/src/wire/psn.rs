@@ -12,7 +12,7 @@ use core::{cmp, fmt, ops};
 pub struct Psn(u32);
 
 impl Psn {
-    pub const MASK: u32 = 0x00FF_FFFF;
+    pub const MASK: u32 = super::MASK_24;
 
     /// Build from any u32, keeping the low 24 bits.
     pub const fn new(v: u32) -> Psn {
