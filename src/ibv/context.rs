@@ -311,88 +311,150 @@ impl Context {
         }
         let verbs = self.verbs.clone();
         let stop = self.stop.clone();
-        let fatal = self.fatal_events.clone();
-        let port_errors = self.port_errors.clone();
-        let port_actives = self.port_actives.clone();
-        let qp_failures = self.qp_failures.clone();
-        let cq_failures = self.cq_failures.clone();
-        let generation = self.fatal_generation.clone();
-        let name = self.info.name.clone();
+        let sink = EventSink {
+            name: self.info.name.clone(),
+            fatal: self.fatal_events.clone(),
+            port_errors: self.port_errors.clone(),
+            port_actives: self.port_actives.clone(),
+            qp_failures: self.qp_failures.clone(),
+            cq_failures: self.cq_failures.clone(),
+            generation: self.fatal_generation.clone(),
+        };
         let raw = SendPtr(self.raw);
-        let spawned = std::thread::Builder::new().name(format!("ferroce-ev-{name}")).spawn(move || {
-            let raw = raw;
-            while !stop.load(Ordering::Acquire) {
-                let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-                // SAFETY: one valid pollfd.
-                let n = unsafe { libc::poll(&mut pfd, 1, 100) };
-                if n <= 0 {
-                    continue;
-                }
-                // SAFETY: zeroed ibv_async_event is a valid out-buffer.
-                let mut ev: sys::ibv_async_event = unsafe { std::mem::zeroed() };
-                // SAFETY: live context (Drop joins this thread before closing it).
-                if unsafe { (verbs.ibv_get_async_event)(raw.0, &mut ev) } != 0 {
-                    continue;
-                }
-                let kind = ev.event_type;
-                use sys::ibv_event_type::*;
-                let is_qp_event = matches!(kind, IBV_EVENT_QP_FATAL | IBV_EVENT_QP_REQ_ERR | IBV_EVENT_QP_ACCESS_ERR);
-                let is_port_event = matches!(
-                    kind,
-                    IBV_EVENT_PORT_ERR | IBV_EVENT_PORT_ACTIVE | IBV_EVENT_GID_CHANGE | IBV_EVENT_LID_CHANGE
-                        | IBV_EVENT_PKEY_CHANGE | IBV_EVENT_SM_CHANGE | IBV_EVENT_CLIENT_REREGISTER
-                );
-                // SAFETY: for QP events the element is the QP, alive until the event is acked;
-                // for port events it is the port number; for a CQ error the CQ (only its
-                // address is kept).
-                let (qpn, port, cq) = unsafe {
-                    (
-                        if is_qp_event { (*ev.element.qp).qp_num } else { 0 },
-                        if is_port_event { ev.element.port_num } else { 0 },
-                        if kind == IBV_EVENT_CQ_ERR { ev.element.cq as usize as u64 } else { 0 },
-                    )
-                };
-                let text = verbs.event_type_str(kind as u32);
-                if kind == IBV_EVENT_PORT_ACTIVE {
-                    if let Some(c) = usize::try_from(port).ok().and_then(|p| port_actives.get(p)) {
-                        c.fetch_add(1, Ordering::AcqRel);
-                    }
-                }
-                if is_qp_event {
-                    qp_failures.record(u64::from(qpn));
-                    let hint = if kind == IBV_EVENT_QP_ACCESS_ERR {
-                        " (an access error: the peer wrote into memory of ours that is not registered, e.g. a buffer deregistered while a receive into it was in flight, as when a comm is aborted)"
-                    } else {
-                        ""
+        let spawned = std::thread::Builder::new()
+            .name(format!("ferroce-ev-{}", sink.name))
+            .spawn(move || {
+                let raw = raw;
+                while !stop.load(Ordering::Acquire) {
+                    let mut pfd = libc::pollfd {
+                        fd,
+                        events: libc::POLLIN,
+                        revents: 0,
                     };
-                    crate::log_warn!("device {name}: fatal async event '{text}' on QP {qpn:#x}{hint} — the connection using it fails; the WARN of that connection says why, if it is used again");
-                } else if kind == IBV_EVENT_PORT_ERR {
-                    if let Some(c) = usize::try_from(port).ok().and_then(|p| port_errors.get(p)) {
-                        c.fetch_add(1, Ordering::AcqRel);
+                    // SAFETY: one valid pollfd.
+                    let n = unsafe { libc::poll(&mut pfd, 1, 100) };
+                    if n <= 0 {
+                        continue;
                     }
-                    crate::log_warn!("device {name} port {port}: the port went down ('{text}'): its link is down or the switch port is disabled. Connections over this port recover over new QPs: a fused device's on its members whose ports are up, at once (and back here when the port is up), others when it comes back within FERROCE_RECOVERY_TIMEOUT_SEC, else they fail; the device's other ports go on. Check `ibv_devinfo`, the cable and the switch port");
-                } else if kind == IBV_EVENT_CQ_ERR {
-                    cq_failures.record(cq);
-                    crate::log_warn!("device {name}: fatal async event '{text}': a completion queue overran (more completions than its size were left unpolled), so completions may be lost — the connection using that CQ fails; the others go on. If it repeats, report it: ferroce sizes each CQ for every work request it can have in flight");
-                } else if matches!(kind, IBV_EVENT_DEVICE_FATAL | IBV_EVENT_SRQ_ERR) {
-                    fatal.fetch_add(1, Ordering::AcqRel);
-                    crate::log_warn!("device {name}: fatal async event '{text}' — the NIC failed; every connection on it fails. Check the device (ibv_devinfo) and `dmesg`");
-                } else {
-                    crate::log_info!(crate::log::subsys::NET, "device {name}{}: {}", if is_port_event { format!(" port {port}") } else { String::new() }, event_words(kind, &text));
+                    // SAFETY: zeroed ibv_async_event is a valid out-buffer.
+                    let mut ev: sys::ibv_async_event = unsafe { std::mem::zeroed() };
+                    // SAFETY: live context (Drop joins this thread before closing it).
+                    if unsafe { (verbs.ibv_get_async_event)(raw.0, &mut ev) } != 0 {
+                        continue;
+                    }
+                    let kind = ev.event_type;
+                    use sys::ibv_event_type::*;
+                    let is_qp_event = matches!(
+                        kind,
+                        IBV_EVENT_QP_FATAL | IBV_EVENT_QP_REQ_ERR | IBV_EVENT_QP_ACCESS_ERR
+                    );
+                    let is_port_event = matches!(
+                        kind,
+                        IBV_EVENT_PORT_ERR
+                            | IBV_EVENT_PORT_ACTIVE
+                            | IBV_EVENT_GID_CHANGE
+                            | IBV_EVENT_LID_CHANGE
+                            | IBV_EVENT_PKEY_CHANGE
+                            | IBV_EVENT_SM_CHANGE
+                            | IBV_EVENT_CLIENT_REREGISTER
+                    );
+                    // SAFETY: for QP events the element is the QP, alive until the event is acked;
+                    // for port events it is the port number; for a CQ error the CQ (only its
+                    // address is kept).
+                    let (qpn, port, cq) = unsafe {
+                        (
+                            if is_qp_event { (*ev.element.qp).qp_num } else { 0 },
+                            if is_port_event { ev.element.port_num } else { 0 },
+                            if kind == IBV_EVENT_CQ_ERR {
+                                ev.element.cq as usize as u64
+                            } else {
+                                0
+                            },
+                        )
+                    };
+                    sink.record(kind, &verbs.event_type_str(kind as u32), qpn, port, is_port_event, cq);
+                    // Acked after the log line: ibv_destroy_qp waits for the acks of its QP's
+                    // events, so the WARN about a QP comes before the close that destroys it returns.
+                    // SAFETY: ev was filled by ibv_get_async_event and is acked exactly once.
+                    unsafe { (verbs.ibv_ack_async_event)(&mut ev) };
                 }
-                if is_qp_event || matches!(kind, IBV_EVENT_PORT_ERR | IBV_EVENT_PORT_ACTIVE | IBV_EVENT_CQ_ERR | IBV_EVENT_DEVICE_FATAL | IBV_EVENT_SRQ_ERR) {
-                    // The comms' data paths look at their devices' failures when this moves.
-                    generation.fetch_add(1, Ordering::Release);
-                }
-                // Acked after the log line: ibv_destroy_qp waits for the acks of its QP's
-                // events, so the WARN about a QP comes before the close that destroys it returns.
-                // SAFETY: ev was filled by ibv_get_async_event and is acked exactly once.
-                unsafe { (verbs.ibv_ack_async_event)(&mut ev) };
-            }
-        });
+            });
         match spawned {
             Ok(handle) => *self.events_thread.lock() = Some(handle),
             Err(e) => crate::log_warn!("device {}: cannot start the async-event thread: {e}", self.info.name),
+        }
+    }
+}
+
+/// Where the async-event thread records what it saw: the context's shared failure counters, and
+/// one log line per event.
+struct EventSink {
+    name: String,
+    fatal: Arc<AtomicU32>,
+    port_errors: Arc<[AtomicU32; MAX_PORTS + 1]>,
+    port_actives: Arc<[AtomicU32; MAX_PORTS + 1]>,
+    qp_failures: Arc<ElementFailures>,
+    cq_failures: Arc<ElementFailures>,
+    generation: Arc<AtomicU32>,
+}
+
+impl EventSink {
+    /// Counts event `kind` (`text`: its name) against the QP, port or CQ it names and logs it.
+    fn record(&self, kind: sys::ibv_event_type, text: &str, qpn: u32, port: c_int, is_port_event: bool, cq: u64) {
+        use sys::ibv_event_type::*;
+        let name = &self.name;
+        let is_qp_event = matches!(
+            kind,
+            IBV_EVENT_QP_FATAL | IBV_EVENT_QP_REQ_ERR | IBV_EVENT_QP_ACCESS_ERR
+        );
+        if kind == IBV_EVENT_PORT_ACTIVE {
+            if let Some(c) = usize::try_from(port).ok().and_then(|p| self.port_actives.get(p)) {
+                c.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        if is_qp_event {
+            self.qp_failures.record(u64::from(qpn));
+            let hint = if kind == IBV_EVENT_QP_ACCESS_ERR {
+                " (an access error: the peer wrote into memory of ours that is not registered, e.g. a buffer deregistered while a receive into it was in flight, as when a comm is aborted)"
+            } else {
+                ""
+            };
+            crate::log_warn!("device {name}: fatal async event '{text}' on QP {qpn:#x}{hint} — the connection using it fails; the WARN of that connection says why, if it is used again");
+        } else if kind == IBV_EVENT_PORT_ERR {
+            if let Some(c) = usize::try_from(port).ok().and_then(|p| self.port_errors.get(p)) {
+                c.fetch_add(1, Ordering::AcqRel);
+            }
+            crate::log_warn!("device {name} port {port}: the port went down ('{text}'): its link is down or the switch port is disabled. Connections over this port recover over new QPs: a fused device's on its members whose ports are up, at once (and back here when the port is up), others when it comes back within FERROCE_RECOVERY_TIMEOUT_SEC, else they fail; the device's other ports go on. Check `ibv_devinfo`, the cable and the switch port");
+        } else if kind == IBV_EVENT_CQ_ERR {
+            self.cq_failures.record(cq);
+            crate::log_warn!("device {name}: fatal async event '{text}': a completion queue overran (more completions than its size were left unpolled), so completions may be lost — the connection using that CQ fails; the others go on. If it repeats, report it: ferroce sizes each CQ for every work request it can have in flight");
+        } else if matches!(kind, IBV_EVENT_DEVICE_FATAL | IBV_EVENT_SRQ_ERR) {
+            self.fatal.fetch_add(1, Ordering::AcqRel);
+            crate::log_warn!("device {name}: fatal async event '{text}' — the NIC failed; every connection on it fails. Check the device (ibv_devinfo) and `dmesg`");
+        } else {
+            crate::log_info!(
+                crate::log::subsys::NET,
+                "device {name}{}: {}",
+                if is_port_event {
+                    format!(" port {port}")
+                } else {
+                    String::new()
+                },
+                event_words(kind, text)
+            );
+        }
+        if is_qp_event
+            || matches!(
+                kind,
+                IBV_EVENT_PORT_ERR
+                    | IBV_EVENT_PORT_ACTIVE
+                    | IBV_EVENT_CQ_ERR
+                    | IBV_EVENT_DEVICE_FATAL
+                    | IBV_EVENT_SRQ_ERR
+            )
+        {
+            // The comms' data paths look at their devices' failures when this moves.
+            self.generation.fetch_add(1, Ordering::Release);
         }
     }
 }

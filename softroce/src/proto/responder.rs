@@ -545,6 +545,26 @@ impl QpCore {
         }
     }
 
+    /// The memory a READ response reads went away after the request was accepted: the entry is
+    /// dropped; a replayed READ is NAKed (the requester most likely completed it already and
+    /// then deregistered the buffer; a requester past that PSN ignores the NAK) and the QP stays
+    /// usable, a first READ fails the QP with a remote access error.
+    fn read_memory_gone(&mut self, psn: Psn, dup: bool) {
+        self.out.pop_front();
+        self.stats.read_resp_failed += 1;
+        if dup {
+            let nak = Syndrome::Nak(NakCode::RemoteAccessError).to_byte();
+            let msn = self.msn;
+            self.out.push_front(RespOut::Ack {
+                psn,
+                syndrome: nak,
+                msn,
+            });
+        } else {
+            self.fatal(psn, Fatal::RemoteAccess);
+        }
+    }
+
     /// Builds the next packet of the READ response at the front of `out`
     /// (`chunk`), or pops it when its memory is gone (`None`: serve the next
     /// entry).
@@ -593,25 +613,8 @@ impl QpCore {
         buf[hdr + plen..].fill(0); // pad
         repr.emit_headers(&mut buf[..hdr], plen);
         if mem.remote_read(rkey, va, &mut buf[hdr..hdr + plen]).is_err() {
-            // The MR went away after the request was accepted.
             buf.clear();
-            self.out.pop_front();
-            self.stats.read_resp_failed += 1;
-            if dup {
-                // A replayed READ (the requester has most likely
-                // completed it already and the application then
-                // deregistered the buffer): NAK this PSN — ignored by
-                // a requester that is past it — and stay usable.
-                let nak = Syndrome::Nak(NakCode::RemoteAccessError).to_byte();
-                let msn = self.msn;
-                self.out.push_front(RespOut::Ack {
-                    psn,
-                    syndrome: nak,
-                    msn,
-                });
-            } else {
-                self.fatal(psn, Fatal::RemoteAccess);
-            }
+            self.read_memory_gone(psn, dup);
             return None;
         }
         if last {
