@@ -176,6 +176,18 @@ impl CqInner {
         n
     }
 
+    /// Removes every completion of QP `qpn` not yet polled (the QP moved to RESET). As
+    /// rdma-core's mlx4 and mlx5 providers do (`mlx5_cq_clean` from `mlx5_modify_qp`), so a QP
+    /// brought back from ERR through RESET does not hand its old flushed work requests to the
+    /// next poll (docs/softroce-pyverbs.md). Returns how many were removed.
+    pub fn clean_qp(&self, qpn: u32) -> usize {
+        let mut q = self.queue.lock().unwrap();
+        let before = q.len();
+        q.retain(|w| w.qp_num != qpn);
+        self.len.store(q.len(), Ordering::Release);
+        before - q.len()
+    }
+
     /// `ibv_resize_cq`: EINVAL when more completions are queued than `cqe`.
     pub fn resize(&self, cqe: c_int) -> Result<(), i32> {
         if (cqe.max(0) as usize) < self.len() {

@@ -183,6 +183,12 @@ pub fn modify_qp(
     let t = now();
     let mut core = qp.lock_core();
     core.modify(attrs)?;
+    if core.state() == QpState::Reset {
+        // Completions reach the CQs only under this core lock, so none of the old
+        // incarnation can follow this clean.
+        qp.send_cq.clean_qp(qp.qpn);
+        qp.recv_cq.clean_qp(qp.qpn);
+    }
     on_state(core.state());
     drain_and_note(dev, qp, core, t);
     Ok(())
