@@ -160,51 +160,68 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         let Some(d) = device_of(dev) else {
             return null_err(libc::ENODEV);
         };
-        let inst = match instances::instance(d.index) {
-            Ok(i) => i,
+        let (fd, file) = match super::misc::cmd_file_new(d.index) {
+            Ok(x) => x,
+            Err(e) => return null_err(e),
+        };
+        match new_context(d.index, fd, file) {
+            Ok(c) => c,
             Err(e) => {
-                eprintln!(
-                    "softroce: cannot bind {} (port {}): {e}; set SOFTROCE_ADDR",
-                    d.index,
-                    crate::wire::ROCEV2_UDP_PORT
-                );
-                return null_err(e.raw_os_error().unwrap_or(libc::EADDRNOTAVAIL));
+                super::misc::cmd_file_close(file, fd);
+                null_err(e)
             }
-        };
-        let async_q = match AsyncQueue::new() {
-            Ok(q) => Arc::new(q),
-            Err(e) => return null_err(e.raw_os_error().unwrap_or(libc::EMFILE)),
-        };
-        inst.watch_events(&async_q);
-        // SAFETY: verbs_context is plain data (pointers, Option<fn>, ints,
-        // an opaque pthread mutex) for which all-zero is valid (and is
-        // PTHREAD_MUTEX_INITIALIZER on glibc).
-        let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
-        vctx.sz = std::mem::size_of::<verbs_context>();
-        vctx.query_port = Some(query_port_ex);
-        vctx.query_device_ex = Some(query_device_ex);
-        vctx.create_qp_ex = Some(super::qp_ex::create_qp_ex);
-        vctx.create_cq_ex = Some(super::cq::create_cq_ex);
-        let c = &mut vctx.context;
-        c.device = dev;
-        c.cmd_fd = -1;
-        c.async_fd = async_q.fd;
-        c.num_comp_vectors = 1;
-        c.abi_compat = ABI_IS_EXTENDED as *mut c_void;
-        c.ops.poll_cq = Some(super::cq::poll_cq);
-        c.ops.req_notify_cq = Some(super::cq::req_notify_cq);
-        c.ops.post_send = Some(super::qp::post_send);
-        c.ops.post_recv = Some(super::qp::post_recv);
-        c.ops.post_srq_recv = Some(super::srq::post_srq_recv);
-        let b = Box::new(Context {
-            vctx,
-            dev: inst,
-            async_q,
-        });
-        let p = Box::into_raw(b);
-        // SAFETY: p is a live, uniquely owned Context.
-        unsafe { &mut (*p).vctx.context as *mut ibv_context }
+        }
     })
+}
+
+/// A context on device `index` whose `cmd_fd` is `cmd_fd`, of command file `file`
+/// (`ibv_open_device` and `ibv_import_device`). Err: the errno.
+pub(crate) fn new_context(index: usize, cmd_fd: c_int, file: super::misc::FileId) -> Result<*mut ibv_context, i32> {
+    let d = device_list().get(index).ok_or(libc::ENODEV)?;
+    let inst = match instances::instance(index) {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!(
+                "softroce: cannot bind {index} (port {}): {e}; set SOFTROCE_ADDR",
+                crate::wire::ROCEV2_UDP_PORT
+            );
+            return Err(e.raw_os_error().unwrap_or(libc::EADDRNOTAVAIL));
+        }
+    };
+    let async_q = match AsyncQueue::new() {
+        Ok(q) => Arc::new(q),
+        Err(e) => return Err(e.raw_os_error().unwrap_or(libc::EMFILE)),
+    };
+    inst.watch_events(&async_q);
+    // SAFETY: verbs_context is plain data (pointers, Option<fn>, ints,
+    // an opaque pthread mutex) for which all-zero is valid (and is
+    // PTHREAD_MUTEX_INITIALIZER on glibc).
+    let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
+    vctx.sz = std::mem::size_of::<verbs_context>();
+    vctx.query_port = Some(query_port_ex);
+    vctx.query_device_ex = Some(query_device_ex);
+    vctx.create_qp_ex = Some(super::qp_ex::create_qp_ex);
+    vctx.create_cq_ex = Some(super::cq::create_cq_ex);
+    let c = &mut vctx.context;
+    c.device = &d.ibv as *const ibv_device as *mut ibv_device;
+    c.cmd_fd = cmd_fd;
+    c.async_fd = async_q.fd;
+    c.num_comp_vectors = 1;
+    c.abi_compat = ABI_IS_EXTENDED as *mut c_void;
+    c.ops.poll_cq = Some(super::cq::poll_cq);
+    c.ops.req_notify_cq = Some(super::cq::req_notify_cq);
+    c.ops.post_send = Some(super::qp::post_send);
+    c.ops.post_recv = Some(super::qp::post_recv);
+    c.ops.post_srq_recv = Some(super::srq::post_srq_recv);
+    let b = Box::new(Context {
+        vctx,
+        dev: inst,
+        async_q,
+        file,
+    });
+    let p = Box::into_raw(b);
+    // SAFETY: p is a live, uniquely owned Context.
+    Ok(unsafe { &mut (*p).vctx.context as *mut ibv_context })
 }
 
 /// # Safety
@@ -216,8 +233,11 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
             return minus_one(libc::EINVAL);
         }
         let off = std::mem::offset_of!(verbs_context, context);
-        // SAFETY: ctx came from ibv_open_device; the Box is freed exactly once here.
-        drop(unsafe { Box::from_raw((ctx as *mut u8).sub(off) as *mut Context) });
+        // SAFETY: ctx came from ibv_open_device or ibv_import_device; the Box is freed exactly
+        // once here.
+        let c = unsafe { Box::from_raw((ctx as *mut u8).sub(off) as *mut Context) };
+        super::misc::cmd_file_close(c.file, c.vctx.context.cmd_fd);
+        drop(c);
         0
     })
 }

@@ -15,6 +15,8 @@ pub struct Context {
     pub vctx: verbs_context,
     pub dev: Arc<Device>,
     pub async_q: Arc<AsyncQueue>,
+    /// The command file behind `vctx.context.cmd_fd` (shared with the contexts imported from it).
+    pub file: super::misc::FileId,
 }
 
 impl Context {

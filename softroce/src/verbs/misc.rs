@@ -1,10 +1,15 @@
 //! Self-contained helpers: string tables, rate conversions, fork support,
-//! address handles, and the verbs that fail because the device lacks the feature.
+//! address handles, command files (`ibv_import_*`), and the verbs that fail because the device
+//! lacks the feature.
 
+use std::collections::{HashMap, HashSet};
 use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use rdma_sys::{ibv_ah, ibv_ah_attr, ibv_context, ibv_gid, ibv_grh, ibv_pd, ibv_qp, ibv_wc};
 
+use super::ctx::Context;
 use super::mr::Pd;
 use super::{ffi_guard, int_err, minus_one, null_err};
 
@@ -301,29 +306,214 @@ pub unsafe extern "C" fn ibv_set_ece(_qp: *mut ibv_qp, _ece: *mut c_void) -> c_i
     ffi_guard!(libc::EIO, { int_err(libc::EOPNOTSUPP) })
 }
 
-/// Sharing objects across processes through a command fd needs the kernel.
+// ---- Command files: sharing a context's PDs and MRs (ibv_import_*) ----
+//
+//= docs/softroce-pyverbs.md#shared-pd
+//# A context's `cmd_fd` is a memfd of its own; a context imported from a dup of it shares
+//# its command file, so PD and MR handles allocated through either resolve in both.
+
+/// Identity of a command file: `(st_dev, st_ino)` of the memfd behind `cmd_fd` (a dup has the
+/// same; every memfd has its own inode while open).
+pub type FileId = (u64, u64);
+
+/// What the kernel's `ib_uverbs_file` is to the contexts sharing it: the device and the handles
+/// of the PDs and MRs allocated through any of them.
+struct CmdFile {
+    /// Index in [`super::context::device_list`].
+    device: usize,
+    /// Contexts open on this file (the one of `ibv_open_device` and its imports).
+    contexts: usize,
+    pds: HashSet<u32>,
+    mrs: HashMap<u32, Arc<SharedMr>>,
+}
+
+/// The state of a registered MR that its original `ibv_mr` and every imported one share.
+pub struct SharedMr {
+    pub lkey: u32,
+    pub rkey: u32,
+    /// Changes with `ibv_rereg_mr(IBV_REREG_MR_CHANGE_TRANSLATION)`.
+    pub length: AtomicUsize,
+    /// Cleared by the first `ibv_dereg_mr` of any of its `ibv_mr`s, which alone removes the key
+    /// from the device (a later one through another `ibv_mr` must not remove a reused key).
+    pub live: AtomicBool,
+}
+
+fn files() -> MutexGuard<'static, HashMap<FileId, CmdFile>> {
+    static FILES: OnceLock<Mutex<HashMap<FileId, CmdFile>>> = OnceLock::new();
+    FILES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+fn file_id_of(fd: c_int) -> Result<FileId, i32> {
+    // SAFETY: `stat` is plain data, valid all-zero; fstat writes only into it.
+    let st = unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        (libc::fstat(fd, &mut st) == 0).then_some(st)
+    };
+    st.map(|st| (st.st_dev, st.st_ino)).ok_or(libc::EINVAL)
+}
+
+/// A new command file for a context opened on device `device`: its fd (close-on-exec, owned by
+/// the context) and identity.
+pub(crate) fn cmd_file_new(device: usize) -> Result<(c_int, FileId), i32> {
+    // SAFETY: the name is a NUL-terminated literal.
+    let fd = unsafe { libc::memfd_create(c"softroce-cmd".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(super::errno());
+    }
+    let id = match file_id_of(fd) {
+        Ok(id) => id,
+        Err(e) => {
+            // SAFETY: fd is the memfd just created, closed once.
+            unsafe { libc::close(fd) };
+            return Err(e);
+        }
+    };
+    files().insert(
+        id,
+        CmdFile {
+            device,
+            contexts: 1,
+            pds: HashSet::new(),
+            mrs: HashMap::new(),
+        },
+    );
+    Ok((fd, id))
+}
+
+/// Attaches one more context to the command file behind `fd` (`ibv_import_device`): its
+/// identity and device index. EINVAL when `fd` is no command fd of ours, as rdma-core answers
+/// for a file that is no uverbs device.
+pub(crate) fn cmd_file_attach(fd: c_int) -> Result<(FileId, usize), i32> {
+    let id = file_id_of(fd)?;
+    let mut f = files();
+    let file = f.get_mut(&id).ok_or(libc::EINVAL)?;
+    file.contexts += 1;
+    Ok((id, file.device))
+}
+
+/// A context of file `id` closes, and with it its `fd`; the last one forgets the file's handles.
+pub(crate) fn cmd_file_close(id: FileId, fd: c_int) {
+    {
+        let mut f = files();
+        if let Some(file) = f.get_mut(&id) {
+            file.contexts -= 1;
+            if file.contexts == 0 {
+                f.remove(&id);
+            }
+        }
+    }
+    // SAFETY: the context owns fd; it is closed once, here.
+    unsafe { libc::close(fd) };
+}
+
+pub(crate) fn file_add_pd(id: FileId, handle: u32) {
+    if let Some(file) = files().get_mut(&id) {
+        file.pds.insert(handle);
+    }
+}
+
+pub(crate) fn file_remove_pd(id: FileId, handle: u32) {
+    if let Some(file) = files().get_mut(&id) {
+        file.pds.remove(&handle);
+    }
+}
+
+pub(crate) fn file_add_mr(id: FileId, handle: u32, mr: Arc<SharedMr>) {
+    if let Some(file) = files().get_mut(&id) {
+        file.mrs.insert(handle, mr);
+    }
+}
+
+pub(crate) fn file_remove_mr(id: FileId, handle: u32) {
+    if let Some(file) = files().get_mut(&id) {
+        file.mrs.remove(&handle);
+    }
+}
+
+/// Whether PD `handle` was allocated through a context of file `id` and is not deallocated.
+pub(crate) fn file_has_pd(id: FileId, handle: u32) -> bool {
+    files().get(&id).is_some_and(|f| f.pds.contains(&handle))
+}
+
+fn file_mr(id: FileId, handle: u32) -> Option<Arc<SharedMr>> {
+    files().get(&id).and_then(|f| f.mrs.get(&handle).cloned())
+}
+
+/// Opens a second context on the command file behind `cmd_fd` (a dup of another context's
+/// `cmd_fd`), sharing its PDs and MRs. The new context owns `cmd_fd` (closed by
+/// `ibv_close_device`); on failure it stays the caller's. NULL with errno EINVAL when `cmd_fd`
+/// is no command fd of an open softroce context.
 ///
 /// # Safety
-/// No requirements: no argument is dereferenced.
+/// No requirements: `cmd_fd` is only inspected with fstat.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_import_device(_cmd_fd: c_int) -> *mut ibv_context {
-    ffi_guard!(std::ptr::null_mut(), { null_err(libc::EOPNOTSUPP) })
+pub unsafe extern "C" fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
+    ffi_guard!(std::ptr::null_mut(), {
+        let (id, device) = match cmd_file_attach(cmd_fd) {
+            Ok(x) => x,
+            Err(e) => return null_err(e),
+        };
+        match super::context::new_context(device, cmd_fd, id) {
+            Ok(c) => c,
+            Err(e) => {
+                // Detach again without closing the caller's fd.
+                let mut f = files();
+                if let Some(file) = f.get_mut(&id) {
+                    file.contexts -= 1;
+                }
+                null_err(e)
+            }
+        }
+    })
 }
 
+/// A new `ibv_pd` on `ctx` for the PD `handle` of `ctx`'s command file (allocated through this
+/// context or one sharing its file). The PD is the same: MRs and QPs of either pointer protect
+/// each other. Free it with `ibv_unimport_pd` (the PD lives on) or `ibv_dealloc_pd` (the PD is
+/// gone for every pointer). NULL with errno EINVAL for an unknown handle.
+///
 /// # Safety
-/// No requirements: no argument is dereferenced.
+/// `ctx` must be NULL or a live context of ours.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_import_pd(_ctx: *mut ibv_context, _h: u32) -> *mut ibv_pd {
-    ffi_guard!(std::ptr::null_mut(), { null_err(libc::EOPNOTSUPP) })
+pub unsafe extern "C" fn ibv_import_pd(ctx: *mut ibv_context, handle: u32) -> *mut ibv_pd {
+    ffi_guard!(std::ptr::null_mut(), {
+        // SAFETY: ctx is ours per the contract.
+        let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
+            return null_err(libc::EINVAL);
+        };
+        if !file_has_pd(c.file, handle) {
+            return null_err(libc::EINVAL);
+        }
+        Pd::new_raw(ctx, c, handle)
+    })
 }
 
+/// A new `ibv_mr` on `pd` for the MR `handle` of `pd`'s command file, as rdma-core makes it:
+/// keys and length of the MR, `addr` NULL. `ibv_unimport_mr` frees it (the MR lives on);
+/// `ibv_dereg_mr` deregisters the MR for every pointer. NULL with errno EINVAL for an unknown
+/// handle.
+///
 /// # Safety
-/// No requirements: no argument is dereferenced.
+/// `pd` must be NULL or a live PD of ours.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_import_mr(_pd: *mut ibv_pd, _h: u32) -> *mut rdma_sys::ibv_mr {
-    ffi_guard!(std::ptr::null_mut(), { null_err(libc::EOPNOTSUPP) })
+pub unsafe extern "C" fn ibv_import_mr(pd: *mut ibv_pd, handle: u32) -> *mut rdma_sys::ibv_mr {
+    ffi_guard!(std::ptr::null_mut(), {
+        // SAFETY: pd is ours per the contract.
+        let Some(p) = (unsafe { Pd::from_ibv(pd) }) else {
+            return null_err(libc::EINVAL);
+        };
+        match file_mr(p.file, handle) {
+            Some(m) => super::mr::Mr::new_imported(pd, p, handle, m),
+            None => null_err(libc::EINVAL),
+        }
+    })
 }
 
+/// No device memory exists (`ibv_alloc_dm` fails), so none can be imported.
+///
 /// # Safety
 /// No requirements: no argument is dereferenced.
 #[no_mangle]
@@ -331,22 +521,36 @@ pub unsafe extern "C" fn ibv_import_dm(_ctx: *mut ibv_context, _h: u32) -> *mut 
     ffi_guard!(std::ptr::null_mut(), { null_err(libc::EOPNOTSUPP) })
 }
 
-/// Nothing can have been imported (every import fails), so there is nothing to release.
+/// Frees an `ibv_pd` without deallocating the PD (other pointers to it stay valid).
 ///
 /// # Safety
-/// No requirements: no argument is dereferenced.
+/// `pd` must be NULL or a live PD of ours; it is freed.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_unimport_pd(_pd: *mut ibv_pd) {
-    ffi_guard!((), {})
+pub unsafe extern "C" fn ibv_unimport_pd(pd: *mut ibv_pd) {
+    ffi_guard!((), {
+        if !pd.is_null() {
+            // SAFETY: pd came from ibv_alloc_pd or ibv_import_pd (a Box); freed once.
+            drop(unsafe { Box::from_raw(pd as *mut Pd) });
+        }
+    })
 }
 
+/// Frees an `ibv_mr` without deregistering the MR (other pointers to it stay valid).
+///
 /// # Safety
-/// No requirements: no argument is dereferenced.
+/// `mr` must be NULL or a live MR of ours; it is freed.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_unimport_mr(_mr: *mut rdma_sys::ibv_mr) {
-    ffi_guard!((), {})
+pub unsafe extern "C" fn ibv_unimport_mr(mr: *mut rdma_sys::ibv_mr) {
+    ffi_guard!((), {
+        if !mr.is_null() {
+            // SAFETY: per the contract.
+            unsafe { super::mr::Mr::unimport(mr) };
+        }
+    })
 }
 
+/// Nothing to release: no device memory can have been imported.
+///
 /// # Safety
 /// No requirements: no argument is dereferenced.
 #[no_mangle]

@@ -1,30 +1,45 @@
 //! Protection domains and memory regions.
 
 use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rdma_sys::{ibv_access_flags, ibv_context, ibv_mr, ibv_pd};
 
 use super::ctx::Context;
+use super::misc::{self, FileId, SharedMr};
 use super::{ffi_guard, int_err, null_err};
 use crate::driver::device::Device;
 use crate::driver::mem::MrInfo;
 use crate::driver::pinned;
 use crate::proto::mem::access as ibv_access;
 
-/// `struct ibv_pd` plus nothing else (the context pointer leads to the device).
+/// `struct ibv_pd` plus the device and the command file it belongs to.
 #[repr(C)]
 pub struct Pd {
     pub ibv: ibv_pd,
     pub dev: Arc<Device>,
+    /// Command file of the context it was allocated or imported through (never read through
+    /// `ibv.context`, which may be closed before the PD is freed).
+    pub file: FileId,
 }
 
 impl Pd {
     /// # Safety
-    /// `pd` must be NULL or a live PD returned by our `ibv_alloc_pd`.
+    /// `pd` must be NULL or a live PD returned by our `ibv_alloc_pd` or `ibv_import_pd`.
     pub unsafe fn from_ibv<'a>(pd: *mut ibv_pd) -> Option<&'a Pd> {
         // SAFETY: per the contract.
         unsafe { (pd as *const Pd).as_ref() }
+    }
+
+    /// A new `ibv_pd` of `ctx` (whose context is `c`) for PD `handle`.
+    pub(crate) fn new_raw(ctx: *mut ibv_context, c: &Context, handle: u32) -> *mut ibv_pd {
+        let pd = Box::new(Pd {
+            ibv: ibv_pd { context: ctx, handle },
+            dev: c.dev.clone(),
+            file: c.file,
+        });
+        Box::into_raw(pd) as *mut ibv_pd
     }
 }
 
@@ -37,31 +52,30 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
         let Some(c) = (unsafe { Context::from_ibv(ctx) }) else {
             return null_err(libc::EINVAL);
         };
-        let pd = Box::new(Pd {
-            ibv: ibv_pd {
-                context: ctx,
-                handle: c.dev.alloc_handle(),
-            },
-            dev: c.dev.clone(),
-        });
-        Box::into_raw(pd) as *mut ibv_pd
+        let handle = c.dev.alloc_handle();
+        misc::file_add_pd(c.file, handle);
+        Pd::new_raw(ctx, c, handle)
     })
 }
 
+/// Deallocates the PD, for every `ibv_pd` of it (`ibv_import_pd`), and frees this one.
+/// EBUSY while an MR or QP uses it.
+///
 /// # Safety
-/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
+/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`, `ibv_import_pd`).
 #[no_mangle]
 pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     ffi_guard!(libc::EIO, {
         if pd.is_null() {
             return int_err(libc::EINVAL);
         }
-        // SAFETY: pd came from ibv_alloc_pd.
+        // SAFETY: pd came from ibv_alloc_pd or ibv_import_pd.
         let p = unsafe { &*(pd as *const Pd) };
         let h = p.ibv.handle;
         if p.dev.pd_in_use(h) {
             return int_err(libc::EBUSY);
         }
+        misc::file_remove_pd(p.file, h);
         // SAFETY: freed once.
         drop(unsafe { Box::from_raw(pd as *mut Pd) });
         0
@@ -77,6 +91,59 @@ pub struct Mr {
     map: Option<(usize, usize)>,
     /// Locked-memory bytes this registration counts (user memory only; given back at dereg).
     pinned: u64,
+    /// rdma-core's `verbs_mr.mr_type` (`ibv_rereg_mr` takes only `IBV_MR_TYPE_MR`).
+    kind: MrKind,
+    /// Shared with the `ibv_mr`s imported from this one.
+    shared: Arc<SharedMr>,
+    file: FileId,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MrKind {
+    /// `ibv_reg_mr*`.
+    User,
+    /// `ibv_reg_dmabuf_mr`.
+    DmaBuf,
+    /// `ibv_import_mr`.
+    Imported,
+}
+
+impl Mr {
+    /// The `ibv_mr` of `ibv_import_mr`: on `pd` (ours, `p`), MR `handle` of its file.
+    pub(crate) fn new_imported(pd: *mut ibv_pd, p: &Pd, handle: u32, shared: Arc<SharedMr>) -> *mut ibv_mr {
+        let mr = Box::new(Mr {
+            ibv: ibv_mr {
+                context: p.ibv.context,
+                pd,
+                addr: std::ptr::null_mut(),
+                length: shared.length.load(Ordering::Relaxed),
+                handle,
+                lkey: shared.lkey,
+                rkey: shared.rkey,
+            },
+            dev: p.dev.clone(),
+            map: None,
+            pinned: 0,
+            kind: MrKind::Imported,
+            shared,
+            file: p.file,
+        });
+        Box::into_raw(mr) as *mut ibv_mr
+    }
+
+    /// `ibv_unimport_mr`: frees this `ibv_mr` and nothing else. For the original `ibv_mr` of a
+    /// registration (what rdma-core leaks into the kernel that way), the MR stays registered,
+    /// its pinned count and mapping with it, as a provider's unimport leaves the kernel object.
+    ///
+    /// # Safety
+    /// `mr` must be a live MR of ours; it is freed.
+    pub(crate) unsafe fn unimport(mr: *mut ibv_mr) {
+        // SAFETY: per the contract; freed once.
+        let m = unsafe { Box::from_raw(mr as *mut Mr) };
+        if m.kind != MrKind::Imported {
+            std::mem::forget(m);
+        }
+    }
 }
 
 const ACCESS_MW_BIND: u32 = ibv_access_flags::IBV_ACCESS_MW_BIND.0;
@@ -139,20 +206,31 @@ fn register(
     pinned::pin(pinned)?;
     let dev = &p.dev;
     let key = dev.alloc_key();
+    let handle = dev.alloc_handle();
+    let shared = Arc::new(SharedMr {
+        lkey: key,
+        rkey: key,
+        length: AtomicUsize::new(len),
+        live: AtomicBool::new(true),
+    });
     let mr = Box::new(Mr {
         ibv: ibv_mr {
             context: p.ibv.context,
             pd,
             addr: host as *mut c_void,
             length: len,
-            handle: dev.alloc_handle(),
+            handle,
             lkey: key,
             rkey: key,
         },
         dev: dev.clone(),
+        kind: if map.is_some() { MrKind::DmaBuf } else { MrKind::User },
         map,
         pinned,
+        shared: shared.clone(),
+        file: p.file,
     });
+    misc::file_add_mr(p.file, handle, shared);
     dev.mrs.write().insert(
         key,
         MrInfo {
@@ -309,9 +387,14 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         if mr.is_null() {
             return int_err(libc::EINVAL);
         }
-        // SAFETY: mr came from one of our registration functions; freed once.
+        // SAFETY: mr came from one of our registration functions or ibv_import_mr; freed once.
         let m = unsafe { Box::from_raw(mr as *mut Mr) };
-        m.dev.mrs.write().remove(&m.ibv.lkey);
+        // The first ibv_dereg_mr of any ibv_mr of the registration ends it; through another one
+        // afterwards only frees that ibv_mr (its key may belong to a newer MR by then).
+        if m.shared.live.swap(false, Ordering::AcqRel) {
+            m.dev.mrs.write().remove(&m.ibv.lkey);
+            misc::file_remove_mr(m.file, m.ibv.handle);
+        }
         pinned::unpin(m.pinned);
         if let Some((base, len)) = m.map {
             // SAFETY: unmaps the mapping this MR owns.
@@ -321,10 +404,35 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
     })
 }
 
+/// `ibv_rereg_mr` flags (verbs.h `enum ibv_rereg_mr_flags`).
+const REREG_TRANSLATION: c_int = 1;
+const REREG_PD: c_int = 2;
+const REREG_ACCESS: c_int = 4;
+/// `enum ibv_rereg_mr_err_code`: the argument checks of libibverbs' own wrapper, and the
+/// command (what the kernel refuses).
+const REREG_ERR_INPUT: c_int = -1;
+const REREG_ERR_CMD: c_int = -4;
+
+/// Changes an MR in place, as libibverbs and the kernel do (docs/softroce-pyverbs.md#rereg-mr):
+/// the keys stay (rdma-core reads them back from the kernel, which may keep or replace them; an
+/// application must use `mr->lkey`/`rkey` after the call), `addr`/`length` follow
+/// IBV_REREG_MR_CHANGE_TRANSLATION (the IOVA becomes `addr`), `pd` and `context` follow
+/// IBV_REREG_MR_CHANGE_PD. Work requests already posted with the old translation or PD fail
+/// with a protection error when they execute, as on hardware.
+///
+/// Errors (0 on success, else with errno set):
+/// * `IBV_REREG_MR_ERR_INPUT` (-1), EINVAL: an MR not made by `ibv_reg_mr*` (dmabuf,
+///   imported), unknown flags, CHANGE_TRANSLATION with a NULL `addr` or 0 `length`, `access`
+///   without CHANGE_ACCESS — libibverbs' checks;
+/// * `IBV_REREG_MR_ERR_CMD` (-4): no flag, an MR already deregistered, a PD of another command
+///   file or deallocated (EINVAL), access flags `ibv_reg_mr` refuses (its errno), a new range
+///   not mapped (or not writable for a writable access: EFAULT) or over RLIMIT_MEMLOCK
+///   (ENOMEM) — the kernel's. Nothing changes on error.
+///
 /// # Safety
-/// `mr` must be NULL or a live MR of ours (one of the `ibv_reg_*mr` verbs).
-/// `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`).
-/// With IBV_REREG_MR_CHANGE_TRANSLATION, `addr .. addr + length` must stay mapped while the MR is registered.
+/// `mr` must be NULL or a live MR of ours (one of the `ibv_reg_*mr` verbs, `ibv_import_mr`).
+/// With CHANGE_PD, `pd` must be NULL or a live PD of ours (`ibv_alloc_pd`, `ibv_import_pd`).
+/// With CHANGE_TRANSLATION, `addr .. addr + length` must stay mapped while the MR is registered.
 #[no_mangle]
 pub unsafe extern "C" fn ibv_rereg_mr(
     mr: *mut ibv_mr,
@@ -334,71 +442,93 @@ pub unsafe extern "C" fn ibv_rereg_mr(
     length: usize,
     access: c_int,
 ) -> c_int {
-    // IBV_REREG_MR_CHANGE_TRANSLATION 1, _PD 2, _ACCESS 4; errors are the
-    // negative IBV_REREG_MR_ERR_* codes with errno set.
-    const ERR_INPUT: c_int = -1;
-    const ERR_CMD: c_int = -3;
-    ffi_guard!(ERR_CMD, {
-        if mr.is_null() || flags & !7 != 0 || flags == 0 {
+    ffi_guard!(REREG_ERR_CMD, {
+        if mr.is_null() {
             super::set_errno(libc::EINVAL);
-            return ERR_INPUT;
+            return REREG_ERR_INPUT;
         }
-        // SAFETY: mr is ours.
+        // SAFETY: mr is ours per the contract; the verbs contract lets no other thread use an
+        // MR while it is re-registered.
         let m = unsafe { &mut *(mr as *mut Mr) };
-        if m.map.is_some() {
-            super::set_errno(libc::EOPNOTSUPP);
-            return ERR_CMD;
-        }
-        let mut guard = m.dev.mrs.write();
-        let Some(info) = guard.get(&m.ibv.lkey).copied() else {
-            super::set_errno(libc::EINVAL);
-            return ERR_INPUT;
-        };
-        let mut ni = info;
-        if flags & 1 != 0 {
-            ni.addr = addr as usize;
-            ni.len = length;
-            ni.iova = addr as u64;
-        }
-        if flags & 2 != 0 {
-            // SAFETY: pd is ours.
-            let Some(p) = (unsafe { Pd::from_ibv(pd) }) else {
-                super::set_errno(libc::EINVAL);
-                return ERR_INPUT;
-            };
-            ni.pd = p.ibv.handle;
-        }
-        if flags & 4 != 0 {
-            match check_access(access) {
-                Ok(a) => ni.access = a,
-                Err(e) => {
-                    super::set_errno(e);
-                    return ERR_INPUT;
-                }
-            }
-        }
-        if flags & 1 != 0 {
-            if let Err(e) = pinned::check_mapped(addr as usize, length, writable(ni.access)) {
+        match rereg(m, flags, pd, addr as usize, length, access) {
+            Ok(()) => 0,
+            Err((code, e)) => {
                 super::set_errno(e);
-                return ERR_CMD;
+                code
             }
-            // The new range is pinned before the old one is let go, as the kernel does.
-            let bytes = pinned::page_bytes(addr as usize, length);
-            if let Err(e) = pinned::pin(bytes) {
-                super::set_errno(e);
-                return ERR_CMD;
-            }
-            pinned::unpin(m.pinned);
-            m.pinned = bytes;
         }
-        guard.insert(m.ibv.lkey, ni);
-        if flags & 1 != 0 {
-            m.ibv.addr = addr;
-            m.ibv.length = length;
-        }
-        if flags & 2 != 0 {
-            m.ibv.pd = pd;
-        }
-        0
     })
+}
+
+fn rereg(
+    m: &mut Mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: usize,
+    length: usize,
+    access: c_int,
+) -> Result<(), (c_int, i32)> {
+    let input = |e| (REREG_ERR_INPUT, e);
+    let cmd = |e| (REREG_ERR_CMD, e);
+    // libibverbs' checks, in its order.
+    if m.kind != MrKind::User || flags & !(REREG_TRANSLATION | REREG_PD | REREG_ACCESS) != 0 {
+        return Err(input(libc::EINVAL));
+    }
+    if flags & REREG_TRANSLATION != 0 && (length == 0 || addr == 0) {
+        return Err(input(libc::EINVAL));
+    }
+    if access != 0 && flags & REREG_ACCESS == 0 {
+        return Err(input(libc::EINVAL));
+    }
+    // The kernel's.
+    if flags == 0 {
+        return Err(cmd(libc::EINVAL));
+    }
+    let mut guard = m.dev.mrs.write();
+    let info = match guard.get(&m.ibv.lkey) {
+        Some(i) if m.shared.live.load(Ordering::Acquire) => *i,
+        _ => return Err(cmd(libc::EINVAL)),
+    };
+    let mut ni = info;
+    if flags & REREG_ACCESS != 0 {
+        ni.access = check_access(access).map_err(cmd)?;
+    }
+    if flags & REREG_PD != 0 {
+        // SAFETY: pd is NULL or ours per the contract.
+        let p = unsafe { Pd::from_ibv(pd) }.ok_or(cmd(libc::EINVAL))?;
+        if p.file != m.file || !misc::file_has_pd(p.file, p.ibv.handle) {
+            return Err(cmd(libc::EINVAL));
+        }
+        ni.pd = p.ibv.handle;
+    }
+    if flags & REREG_TRANSLATION != 0 {
+        if (addr as u64).checked_add(length as u64).is_none() {
+            return Err(cmd(libc::EINVAL));
+        }
+        ni.addr = addr;
+        ni.len = length;
+        ni.iova = addr as u64;
+    }
+    // The engine moves the bytes with the CPU: memory it may now write must be mapped writable
+    // (a new range, or the old one when the access became writable).
+    if flags & REREG_TRANSLATION != 0 || writable(ni.access) && !writable(info.access) {
+        pinned::check_mapped(ni.addr, ni.len, writable(ni.access)).map_err(cmd)?;
+    }
+    if flags & REREG_TRANSLATION != 0 {
+        // The new range is pinned before the old one is let go, as the kernel does.
+        let bytes = pinned::page_bytes(addr, length);
+        pinned::pin(bytes).map_err(cmd)?;
+        pinned::unpin(m.pinned);
+        m.pinned = bytes;
+        m.ibv.addr = addr as *mut c_void;
+        m.ibv.length = length;
+        m.shared.length.store(length, Ordering::Relaxed);
+    }
+    if flags & REREG_PD != 0 {
+        m.ibv.pd = pd;
+        // SAFETY: checked above (a live PD of ours).
+        m.ibv.context = unsafe { (*pd).context };
+    }
+    guard.insert(m.ibv.lkey, ni);
+    Ok(())
 }
