@@ -24,6 +24,7 @@
 #   127.0.66-67  66-stats.sh                127.0.77  60-gpu-scripts.sh (test data)
 #   127.0.68-69  67-counters.sh          127.0.72  72-soak.sh, ci/soak.sh
 #   127.0.70  70-resilience.sh
+#   127.0.78  ci/pyverbs.sh (21-pyverbs.sh)
 #   127.0.81  80-sanitizers.sh              127.0.82  80-sanitizers.sh (ThreadSanitizer)
 # (20-softroce-netns.sh uses its own namespaces; 127.0.0.1 only for free ports and NCCL's
 # bootstrap.)
