@@ -19,7 +19,7 @@ set -eu
 [ $# -gt 0 ] || set -- build
 build="build-essential pkg-config libclang-dev libibverbs-dev librdmacm-dev"
 package="dpkg-dev binutils python3 python3-setuptools python3-wheel python3-pip"
-test="ibverbs-utils perftest tshark iproute2 valgrind python3-venv pyflakes3 shellcheck g++ libcap2-bin lintian"
+test="ibverbs-utils perftest tshark iproute2 valgrind python3-venv pyflakes3 shellcheck g++ libcap2-bin lintian python3-pyverbs"
 bench="perftest iperf3 iproute2 python3 ibverbs-utils"
 packages=""
 rust_test=""
