@@ -394,17 +394,20 @@ pub(crate) fn cmd_file_attach(fd: c_int) -> Result<(FileId, usize), i32> {
     Ok((id, file.device))
 }
 
-/// A context of file `id` closes, and with it its `fd`; the last one forgets the file's handles.
-pub(crate) fn cmd_file_close(id: FileId, fd: c_int) {
-    {
-        let mut f = files();
-        if let Some(file) = f.get_mut(&id) {
-            file.contexts -= 1;
-            if file.contexts == 0 {
-                f.remove(&id);
-            }
+/// One context fewer on file `id`; the last one forgets the file's handles.
+fn cmd_file_detach(id: FileId) {
+    let mut f = files();
+    if let Some(file) = f.get_mut(&id) {
+        file.contexts -= 1;
+        if file.contexts == 0 {
+            f.remove(&id);
         }
     }
+}
+
+/// A context of file `id` closes, and with it its `fd`.
+pub(crate) fn cmd_file_close(id: FileId, fd: c_int) {
+    cmd_file_detach(id);
     // SAFETY: the context owns fd; it is closed once, here.
     unsafe { libc::close(fd) };
 }
@@ -460,10 +463,7 @@ pub unsafe extern "C" fn ibv_import_device(cmd_fd: c_int) -> *mut ibv_context {
             Ok(c) => c,
             Err(e) => {
                 // Detach again without closing the caller's fd.
-                let mut f = files();
-                if let Some(file) = f.get_mut(&id) {
-                    file.contexts -= 1;
-                }
+                cmd_file_detach(id);
                 null_err(e)
             }
         }
