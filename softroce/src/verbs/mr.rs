@@ -131,18 +131,16 @@ impl Mr {
         Box::into_raw(mr) as *mut ibv_mr
     }
 
-    /// `ibv_unimport_mr`: frees this `ibv_mr` and nothing else. For the original `ibv_mr` of a
-    /// registration (what rdma-core leaks into the kernel that way), the MR stays registered,
-    /// its pinned count and mapping with it, as a provider's unimport leaves the kernel object.
+    /// `ibv_unimport_mr`: frees this `ibv_mr` and nothing else (`Mr` has no `Drop`). Called on
+    /// the original `ibv_mr` of a registration, the MR stays registered, with its pinned count
+    /// and its mapping, as a provider's unimport leaves the kernel object: the application can
+    /// still import it and deregister it through that pointer.
     ///
     /// # Safety
     /// `mr` must be a live MR of ours; it is freed.
     pub(crate) unsafe fn unimport(mr: *mut ibv_mr) {
         // SAFETY: per the contract; freed once.
-        let m = unsafe { Box::from_raw(mr as *mut Mr) };
-        if m.kind != MrKind::Imported {
-            std::mem::forget(m);
-        }
+        drop(unsafe { Box::from_raw(mr as *mut Mr) });
     }
 }
 
