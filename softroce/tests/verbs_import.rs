@@ -214,8 +214,9 @@ fn the_file_ends_with_its_last_context() {
     unsafe {
         let ctx2 = import(&c);
         let dup = libc::dup((*ctx2).cmd_fd);
+        assert_eq!(ibv_dealloc_pd(c.pd), 0);
         assert_eq!(ibv_close_device(c.ctx), 0);
-        std::mem::forget(c); // its PD was allocated through the closed context's file
+        std::mem::forget(c); // both released above
         let ctx3 = ibv_import_device(dup);
         assert!(!ctx3.is_null(), "ctx2 keeps the file open: errno {}", errno());
         assert_eq!(ibv_close_device(ctx2), 0);
