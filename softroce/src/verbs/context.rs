@@ -160,14 +160,14 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         let Some(d) = device_of(dev) else {
             return null_err(libc::ENODEV);
         };
-        let (fd, file) = match super::misc::cmd_file_new(d.index) {
+        let (fd, file) = match super::cmdfile::cmd_file_new(d.index) {
             Ok(x) => x,
             Err(e) => return null_err(e),
         };
         match new_context(d.index, fd, file) {
             Ok(c) => c,
             Err(e) => {
-                super::misc::cmd_file_close(file, fd);
+                super::cmdfile::cmd_file_close(file, fd);
                 null_err(e)
             }
         }
@@ -176,7 +176,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
 
 /// A context on device `index` whose `cmd_fd` is `cmd_fd`, of command file `file`
 /// (`ibv_open_device` and `ibv_import_device`). Err: the errno.
-pub(crate) fn new_context(index: usize, cmd_fd: c_int, file: super::misc::FileId) -> Result<*mut ibv_context, i32> {
+pub(crate) fn new_context(index: usize, cmd_fd: c_int, file: super::cmdfile::FileId) -> Result<*mut ibv_context, i32> {
     let d = device_list().get(index).ok_or(libc::ENODEV)?;
     let inst = match instances::instance(index) {
         Ok(i) => i,
@@ -236,7 +236,7 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
         // SAFETY: ctx came from ibv_open_device or ibv_import_device; the Box is freed exactly
         // once here.
         let c = unsafe { Box::from_raw((ctx as *mut u8).sub(off) as *mut Context) };
-        super::misc::cmd_file_close(c.file, c.vctx.context.cmd_fd);
+        super::cmdfile::cmd_file_close(c.file, c.vctx.context.cmd_fd);
         drop(c);
         0
     })

@@ -16,7 +16,7 @@ pub struct Context {
     pub dev: Arc<Device>,
     pub async_q: Arc<AsyncQueue>,
     /// The command file behind `vctx.context.cmd_fd` (shared with the contexts imported from it).
-    pub file: super::misc::FileId,
+    pub file: super::cmdfile::FileId,
 }
 
 impl Context {

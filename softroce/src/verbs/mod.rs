@@ -3,8 +3,8 @@
 //! The top layer: it converts C structs, WR chains and errnos and calls the
 //! NIC's objects in [`crate::driver`]; nothing below imports it. Files:
 //! `ctx.rs` (the `ibv_context` object), `context.rs` (device list, open,
-//! queries, async events), `mr.rs`, `cq.rs`, `srq.rs`, `qp.rs`, `qp_ex.rs`
-//! (the `ibv_wr_*` builders), `misc.rs`, `stubs.rs` and `counters.rs` (softroce's own
+//! queries, async events), `cmdfile.rs` (command files, for `ibv_import_*`),
+//! `mr.rs`, `cq.rs`, `srq.rs`, `qp.rs`, `qp_ex.rs` (the `ibv_wr_*` builders), `misc.rs`, `stubs.rs` and `counters.rs` (softroce's own
 //! `softroce_counters_get`).
 //!
 //! Contract:
@@ -23,6 +23,7 @@
 //! `ibv_post_send`, `ibv_query_port`, ...) reach us through the function
 //! pointers we store in `ibv_context.ops` and in the enclosing `verbs_context`.
 
+pub mod cmdfile;
 pub mod context;
 pub mod counters;
 pub mod cq;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use rdma_sys::{ibv_access_flags, ibv_context, ibv_mr, ibv_pd};
 
+use super::cmdfile::{self, FileId, SharedMr};
 use super::ctx::Context;
-use super::misc::{self, FileId, SharedMr};
 use super::{ffi_guard, int_err, null_err};
 use crate::driver::device::Device;
 use crate::driver::mem::MrInfo;
@@ -53,7 +53,7 @@ pub unsafe extern "C" fn ibv_alloc_pd(ctx: *mut ibv_context) -> *mut ibv_pd {
             return null_err(libc::EINVAL);
         };
         let handle = c.dev.alloc_handle();
-        misc::file_add_pd(c.file, handle);
+        cmdfile::file_add_pd(c.file, handle);
         Pd::new_raw(ctx, c, handle)
     })
 }
@@ -75,7 +75,7 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         if p.dev.pd_in_use(h) {
             return int_err(libc::EBUSY);
         }
-        misc::file_remove_pd(p.file, h);
+        cmdfile::file_remove_pd(p.file, h);
         // SAFETY: freed once.
         drop(unsafe { Box::from_raw(pd as *mut Pd) });
         0
@@ -228,7 +228,7 @@ fn register(
         shared: shared.clone(),
         file: p.file,
     });
-    misc::file_add_mr(p.file, handle, shared);
+    cmdfile::file_add_mr(p.file, handle, shared);
     dev.mrs.write().insert(
         key,
         MrInfo {
@@ -391,7 +391,7 @@ pub unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         // afterwards only frees that ibv_mr (its key may belong to a newer MR by then).
         if m.shared.live.swap(false, Ordering::AcqRel) {
             m.dev.mrs.write().remove(&m.ibv.lkey);
-            misc::file_remove_mr(m.file, m.ibv.handle);
+            cmdfile::file_remove_mr(m.file, m.ibv.handle);
         }
         pinned::unpin(m.pinned);
         if let Some((base, len)) = m.map {
@@ -494,7 +494,7 @@ fn rereg(
     if flags & REREG_PD != 0 {
         // SAFETY: pd is NULL or ours per the contract.
         let p = unsafe { Pd::from_ibv(pd) }.ok_or(cmd(libc::EINVAL))?;
-        if p.file != m.file || !misc::file_has_pd(p.file, p.ibv.handle) {
+        if p.file != m.file || !cmdfile::file_has_pd(p.file, p.ibv.handle) {
             return Err(cmd(libc::EINVAL));
         }
         ni.pd = p.ibv.handle;
