@@ -69,5 +69,11 @@ mod tests {
         );
         let small = Kept::new(1, 100, 2);
         assert_eq!((small.len(), small.buf()), (100, 2));
+        let top = Kept::new(1, 1 << (KEPT_LEN_BITS - 1), 0);
+        assert_eq!(
+            (top.len(), top.buf()),
+            (1 << (KEPT_LEN_BITS - 1), 0),
+            "the length's top bit is its own"
+        );
     }
 }
