@@ -52,34 +52,35 @@ pub enum Kind {
     Unknown(u8),
 }
 
+/// Each known kind's code on the wire.
+const KIND_CODES: [(Kind, u8); 8] = [
+    (Kind::ConnectReq, 1),
+    (Kind::ConnectResp, 2),
+    (Kind::Ready, 3),
+    (Kind::Reject, 4),
+    (Kind::RecoverHello, 5),
+    (Kind::RecoverReady, 6),
+    (Kind::OnComm, 7),
+    (Kind::CommClosed, 8),
+];
+
 impl From<u8> for Kind {
     fn from(v: u8) -> Kind {
-        match v {
-            1 => Kind::ConnectReq,
-            2 => Kind::ConnectResp,
-            3 => Kind::Ready,
-            4 => Kind::Reject,
-            5 => Kind::RecoverHello,
-            6 => Kind::RecoverReady,
-            7 => Kind::OnComm,
-            8 => Kind::CommClosed,
-            x => Kind::Unknown(x),
-        }
+        KIND_CODES
+            .iter()
+            .find(|&&(_, code)| code == v)
+            .map_or(Kind::Unknown(v), |&(k, _)| k)
     }
 }
 
 impl From<Kind> for u8 {
     fn from(k: Kind) -> u8 {
         match k {
-            Kind::ConnectReq => 1,
-            Kind::ConnectResp => 2,
-            Kind::Ready => 3,
-            Kind::Reject => 4,
-            Kind::RecoverHello => 5,
-            Kind::RecoverReady => 6,
-            Kind::OnComm => 7,
-            Kind::CommClosed => 8,
             Kind::Unknown(x) => x,
+            k => KIND_CODES
+                .iter()
+                .find(|&&(known, _)| known == k)
+                .map_or(0, |&(_, code)| code),
         }
     }
 }

@@ -7,7 +7,7 @@ use super::super::fifo;
 use super::super::limits::MAX_RECVS;
 use super::super::request::ReqKind;
 use super::rq::ReceiveQueue;
-use super::wr_id::{KIND_CTS, KIND_FLUSH, KIND_RECV, KIND_SHIFT, SEQ_MASK};
+use super::wr_id::{cts_parts, index, KIND_CTS, KIND_FLUSH, KIND_RECV, KIND_SHIFT};
 use super::{Oversized, RecvCore, RecvDone, StagingRing, CLAIM_BOUND, SIZE_IN_RECORD};
 use crate::error::{Error, Result};
 
@@ -22,11 +22,11 @@ impl RecvCore {
     pub fn handle_completion(&mut self, wr_id: u64, imm: Option<u32>) {
         match wr_id >> KIND_SHIFT {
             KIND_RECV if self.cfg.named_imm => {
-                let qp = (wr_id & 0xffff) as usize;
+                let qp = usize::from(index(wr_id));
                 self.named_completion(qp, imm);
             }
             KIND_RECV => {
-                let qp = (wr_id & 0xffff) as usize;
+                let qp = usize::from(index(wr_id));
                 let Some(idx) = self.rqs.get_mut(qp).and_then(ReceiveQueue::pop) else {
                     self.state.fail(Error::remote(format!(
                         "the sender {} completed a message on QP {qp} that no posted receive waits for (an RDMA write with immediate it was not asked for: a replayed, duplicated or forged completion)",
@@ -60,8 +60,7 @@ impl RecvCore {
                 }
             }
             KIND_CTS => {
-                let d = ((wr_id >> 48) & 0xff) as usize;
-                let seq = wr_id & SEQ_MASK;
+                let (d, seq) = cts_parts(wr_id);
                 if let Some(r) = self.cts_retired.get_mut(d) {
                     *r = (*r).max(seq + 1);
                 }
@@ -102,7 +101,7 @@ impl RecvCore {
         if wr_id >> KIND_SHIFT != KIND_FLUSH {
             return;
         }
-        if let Some(r) = self.state.pool.get_mut((wr_id & 0xffff) as u16) {
+        if let Some(r) = self.state.pool.get_mut(index(wr_id)) {
             if r.kind() == ReqKind::Flush {
                 r.complete_one();
             }
@@ -185,7 +184,7 @@ impl RecvCore {
 
     /// The operation and byte count of a `wr_id` (for a completion error's WARN).
     pub fn describe(&self, wr_id: u64) -> (&'static str, usize) {
-        let low = (wr_id & 0xffff) as u16;
+        let low = index(wr_id);
         let r = match wr_id >> KIND_SHIFT {
             KIND_RECV => self.rqs.get(usize::from(low)).and_then(ReceiveQueue::front),
             _ => Some(low),

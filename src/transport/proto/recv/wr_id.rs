@@ -6,14 +6,29 @@ pub(super) const KIND_SHIFT: u32 = 56;
 pub(super) const KIND_RECV: u64 = 1;
 pub(super) const KIND_CTS: u64 = 2;
 pub(super) const KIND_FLUSH: u64 = 3;
-pub(super) const SEQ_MASK: u64 = (1 << 48) - 1;
+/// A CTS write's device: 8 bits from this one; its sequence number below.
+pub(super) const DEVICE_SHIFT: u32 = 48;
+const DEVICE_MASK: u64 = 0xff;
+pub(super) const SEQ_MASK: u64 = (1 << DEVICE_SHIFT) - 1;
+/// The request or QP index of a receive's or flush's `wr_id`.
+const INDEX_MASK: u64 = 0xffff;
 
 pub(super) fn wr_id(kind: u64, idx: u16) -> u64 {
     (kind << KIND_SHIFT) | u64::from(idx)
 }
 
+/// The request or QP index in the low bits of a receive's or flush's `wr_id`.
+pub(super) fn index(wr_id: u64) -> u16 {
+    (wr_id & INDEX_MASK) as u16
+}
+
+/// The device and sequence number of a CTS write's `wr_id`.
+pub(super) fn cts_parts(wr_id: u64) -> (usize, u64) {
+    (((wr_id >> DEVICE_SHIFT) & DEVICE_MASK) as usize, wr_id & SEQ_MASK)
+}
+
 pub(super) fn cts_wr_id(d: usize, seq: u64) -> u64 {
-    (KIND_CTS << KIND_SHIFT) | ((d as u64 & 0xff) << 48) | (seq & SEQ_MASK)
+    (KIND_CTS << KIND_SHIFT) | ((d as u64 & DEVICE_MASK) << DEVICE_SHIFT) | (seq & SEQ_MASK)
 }
 
 #[cfg(test)]

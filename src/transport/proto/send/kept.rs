@@ -16,7 +16,9 @@ pub(super) struct Kept {
 
 const KEPT_LEN_BITS: u32 = 35;
 const KEPT_BUF_SHIFT: u32 = KEPT_LEN_BITS;
-const KEPT_COUNTER_SHIFT: u32 = KEPT_BUF_SHIFT + 3;
+/// The buffer index's bits (a group has at most 8 buffers).
+const KEPT_BUF_MASK: u64 = 7;
+const KEPT_COUNTER_SHIFT: u32 = KEPT_BUF_SHIFT + KEPT_BUF_MASK.count_ones();
 pub(super) const KEPT_COUNTER_MASK: u64 = (1 << (64 - KEPT_COUNTER_SHIFT)) - 1;
 const _: () = assert!(
     (1u64 << KEPT_LEN_BITS) > (limits::PIECES_PER_BUFFER * limits::MAX_WR_BYTES) as u64,
@@ -27,14 +29,14 @@ impl Kept {
     pub(super) fn new(data: usize, len: usize, buf: usize) -> Kept {
         Kept {
             data: data as u64,
-            packed: (len as u64 & ((1 << KEPT_LEN_BITS) - 1)) | ((buf as u64 & 7) << KEPT_BUF_SHIFT),
+            packed: (len as u64 & ((1 << KEPT_LEN_BITS) - 1)) | ((buf as u64 & KEPT_BUF_MASK) << KEPT_BUF_SHIFT),
         }
     }
     pub(super) fn len(self) -> usize {
         (self.packed & ((1 << KEPT_LEN_BITS) - 1)) as usize
     }
     pub(super) fn buf(self) -> usize {
-        ((self.packed >> KEPT_BUF_SHIFT) & 7) as usize
+        ((self.packed >> KEPT_BUF_SHIFT) & KEPT_BUF_MASK) as usize
     }
     pub(super) fn set_counter(&mut self, counter: u64) {
         self.packed =
