@@ -1,6 +1,6 @@
 //! QP choice and 128-byte chunking for one message (pure, no I/O).
 //!
-//! Contract (docs/nccl-net-abi.md#data-path "QP choice and splitting", §12 rule 13):
+//! Contract (docs/nccl-net-abi.md#data-path "QP choice and splitting"):
 //! * `nQpsPerRequest` is every QP of the connection in split mode
 //!   (`NCCL_IB_SPLIT_DATA_ON_QPS=1`), otherwise one QP per device pair (`nDataQps`).
 //! * chunk `i` of request `id` goes to QP `(id * nQpsPerRequest + i) mod nqps`;
@@ -45,7 +45,7 @@ pub fn chunk(size: usize, qps_per_req: usize, i: usize) -> (usize, usize) {
 }
 
 /// One WR of the chain a group posts on one QP (pure plan; the sender turns it into an
-/// `ibv_send_wr`). Spec §8.8 "Posting the transfer".
+/// `ibv_send_wr`; docs/nccl-net-abi.md#data-path).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WrPlan {
     /// RDMA WRITE of `len` bytes at offset `off` of buffer `sub` (local and remote alike).
