@@ -16,6 +16,7 @@
 //! `irecv` says "retry later" (no side effects) when [`request::RECVS_IN_FLIGHT`] receives are
 //! in flight, when the ring has no room for the group, or when the CTS QP has no send-queue
 //! credit left ([`CTS_DEPTH`]). At most [`request::FLUSHES_IN_FLIGHT`] flushes are in flight;
+//! one more is an error (a NULL flush request would mean "nothing to flush").
 //!
 //! One concept per file: [`cts`] posts receives and writes CTS entries (the CTS path),
 //! [`close`] marks the CTS writes a closing comm waits for, [`eager_path`] decides the eager

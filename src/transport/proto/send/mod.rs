@@ -17,6 +17,7 @@
 //! retransmitted duplicate is not executed again, IBTA C9-105). So the FIFO needs no separate
 //! sizes array.
 //!
+//! Nothing here allocates after construction.
 //!
 //! One concept per file: [`group`] reads the receiver's groups from the FIFO ring, [`cts`]
 //! matches isends to them and plans their chains (the CTS path), [`eager_path`] sends small
