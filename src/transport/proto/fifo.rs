@@ -1,7 +1,7 @@
 //! The CTS ("clear to send") FIFO: a ring of entries, its allocation and tag matching (pure, no
 //! I/O, no unsafe).
 //!
-//! docs/nccl-net-abi.md#data-path, with the FIFO cut to what NCCL keeps in flight. The sender's FIFO is a ring
+//! docs/nccl-net-abi.md#data-path, with the FIFO cut to what NCCL really keeps in flight. The sender's FIFO is a ring
 //! of [`RING`] 64-byte entries (4 KiB), and the receiver keeps a staging copy of the same shape.
 //! A grouped receive of `n` buffers (posting counter `c`) takes the next `n` entries of the ring,
 //! starting at absolute entry number `start` ([`RingAlloc`]); the receiver RDMA-writes them into

@@ -1,6 +1,6 @@
 //! QP choice and 128-byte chunking for one message (pure, no I/O).
 //!
-//! Contract (docs/nccl-net-abi.md#data-path "QP choice and splitting"):
+//! Contract (docs/nccl-net-abi.md#data-path "QP choice and splitting", #rules-ferroce-keeps rule 13):
 //! * `nQpsPerRequest` is every QP of the connection in split mode
 //!   (`NCCL_IB_SPLIT_DATA_ON_QPS=1`), otherwise one QP per device pair (`nDataQps`).
 //! * chunk `i` of request `id` goes to QP `(id * nQpsPerRequest + i) mod nqps`;
