@@ -12,7 +12,7 @@
 //! | 11 | 1 | flags ([`FLAG_SPLIT`], [`FLAG_STANDBY`]) |
 //! | 12 | 2 | QPs m (n..=[`MAX_QPS`]) |
 //! | 16 | 8 | FIFO / completion-record address |
-//! | 24 | n × [`DEV_BYTES`] | device records: GID 16, LID 2, port 1, link layer 1, MTU 1, GID index 1, 2 zero, rkey 4, name 20 |
+//! | 24 | n × [`DEV_BYTES`] | devices: GID 16, LID 2, port, link layer, MTU, GID index, 2 zero, rkey 4, name 20 |
 //! | … | m × [`QP_BYTES`] | QP records: QP number 4, device index 1, 3 zero |
 //! | … | 16 | version 5 on: eager trailer: landing address 8, slot bytes 4, largest payload 4 |
 //! | … | 32 | version 6 on: link trailer: process 8, attach 8, found 8, comm 8 |
