@@ -19,10 +19,12 @@
 
 use super::super::eager::EAGER_HEADER_BYTES;
 use super::super::limits::{MAX_DEVS, MAX_QPS};
-use super::{
-    u16_at, u32_at, u64_at, WireError, DEV_BYTES, EAGER_TRAILER_BYTES, EAGER_VERSION, LINK_TRAILER_BYTES, LINK_VERSION,
-    NAME_BYTES, QP_BYTES,
-};
+use super::{u16_at, u32_at, u64_at, WireError, DEV_BYTES, EAGER_VERSION, LINK_VERSION, NAME_BYTES, QP_BYTES};
+
+/// Bytes of the endpoint's eager trailer.
+const EAGER_TRAILER_BYTES: usize = 16;
+/// Bytes of the endpoint's link trailer (after the eager one).
+const LINK_TRAILER_BYTES: usize = 32;
 
 mod field {
     use std::ops::Range;

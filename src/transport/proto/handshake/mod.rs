@@ -94,12 +94,8 @@ pub const OLDEST_WIRE_VERSION: u16 = 4;
 /// The first version with the eager path (`proto::eager`): the endpoint's eager trailer, the
 /// eager bits of CTS entries, eager writes.
 pub const EAGER_VERSION: u16 = 5;
-/// Bytes of the endpoint's eager trailer.
-const EAGER_TRAILER_BYTES: usize = 16;
 /// The first version whose comms share one side-channel link per pair of processes.
 pub const LINK_VERSION: u16 = 6;
-/// Bytes of the endpoint's link trailer (after the eager one).
-const LINK_TRAILER_BYTES: usize = 32;
 
 /// The newest version this process speaks when `FERROCE_WIRE_VERSION` is `setting` (0: this
 /// build's newest; else that, within the versions this build speaks).
