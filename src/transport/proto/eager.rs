@@ -74,6 +74,8 @@ pub enum Imm {
 /// Flag of [`Imm::Record`].
 const IMM_RECORD: u32 = 1 << 30;
 const IMM_POS_SHIFT: u32 = 24;
+/// The ring position's bits (6: [`super::fifo::RING`] ≤ 64) above [`IMM_POS_SHIFT`].
+const IMM_POS_MASK: u32 = 0x3f;
 /// The largest size an [`Imm::Single`] carries.
 pub const IMM_SIZE_MAX: usize = (1 << IMM_POS_SHIFT) - 1;
 
@@ -81,13 +83,13 @@ impl Imm {
     pub fn to_u32(self) -> u32 {
         match self {
             Imm::Eager { slot } => IMM_EAGER | slot as u32,
-            Imm::Single { pos, size } => ((pos as u32 & 0x3f) << IMM_POS_SHIFT) | (size & IMM_SIZE_MAX as u32),
-            Imm::Record { pos } => IMM_RECORD | ((pos as u32 & 0x3f) << IMM_POS_SHIFT),
+            Imm::Single { pos, size } => ((pos as u32 & IMM_POS_MASK) << IMM_POS_SHIFT) | (size & IMM_SIZE_MAX as u32),
+            Imm::Record { pos } => IMM_RECORD | ((pos as u32 & IMM_POS_MASK) << IMM_POS_SHIFT),
         }
     }
 
     pub fn parse(v: u32) -> Imm {
-        let pos = ((v >> IMM_POS_SHIFT) & 0x3f) as usize;
+        let pos = ((v >> IMM_POS_SHIFT) & IMM_POS_MASK) as usize;
         if v & IMM_EAGER != 0 {
             Imm::Eager {
                 slot: (v & !IMM_EAGER) as usize,
@@ -152,28 +154,48 @@ pub struct Header {
 impl Header {
     pub fn to_bytes(&self) -> [u8; EAGER_HEADER_BYTES] {
         let mut b = [0u8; EAGER_HEADER_BYTES];
-        b[0..8].copy_from_slice(&self.claim.to_le_bytes());
-        b[8..16].copy_from_slice(&self.head.to_le_bytes());
-        b[16..20].copy_from_slice(&self.tag.to_le_bytes());
-        b[20..24].copy_from_slice(&self.len.to_le_bytes());
-        b[24..28].copy_from_slice(&self.epoch.to_le_bytes());
-        b[28..32].copy_from_slice(&self.seq.to_le_bytes());
+        b[field::CLAIM].copy_from_slice(&self.claim.to_le_bytes());
+        b[field::HEAD].copy_from_slice(&self.head.to_le_bytes());
+        b[field::TAG].copy_from_slice(&self.tag.to_le_bytes());
+        b[field::LEN].copy_from_slice(&self.len.to_le_bytes());
+        b[field::EPOCH].copy_from_slice(&self.epoch.to_le_bytes());
+        b[field::SEQ].copy_from_slice(&self.seq.to_le_bytes());
         b
     }
 
     pub fn parse(b: &[u8; EAGER_HEADER_BYTES]) -> Header {
-        let u32_at = |o: usize| u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
-        let u64_at = |o: usize| u64::from(u32_at(o)) | (u64::from(u32_at(o + 4)) << 32);
+        let u32_at = |r: std::ops::Range<usize>| {
+            let mut a = [0u8; 4];
+            a.copy_from_slice(&b[r]);
+            u32::from_le_bytes(a)
+        };
+        let u64_at = |r: std::ops::Range<usize>| {
+            let mut a = [0u8; 8];
+            a.copy_from_slice(&b[r]);
+            u64::from_le_bytes(a)
+        };
         Header {
-            claim: u64_at(0),
-            head: u64_at(8),
-            tag: u32_at(16) as i32,
-            len: u32_at(20),
-            epoch: u32_at(24),
-            seq: u32_at(28),
+            claim: u64_at(field::CLAIM),
+            head: u64_at(field::HEAD),
+            tag: u32_at(field::TAG) as i32,
+            len: u32_at(field::LEN),
+            epoch: u32_at(field::EPOCH),
+            seq: u32_at(field::SEQ),
         }
     }
 }
+
+/// The eager header's byte ranges (little-endian each).
+mod field {
+    use std::ops::Range;
+    pub const CLAIM: Range<usize> = 0..8;
+    pub const HEAD: Range<usize> = 8..16;
+    pub const TAG: Range<usize> = 16..20;
+    pub const LEN: Range<usize> = 20..24;
+    pub const EPOCH: Range<usize> = 24..28;
+    pub const SEQ: Range<usize> = 28..32;
+}
+const _: () = assert!(field::SEQ.end == EAGER_HEADER_BYTES);
 
 /// What a group's CTS entry says about a claim on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

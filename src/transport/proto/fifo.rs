@@ -53,7 +53,10 @@ pub const ENTRY_BYTES: usize = 64;
 /// Bytes of the whole ring (4 KiB, one page).
 pub const RING_BYTES: usize = RING * ENTRY_BYTES;
 /// Bits of the stamp holding the posting counter.
-const IDX_MASK: u64 = (1 << 56) - 1;
+const IDX_MASK: u64 = (1 << NREQS_SHIFT) - 1;
+/// The stamp's top byte: the group's buffer count (7 bits) from this bit.
+const NREQS_SHIFT: u32 = 56;
+const NREQS_MASK: u64 = 0x7f;
 /// Bits of the size field holding the posted size (the rest carry the eager credit).
 const SIZE_BITS: u32 = 40;
 const SIZE_MASK: u64 = (1 << SIZE_BITS) - 1;
@@ -113,7 +116,7 @@ impl CtsEntry {
             rkeys,
             seal: 0,
             tag: tag as u32,
-            stamp: ((nreqs as u64 & 0x7f) << 56) | (stamp(counter) & IDX_MASK),
+            stamp: ((nreqs as u64 & NREQS_MASK) << NREQS_SHIFT) | (stamp(counter) & IDX_MASK),
         };
         e.seal = e.compute_seal();
         e
@@ -143,7 +146,7 @@ impl CtsEntry {
 
     /// Buffers of the grouped receive.
     pub fn nreqs(&self) -> usize {
-        ((self.stamp >> 56) & 0x7f) as usize
+        ((self.stamp >> NREQS_SHIFT) & NREQS_MASK) as usize
     }
 
     /// The posted size of the buffer.
@@ -292,7 +295,7 @@ pub fn read_group(
     if !stamp_matches(wire_stamp, counter) {
         return GroupState::NotPosted;
     }
-    let n = (((u64::from_le(wire_stamp) >> 56) & 0x7f) as usize).clamp(1, MAX_RECVS);
+    let n = (((u64::from_le(wire_stamp) >> NREQS_SHIFT) & NREQS_MASK) as usize).clamp(1, MAX_RECVS);
     for (i, e) in out.iter_mut().enumerate().take(n) {
         *e = CtsEntry::from_wire(&load(ring_pos(head.wrapping_add(i as u64))));
     }
