@@ -42,7 +42,7 @@ pub fn markdown() -> String {
     out.push_str(&format!(
         "\n## Read by NCCL, not by ferroce\n\n\
          NCCL's own IB transport reads these; ferroce ignores them (and `ferroce-doctor` says so): {}, \
-         and the other `{NCCL_ONLY_PREFIX}*` variables.\n",
+         and the `{NCCL_ONLY_PREFIX}*` variables not in the tables above.\n",
         NCCL_ONLY
             .iter()
             .map(|n| format!("`{n}`"))

@@ -227,7 +227,7 @@ tunables! {
         => strict("address family", "`AF_INET`, `AF_INET6`", None, parse_any_family, show_any_family);
     /// Handshake magic of the side channel.
     socket_magic: u64 = "NCCL_SOCKET_MAGIC" in Setup
-        => strict("integer", "any 64-bit integer", 0x564a_b9f2_fc4b_9d6c, parse_u64_bits, show_hex);
+        => strict("integer", "a signed 64-bit integer", 0x564a_b9f2_fc4b_9d6c, parse_u64_bits, show_hex);
     /// Give up connection setup after this long (s), like NCCL's socket retry budget.
     connect_timeout_sec: u64 = "FERROCE_CONNECT_TIMEOUT_SEC" in Setup => int(60, 1, 86_400);
     /// WARN when a comm with work in flight made no progress for this long (s), and again at
