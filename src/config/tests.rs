@@ -283,3 +283,111 @@ fn env_subsys_is_requested_only_by_name() {
         assert_eq!(env_subsys_requested(*value), *want, "{value:?}");
     }
 }
+
+#[test]
+fn info_line_lists_every_variable_once_when_all_are_set() {
+    let line = Config::default().info_line(&|_| true);
+    let shown: Vec<&str> = line
+        .trim_start_matches("config: ")
+        .split(' ')
+        .filter_map(|item| item.split_once('=').map(|(name, _)| name))
+        .filter(|name| {
+            name.chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+        })
+        .collect();
+    let mut want = variables();
+    want.push("NCCL_DEBUG_SUBSYS"); // the pointer to the ENV table at the end
+    assert_eq!(shown, want);
+}
+
+#[test]
+fn env_table_follows_the_declaration_order() {
+    let table = Config::default().env_table(&|_| false);
+    let declared = tunables();
+    assert_eq!(table.len(), declared.len());
+    for (line, t) in table.iter().zip(&declared) {
+        assert!(
+            line.starts_with(&format!("config: {}=", t.name)) && line.ends_with(" (default)"),
+            "{line} for {}",
+            t.name
+        );
+    }
+}
+
+/// A value each type of the table rejects, or `None` for free text.
+fn bad_value_for(ty: &str) -> Option<&'static str> {
+    match ty {
+        "integer" | "integer (ms)" => Some("12abc"),
+        "flag" => Some("yes"),
+        "address family" => Some("AF_UNIX"),
+        "CIDR prefix" => Some("10.0.0.0/33"),
+        "device list" | "interface list" => Some("mlx5_0:x"),
+        "path" | "directory" | "log level" => None,
+        other => panic!("no bad value for the type {other:?}: add one here"),
+    }
+}
+
+#[test]
+fn a_bad_value_of_each_declared_variable_warns_once_with_what_is_expected() {
+    for t in tunables() {
+        let Some(bad) = bad_value_for(t.ty) else {
+            continue;
+        };
+        let (cfg, warnings) = parse(&[(t.name, bad)]);
+        assert_eq!(warnings.len(), 1, "{}={bad}: {warnings:?}", t.name);
+        let text = warnings[0].to_string();
+        assert!(
+            text.starts_with(&format!("ignoring {}={bad:?}: ", t.name)) && text.ends_with("; using the default"),
+            "{text}"
+        );
+        assert!(text.contains("expected") || text.contains("not a number"), "{text}");
+        if t.ty.ends_with("list") {
+            // The lists keep what is valid, as NCCL does.
+            assert!(
+                cfg.env_table(&|_| false).iter().any(|l| l.contains("mlx5_0")),
+                "{}",
+                t.name
+            );
+        } else {
+            assert_eq!(cfg, Config::default(), "{}={bad} must leave the default", t.name);
+        }
+    }
+}
+
+#[test]
+fn an_integer_past_either_end_of_its_range_warns() {
+    let mut checked = 0;
+    for t in tunables().iter().filter(|t| t.ty.starts_with("integer")) {
+        let Some((min, max)) = t.accepts.split_once("..=") else {
+            continue;
+        };
+        let (min, max): (i64, i64) = (min.parse().unwrap(), max.parse().unwrap());
+        for (value, ok) in [(min, true), (max, true), (min - 1, false), (max + 1, false)] {
+            let text = value.to_string();
+            let (_, warnings) = parse(&[(t.name, &text)]);
+            assert_eq!(warnings.is_empty(), ok, "{}={text}: {warnings:?}", t.name);
+            if !ok {
+                assert_eq!(warnings[0].reason, format!("out of range {}", t.accepts));
+            }
+        }
+        checked += 1;
+    }
+    assert!(checked > 20, "{checked} ranges checked");
+}
+
+#[test]
+fn defaults_in_the_docs_are_the_values_the_parser_starts_from() {
+    let settings = Config::default().settings();
+    for (t, s) in tunables().iter().zip(&settings) {
+        assert_eq!(t.name, s.name);
+        // The docs write what a user would set, then what it stands for: "-1 (auto)".
+        let doc = t.default.as_str();
+        assert!(
+            doc == s.value || doc.ends_with(&format!(" {}", s.value)) || s.value == format!("{doc} ms"),
+            "{}: docs say {doc}, the parser starts from {}",
+            t.name,
+            s.value
+        );
+    }
+}
