@@ -121,7 +121,7 @@ pub fn get() -> &'static Config {
             "{}",
             cfg.info_line(&is_set)
         );
-        if env_subsys_requested(std::env::var("NCCL_DEBUG_SUBSYS").ok().as_deref()) {
+        if cfg.debug_subsys_env {
             for line in cfg.env_table(&is_set) {
                 crate::log_info!(crate::log::subsys::ENV, "{line}");
             }

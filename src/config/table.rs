@@ -272,6 +272,11 @@ tunables! {
     /// summary when they close.
     debug_info: bool = "NCCL_DEBUG" in Diagnostics
         => strict("log level", "`INFO` and `TRACE` turn this on", false, parse_debug_info, show_debug_info);
+    /// NCCL's log subsystems, read for one thing: naming ENV (or ALL) logs the whole `config:`
+    /// table, a line per variable (NCCL's default mask has ENV, so only naming it counts).
+    debug_subsys_env: bool = "NCCL_DEBUG_SUBSYS" in Diagnostics
+        => strict("subsystem list", "`ENV` or `ALL` in the list (not after `^`) turns this on", false,
+                  parse_debug_subsys, show_debug_subsys);
 }
 
 fn parse_debug_info(text: &str) -> Result<bool, String> {
@@ -281,6 +286,14 @@ fn parse_debug_info(text: &str) -> Result<bool, String> {
 
 fn show_debug_info(info: &bool) -> String {
     if *info { "INFO" } else { "(below INFO)" }.to_string()
+}
+
+fn parse_debug_subsys(text: &str) -> Result<bool, String> {
+    Ok(super::env_subsys_requested(Some(text)))
+}
+
+fn show_debug_subsys(env: &bool) -> String {
+    if *env { "ENV" } else { "(without ENV)" }.to_string()
 }
 
 /// NCCL's IB variables that ferroce does not read (NCCL's own IB transport does), and the
