@@ -2,7 +2,7 @@
 //! compared with `markdown()` by tests/config_table.rs (`FERROCE_BLESS=1 cargo test --release
 //! --test config_table` rewrites it).
 
-use super::{tunables, Group, Tunable, NCCL_ONLY, NCCL_ONLY_PREFIX};
+use super::table::{tunables, Group, Tunable, NCCL_ONLY, NCCL_ONLY_PREFIX};
 
 const INTRO: &str = "\
 # Configuration

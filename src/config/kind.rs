@@ -280,3 +280,13 @@ impl<'a> Reader<'a> {
         });
     }
 }
+
+/// One variable and its resolved value, written as a user would set it (`(all)`, `(auto)`,
+/// `(default)` stand for "unset, NCCL's automatic choice").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Setting {
+    pub name: &'static str,
+    pub value: String,
+    /// Shown at INFO even when unset: it decides devices, GIDs or QPs.
+    pub decides: bool,
+}

@@ -262,3 +262,19 @@ pub fn parse_interfaces(text: &str) -> (Option<DeviceFilter>, Option<String>) {
 pub fn show_interfaces(v: &Option<DeviceFilter>) -> String {
     v.as_ref().map_or("(auto)".into(), |f| f.to_string())
 }
+
+/// Whether `NCCL_DEBUG_SUBSYS` names ENV (or ALL) itself. NCCL's default mask already contains
+/// ENV, so the whole table is printed only when the user asked for it by name.
+pub fn env_subsys_requested(value: Option<&str>) -> bool {
+    let Some(value) = value else {
+        return false;
+    };
+    let (negated, list) = match value.trim().strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, value.trim()),
+    };
+    let names_env = list
+        .split(',')
+        .any(|item| matches!(item.trim().to_ascii_uppercase().as_str(), "ENV" | "ALL"));
+    names_env != negated && !(negated && list.trim().is_empty())
+}

@@ -11,8 +11,10 @@ mod kind;
 mod list;
 mod table;
 
-pub use kind::ConfigWarning;
-pub use list::{parse_c_integer, AddrFamily, AddrRange, DeviceFilter, FilterEntry, MAX_FILTER_ENTRIES};
+pub use kind::{ConfigWarning, Setting};
+pub use list::{
+    env_subsys_requested, parse_c_integer, AddrFamily, AddrRange, DeviceFilter, FilterEntry, MAX_FILTER_ENTRIES,
+};
 pub use table::{tunables, var, Config, Group, Tunable, NCCL_ONLY, NCCL_ONLY_PREFIX};
 
 use kind::Reader;
@@ -74,35 +76,9 @@ impl Config {
     }
 }
 
-/// One variable and its resolved value, written as a user would set it (`(all)`, `(auto)`,
-/// `(default)` stand for "unset, NCCL's automatic choice").
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Setting {
-    pub name: &'static str,
-    pub value: String,
-    /// Shown at INFO even when unset: it decides devices, GIDs or QPs.
-    pub decides: bool,
-}
-
 /// Every variable ferroce reads, in the order the table shows them.
 pub fn variables() -> Vec<&'static str> {
     tunables().into_iter().map(|t| t.name).collect()
-}
-
-/// Whether `NCCL_DEBUG_SUBSYS` names ENV (or ALL) itself. NCCL's default mask already contains
-/// ENV, so the whole table is printed only when the user asked for it by name.
-pub fn env_subsys_requested(value: Option<&str>) -> bool {
-    let Some(value) = value else {
-        return false;
-    };
-    let (negated, list) = match value.trim().strip_prefix('^') {
-        Some(rest) => (true, rest),
-        None => (false, value.trim()),
-    };
-    let names_env = list
-        .split(',')
-        .any(|item| matches!(item.trim().to_ascii_uppercase().as_str(), "ENV" | "ALL"));
-    names_env != negated && !(negated && list.trim().is_empty())
 }
 
 static CONFIG: OnceCell<Config> = OnceCell::new();

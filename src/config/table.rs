@@ -8,12 +8,11 @@
 //! differs). The doc comment of an entry is its meaning in the docs' table: keep it one
 //! sentence or two.
 
-use super::kind::{flag, int, lenient, parse_u64_bits, show_hex, strict, text, Kind, Reader};
+use super::kind::{flag, int, lenient, parse_u64_bits, show_hex, strict, text, Kind, Reader, Setting};
 use super::list::{
-    parse_addr_range, parse_any_family, parse_interfaces, show_addr_range, show_any_family, show_interfaces,
-    AddrFamily, AddrRange, DeviceFilter,
+    env_subsys_requested, parse_addr_range, parse_any_family, parse_interfaces, show_addr_range, show_any_family,
+    show_interfaces, AddrFamily, AddrRange, DeviceFilter,
 };
-use super::Setting;
 
 /// How `docs/configuration.md` groups the variables (the INFO and ENV tables keep the
 /// declaration order).
@@ -289,7 +288,7 @@ fn show_debug_info(info: &bool) -> String {
 }
 
 fn parse_debug_subsys(text: &str) -> Result<bool, String> {
-    Ok(super::env_subsys_requested(Some(text)))
+    Ok(env_subsys_requested(Some(text)))
 }
 
 fn show_debug_subsys(env: &bool) -> String {
