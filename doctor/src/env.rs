@@ -1,25 +1,13 @@
 //! How the `NCCL_IB_*` variables resolve on this host, with the known pitfalls flagged: a prefix
 //! that matches more devices than meant (`mlx5_1` also matches `mlx5_10`), a filter that
-//! matches nothing, values out of range or in conflict, names NCCL or ferroce do not know.
+//! matches nothing, values out of range or in conflict, names NCCL or ferroce do not know (with
+//! the declared name they are closest to). Names, accepted values and defaults all come from
+//! the plugin's declaration table (`ferroce::config::tunables`).
 //! Pure: the environment and the ports come in as arguments.
 
 use crate::check::Check;
-use ferroce::config::{self, Config, ConfigWarning, DeviceFilter};
+use ferroce::config::{self, var, Config, ConfigWarning, DeviceFilter, Tunable, NCCL_ONLY, NCCL_ONLY_PREFIX};
 use std::collections::BTreeMap;
-
-/// NCCL's IB variables that ferroce does not implement (NCCL's own IB transport reads them).
-const NCCL_ONLY: &[&str] = &[
-    "NCCL_IB_DISABLE",
-    "NCCL_IB_DATA_DIRECT",
-    "NCCL_IB_OOO_RQ",
-    "NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS",
-    "NCCL_IB_RECEIVER_SIDE_MATCHING_SCHEME",
-    "NCCL_IB_SUBNET_AWARE_ROUTING",
-    "NCCL_IB_SUBNET_PREFIX_LEN",
-    "NCCL_IB_CUDA_SUPPORT",
-    "NCCL_IB_GDR_LEVEL",
-];
-const NCCL_ONLY_PREFIX: &str = "NCCL_IB_RESILIENCY_";
 
 /// A device port as discovery sees it, whatever its state.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,14 +24,14 @@ impl PortName {
 
 /// The variables of `vars` that configure RDMA networking (shown and compared between hosts).
 pub fn network_variables(vars: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let known = config::variables();
     vars.iter()
         .filter(|(k, _)| {
             k.starts_with("NCCL_IB")
                 || k.starts_with("NCCL_SOCKET")
                 || k.starts_with("FERROCE_")
                 || *k == "NCCL_NET_PLUGIN"
-                || *k == "NCCL_DMABUF_ENABLE"
-                || *k == "NCCL_GDR_FLUSH_DISABLE"
+                || known.contains(&k.as_str())
         })
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect()
@@ -56,14 +44,11 @@ pub fn checks(
     cfg: &Config,
     warnings: &[ConfigWarning],
 ) -> Vec<Check> {
-    let mut out = vec![hca_check(vars.get("NCCL_IB_HCA").map(String::as_str), ports)];
+    let mut out = vec![hca_check(vars.get(var::hca).map(String::as_str), ports)];
     out.extend(hca_pitfalls(&cfg.hca, ports));
+    let declared = config::tunables();
     for w in warnings {
-        out.push(Check::warn(
-            format!("env {}", w.variable),
-            w.to_string(),
-            format!("fix or unset {}", w.variable),
-        ));
+        out.push(bad_value(w, declared.iter().find(|t| t.name == w.variable)));
     }
     out.extend(conflicts(vars, cfg));
     out.extend(unknown_names(vars));
@@ -71,8 +56,17 @@ pub fn checks(
     out
 }
 
+/// A value the plugin ignores, with what the table accepts.
+fn bad_value(w: &ConfigWarning, declared: Option<&Tunable>) -> Check {
+    let hint = match declared {
+        Some(t) => format!("{}: {} (default {}), or unset it", t.name, t.accepts, t.default),
+        None => format!("fix or unset {}", w.variable),
+    };
+    Check::warn(format!("env {}", w.variable), w.to_string(), hint)
+}
+
 fn hca_check(value: Option<&str>, ports: &[PortName]) -> Check {
-    let name = "NCCL_IB_HCA";
+    let name = var::hca;
     let all: Vec<String> = ports.iter().map(PortName::label).collect();
     let Some(text) = value.filter(|v| !v.trim().is_empty()) else {
         return Check::ok(name, format!("(all): every ACTIVE port ({})", list_or_none(&all)));
@@ -121,14 +115,14 @@ fn hca_pitfalls(filter: &DeviceFilter, ports: &[PortName]) -> Vec<Check> {
         };
         if matched.is_empty() {
             out.push(Check::warn(
-                format!("NCCL_IB_HCA {}", e.name),
+                format!("{} {}", var::hca, e.name),
                 format!("entry '{}' matches no device", e.name),
                 "check the spelling against `ibv_devices`",
             ));
         } else if !filter.exact && matched.contains(&e.name.as_str()) && matched.len() > 1 {
             let others: Vec<&str> = matched.iter().copied().filter(|d| *d != e.name).collect();
             out.push(Check::warn(
-                format!("NCCL_IB_HCA {}", e.name),
+                format!("{} {}", var::hca, e.name),
                 format!(
                     "'{}' is a prefix: it also {} {}",
                     e.name,
@@ -148,7 +142,7 @@ fn hca_pitfalls(filter: &DeviceFilter, ports: &[PortName]) -> Vec<Check> {
             ));
         } else if !matched.iter().any(|d| port_exists(d)) {
             out.push(Check::warn(
-                format!("NCCL_IB_HCA {}", e.name),
+                format!("{} {}", var::hca, e.name),
                 format!(
                     "entry '{}' names port {} that {} does not have",
                     e.name,
@@ -167,28 +161,28 @@ fn conflicts(vars: &BTreeMap<String, String>, cfg: &Config) -> Vec<Check> {
     let set = |n: &str| vars.get(n).is_some_and(|v| !v.trim().is_empty());
     let mut out = Vec::new();
     if cfg.gid_index >= 0 {
-        let ignored: Vec<&str> = ["NCCL_IB_ADDR_FAMILY", "NCCL_IB_ADDR_RANGE", "NCCL_IB_ROCE_VERSION_NUM"]
+        let ignored: Vec<&str> = [var::addr_family, var::addr_range, var::roce_version]
             .into_iter()
             .filter(|n| set(n))
             .collect();
         if !ignored.is_empty() {
             out.push(Check::warn(
-                "NCCL_IB_GID_INDEX",
+                var::gid_index,
                 format!("{} is fixed, so {} have no effect", cfg.gid_index, ignored.join(", ")),
                 "set either NCCL_IB_GID_INDEX or the selection variables, not both",
             ));
         }
     }
-    if cfg.split_data_on_qps && cfg.qps_per_connection == 1 && set("NCCL_IB_SPLIT_DATA_ON_QPS") {
+    if cfg.split_data_on_qps && cfg.qps_per_connection == 1 && set(var::split_data_on_qps) {
         out.push(Check::warn(
-            "NCCL_IB_SPLIT_DATA_ON_QPS",
+            var::split_data_on_qps,
             "1 with NCCL_IB_QPS_PER_CONNECTION=1: nothing to split over",
             "raise NCCL_IB_QPS_PER_CONNECTION or unset NCCL_IB_SPLIT_DATA_ON_QPS",
         ));
     }
-    if cfg.fifo_tc >= 0 && cfg.tc < 0 && set("NCCL_IB_FIFO_TC") {
+    if cfg.fifo_tc >= 0 && cfg.tc < 0 && set(var::fifo_tc) {
         out.push(Check::warn(
-            "NCCL_IB_FIFO_TC",
+            var::fifo_tc,
             format!(
                 "{} while NCCL_IB_TC is unset: data and control traffic use different classes",
                 cfg.fifo_tc
@@ -199,26 +193,64 @@ fn conflicts(vars: &BTreeMap<String, String>, cfg: &Config) -> Vec<Check> {
     out
 }
 
+/// `NCCL_IB*` and `FERROCE_*` names the table does not declare: NCCL's own, or misspelt.
 fn unknown_names(vars: &BTreeMap<String, String>) -> Vec<Check> {
     let known = config::variables();
     vars.keys()
-        .filter(|k| k.starts_with("NCCL_IB") && !known.contains(&k.as_str()))
+        .filter(|k| (k.starts_with("NCCL_IB") || k.starts_with("FERROCE_")) && !known.contains(&k.as_str()))
         .map(|k| {
+            let seen = format!("{k}={}", vars[k]);
+            let who = if k.starts_with("FERROCE_") {
+                "the plugin does not read this variable"
+            } else {
+                "neither NCCL nor ferroce reads this variable"
+            };
             if NCCL_ONLY.contains(&k.as_str()) || k.starts_with(NCCL_ONLY_PREFIX) {
                 Check::warn(
                     format!("env {k}"),
-                    format!("{k}={}: read by NCCL's own IB transport, not by ferroce", vars[k]),
+                    format!("{seen}: read by NCCL's own IB transport, not by ferroce"),
                     "",
+                )
+            } else if let Some(near) = closest(k, &known) {
+                Check::warn(
+                    format!("env {k}"),
+                    format!("{seen}: {who}; did you mean {near}?"),
+                    format!("rename it to {near} (docs/configuration.md)"),
                 )
             } else {
                 Check::warn(
                     format!("env {k}"),
-                    format!("{k}={}: neither NCCL nor ferroce reads this variable", vars[k]),
+                    format!("{seen}: {who}"),
                     "check the spelling (docs/configuration.md)",
                 )
             }
         })
         .collect()
+}
+
+/// The declared name `name` is most likely a misspelling of: within 3 edits, or one it is the
+/// start of (a suffix such as `_SEC` left off). The first of equally close names wins.
+fn closest<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
+    known
+        .iter()
+        .map(|k| (edit_distance(name, k), *k))
+        .filter(|(d, k)| *d <= 3 || k.starts_with(name))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance over bytes (the names are ASCII).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(ca != cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
 }
 
 fn plugin_check(value: Option<&str>) -> Check {
@@ -337,6 +369,11 @@ mod tests {
         let w = find(&c, "env NCCL_IB_TIMEOUT");
         assert_eq!(w.status, Status::Warn);
         assert!(w.value.contains("out of range 0..=31"), "{}", w.value);
+        assert_eq!(w.hint, "NCCL_IB_TIMEOUT: 0..=31 (default 20), or unset it");
+        let c = run(&[("NCCL_IB_ADDR_FAMILY", "inet4")], &["d"]);
+        let w = find(&c, "env NCCL_IB_ADDR_FAMILY");
+        assert!(w.value.contains("expected AF_INET or AF_INET6"), "{}", w.value);
+        assert!(w.hint.contains("`AF_INET`, `AF_INET6` (default AF_INET)"), "{}", w.hint);
         let c = run(
             &[("NCCL_IB_GID_INDEX", "3"), ("NCCL_IB_ADDR_FAMILY", "AF_INET6")],
             &["d"],
@@ -350,11 +387,54 @@ mod tests {
 
     #[test]
     fn unknown_and_nccl_only_names() {
-        let c = run(&[("NCCL_IB_GID_IDX", "3"), ("NCCL_IB_OOO_RQ", "1")], &["d"]);
-        assert!(find(&c, "env NCCL_IB_GID_IDX")
+        let c = run(
+            &[
+                ("NCCL_IB_GID_IDX", "3"),
+                ("NCCL_IB_OOO_RQ", "1"),
+                ("NCCL_IB_RESILIENCY_PORT_RECOVERY", "0"),
+                ("NCCL_IB_TIMEOUT", "14"),
+                ("FERROCE_HANG_WARN", "5"),
+                ("FERROCE_EAGRE_MAX", "0"),
+                ("FERROCE_NONSENSE", "1"),
+                ("NCCL_IB_NO_SUCH_THING", "1"),
+            ],
+            &["d"],
+        );
+        let typo = find(&c, "env NCCL_IB_GID_IDX");
+        assert_eq!(
+            typo.value,
+            "NCCL_IB_GID_IDX=3: neither NCCL nor ferroce reads this variable; did you mean NCCL_IB_GID_INDEX?"
+        );
+        assert!(typo.hint.contains("rename it to NCCL_IB_GID_INDEX"), "{}", typo.hint);
+        assert!(find(&c, "env FERROCE_HANG_WARN")
             .value
-            .contains("neither NCCL nor ferroce"));
+            .ends_with("the plugin does not read this variable; did you mean FERROCE_HANG_WARN_SEC?"));
+        assert!(find(&c, "env FERROCE_EAGRE_MAX")
+            .value
+            .ends_with("did you mean FERROCE_EAGER_MAX?"));
+        for far in ["env FERROCE_NONSENSE", "env NCCL_IB_NO_SUCH_THING"] {
+            let w = find(&c, far);
+            assert!(w.status == Status::Warn && !w.value.contains("did you mean"), "{w:?}");
+        }
         assert!(find(&c, "env NCCL_IB_OOO_RQ").value.contains("NCCL's own IB transport"));
+        // Declared names, even under NCCL's own prefix, are not flagged.
+        for declared in ["env NCCL_IB_RESILIENCY_PORT_RECOVERY", "env NCCL_IB_TIMEOUT"] {
+            assert!(!c.iter().any(|c| c.name == declared), "{declared}: {c:?}");
+        }
+    }
+
+    #[test]
+    fn edit_distances() {
+        for (a, b, d) in [
+            ("", "", 0),
+            ("abc", "abc", 0),
+            ("abc", "abd", 1),
+            ("ab", "abc", 1),
+            ("IDX", "INDEX", 2),
+        ] {
+            assert_eq!(edit_distance(a, b), d, "{a} {b}");
+            assert_eq!(edit_distance(b, a), d, "{b} {a}");
+        }
     }
 
     #[test]

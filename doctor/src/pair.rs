@@ -186,7 +186,7 @@ fn env_differences(mine: &Value, theirs: &Value, peer: &str) -> Vec<Check> {
         .iter()
         .filter_map(|v| v.as_object())
         .flat_map(|o| o.keys())
-        .filter(|k| k.starts_with("NCCL_IB") && k.as_str() != "NCCL_IB_QPS_PER_CONNECTION")
+        .filter(|k| k.starts_with("NCCL_IB") && k.as_str() != ferroce::config::var::qps_per_connection)
         .collect();
     let shown = |v: &Value| if v.is_null() { "(unset)".to_string() } else { text(v) };
     keys.into_iter()

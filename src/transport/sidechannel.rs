@@ -133,7 +133,7 @@ pub fn side_channel_interface() -> Result<&'static IfAddr> {
             let names: Vec<String> = all.iter().map(|a| format!("{}={}", a.name, a.ip)).collect();
             Error::system(format!(
                 "no IP interface for the connection side channel (NCCL_SOCKET_IFNAME={:?}, NCCL_SOCKET_FAMILY={:?}; interfaces: {})",
-                std::env::var("NCCL_SOCKET_IFNAME").ok(),
+                std::env::var(crate::config::var::socket_ifname).ok(),
                 cfg.socket_family,
                 if names.is_empty() { "none".into() } else { names.join(", ") }
             ))
