@@ -3,10 +3,6 @@
 //! (docs/nccl-net-abi.md#qp-attributes) and the
 //! handshake records describing this side (docs/nccl-net-abi.md#connection-setup).
 
-use super::link::SideChannel;
-use super::proto::handshake::{self, DevRepr, EndpointRepr, LinkLayer as WireLinkLayer, QpRepr, FLAG_STANDBY};
-use super::proto::plan::QpRoute;
-use super::proto::{fifo, limits, request};
 use crate::config::{self, Config};
 use crate::device::{LinkLayer, NetDevice, VirtualDevice};
 use crate::error::{Error, Result};
@@ -14,6 +10,12 @@ use crate::ibv::mr::MemoryRegion;
 use crate::ibv::qp::{ModifyRetry, QpCaps, RtrAttrs};
 use crate::ibv::{CompletionQueue, QueuePair};
 use crate::memory::AlignedBuf;
+use crate::transport::proto::handshake::{
+    self, DevRepr, EndpointRepr, LinkLayer as WireLinkLayer, QpRepr, FLAG_STANDBY,
+};
+use crate::transport::proto::plan::QpRoute;
+use crate::transport::proto::{fifo, limits, request};
+use crate::transport::sidechannel::shared_link::SideChannel;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,7 +28,7 @@ const PATH_RETRY_MAX: Duration = Duration::from_secs(60);
 /// Inline bytes requested when NCCL_IB_USE_INLINE=1 (one CTS entry).
 const INLINE_BYTES: u32 = fifo::ENTRY_BYTES as u32;
 
-// The flush loopback QPs of a receive comm (docs/nccl-net-abi.md#flush; recv.rs makes them).
+// The flush loopback QPs of a receive comm (docs/nccl-net-abi.md#flush; `datapath::recv` makes them).
 /// Send WRs of a flush loopback QP (made by a comm's first iflush, one per local device): one
 /// RDMA read per flush in flight (bound: ≤ request::FLUSHES_IN_FLIGHT, enforced by iflush,
 /// which fails beyond; a read's WR is outstanding until its completion is polled, which
@@ -329,7 +331,7 @@ pub fn qp_list(data: impl Iterator<Item = (u32, usize)>, probes: &[Probe]) -> Ve
 
 /// A standby member's probe QP (active-standby). It pairs with the peer's probe QP on the
 /// member of the same index and carries one signalled zero-length RDMA WRITE every
-/// [`PROBE_WRITE_EVERY`](super::standby::PROBE_WRITE_EVERY), so that a failover knows before it
+/// [`PROBE_WRITE_EVERY`](crate::transport::recovery::standby::PROBE_WRITE_EVERY), so that a failover knows before it
 /// needs the standby whether its path answers. Its own small CQ keeps its completions out of
 /// the data path's.
 pub struct Probe {

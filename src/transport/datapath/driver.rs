@@ -3,19 +3,19 @@
 //! comm's error (one WARN that names device, QP, peer and what to check), and notices a dead
 //! peer or a failed NIC when nothing completes.
 
-use super::conn::{Conn, FatalKind};
-use super::errors::{wc_error, WcErrorReport};
-use super::proto::plan::{Op, Post, WorkRequest};
-use super::proto::recovery::Role;
-use super::proto::recv::RQ_BATCH;
-use super::proto::state::CommState;
-use super::recovery::{self, RecoveryIo};
-use super::sidechannel::Peek;
-use super::sink::{CompletionSink, RecoverySink};
-use super::stats::{self, CommStats};
 use crate::error::{Error, Result};
 use crate::ibv::cq::Failed;
 use crate::ibv::{sys, QueuePair, WorkCompletion};
+use crate::transport::conn::{Conn, FatalKind};
+use crate::transport::datapath::completion_errors::{wc_error, WcErrorReport};
+use crate::transport::datapath::sink::{CompletionSink, RecoverySink};
+use crate::transport::proto::plan::{Op, Post, WorkRequest};
+use crate::transport::proto::recovery::Role;
+use crate::transport::proto::recv::RQ_BATCH;
+use crate::transport::proto::state::CommState;
+use crate::transport::recovery::{self, RecoveryIo};
+use crate::transport::sidechannel::Peek;
+use crate::transport::stats::{self, CommStats};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,13 +24,13 @@ use std::time::{Duration, Instant};
 const POLL_BATCH: usize = 8;
 /// WRs one `ibv_post_send` of a sender carries: a full group of single-piece buffers and its
 /// completion write (so every message NCCL posts, ≤ 1 GiB, is one post per QP).
-const POST_BATCH: usize = super::proto::limits::MAX_RECVS + 1;
+const POST_BATCH: usize = crate::transport::proto::limits::MAX_RECVS + 1;
 /// Idle calls between two liveness probes (each probe reads the clock first).
 const PROBE_EVERY: u32 = 64;
 /// Minimum time between two probe syscalls.
 const PROBE_INTERVAL: Duration = Duration::from_millis(50);
 
-/// The cores' [`super::proto::state::FailureReport`]: the comm's first fatal error, WARNed.
+/// The cores' [`crate::transport::proto::state::FailureReport`]: the comm's first fatal error, WARNed.
 pub fn warn_failure(e: &Error) {
     crate::log_warn!("{e}");
 }
@@ -137,9 +137,9 @@ pub struct Driver {
     /// First field: dropped (QPs destroyed) before anything the QPs point into.
     pub conn: Conn,
     /// "send" or "recv", for logs.
-    pub(super) kind: &'static str,
-    /// Recovery of the connection when its QPs fail (`recover.rs`).
-    pub(super) recovery: RecoveryIo,
+    pub(crate) kind: &'static str,
+    /// Recovery of the connection when its QPs fail ([`steps`](crate::transport::recovery::steps)).
+    pub(crate) recovery: RecoveryIo,
     /// Counters and histograms when statistics are on (FERROCE_STATS, NCCL_DEBUG=INFO).
     pub stats: Option<Arc<CommStats>>,
     /// Work requests posted and completions polled (for hang reports; always counted).
@@ -151,7 +151,7 @@ pub struct Driver {
     idle_since: Option<Instant>,
     /// The last hang WARN of this comm.
     hang_warned: Option<Instant>,
-    pub(super) wcs: [WorkCompletion; POLL_BATCH],
+    pub(crate) wcs: [WorkCompletion; POLL_BATCH],
 }
 
 impl Driver {
@@ -291,7 +291,8 @@ impl Driver {
         } = self.take_completions(core);
         // Retries that ran out while the peer was already replacing its QPs (its Hello is
         // here, or this end is recovering) say nothing about the path.
-        let peer_first = || self.recovery.active() || self.conn.chan.peek() == super::sidechannel::Peek::Data;
+        let peer_first =
+            || self.recovery.active() || self.conn.chan.peek() == crate::transport::sidechannel::Peek::Data;
         if !path_failed.is_empty() && !peer_first() {
             for dev in path_failed {
                 self.conn.note_path_failure(dev);
@@ -440,7 +441,7 @@ impl Driver {
         self.check_hang(now, waiting_for);
         // While this comm waits, the process's comms NCCL is not calling move on (their
         // peers' recoveries may be what this one waits for).
-        super::watch::step_idle_comms();
+        crate::transport::datapath::watch::step_idle_comms();
         match self.conn.chan.peek() {
             Peek::Gone => Ok(true),
             // A recovery message: the next poll reads it.

@@ -9,29 +9,29 @@
 //! it. If making it fails, that `iflush` returns the error and the comm stays as it was
 //! (usable; a later `iflush` tries again).
 
-use super::conn::{self, Conn, LocalDev, RegBuf};
-use super::driver::{self, Driver};
-use super::errors::{wc_error, WcErrorReport};
-use super::mr_cache::{self, DeviceCache, FlushScratch};
-use super::proto::eager;
-use super::proto::handshake::EAGER_VERSION;
-use super::proto::limits::{MAX_DEVS, MAX_RECVS};
-use super::proto::plan::{LocalBlock, Post, RemoteBlock, Sge, WorkRequest};
-use super::proto::recv::{EagerRecvConfig, Irecv, RecvBuf, RecvConfig, RecvCore};
-use super::proto::request::{ReqKind, Request, RECV_REQUESTS};
-use super::proto::time::Time;
-use super::proto::{fifo, split};
-use super::ring_memory::RingMemory;
-use super::sidechannel::Peek;
-use super::stats;
-use super::watch::{Guarded, Watched};
-use super::{clock, MemHandle};
-use super::{FLUSH_CQE, FLUSH_SEND_WR};
 use crate::config;
 use crate::error::{Error, Result};
 use crate::ibv::qp::{QpCaps, RtrAttrs};
 use crate::ibv::{sys, CompletionQueue, QueuePair, WorkCompletion};
 use crate::profiler::{self, OpenEvents, QpEvent};
+use crate::transport::conn::{self, Conn, LocalDev, RegBuf};
+use crate::transport::datapath::completion_errors::{wc_error, WcErrorReport};
+use crate::transport::datapath::driver::{self, Driver};
+use crate::transport::datapath::ring_memory::RingMemory;
+use crate::transport::datapath::watch::{Guarded, Watched};
+use crate::transport::proto::eager;
+use crate::transport::proto::handshake::EAGER_VERSION;
+use crate::transport::proto::limits::{MAX_DEVS, MAX_RECVS};
+use crate::transport::proto::plan::{LocalBlock, Post, RemoteBlock, Sge, WorkRequest};
+use crate::transport::proto::recv::{EagerRecvConfig, Irecv, RecvBuf, RecvConfig, RecvCore};
+use crate::transport::proto::request::{ReqKind, Request, RECV_REQUESTS};
+use crate::transport::proto::time::Time;
+use crate::transport::proto::{fifo, split};
+use crate::transport::registration::mr_cache::{self, DeviceCache, FlushScratch};
+use crate::transport::sidechannel::Peek;
+use crate::transport::stats;
+use crate::transport::{clock, MemHandle};
+use crate::transport::{FLUSH_CQE, FLUSH_SEND_WR};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -4,25 +4,25 @@
 //! Nothing on this path allocates, locks or makes a syscall except `ibv_post_send`, the CQ
 //! polls and the rate-limited liveness probe when idle.
 
-use super::conn::{Conn, RegBuf};
-use super::driver::{self, Driver};
-use super::proto::eager::{self, EagerSendConfig, EAGER_QP};
-use super::proto::fifo;
-use super::proto::handshake::EAGER_VERSION;
-use super::proto::limits::MAX_DEVS;
-use super::proto::plan::{LocalBlock, RemoteBlock};
-use super::proto::plan::{Op, Post};
-use super::proto::request::{Request, SendWrId, SEND_REQUESTS};
-use super::proto::send::{Isend, SendBuf, SendConfig, SendCore};
-use super::proto::time::Time;
-use super::ring_memory::RingMemory;
-use super::sink::SendSide;
-use super::stats;
-use super::watch::{Guarded, Watched};
-use super::{clock, MemHandle};
 use crate::error::{Error, Result};
 use crate::ibv::sys;
 use crate::profiler::{self, OpenEvents, QpEvent};
+use crate::transport::conn::{Conn, RegBuf};
+use crate::transport::datapath::driver::{self, Driver};
+use crate::transport::datapath::ring_memory::RingMemory;
+use crate::transport::datapath::sink::SendSide;
+use crate::transport::datapath::watch::{Guarded, Watched};
+use crate::transport::proto::eager::{self, EagerSendConfig, EAGER_QP};
+use crate::transport::proto::fifo;
+use crate::transport::proto::handshake::EAGER_VERSION;
+use crate::transport::proto::limits::MAX_DEVS;
+use crate::transport::proto::plan::{LocalBlock, RemoteBlock};
+use crate::transport::proto::plan::{Op, Post};
+use crate::transport::proto::request::{Request, SendWrId, SEND_REQUESTS};
+use crate::transport::proto::send::{Isend, SendBuf, SendConfig, SendCore};
+use crate::transport::proto::time::Time;
+use crate::transport::stats;
+use crate::transport::{clock, MemHandle};
 use std::ffi::c_void;
 use std::time::Duration;
 
