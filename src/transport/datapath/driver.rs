@@ -330,95 +330,72 @@ impl Driver {
 
     /// Poll every CQ until empty (or the first failure that is not the link's).
     fn take_completions(&mut self, core: &mut impl RecoverySink) -> Polled {
-        let mut progressed = false;
-        let mut error: Option<Error> = None;
-        let mut only_flushed = false;
-        let mut lost: Option<(String, bool)> = None;
-        let mut path_failed = Vec::new();
+        let mut polled = Polled {
+            progressed: false,
+            error: None,
+            only_flushed: false,
+            lost: None,
+            path_failed: Vec::new(),
+        };
         let replaced = self.recovery.replaced();
         let recovering = self.recovery.enabled();
-        {
-            let Driver {
-                conn,
-                wcs,
-                stats,
-                completions,
-                recovery: rio,
-                ..
-            } = self;
-            'devs: for (di, d) in conn.devs.iter().enumerate() {
-                loop {
-                    let got = match d.cq.poll(wcs) {
-                        Ok(g) => g,
-                        Err(e) => {
-                            error = Some(e);
+        let Driver {
+            conn,
+            wcs,
+            stats,
+            completions,
+            recovery: rio,
+            ..
+        } = self;
+        'devs: for (di, d) in conn.devs.iter().enumerate() {
+            loop {
+                let got = match d.cq.poll(wcs) {
+                    Ok(g) => g,
+                    Err(e) => {
+                        polled.error = Some(e);
+                        break 'devs;
+                    }
+                };
+                if got.is_empty() {
+                    break;
+                }
+                polled.progressed = true;
+                let full = got.len() == POLL_BATCH;
+                *completions += got.len() as u64;
+                for wc in got {
+                    // A completion of a QP a recovery destroyed.
+                    if replaced && conn.qp_by_num(di, wc.qp_num()).is_none() {
+                        continue;
+                    }
+                    if let Some(s) = stats {
+                        s.completed(conn.qp_index(di, wc.qp_num()), wc.result().is_ok());
+                    }
+                    match wc.result() {
+                        Ok(c) => core.handle_ok(wc.wr_id(), c.imm),
+                        Err(f) if recovering && recovery::recoverable(f.status) => {
+                            note_link_failure(conn, rio, core, di, wc.wr_id(), &f, &mut polled);
+                        }
+                        Err(f) => {
+                            let (op, bytes) = core.describe(wc.wr_id());
+                            let mut e = report(conn, di, &f, op, bytes);
+                            if f.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+                                // A flushed WR is a consequence; look for the cause.
+                                match root_cause(conn, wcs, core) {
+                                    Some(cause) => e = cause,
+                                    None => polled.only_flushed = true,
+                                }
+                            }
+                            polled.error = Some(e);
                             break 'devs;
                         }
-                    };
-                    if got.is_empty() {
-                        break;
                     }
-                    progressed = true;
-                    let full = got.len() == POLL_BATCH;
-                    *completions += got.len() as u64;
-                    for wc in got {
-                        // A completion of a QP a recovery destroyed.
-                        if replaced && conn.qp_by_num(di, wc.qp_num()).is_none() {
-                            continue;
-                        }
-                        if let Some(s) = stats {
-                            s.completed(conn.qp_index(di, wc.qp_num()), wc.result().is_ok());
-                        }
-                        match wc.result() {
-                            Ok(c) => core.handle_ok(wc.wr_id(), c.imm),
-                            Err(f) if recovering && recovery::recoverable(f.status) => {
-                                let flush = f.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
-                                // A receive this poll took that the rebuild's drain then need
-                                // not wait for.
-                                if core.is_receive(wc.wr_id()) {
-                                    if let Some(q) = conn.qp_index(di, wc.qp_num()) {
-                                        if rio.receives_ended.len() <= q {
-                                            rio.receives_ended.resize(q + 1, 0);
-                                        }
-                                        rio.receives_ended[q] += 1;
-                                    }
-                                }
-                                if f.status == sys::ibv_wc_status::IBV_WC_RETRY_EXC_ERR && !path_failed.contains(&di) {
-                                    path_failed.push(di);
-                                }
-                                if lost.as_ref().is_none_or(|l| l.1 && !flush) {
-                                    let (op, bytes) = core.describe(wc.wr_id());
-                                    lost = Some((report(conn, di, &f, op, bytes).message, flush));
-                                }
-                            }
-                            Err(f) => {
-                                let (op, bytes) = core.describe(wc.wr_id());
-                                let mut e = report(conn, di, &f, op, bytes);
-                                if f.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
-                                    // A flushed WR is a consequence; look for the cause.
-                                    match root_cause(conn, wcs, core) {
-                                        Some(cause) => e = cause,
-                                        None => only_flushed = true,
-                                    }
-                                }
-                                error = Some(e);
-                                break 'devs;
-                            }
-                        }
-                    }
-                    if !full {
-                        break;
-                    }
+                }
+                if !full {
+                    break;
                 }
             }
         }
-        Polled {
-            progressed,
-            error,
-            only_flushed,
-            lost,
-            path_failed,
-        }
+        polled
     }
 
     /// Called when a request is not done yet: every so often, check whether the peer's side
@@ -619,6 +596,38 @@ fn root_cause(conn: &Conn, wcs: &mut [WorkCompletion; POLL_BATCH], core: &impl C
         }
     }
     None
+}
+
+/// A failed completion of work request `wr_id` on local member `di` that a recovery can cure
+/// (the link's failure, not the comm's): a receive it ended need not be drained again, a
+/// member whose QP ran out of retries has a broken path, and the first such failure (a real
+/// error before a flushed WR) is the one the recovery's WARN names.
+fn note_link_failure(
+    conn: &Conn,
+    rio: &mut RecoveryIo,
+    core: &impl RecoverySink,
+    di: usize,
+    wr_id: u64,
+    f: &Failed,
+    polled: &mut Polled,
+) {
+    let flush = f.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
+    // A receive this poll took that the rebuild's drain then need not wait for.
+    if core.is_receive(wr_id) {
+        if let Some(q) = conn.qp_index(di, f.qp_num) {
+            if rio.receives_ended.len() <= q {
+                rio.receives_ended.resize(q + 1, 0);
+            }
+            rio.receives_ended[q] += 1;
+        }
+    }
+    if f.status == sys::ibv_wc_status::IBV_WC_RETRY_EXC_ERR && !polled.path_failed.contains(&di) {
+        polled.path_failed.push(di);
+    }
+    if polled.lost.as_ref().is_none_or(|l| l.1 && !flush) {
+        let (op, bytes) = core.describe(wr_id);
+        polled.lost = Some((report(conn, di, f, op, bytes).message, flush));
+    }
 }
 
 /// The WARN of failed completion `f`, polled from the CQ of local member `ldev`.

@@ -303,6 +303,32 @@ fn flush_wanted(members: &[Arc<NetDevice>]) -> bool {
     !config::get().gdr_flush_disable && (peer || members.iter().all(|m| m.dmabuf))
 }
 
+/// How the receiver's QPs are made and connected: `rq_depth` receives each, and the traffic
+/// class of the CTS writes they carry.
+fn receiver_spec(req: &EndpointRepr, rq_depth: usize, standby: bool) -> conn::QpSpec {
+    let cfg = config::get();
+    // Our QPs carry the CTS writes: NCCL_IB_FIFO_TC if set, else the sender's data tc.
+    let tc = if cfg.fifo_tc >= 0 {
+        (cfg.fifo_tc & 0xff) as u8
+    } else {
+        req.tc
+    };
+    conn::QpSpec {
+        caps: QpCaps {
+            max_send_wr: RECEIVER_SEND_WR,
+            max_recv_wr: rq_depth as u32,
+            max_inline_data: conn::inline_bytes(),
+            max_send_sge: 1,
+        },
+        access: sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
+            | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
+            | sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0,
+        tc,
+        sl: req.sl,
+        standby,
+    }
+}
+
 /// Build the receiver's end for a valid request at wire `version`.
 fn build_recv(
     members: &[Arc<NetDevice>],
@@ -327,26 +353,7 @@ fn build_recv(
     let placement = conn::initial_placement(members, nqps);
     let rq_depth = recv_core::rq_depth(eager_max > 0);
     let devs = conn::local_devs(members, &placement, rq_depth, RECEIVER_CQE_CTS)?;
-    // Our QPs carry the CTS writes: NCCL_IB_FIFO_TC if set, else the sender's data tc.
-    let tc = if cfg.fifo_tc >= 0 {
-        (cfg.fifo_tc & 0xff) as u8
-    } else {
-        req.tc
-    };
-    let spec = conn::QpSpec {
-        caps: QpCaps {
-            max_send_wr: RECEIVER_SEND_WR,
-            max_recv_wr: rq_depth as u32,
-            max_inline_data: conn::inline_bytes(),
-            max_send_sge: 1,
-        },
-        access: sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
-            | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
-            | sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0,
-        tc,
-        sl: req.sl,
-        standby,
-    };
+    let spec = receiver_spec(req, rq_depth, standby);
     conn::check_peer(&devs, nqps, standby, req)?;
     if nqps < ndata {
         return Err(Error::remote(format!(
@@ -381,7 +388,7 @@ fn build_recv(
             max: eager_max as u32,
         };
     }
-    let qps = conn::bring_up(&devs, qps, &placement, &probes, req, tc, req.sl)?;
+    let qps = conn::bring_up(&devs, qps, &placement, &probes, req, spec.tc, req.sl)?;
     let split = req.flags & FLAG_SPLIT != 0;
     let parts = RecvParts {
         devs,
