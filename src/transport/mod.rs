@@ -60,11 +60,12 @@ pub mod stats;
 pub use datapath::{driver, recv};
 
 use crate::error::Error;
+use datapath::requests::Side;
 use datapath::watch::Guarded;
 
 pub(crate) use conn::{FLUSH_CQE, FLUSH_SEND_WR};
+pub use datapath::requests::Request;
 pub use proto::limits::MAX_RECVS;
-pub use proto::request::Request;
 pub use registration::{dereg_mr, reg_mr, MemHandle, MemKind};
 pub use setup::connect::{connect, forget_pending_connects};
 pub use setup::listen::{listen, ListenComm};
@@ -169,25 +170,22 @@ pub unsafe fn test(req: *mut Request, sizes: *mut i32) -> Result<bool> {
     if req.is_null() {
         return Err(Error::internal("test: NULL request"));
     }
-    // SAFETY: the caller guarantees req points into a live comm's pool; the fields are read
-    // by value and the borrow ends before the comm is borrowed mutably.
-    let (owner, kind) = unsafe { ((*req).owner, (*req).kind()) };
-    match kind {
+    // SAFETY: the caller guarantees req points into a live comm's request table; the fields
+    // are read by value and the borrow ends before the comm is borrowed mutably.
+    let (owner, side) = unsafe { (*req).owner() };
+    match side {
         // SAFETY: a Send request's owner is the Guarded SendDp of its (open) comm (entered
         // under its lock); `sizes` as the caller guarantees.
-        proto::request::ReqKind::Send => unsafe {
+        Side::Send => unsafe {
             (*(owner as *const Guarded<datapath::send::SendDp>))
                 .enter()
                 .test(req, sizes)
         },
         // SAFETY: as above for the RecvDp; `sizes` as the caller guarantees.
-        proto::request::ReqKind::Recv | proto::request::ReqKind::Flush => unsafe {
+        Side::Recv => unsafe {
             (*(owner as *const Guarded<datapath::recv::RecvDp>))
                 .enter()
                 .test(req, sizes)
         },
-        proto::request::ReqKind::Free => Err(Error::internal(
-            "test: the request is not in flight (tested again after done?)",
-        )),
     }
 }
