@@ -1,9 +1,9 @@
 //! The per-process statistics file (FERROCE_STATS=DIR): the comms' counters
-//! ([`transport::stats`]) as JSON, written by a thread of its own and at process exit.
+//! ([`transport::stats`](crate::transport::stats)) as JSON, written by a thread of its own and at process exit.
 //!
 //! The file `DIR/ferroce-<host>-<pid>.json` is written (atomically: a temporary file renamed)
 //! at every `finalize`, at process exit, and every `FERROCE_STATS_INTERVAL_SEC`. It holds one
-//! object per comm (live, and the last [`KEEP_CLOSED`](transport::stats::KEEP_CLOSED) closed
+//! object per comm (live, and the last [`KEEP_CLOSED`](crate::transport::stats::KEEP_CLOSED) closed
 //! ones) and the totals of every comm the process ever had. Keys and their meaning are a
 //! contract with the tools that read the file (ci/tests/66-stats.sh,
 //! tests/observability_softroce.rs): add keys, never rename or drop one.

@@ -5,7 +5,7 @@
 //! process setting up thousands of connections held a descriptor per pending one. Here every
 //! handle names the same address, told apart by its nonce: a connection that arrives is read
 //! until its first message, and a `ConnectReq` waits, filed under its nonce, for the listen
-//! comm whose handle carries it (as requests on a shared link wait, `link`). Anything else is
+//! comm whose handle carries it (as requests on a shared link wait, `sidechannel::shared_link`). Anything else is
 //! refused as a listener of its own refused it. The listener opens with the first listen comm
 //! and closes with the last one (and the connections still unidentified with it). No thread of
 //! its own: every listen comm's accept moves it on.
