@@ -3,12 +3,12 @@
 //! comm's error (one WARN that names device, QP, peer and what to check), and notices a dead
 //! peer or a failed NIC when nothing completes.
 
+use super::completion_errors::{wc_error, WcErrorReport};
+use super::sink::{CompletionSink, RecoverySink};
 use crate::error::{Error, Result};
 use crate::ibv::cq::Failed;
 use crate::ibv::{sys, QueuePair, WorkCompletion};
 use crate::transport::conn::{Conn, FatalKind};
-use crate::transport::datapath::completion_errors::{wc_error, WcErrorReport};
-use crate::transport::datapath::sink::{CompletionSink, RecoverySink};
 use crate::transport::proto::plan::{Op, Post, WorkRequest};
 use crate::transport::proto::recovery::Role;
 use crate::transport::proto::recv::RQ_BATCH;
@@ -418,7 +418,7 @@ impl Driver {
         self.check_hang(now, waiting_for);
         // While this comm waits, the process's comms NCCL is not calling move on (their
         // peers' recoveries may be what this one waits for).
-        crate::transport::datapath::watch::step_idle_comms();
+        super::watch::step_idle_comms();
         match self.conn.chan.peek() {
             Peek::Gone => Ok(true),
             // A recovery message: the next poll reads it.

@@ -9,17 +9,17 @@
 //! it. If making it fails, that `iflush` returns the error and the comm stays as it was
 //! (usable; a later `iflush` tries again).
 
+use super::completion_errors::{wc_error, WcErrorReport};
+use super::driver::{self, Driver};
+use super::requests::{not_in_flight, Request, Requests, Side};
+use super::ring_memory::RingMemory;
+use super::watch::{Guarded, Watched};
 use crate::config;
 use crate::error::{Error, Result};
 use crate::ibv::qp::{QpCaps, RtrAttrs};
 use crate::ibv::{sys, CompletionQueue, QueuePair, WorkCompletion};
 use crate::profiler::{self, OpenEvents, QpEvent};
 use crate::transport::conn::{self, Conn, LocalDev, RegBuf};
-use crate::transport::datapath::completion_errors::{wc_error, WcErrorReport};
-use crate::transport::datapath::driver::{self, Driver};
-use crate::transport::datapath::requests::{not_in_flight, Request, Requests, Side};
-use crate::transport::datapath::ring_memory::RingMemory;
-use crate::transport::datapath::watch::{Guarded, Watched};
 use crate::transport::proto::eager;
 use crate::transport::proto::handshake::EAGER_VERSION;
 use crate::transport::proto::limits::{MAX_DEVS, MAX_RECVS};

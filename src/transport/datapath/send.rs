@@ -4,15 +4,15 @@
 //! Nothing on this path allocates, locks or makes a syscall except `ibv_post_send`, the CQ
 //! polls and the rate-limited liveness probe when idle.
 
+use super::driver::{self, Driver};
+use super::requests::{not_in_flight, Request, Requests, Side};
+use super::ring_memory::RingMemory;
+use super::sink::SendSide;
+use super::watch::{Guarded, Watched};
 use crate::error::{Error, Result};
 use crate::ibv::sys;
 use crate::profiler::{self, OpenEvents, QpEvent};
 use crate::transport::conn::{Conn, RegBuf};
-use crate::transport::datapath::driver::{self, Driver};
-use crate::transport::datapath::requests::{not_in_flight, Request, Requests, Side};
-use crate::transport::datapath::ring_memory::RingMemory;
-use crate::transport::datapath::sink::SendSide;
-use crate::transport::datapath::watch::{Guarded, Watched};
 use crate::transport::proto::eager::{self, EagerSendConfig, EAGER_QP};
 use crate::transport::proto::fifo;
 use crate::transport::proto::handshake::EAGER_VERSION;

@@ -2,7 +2,7 @@
 //! flight on it: a receiver whose last message arrived is not called again until the next
 //! operation, and that may wait for the peer's sends — which, when the connection lost its
 //! QPs, wait for this comm to answer the peer's recovery. So a comm that waits (its
-//! [`Driver::idle_probe`](crate::transport::datapath::driver::Driver::idle_probe), at most every 50 ms) also steps
+//! [`Driver::idle_probe`](super::driver::Driver::idle_probe), at most every 50 ms) also steps
 //! the process's comms no NCCL call reached since the last such round ([`ROUND`]) that have a
 //! recovery in progress or a side-channel message waiting, exactly as their next NCCL call
 //! would. It runs on the thread of that waiting call (an NCCL thread that posts anyway: no

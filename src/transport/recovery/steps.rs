@@ -4,13 +4,13 @@
 //! the core — with a WARN when the connection loses its QPs and one when it recovered (or gave
 //! up).
 
+use super::PeerHello;
 use crate::error::{Error, Result};
 use crate::transport::clock;
 use crate::transport::datapath::driver::Driver;
 use crate::transport::datapath::sink::RecoverySink;
 use crate::transport::proto::handshake::{Message, WireError};
 use crate::transport::proto::recovery::Action;
-use crate::transport::recovery::PeerHello;
 use crate::transport::sidechannel::ChannelError;
 use std::time::{Duration, Instant};
 

@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::ibv::mr::MemoryRegion;
 use crate::memory::{page_range, page_size};
 use crate::transport::conn::check_members;
-use crate::transport::registration::mr_cache::{cache_for, DeviceCache};
+use mr_cache::{cache_for, DeviceCache};
 use std::sync::Arc;
 
 use crate::transport::proto::limits::MAX_DEVS;

@@ -6,6 +6,7 @@
 //!
 //! Malformed or foreign connections are WARNed and dropped; the listener keeps working.
 
+use super::process_listener::{self, refuse, Entrance};
 use crate::config;
 use crate::device::{NetDevice, VirtualDevice};
 use crate::error::{Error, Result};
@@ -19,7 +20,6 @@ use crate::transport::proto::recv as recv_core;
 use crate::transport::proto::setup::{AwaitReady, AwaitRequest, Incoming, Refusal};
 use crate::transport::proto::split;
 use crate::transport::proto::time::Time;
-use crate::transport::setup::process_listener::{self, refuse, Entrance};
 use crate::transport::sidechannel::shared_link::{self, Joining, Port, SideChannel};
 use crate::transport::sidechannel::{self, ChannelError};
 use crate::transport::{clock, datapath::recv, RecvComm};

@@ -3,18 +3,18 @@
 //!
 //! A [`Link`] is one TCP connection and the comms on it; whichever comm looks at its side
 //! channel reads the link under the link's lock and files every frame for the comm it names
-//! (no thread of our own: see `watch`). A comm holds a [`Port`]: its route on the link.
+//! (no thread of our own: see `datapath::watch`). A comm holds a [`Port`]: its route on the link.
 //! The process keeps weak references to its links (a link closes with the last comm or
 //! connect that holds it) and, per peer process, what it knows of its link to it.
 //! [`SideChannel`] is what a connection holds: a port, or a connection of its own (a peer of
 //! wire version 5 or older, a comm to this same process, or a listener that keeps comms
 //! apart).
 
+use super::{Channel, ChannelError, Peek};
 use crate::transport::proto::handshake::{EndpointRepr, Message, Route, WireError};
 use crate::transport::proto::link::{self, PeerLink, Plan, PortState, Router};
 use crate::transport::proto::setup::reject;
 use crate::transport::proto::time::Time;
-use crate::transport::sidechannel::{Channel, ChannelError, Peek};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
@@ -364,7 +364,7 @@ static NEXT_COMM: AtomicU64 = AtomicU64::new(1);
 
 /// This process's id on links: random, never 0 (a restarted peer is another process).
 pub fn process_id() -> u64 {
-    static ID: Lazy<u64> = Lazy::new(crate::transport::sidechannel::random_nonzero);
+    static ID: Lazy<u64> = Lazy::new(super::random_nonzero);
     *ID
 }
 
@@ -375,7 +375,7 @@ pub fn next_comm_id() -> u64 {
 
 /// A fresh link key (never 0).
 pub fn new_key() -> u64 {
-    crate::transport::sidechannel::random_nonzero()
+    super::random_nonzero()
 }
 
 fn live(links: &HashMap<u64, Weak<Link>>, key: u64, process: u64) -> Option<Arc<Link>> {
