@@ -54,7 +54,7 @@ RANKS = {
         (2, ("ibv",), "libibverbs loaded at run time, RAII verbs objects"),
         (3, ("device",), "discovery, GID selection, properties"),
         (4, ("transport",), "the transport's I/O layer"),
-        (5, ("api", "report"), "the one internal API and what reports through it"),
+        (5, ("api", "report", "stats_file"), "the one internal API and what reports through it"),
         (6, ("abi",), "the exported ncclNetPlugin_vN tables"),
     ],
     "softroce": [

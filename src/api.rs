@@ -148,7 +148,7 @@ pub fn finalize(ctx: Box<CommContext>) -> Result<()> {
     let last = old.is_some();
     drop(old);
     if last {
-        transport::stats::finish();
+        crate::stats_file::finish();
     }
     Ok(())
 }
@@ -157,7 +157,7 @@ pub fn finalize(ctx: Box<CommContext>) -> Result<()> {
 /// the library's code must not run after `dlclose`. Devices stay open (other threads may still
 /// use them during process exit).
 pub fn stop_threads_for_unload() {
-    transport::stats::finish();
+    crate::stats_file::finish();
     let reg = GLOBAL.lock().registry.clone();
     if let Some(reg) = reg {
         for d in &reg.physical {
@@ -388,12 +388,20 @@ pub fn listen(_ctx: &CommContext, dev: i32, handle: &mut [u8; 128]) -> Result<Bo
 
 pub fn connect(ctx: &CommContext, dev: i32, handle: &mut [u8; 128]) -> Result<Option<Box<SendHandle>>> {
     let device = virtual_device(dev)?;
-    Ok(transport::connect(ctx.traffic_class, &device, handle)?.map(|c| CommHandle::new(device, c)))
+    let comm = transport::connect(ctx.traffic_class, &device, handle)?;
+    if comm.is_some() {
+        crate::stats_file::comm_opened();
+    }
+    Ok(comm.map(|c| CommHandle::new(device, c)))
 }
 
 pub fn accept(listen: &mut ListenHandle) -> Result<Option<Box<RecvHandle>>> {
     let device = listen.device.clone();
-    Ok(listen.inner.accept()?.map(|c| CommHandle::new(device, c)))
+    let comm = listen.inner.accept()?;
+    if comm.is_some() {
+        crate::stats_file::comm_opened();
+    }
+    Ok(comm.map(|c| CommHandle::new(device, c)))
 }
 
 /// Registration (docs/nccl-net-abi.md#memory-registration): host memory always; CUDA memory

@@ -3,7 +3,8 @@
 //! Layers, dependencies pointing one way: `config`, `log`, `error`, `memory` → `ibv` (libibverbs
 //! loaded at run time) → `device` (discovery, GID selection, properties) → `transport`
 //! (connections and the data path; its protocol core `transport::proto` is pure) → `api` (the
-//! one internal API) → `abi` (the exported `ncclNetPlugin_vN` tables, thin per-version shims).
+//! one internal API, with `stats_file` beside it: the statistics file the transport's counters
+//! are written to) → `abi` (the exported `ncclNetPlugin_vN` tables, thin per-version shims).
 //! `ci/tests/05-layers.sh` fails on an import against this order and on an import cycle
 //! between files.
 
@@ -22,4 +23,5 @@ pub mod error;
 pub mod ibv;
 pub mod memory;
 pub mod profiler;
+pub mod stats_file;
 pub mod transport;

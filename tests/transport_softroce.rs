@@ -1573,3 +1573,38 @@ fn a_buffer_the_nic_cannot_reach_fails_registration_with_a_hint() {
     api::dereg_mr(mh).unwrap();
     drop((s, r));
 }
+
+/// A request NCCL tests again after it was reported done is an error naming that (its slot is
+/// free, perhaps already reused), never a completion of whatever holds the slot now.
+#[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
+fn a_request_tested_again_after_done_is_an_error() {
+    let ctx = setup();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let (s, r) = pair(&ctx);
+    let src = vec![5u8; 64];
+    let mut dst = vec![0u8; 64];
+    let (smh, rmh) = (reg(&*s, &src), reg(&*r, &dst));
+    // SAFETY: handles live; buffers registered and alive until completion.
+    let rreq = unsafe { api::irecv(&r, &[dst.as_mut_ptr() as usize], &[64], &[3], &[&rmh], false) }
+        .unwrap()
+        .expect("a receive slot");
+    let end = deadline();
+    let sreq = loop {
+        // SAFETY: as above.
+        if let Some(q) = unsafe { api::isend(&s, src.as_ptr() as usize, 64, 3, &smh) }.unwrap() {
+            break q;
+        }
+        assert!(Instant::now() < end, "isend never matched");
+    };
+    let mut sizes = [-1i32];
+    wait(sreq, &mut sizes);
+    wait(rreq, &mut sizes);
+    for (req, what) in [(sreq, "send"), (rreq, "receive")] {
+        // SAFETY: the request points into its comm's request table, alive with the comm.
+        let again = unsafe { api::test(req, sizes.as_mut_ptr()) };
+        let e = again.expect_err(what);
+        assert!(e.message.contains("not in flight"), "{what}: {}", e.message);
+    }
+    close_all(ctx, s, r, [smh, rmh]);
+}

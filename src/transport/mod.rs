@@ -3,26 +3,28 @@
 //!
 //! `api.rs` calls exactly these entry points; every ABI version drives the same code.
 //!
-//! * [`listen()`] / [`ListenComm::accept`] ([`listen`](mod@listen)) and [`connect()`]
-//!   ([`connect`](mod@connect)): non-blocking setup over a TCP side channel ([`sidechannel`])
-//!   with a versioned handshake ([`proto::handshake`]), driven by the pure setup states of
-//!   [`proto::setup`].
+//! * [`listen()`] / [`ListenComm::accept`] and [`connect()`] ([`setup`]): non-blocking setup over
+//!   a TCP side channel ([`sidechannel`]) with a versioned handshake ([`proto::handshake`]),
+//!   driven by the pure setup states of [`proto::setup`]; the resources both ends build and
+//!   bring up are [`conn`]'s.
 //! * [`reg_mr`] / [`dereg_mr`] ([`registration`]): a process-wide, refcounted MR cache per
-//!   device ([`mr_cache`]); they need no comm, so the service thread never touches a comm the
-//!   progress thread uses.
-//! * [`SendComm::isend`], [`RecvComm::irecv`], [`RecvComm::iflush`], [`test()`]: the receiver-driven
-//!   CTS FIFO design ([`fifo`], [`split`], [`request`]).
+//!   device ([`registration::mr_cache`]); they need no comm, so the service thread never
+//!   touches a comm the progress thread uses.
+//! * [`SendComm::isend`], [`RecvComm::irecv`], [`RecvComm::iflush`], [`test()`] ([`datapath`]):
+//!   the receiver-driven CTS FIFO design ([`proto::fifo`], [`proto::split`], [`proto::request`]),
+//!   each comm's QPs kept alive by [`recovery`].
+//! * [`stats`]: the counters a comm keeps when statistics are on (the file is `crate::report`'s).
 //! * Close = drop of the boxed comm; safe with requests in flight.
 //!
 //! Errors: unreachable or failed peer → `ErrorKind::Remote`; OS / verbs failure → `System`;
-//! NCCL misuse → `Internal`. Completion errors are WARNed once per comm ([`errors`]).
+//! NCCL misuse → `Internal`. Completion errors are WARNed once per comm ([`datapath::completion_errors`]).
 //!
 //! Connection setup (connector → listener, over a TCP connection of its own): `ConnectReq` (sender devices, QPs, CTS FIFO address/rkeys, tc/sl,
 //! split flag) → `ConnectResp` (receiver devices, QPs, completion-record address/rkeys, echoed
 //! tc/sl; the receiver's QPs are already RTS) → `Ready` (the sender's QPs are RTS). Both ends
 //! give up after `FERROCE_CONNECT_TIMEOUT_SEC`. Afterwards the side channel carries recovery
 //! messages and tells a comm when its peer is gone; from wire version 6 the comms between two
-//! processes share one such TCP connection, a link ([`link`], [`proto::link`]): the first
+//! processes share one such TCP connection, a link ([`sidechannel::shared_link`], [`proto::link`]): the first
 //! connect to a process keeps its setup connection as the link, later ones (in either
 //! direction) send their handshake on it and open no socket, so a process holds one or two
 //! side-channel descriptors per peer process however many comms it has with it. A comm with an older peer or within this
@@ -30,7 +32,7 @@
 //! `NCCL_IB_QPS_PER_CONNECTION × max(ndevs local, remote)` QPs in all; the receiver adopts
 //! the sender's QP count and split mode. Active-standby (`FERROCE_ACTIVE_STANDBY`, flag in the
 //! records, both ends alike): `NCCL_IB_QPS_PER_CONNECTION` QPs on the first member that is up,
-//! and the QP lists end with one probe QP per other member ([`standby`]).
+//! and the QP lists end with one probe QP per other member ([`recovery::standby`]).
 //!
 //! Limits: 32 receives in flight per recv comm (NCCL_NET_MAX_REQUESTS) holding at most 64 CTS
 //! entries in all (the FIFO ring: NCCL_STEPS 8 × maxRecvs 8), 32 flushes besides (an error
@@ -45,35 +47,28 @@
 
 pub mod clock;
 pub mod conn;
-pub mod connect;
-pub mod driver;
-pub mod errors;
-pub mod link;
-pub mod listen;
-pub mod mr_cache;
-pub mod process_listener;
+pub mod datapath;
 pub mod proto;
-pub mod recover;
 pub mod recovery;
-pub mod recv;
 pub mod registration;
-pub mod ring_memory;
-pub mod send;
+pub mod setup;
 pub mod sidechannel;
-pub mod sink;
-pub mod standby;
 pub mod stats;
-pub mod watch;
+
+// The modules' paths before they moved into their folders, for `api`, the ABI shims, the doctor,
+// the integration tests and the fuzz targets.
+pub use datapath::{driver, recv};
 
 use crate::error::Error;
-use watch::Guarded;
+use datapath::requests::Side;
+use datapath::watch::Guarded;
 
 pub(crate) use conn::{FLUSH_CQE, FLUSH_SEND_WR};
-pub use connect::{connect, forget_pending_connects};
-pub use listen::{listen, ListenComm};
+pub use datapath::requests::Request;
 pub use proto::limits::MAX_RECVS;
-pub use proto::request::Request;
 pub use registration::{dereg_mr, reg_mr, MemHandle, MemKind};
+pub use setup::connect::{connect, forget_pending_connects};
+pub use setup::listen::{listen, ListenComm};
 
 type Result<T> = std::result::Result<T, Error>;
 
@@ -83,12 +78,12 @@ type Result<T> = std::result::Result<T, Error>;
 
 /// The sending end of a connection.
 pub struct SendComm {
-    dp: Box<Guarded<send::SendDp>>,
+    dp: Box<Guarded<datapath::send::SendDp>>,
 }
 
 /// The receiving end of a connection.
 pub struct RecvComm {
-    dp: Box<Guarded<recv::RecvDp>>,
+    dp: Box<Guarded<datapath::recv::RecvDp>>,
 }
 
 impl SendComm {
@@ -175,19 +170,22 @@ pub unsafe fn test(req: *mut Request, sizes: *mut i32) -> Result<bool> {
     if req.is_null() {
         return Err(Error::internal("test: NULL request"));
     }
-    // SAFETY: the caller guarantees req points into a live comm's pool; the fields are read
-    // by value and the borrow ends before the comm is borrowed mutably.
-    let (owner, kind) = unsafe { ((*req).owner, (*req).kind()) };
-    match kind {
+    // SAFETY: the caller guarantees req points into a live comm's request table; the fields
+    // are read by value and the borrow ends before the comm is borrowed mutably.
+    let (owner, side) = unsafe { (*req).owner() };
+    match side {
         // SAFETY: a Send request's owner is the Guarded SendDp of its (open) comm (entered
         // under its lock); `sizes` as the caller guarantees.
-        proto::request::ReqKind::Send => unsafe { (*(owner as *const Guarded<send::SendDp>)).enter().test(req, sizes) },
-        // SAFETY: as above for the RecvDp; `sizes` as the caller guarantees.
-        proto::request::ReqKind::Recv | proto::request::ReqKind::Flush => unsafe {
-            (*(owner as *const Guarded<recv::RecvDp>)).enter().test(req, sizes)
+        Side::Send => unsafe {
+            (*(owner as *const Guarded<datapath::send::SendDp>))
+                .enter()
+                .test(req, sizes)
         },
-        proto::request::ReqKind::Free => Err(Error::internal(
-            "test: the request is not in flight (tested again after done?)",
-        )),
+        // SAFETY: as above for the RecvDp; `sizes` as the caller guarantees.
+        Side::Recv => unsafe {
+            (*(owner as *const Guarded<datapath::recv::RecvDp>))
+                .enter()
+                .test(req, sizes)
+        },
     }
 }

@@ -1,23 +1,20 @@
-//! Live counters and latency histograms per comm and per QP, the per-process statistics file
-//! and the summary a comm logs when it closes.
+//! Live counters and latency histograms per comm and per QP, the process's list of them (live
+//! comms and the last [`KEEP_CLOSED`] closed ones, with the totals of every comm it had), and
+//! the summary a comm logs when it closes.
 //!
 //! Kept only when asked for (`FERROCE_STATS=DIR`, or `NCCL_DEBUG=INFO`/`TRACE`): otherwise a
 //! comm holds `None` and the data path pays one branch per message and allocates nothing. When
 //! on, counters are relaxed atomics (the file writer reads them from another thread) and each
 //! request's start time sits in a fixed array of the comm.
 //!
-//! The file `DIR/ferroce-<host>-<pid>.json` is written (atomically: a temporary file renamed)
-//! at every `finalize`, at process exit, and every `FERROCE_STATS_INTERVAL_SEC`. It holds one
-//! object per comm (live, and the last [`KEEP_CLOSED`] closed ones) and the totals of every
-//! comm the process ever had.
+//! The statistics file, its writer thread and its exit hook are `crate::stats_file`'s; it reads
+//! the comms through [`snapshot`].
 
 use super::proto::time::Time;
 use once_cell::sync::Lazy;
-use parking_lot::{Condvar, Mutex};
-use std::fmt::Write as _;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 /// Buckets of a latency histogram: bucket `i` counts durations in [2^i, 2^(i+1)) ns (bucket 0
 /// also holds 0); the last one everything from 2^39 ns (9 minutes) on.
@@ -164,7 +161,8 @@ impl CommStats {
         Self::add(&self.cts_wait_ns, ns);
     }
 
-    fn get(c: &AtomicU64) -> u64 {
+    /// A counter's value now.
+    pub fn get(c: &AtomicU64) -> u64 {
         c.load(Ordering::Relaxed)
     }
 
@@ -199,62 +197,17 @@ impl CommStats {
             Histogram::quantile_bound(&h, 0.99) / 1000,
         )
     }
-
-    fn json(&self, out: &mut String) {
-        let h = self.latency.counts();
-        let _ = write!(
-            out,
-            "{{\"kind\":\"{}\",\"peer\":\"{}\",\"devices\":\"{}\",\"closed\":{},\"bytes\":{},\"messages\":{},\"post_calls\":{},\"wrs\":{},\"completions\":{},\"errors\":{},\"cts_writes\":{},\"cts_wait_ns\":{},\"eager\":{},\"latency_log2_ns\":{:?},\"qps\":[",
-            self.kind,
-            json_escape(&self.peer),
-            json_escape(&self.devices),
-            self.closed.load(Ordering::Relaxed),
-            Self::get(&self.bytes),
-            Self::get(&self.messages),
-            Self::get(&self.post_calls),
-            Self::get(&self.wrs),
-            Self::get(&self.completions),
-            Self::get(&self.errors),
-            Self::get(&self.cts_writes),
-            Self::get(&self.cts_wait_ns),
-            Self::get(&self.eager),
-            h,
-        );
-        for (i, q) in self.qps.iter().enumerate() {
-            let _ = write!(
-                out,
-                "{}{{\"qpn\":{},\"wrs\":{},\"bytes\":{},\"completions\":{},\"errors\":{}}}",
-                if i > 0 { "," } else { "" },
-                q.qpn.load(Ordering::Relaxed),
-                Self::get(&q.wrs),
-                Self::get(&q.bytes),
-                Self::get(&q.completions),
-                Self::get(&q.errors),
-            );
-        }
-        out.push_str("]}");
-    }
-}
-
-fn json_escape(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| match c {
-            '"' | '\\' => vec!['\\', c],
-            c if (c as u32) < 0x20 => format!("\\u{:04x}", c as u32).chars().collect(),
-            c => vec![c],
-        })
-        .collect()
 }
 
 /// Totals over every comm the process had (closed ones included).
-#[derive(Default, Clone, Copy)]
-struct Totals {
-    comms: u64,
-    send_bytes: u64,
-    send_messages: u64,
-    recv_bytes: u64,
-    recv_messages: u64,
-    errors: u64,
+#[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Totals {
+    pub comms: u64,
+    pub send_bytes: u64,
+    pub send_messages: u64,
+    pub recv_bytes: u64,
+    pub recv_messages: u64,
+    pub errors: u64,
 }
 
 #[derive(Default)]
@@ -266,7 +219,6 @@ struct Registry {
     dropped: Totals,
     /// The same comms' counters by side (for [`side_totals`]).
     dropped_sides: BySide,
-    writer_started: bool,
 }
 
 impl Registry {
@@ -313,18 +265,7 @@ pub fn for_comm(kind: &'static str, peer: String, devices: String, qpns: &[u32])
             .collect(),
         closed: AtomicBool::new(false),
     });
-    let start_writer = {
-        let mut r = REGISTRY.lock();
-        r.live.push(s.clone());
-        let first = !r.writer_started;
-        r.writer_started = true;
-        first
-    };
-    // (At most one atexit registration per writer start; a restarted writer after a
-    // finalize registers again, which only writes the same file twice at exit.)
-    if start_writer {
-        start_file_writer();
-    }
+    REGISTRY.lock().live.push(s.clone());
     Some(s)
 }
 
@@ -401,131 +342,22 @@ fn add_side(t: &mut BySide, s: &CommStats) {
     side.eager += CommStats::get(&s.eager);
 }
 
-/// The whole file's text.
-pub fn render() -> String {
+/// The comms the process lists (live ones, then the last [`KEEP_CLOSED`] closed ones while
+/// FERROCE_STATS names a directory) and the totals of every comm it had.
+pub struct Snapshot {
+    pub comms: Vec<Arc<CommStats>>,
+    pub totals: Totals,
+}
+
+/// The comms and totals now, taken under the list's lock (the counters go on counting).
+pub fn snapshot() -> Snapshot {
     let r = REGISTRY.lock();
     let mut totals = r.dropped;
-    let mut comms = String::new();
-    for (i, s) in r.live.iter().chain(r.closed.iter()).enumerate() {
+    let comms: Vec<Arc<CommStats>> = r.live.iter().chain(r.closed.iter()).cloned().collect();
+    for s in &comms {
         add_totals(&mut totals, s);
-        if i > 0 {
-            comms.push(',');
-        }
-        s.json(&mut comms);
     }
-    format!(
-        "{{\"ferroce\":\"{}\",\"pid\":{},\"host\":\"{}\",\"totals\":{{\"comms\":{},\"send_bytes\":{},\"send_messages\":{},\"recv_bytes\":{},\"recv_messages\":{},\"errors\":{}}},\"comms\":[{}]}}\n",
-        crate::VERSION,
-        std::process::id(),
-        json_escape(&hostname()),
-        totals.comms,
-        totals.send_bytes,
-        totals.send_messages,
-        totals.recv_bytes,
-        totals.recv_messages,
-        totals.errors,
-        comms
-    )
-}
-
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname writes at most buf.len() bytes into buf.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    if rc != 0 {
-        return "unknown".into();
-    }
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    String::from_utf8_lossy(&buf[..end]).into_owned()
-}
-
-/// Write the statistics file now, if FERROCE_STATS names a directory and any comm kept
-/// statistics. A failure is one WARN (statistics never fail the job).
-pub fn write_file() {
-    let Some(dir) = crate::config::get().stats_dir.as_deref() else {
-        return;
-    };
-    {
-        let r = REGISTRY.lock();
-        if r.live.is_empty() && r.closed.is_empty() && r.dropped.comms == 0 {
-            return;
-        }
-    }
-    let name = format!("ferroce-{}-{}.json", hostname(), std::process::id());
-    let path = std::path::Path::new(dir).join(&name);
-    let tmp = std::path::Path::new(dir).join(format!(".{name}.tmp"));
-    let text = render();
-    let result = std::fs::create_dir_all(dir)
-        .and_then(|()| std::fs::write(&tmp, text))
-        .and_then(|()| std::fs::rename(&tmp, &path));
-    if let Err(e) = result {
-        static WARNED: AtomicBool = AtomicBool::new(false);
-        if !WARNED.swap(true, Ordering::Relaxed) {
-            crate::log_warn!(
-                "cannot write the statistics file {} (FERROCE_STATS): {e} — check that the directory exists and is writable",
-                path.display()
-            );
-        }
-    }
-}
-
-/// Stops the interval writer (set at finalize of the last context and before an unload).
-static WRITER_STOP: Mutex<bool> = Mutex::new(false);
-static WRITER_WAKE: Condvar = Condvar::new();
-/// The interval writer thread, joined by [`finish`] (library code must not run after an
-/// unload).
-static WRITER: Mutex<Option<std::thread::JoinHandle<()>>> = Mutex::new(None);
-
-extern "C" fn write_at_exit() {
-    write_file();
-}
-
-/// The writer: at exit (atexit), and every FERROCE_STATS_INTERVAL_SEC on a thread of its own.
-fn start_file_writer() {
-    let cfg = crate::config::get();
-    if cfg.stats_dir.is_none() {
-        return;
-    }
-    // SAFETY: registers a function with C linkage and no arguments, which stays in the
-    // library for as long as the process lives (the plugin is not unloaded while NCCL runs;
-    // a dlclose before exit runs `stop_writer` first through the library's fini hook).
-    unsafe { libc::atexit(write_at_exit) };
-    let every = cfg.stats_interval_sec;
-    if every == 0 {
-        return;
-    }
-    *WRITER_STOP.lock() = false;
-    let spawned = std::thread::Builder::new()
-        .name("ferroce-stats".into())
-        .spawn(move || loop {
-            let mut stop = WRITER_STOP.lock();
-            if !*stop {
-                WRITER_WAKE.wait_for(&mut stop, Duration::from_secs(every));
-            }
-            if *stop {
-                return;
-            }
-            drop(stop);
-            write_file();
-        });
-    match spawned {
-        Ok(h) => *WRITER.lock() = Some(h),
-        Err(e) => crate::log_warn!(
-            "cannot start the statistics writer thread: {e}; the file is written at finalize and exit only"
-        ),
-    }
-}
-
-/// Write the file and stop the interval writer (the last `finalize`, and before an unload
-/// without one). A later comm starts a new writer.
-pub fn finish() {
-    write_file();
-    *WRITER_STOP.lock() = true;
-    WRITER_WAKE.notify_all();
-    if let Some(h) = WRITER.lock().take() {
-        let _ = h.join();
-    }
-    REGISTRY.lock().writer_started = false;
+    Snapshot { comms, totals }
 }
 
 /// Nanoseconds between two of the core's times.
@@ -558,7 +390,7 @@ mod tests {
     }
 
     #[test]
-    fn json_of_a_comm_names_every_counter() {
+    fn a_comm_counts_per_comm_and_per_qp() {
         let s = CommStats {
             kind: "send",
             peer: "127.0.0.1:5\"x".into(),
@@ -584,15 +416,11 @@ mod tests {
         s.completed(Some(0), true);
         s.completed(None, false);
         s.renumber(&[17]);
-        let mut out = String::new();
-        s.json(&mut out);
-        assert!(out.contains("\"peer\":\"127.0.0.1:5\\\"x\""), "{out}");
-        assert!(out.contains("\"wrs\":5"), "{out}");
-        assert!(
-            out.contains("{\"qpn\":17,\"wrs\":2,\"bytes\":10,\"completions\":1,\"errors\":0}"),
-            "{out}"
-        );
-        assert!(out.contains("\"errors\":1"), "{out}");
+        assert_eq!(CommStats::get(&s.wrs), 5);
+        assert_eq!(CommStats::get(&s.errors), 1);
+        let q = &s.qps[0];
+        let per_qp = [&q.wrs, &q.bytes, &q.completions, &q.errors].map(CommStats::get);
+        assert_eq!((q.qpn.load(Ordering::Relaxed), per_qp), (17, [2, 10, 1, 0]));
         assert!(s.summary().contains("2 messages, 10 bytes"), "{}", s.summary());
     }
 }

@@ -1,7 +1,8 @@
 //! Request slots and completion counting (pure bookkeeping, no I/O, no unsafe).
 //!
-//! Every comm owns a fixed pool of requests (at most [`MAX_POOL`]) allocated once at connect time;
-//! NCCL receives raw pointers into it. `alloc`/`free` never allocate (the free list is a
+//! Every comm owns a fixed pool of requests (at most [`MAX_POOL`]) allocated once at connect time,
+//! named by their slot index: the pointers NCCL holds are the driver's (one per slot, leading
+//! to the comm and the slot), not this pool's. `alloc`/`free` never allocate (the free list is a
 //! pre-sized stack). A request is done when the completions it still expects (`pending`) reach
 //! zero; a completion error marks it failed instead.
 
@@ -39,14 +40,10 @@ pub enum ReqKind {
     Flush = 3,
 }
 
-/// One in-flight operation (16 bytes). NCCL holds `*mut Request`; `owner` leads back to the
-/// comm, and the request's index is its position in the pool ([`RequestPool::index_of`]). A
-/// receive's posted sizes live in its comm (the CTS staging entries of its group), not here.
+/// One in-flight operation (8 bytes), named by its index in the pool. A receive's posted
+/// sizes live in its comm (the CTS staging entries of its group), not here.
 #[derive(Debug)]
-#[repr(C)]
 pub struct Request {
-    /// The comm's data-path state (`SendDp` or `RecvDp`, by `kind`). Set once at pool creation.
-    pub owner: *mut (),
     /// Send: bytes sent. Receive with n == 1: the size the sender announced (immediate).
     pub size: u32,
     /// Completions still expected (≤ one per QP of the comm: at most 1024).
@@ -58,16 +55,15 @@ pub struct Request {
     flags: u8,
 }
 
-const _: () = assert!(std::mem::size_of::<Request>() == 16);
+const _: () = assert!(std::mem::size_of::<Request>() == 8);
 // The packed fields hold every ring position and group size.
 const _: () = assert!(super::fifo::RING <= 256 && MAX_RECVS <= 8);
 const FAILED: u8 = 1 << 2;
 const N_SHIFT: u32 = 3;
 
 impl Request {
-    fn new(owner: *mut ()) -> Request {
+    fn new() -> Request {
         Request {
-            owner,
             size: 0,
             pending: 0,
             pos: 0,
@@ -137,22 +133,13 @@ pub struct RequestPool {
 }
 
 impl RequestPool {
-    /// `owner` is stored in every request (the comm's data-path state, which must not move
-    /// afterwards — it is boxed by the caller).
-    /// `capacity` ≤ [`MAX_POOL`] (indices must fit the `wr_id` lanes).
-    pub fn new(owner: *mut (), capacity: usize) -> RequestPool {
+    /// A pool of `capacity` requests, ≤ [`MAX_POOL`] (indices must fit the `wr_id` lanes).
+    pub fn with_capacity(capacity: usize) -> RequestPool {
         let cap = capacity.clamp(1, MAX_POOL) as u16;
-        let reqs: Box<[Request]> = (0..cap).map(|_| Request::new(owner)).collect();
+        let reqs: Box<[Request]> = (0..cap).map(|_| Request::new()).collect();
         // Lowest index on top, so tests and logs see 0, 1, 2, ...
         let free = (0..cap).rev().map(|i| i as u8).collect();
         RequestPool { reqs, free }
-    }
-
-    /// Re-point every request at `owner` (after the owner got its final address).
-    pub fn set_owner(&mut self, owner: *mut ()) {
-        for r in self.reqs.iter_mut() {
-            r.owner = owner;
-        }
     }
 
     /// Take a free request and mark it `kind`; `None` when all are in flight.
@@ -182,19 +169,6 @@ impl RequestPool {
 
     pub fn get_mut(&mut self, i: u16) -> Option<&mut Request> {
         self.reqs.get_mut(i as usize)
-    }
-
-    /// Pointer handed to NCCL; stable for the pool's life.
-    pub fn ptr(&mut self, i: u16) -> *mut Request {
-        &mut self.reqs[i as usize] as *mut Request
-    }
-
-    /// Index of a pointer NCCL gave back, if it points into this pool.
-    pub fn index_of(&self, p: *const Request) -> Option<u16> {
-        let base = self.reqs.as_ptr() as usize;
-        let off = (p as usize).checked_sub(base)?;
-        let sz = std::mem::size_of::<Request>();
-        (off % sz == 0 && off / sz < self.reqs.len()).then_some((off / sz) as u16)
     }
 
     pub fn in_flight(&self) -> usize {
@@ -262,7 +236,7 @@ mod tests {
 
     #[test]
     fn pool_alloc_free_exhaustion() {
-        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_POOL);
+        let mut p = RequestPool::with_capacity(MAX_POOL);
         let mut got = vec![];
         for _ in 0..MAX_POOL {
             got.push(p.alloc(ReqKind::Send).unwrap());
@@ -280,7 +254,7 @@ mod tests {
 
     #[test]
     fn at_least_32_in_flight_with_flushes() {
-        let mut p = RequestPool::new(std::ptr::null_mut(), RECV_REQUESTS);
+        let mut p = RequestPool::with_capacity(RECV_REQUESTS);
         for _ in 0..32 {
             p.alloc(ReqKind::Recv).unwrap();
             p.alloc(ReqKind::Flush).unwrap();
@@ -290,7 +264,7 @@ mod tests {
 
     #[test]
     fn completion_counting() {
-        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_POOL);
+        let mut p = RequestPool::with_capacity(MAX_POOL);
         let i = p.alloc(ReqKind::Recv).unwrap();
         let r = p.get_mut(i).unwrap();
         r.pending = pending_count(3);
@@ -303,7 +277,7 @@ mod tests {
 
     #[test]
     fn packed_fields() {
-        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_POOL);
+        let mut p = RequestPool::with_capacity(MAX_POOL);
         for kind in [ReqKind::Send, ReqKind::Recv, ReqKind::Flush] {
             let i = p.alloc(kind).unwrap();
             let r = p.get_mut(i).unwrap();
@@ -330,16 +304,6 @@ mod tests {
     }
 
     #[test]
-    fn pointers_round_trip() {
-        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_POOL);
-        let i = p.alloc(ReqKind::Send).unwrap();
-        let ptr = p.ptr(i);
-        assert_eq!(p.index_of(ptr), Some(i));
-        assert_eq!(p.index_of((ptr as usize + 1) as *const Request), None);
-        assert_eq!(p.index_of(std::ptr::null()), None);
-    }
-
-    #[test]
     fn wr_id_lanes() {
         let w = SendWrId::new(&[1, 2, 63, 0, 7], 9, 1023);
         assert_eq!(w.lane(0), 1);
@@ -355,7 +319,7 @@ mod tests {
         let q = SendWrId::new(&[0; 8], 0, WR_ID_QPS - 1);
         assert_eq!((q.lane(7), q.chain(), q.qp()), (0, 0, WR_ID_QPS - 1));
         assert_eq!(q.0 >> 54, WR_ID_QPS as u64 - 1, "the QP index fills bits 54..64");
-        let mut p = RequestPool::new(std::ptr::null_mut(), MAX_POOL);
+        let mut p = RequestPool::with_capacity(MAX_POOL);
         for _ in 0..MAX_POOL {
             let i = p.alloc(ReqKind::Send).unwrap();
             assert_eq!(SendWrId::new(&[i; 8], 1, 0).lane(7), i, "every index fits a lane");

@@ -66,7 +66,7 @@ mod tests {
 
     #[test]
     fn the_first_failure_wins_is_reported_once_and_marks_requests() {
-        let mut s = CommState::new(RequestPool::new(std::ptr::null_mut(), 4), count);
+        let mut s = CommState::new(RequestPool::with_capacity(4), count);
         let i = s.pool.alloc(ReqKind::Send).unwrap();
         assert!(s.check().is_ok());
         let e = s.fail(Error::remote("first"));

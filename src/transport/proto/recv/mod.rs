@@ -269,7 +269,7 @@ pub struct EagerCounts {
 impl RecvCore {
     pub fn new(cfg: RecvConfig, report: FailureReport) -> RecvCore {
         RecvCore {
-            state: CommState::new(RequestPool::new(std::ptr::null_mut(), request::RECV_REQUESTS), report),
+            state: CommState::new(RequestPool::with_capacity(request::RECV_REQUESTS), report),
             counter: 0,
             ring: fifo::RingAlloc::default(),
             recvs_in_flight: 0,

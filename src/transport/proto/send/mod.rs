@@ -179,7 +179,7 @@ impl SendCore {
             e
         });
         SendCore {
-            state: CommState::new(RequestPool::new(std::ptr::null_mut(), request::SEND_REQUESTS), report),
+            state: CommState::new(RequestPool::with_capacity(request::SEND_REQUESTS), report),
             cfg,
             counter: 0,
             head: 0,

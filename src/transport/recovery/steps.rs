@@ -4,14 +4,14 @@
 //! the core — with a WARN when the connection loses its QPs and one when it recovered (or gave
 //! up).
 
-use super::clock;
-use super::driver::Driver;
-use super::proto::handshake::{Message, WireError};
-use super::proto::recovery::Action;
-use super::recovery::PeerHello;
-use super::sidechannel::ChannelError;
-use super::sink::RecoverySink;
+use super::PeerHello;
 use crate::error::{Error, Result};
+use crate::transport::clock;
+use crate::transport::datapath::driver::Driver;
+use crate::transport::datapath::sink::RecoverySink;
+use crate::transport::proto::handshake::{Message, WireError};
+use crate::transport::proto::recovery::Action;
+use crate::transport::sidechannel::ChannelError;
 use std::time::{Duration, Instant};
 
 /// How long the receiver waits for its old QPs to flush every receive before it destroys
@@ -83,7 +83,7 @@ impl Driver {
                     return Err(core.state().fail(Error::remote(format!(
                         "the peer {} sent a {} message after the connection was set up: a corrupt or incompatible peer",
                         self.conn.chan.peer(),
-                        super::proto::setup::kind_name(&other)
+                        crate::transport::proto::setup::kind_name(&other)
                     ))))
                 }
                 Err(ChannelError::Wire(e)) => return Err(self.malformed(core, &e)),

@@ -1,11 +1,11 @@
 //! How the driver hands completions to a core, and what a recovery needs of it besides: the
-//! cores' side of the driver (`driver.rs`) and of a recovery (`recover.rs`).
+//! cores' side of the driver ([`driver`](super::driver)) and of a recovery ([`recovery::steps`](crate::transport::recovery::steps)).
 
-use super::proto::plan::{Post, QpRoute};
-use super::proto::recv::RecvCore;
-use super::proto::send::{FifoRing, SendCore};
-use super::proto::state::CommState;
 use crate::error::Result;
+use crate::transport::proto::plan::{Post, QpRoute};
+use crate::transport::proto::recv::RecvCore;
+use crate::transport::proto::send::{FifoRing, SendCore};
+use crate::transport::proto::state::CommState;
 
 /// How the driver hands completions to a core.
 pub trait CompletionSink {

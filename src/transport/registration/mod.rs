@@ -1,17 +1,19 @@
 //! Registration (docs/nccl-net-abi.md#memory-registration): a range registered on every member
 //! device of a (fused) device
-//! through the process-wide, refcounted MR cache of each ([`mr_cache`](super::mr_cache)).
+//! through the process-wide, refcounted MR cache of each ([`mr_cache`]).
 //! Needs no comm, so NCCL's service thread never touches a comm its progress thread uses.
 
-use super::conn::check_members;
-use super::mr_cache::{cache_for, DeviceCache};
+pub mod mr_cache;
+
 use crate::device::VirtualDevice;
 use crate::error::{Error, Result};
 use crate::ibv::mr::MemoryRegion;
 use crate::memory::{page_range, page_size};
+use crate::transport::conn::check_members;
+use mr_cache::{cache_for, DeviceCache};
 use std::sync::Arc;
 
-use super::proto::limits::MAX_DEVS;
+use crate::transport::proto::limits::MAX_DEVS;
 
 /// Memory type of a registration (`NCCL_PTR_HOST` / `NCCL_PTR_CUDA`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -25,7 +25,7 @@ const ROUND: Duration = Duration::from_millis(50);
 /// What a round asks of an idle comm's data path.
 pub trait Watched {
     /// Requests in flight name their comm by this address (the [`Guarded`] holding it).
-    fn set_owner(&mut self, owner: *mut ());
+    fn set_owner(&mut self, owner: *const ());
     /// Move a recovery on, or read the side channel when a message is waiting (as the next
     /// NCCL call would); nothing otherwise. An error stays in the comm's state for NCCL's
     /// next call.
@@ -64,11 +64,11 @@ impl<T: Watched + 'static> Guarded<T> {
             calls: Mutex::new(0),
             dp: UnsafeCell::new(dp),
         });
-        let owner = &*g as *const Guarded<T> as *mut ();
+        let owner = &*g as *const Guarded<T> as *const ();
         // Counted as a call: the first round only notes the count.
         g.enter().set_owner(owner);
         register(Entry {
-            comm: owner.cast_const(),
+            comm: owner,
             step: step::<T>,
             seen: u64::MAX,
         });
@@ -154,7 +154,7 @@ pub fn step_idle_comms() {
     let Some(mut last) = LAST.try_lock() else {
         return;
     };
-    if !super::clock::due(&mut last, ROUND) {
+    if !crate::transport::clock::due(&mut last, ROUND) {
         return;
     }
     let Some(mut list) = registry().try_lock() else {

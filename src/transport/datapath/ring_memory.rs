@@ -3,12 +3,12 @@
 //! both while we read them, so every access is volatile, and a stamp is loaded alone before
 //! (after an acquire fence) the entries it announces.
 
-use super::conn::RegBuf;
-use super::proto::eager;
-use super::proto::fifo::{self, CtsEntry, RING};
-use super::proto::limits::MAX_RECVS;
-use super::proto::recv::StagingRing;
-use super::proto::send::FifoRing;
+use crate::transport::conn::RegBuf;
+use crate::transport::proto::eager;
+use crate::transport::proto::fifo::{self, CtsEntry, RING};
+use crate::transport::proto::limits::MAX_RECVS;
+use crate::transport::proto::recv::StagingRing;
+use crate::transport::proto::send::FifoRing;
 use std::sync::atomic::{fence, Ordering};
 
 /// A view of a comm's registered ring block (which the comm owns and keeps registered for as

@@ -4,25 +4,26 @@
 //! Nothing on this path allocates, locks or makes a syscall except `ibv_post_send`, the CQ
 //! polls and the rate-limited liveness probe when idle.
 
-use super::conn::{Conn, RegBuf};
 use super::driver::{self, Driver};
-use super::proto::eager::{self, EagerSendConfig, EAGER_QP};
-use super::proto::fifo;
-use super::proto::handshake::EAGER_VERSION;
-use super::proto::limits::MAX_DEVS;
-use super::proto::plan::{LocalBlock, RemoteBlock};
-use super::proto::plan::{Op, Post};
-use super::proto::request::{Request, SendWrId, SEND_REQUESTS};
-use super::proto::send::{Isend, SendBuf, SendConfig, SendCore};
-use super::proto::time::Time;
+use super::requests::{not_in_flight, Request, Requests, Side};
 use super::ring_memory::RingMemory;
 use super::sink::SendSide;
-use super::stats;
 use super::watch::{Guarded, Watched};
-use super::{clock, MemHandle};
 use crate::error::{Error, Result};
 use crate::ibv::sys;
 use crate::profiler::{self, OpenEvents, QpEvent};
+use crate::transport::conn::{Conn, RegBuf};
+use crate::transport::proto::eager::{self, EagerSendConfig, EAGER_QP};
+use crate::transport::proto::fifo;
+use crate::transport::proto::handshake::EAGER_VERSION;
+use crate::transport::proto::limits::MAX_DEVS;
+use crate::transport::proto::plan::{LocalBlock, RemoteBlock};
+use crate::transport::proto::plan::{Op, Post};
+use crate::transport::proto::request::{ReqKind, SendWrId, SEND_REQUESTS};
+use crate::transport::proto::send::{Isend, SendBuf, SendConfig, SendCore};
+use crate::transport::proto::time::Time;
+use crate::transport::stats;
+use crate::transport::{clock, MemHandle};
 use std::ffi::c_void;
 use std::time::Duration;
 
@@ -38,6 +39,8 @@ pub struct SendDp {
     pub bufs: RegBuf,
     ring: RingMemory,
     pub core: SendCore,
+    /// The requests NCCL holds, one per slot of the core's pool.
+    requests: Requests,
     /// With statistics on: when each request started, and since when isend found no CTS.
     started: Option<Box<[Time; SEND_REQUESTS]>>,
     cts_wait_since: Option<Time>,
@@ -105,8 +108,8 @@ impl SendProfiling {
 unsafe impl Send for SendDp {}
 
 impl Watched for SendDp {
-    fn set_owner(&mut self, owner: *mut ()) {
-        self.core.state.pool.set_owner(owner);
+    fn set_owner(&mut self, owner: *const ()) {
+        self.requests.set_owner(owner);
     }
 
     fn idle_step(&mut self) {
@@ -185,6 +188,7 @@ impl SendDp {
             bufs,
             ring,
             core: SendCore::new(cfg, driver::warn_failure),
+            requests: Requests::new(Side::Send, SEND_REQUESTS),
             started,
             cts_wait_since: None,
             prof: None,
@@ -313,7 +317,7 @@ impl SendDp {
                         self.io.conn.chan.peer()
                     );
                 }
-                Ok(Some(self.core.state.pool.ptr(idx)))
+                Ok(Some(self.requests.ptr(idx)))
             }
             Isend::NoBuffer => self.idle(),
             Isend::Busy => Ok(None),
@@ -325,11 +329,14 @@ impl SendDp {
     /// # Safety
     /// `sizes` is NULL or points to room for one `i32`.
     pub unsafe fn test(&mut self, req: *const Request, sizes: *mut i32) -> Result<bool> {
-        self.poll()?;
-        self.progress()?;
-        let Some(idx) = self.core.state.pool.index_of(req) else {
+        let Some(idx) = self.requests.slot_of(req) else {
             return Err(Error::internal("test: unknown send request"));
         };
+        if self.core.state.pool.get(idx).is_none_or(|r| r.kind() == ReqKind::Free) {
+            return Err(not_in_flight());
+        }
+        self.poll()?;
+        self.progress()?;
         if let Some(size) = self.core.test(idx)? {
             // SAFETY: as this function's.
             unsafe { self.completed(idx, size, sizes) };

@@ -9,29 +9,30 @@
 //! it. If making it fails, that `iflush` returns the error and the comm stays as it was
 //! (usable; a later `iflush` tries again).
 
-use super::conn::{self, Conn, LocalDev, RegBuf};
+use super::completion_errors::{wc_error, WcErrorReport};
 use super::driver::{self, Driver};
-use super::errors::{wc_error, WcErrorReport};
-use super::mr_cache::{self, DeviceCache, FlushScratch};
-use super::proto::eager;
-use super::proto::handshake::EAGER_VERSION;
-use super::proto::limits::{MAX_DEVS, MAX_RECVS};
-use super::proto::plan::{LocalBlock, Post, RemoteBlock, Sge, WorkRequest};
-use super::proto::recv::{EagerRecvConfig, Irecv, RecvBuf, RecvConfig, RecvCore};
-use super::proto::request::{ReqKind, Request, RECV_REQUESTS};
-use super::proto::time::Time;
-use super::proto::{fifo, split};
+use super::requests::{not_in_flight, Request, Requests, Side};
 use super::ring_memory::RingMemory;
-use super::sidechannel::Peek;
-use super::stats;
 use super::watch::{Guarded, Watched};
-use super::{clock, MemHandle};
-use super::{FLUSH_CQE, FLUSH_SEND_WR};
 use crate::config;
 use crate::error::{Error, Result};
 use crate::ibv::qp::{QpCaps, RtrAttrs};
 use crate::ibv::{sys, CompletionQueue, QueuePair, WorkCompletion};
 use crate::profiler::{self, OpenEvents, QpEvent};
+use crate::transport::conn::{self, Conn, LocalDev, RegBuf};
+use crate::transport::proto::eager;
+use crate::transport::proto::handshake::EAGER_VERSION;
+use crate::transport::proto::limits::{MAX_DEVS, MAX_RECVS};
+use crate::transport::proto::plan::{LocalBlock, Post, RemoteBlock, Sge, WorkRequest};
+use crate::transport::proto::recv::{EagerRecvConfig, Irecv, RecvBuf, RecvConfig, RecvCore};
+use crate::transport::proto::request::{ReqKind, RECV_REQUESTS};
+use crate::transport::proto::time::Time;
+use crate::transport::proto::{fifo, split};
+use crate::transport::registration::mr_cache::{self, DeviceCache, FlushScratch};
+use crate::transport::sidechannel::Peek;
+use crate::transport::stats;
+use crate::transport::{clock, MemHandle};
+use crate::transport::{FLUSH_CQE, FLUSH_SEND_WR};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -60,6 +61,8 @@ pub struct RecvDp {
     pub bufs: RegBuf,
     ring: RingMemory,
     pub core: RecvCore,
+    /// The requests NCCL holds, one per slot of the core's pool.
+    requests: Requests,
     /// With statistics on: when each request started.
     started: Option<Box<[Time; RECV_REQUESTS]>>,
     /// While NCCL's profiler is on: made by the first receive with a profiler handle.
@@ -224,8 +227,8 @@ impl FlushDev {
 unsafe impl Send for RecvDp {}
 
 impl Watched for RecvDp {
-    fn set_owner(&mut self, owner: *mut ()) {
-        self.core.state.pool.set_owner(owner);
+    fn set_owner(&mut self, owner: *const ()) {
+        self.requests.set_owner(owner);
     }
 
     fn idle_step(&mut self) {
@@ -301,6 +304,7 @@ impl RecvDp {
             bufs,
             ring,
             core: RecvCore::new(cfg, driver::warn_failure),
+            requests: Requests::new(Side::Recv, RECV_REQUESTS),
             started,
             prof: None,
         })
@@ -418,7 +422,7 @@ impl RecvDp {
                         }
                     }
                 }
-                Ok(Some(self.core.state.pool.ptr(idx)))
+                Ok(Some(self.requests.ptr(idx)))
             }
             Irecv::Busy | Irecv::NoCtsCredit => self.refused(),
         }
@@ -507,7 +511,7 @@ impl RecvDp {
                 Post::Flush { dev, wr } => unsafe { flush.post(dev, &wr) },
                 _ => Err(Error::internal("iflush planned a data-QP operation")),
             })?;
-        Ok(Some(self.core.state.pool.ptr(r)))
+        Ok(Some(self.requests.ptr(r)))
     }
 
     fn make_flush(&self) -> Result<Box<Flush>> {
@@ -532,11 +536,14 @@ impl RecvDp {
     /// # Safety
     /// `sizes` is NULL or points to room for the request's `n` `i32`s.
     pub unsafe fn test(&mut self, req: *const Request, sizes: *mut i32) -> Result<bool> {
-        self.poll()?;
-        self.flush_cts()?;
-        let Some(idx) = self.core.state.pool.index_of(req) else {
+        let Some(idx) = self.requests.slot_of(req) else {
             return Err(Error::internal("test: unknown receive request"));
         };
+        if self.core.kind_of(idx).is_none_or(|k| k == ReqKind::Free) {
+            return Err(not_in_flight());
+        }
+        self.poll()?;
+        self.flush_cts()?;
         let mut done = self.core.test(&self.ring, idx)?;
         if done.is_none() {
             let kind = self.core.kind_of(idx);

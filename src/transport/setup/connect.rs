@@ -2,22 +2,24 @@
 //! channel, build the
 //! sender's resources, exchange `ConnectReq` / `ConnectResp` / `Ready`, and hand the result to
 //! the data path. Non-blocking: NCCL re-enters [`connect`] with the same handle until it
-//! returns a comm. The protocol decisions are [`proto::setup`](super::proto::setup)'s.
+//! returns a comm. The protocol decisions are [`proto::setup`](crate::transport::proto::setup)'s.
 
-use super::conn::{self, Conn, ConnQp, LocalDev, Probe, RegBuf};
-use super::link::{self, FoundingMark, Joining, Link, Port, SideChannel};
-use super::proto::handshake::{self, EndpointRepr, HandleRepr, LinkOffer, Message, FLAG_SPLIT, FLAG_STANDBY};
-use super::proto::link::{Outcome, Plan};
-use super::proto::setup::{AwaitResponse, Dialing, Finishing, SetupError};
-use super::proto::time::Time;
-use super::proto::{request, split};
-use super::sidechannel::{self, ChannelError, Connector};
-use super::{clock, send, SendComm};
 use crate::config;
 use crate::device::{NetDevice, VirtualDevice};
 use crate::error::{Error, Result};
 use crate::ibv::qp::QpCaps;
 use crate::ibv::{sys, QueuePair};
+use crate::transport::conn::{self, Conn, ConnQp, LocalDev, Probe, RegBuf};
+use crate::transport::proto::handshake::{
+    self, EndpointRepr, HandleRepr, LinkOffer, Message, FLAG_SPLIT, FLAG_STANDBY,
+};
+use crate::transport::proto::link::{Outcome, Plan};
+use crate::transport::proto::setup::{AwaitResponse, Dialing, Finishing, SetupError};
+use crate::transport::proto::time::Time;
+use crate::transport::proto::{request, split};
+use crate::transport::sidechannel::shared_link::{self, FoundingMark, Joining, Link, Port, SideChannel};
+use crate::transport::sidechannel::{self, ChannelError, Connector};
+use crate::transport::{clock, datapath::send, SendComm};
 use parking_lot::Mutex;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,15 +31,15 @@ use std::time::Duration;
 // WR a completion whether it was signaled or not, and an overrun CQ is a device-fatal event).
 
 /// Send WRs per sender data QP: its credits (bound: WRs not yet retired ≤ send::SQ_DEPTH).
-const SENDER_SEND_WR: u32 = super::proto::send::SQ_DEPTH as u32;
+const SENDER_SEND_WR: u32 = crate::transport::proto::send::SQ_DEPTH as u32;
 /// CQ entries per sender data QP: ≤ one per unretired WR (send::SQ_DEPTH); nothing else
 /// completes on the sender's CQ.
-const SENDER_CQE_PER_QP: usize = super::proto::send::SQ_DEPTH;
+const SENDER_CQE_PER_QP: usize = crate::transport::proto::send::SQ_DEPTH;
 /// Inline bytes the sender's QPs ask for when the eager path may be used: an eager header and
 /// a payload of up to the default `FERROCE_EAGER_MAX` in one inline write.
 const EAGER_INLINE: u32 = 256;
 // Every QP of a connection has an index a send wr_id can carry.
-const _: () = assert!(super::proto::limits::MAX_QPS <= request::WR_ID_QPS);
+const _: () = assert!(crate::transport::proto::limits::MAX_QPS <= request::WR_ID_QPS);
 
 /// The sender's resources, made once the TCP connection is up; QPs in INIT.
 struct Requested {
@@ -116,13 +118,13 @@ struct LinkPlan {
 /// Whether a connect at wire `version` to `listener` may share a link: a listener of version
 /// 6 on in another process.
 fn shares_link(listener: &HandleRepr, version: u16) -> bool {
-    version >= handshake::LINK_VERSION && listener.process != 0 && listener.process != link::process_id()
+    version >= handshake::LINK_VERSION && listener.process != 0 && listener.process != shared_link::process_id()
 }
 
 /// The link plan of connect `ticket` to the listener's process at `now`; `None`: wait for
 /// the founding another connect has in progress.
 fn plan_link(listener: &HandleRepr, ticket: u64, now: Time) -> Option<LinkPlan> {
-    let (plan, attach, founding) = link::plan_connect(listener.process, ticket, now);
+    let (plan, attach, founding) = shared_link::plan_connect(listener.process, ticket, now);
     let attach_key = match (plan, &attach) {
         (Plan::Attach { key }, Some(_)) => key,
         _ => 0,
@@ -131,11 +133,11 @@ fn plan_link(listener: &HandleRepr, ticket: u64, now: Time) -> Option<LinkPlan> 
         Plan::Wait => None,
         Plan::Attach { .. } | Plan::Found => Some(LinkPlan {
             offer: LinkOffer {
-                process: link::process_id(),
+                process: shared_link::process_id(),
                 attach: attach_key,
                 // Offered also when attaching: the listener may no longer have that link.
-                found: link::new_key(),
-                comm: link::next_comm_id(),
+                found: shared_link::new_key(),
+                comm: shared_link::next_comm_id(),
             },
             attach,
             _founding: founding,
@@ -444,7 +446,7 @@ fn join(
     got: &LinkOffer,
     peer: SocketAddr,
 ) -> std::result::Result<Joining, &'static str> {
-    Ok(match super::proto::link::outcome(&plan.offer, got)? {
+    Ok(match crate::transport::proto::link::outcome(&plan.offer, got)? {
         // Asked on a connection of its own: join the link now. Asked on the link: stay.
         Outcome::Attached { .. } => match plan.attach.take() {
             Some(l) => Joining::Attached(Port::attach(l, plan.offer.comm, false, peer)),
@@ -453,7 +455,7 @@ fn join(
         Outcome::Founded { key } => Joining::Founded(key),
         Outcome::Own => {
             if plan.offer.found != 0 {
-                link::keeps_own(process);
+                shared_link::keeps_own(process);
             }
             Joining::Keep
         }

@@ -3,11 +3,11 @@
 //! probe that fails (retries exceeded: the standby's path or port does not answer) marks its
 //! member as not answering, so that a failover passes it over, until the member's wait (1 s
 //! doubling to 60 s, as for a broken data path) is over and a recovery gives it a new probe
-//! QP ([`Conn::member_back`](super::conn::Conn::member_back)).
+//! QP ([`Conn::member_back`](crate::transport::conn::Conn::member_back)).
 
-use super::driver::{to_ibv, Driver};
-use super::proto::plan::{Op, Remote, WorkRequest};
 use crate::ibv::sys;
+use crate::transport::datapath::driver::{to_ibv, Driver};
+use crate::transport::proto::plan::{Op, Remote, WorkRequest};
 use std::time::{Duration, Instant};
 
 /// Time between two probe writes on a standby's QP (after the last one completed).
@@ -17,7 +17,7 @@ impl Driver {
     /// Take the probes' completions and post the writes that are due. The caller skips it
     /// while a recovery is pending or a side-channel message waits: the QPs, probes included,
     /// may then be going away, and a probe failing says nothing about the path.
-    pub(super) fn probe_standbys(&mut self, now: Instant) {
+    pub(crate) fn probe_standbys(&mut self, now: Instant) {
         let mut failed: Vec<(usize, String)> = Vec::new();
         let Driver { conn, wcs, .. } = self;
         let nqps = conn.qps.len();

@@ -1,9 +1,14 @@
-//! A connection's recovery state as its driver keeps it (the machine is `proto::recovery`; the
-//! driver's actions are `recover.rs`), and which failed completions a recovery can cure.
+//! A connection's recovery, the I/O around the machine of
+//! [`proto::recovery`](crate::transport::proto::recovery): the state its driver keeps and which
+//! failed completions a recovery can cure (here), the steps the driver carries out for the
+//! machine ([`steps`]), and active-standby's probes of the members not in use ([`standby`]).
 
-use super::proto::handshake::EndpointRepr;
-use super::proto::recovery::{Recovery, Role};
+pub mod standby;
+pub mod steps;
+
 use crate::ibv::sys;
+use crate::transport::proto::handshake::EndpointRepr;
+use crate::transport::proto::recovery::{Recovery, Role};
 use std::time::{Duration, Instant};
 
 /// What the peer's Hello said: its epoch, its next FIFO entry (a sender), its completions

@@ -1,21 +1,21 @@
 //! The one TCP listener a process's listen comms share (the I/O around
-//! [`proto::setup::Unidentified`](super::proto::setup::Unidentified)).
+//! [`proto::setup::Unidentified`](crate::transport::proto::setup::Unidentified)).
 //!
 //! NCCL opens a listen comm per connection and closes it once accepted; with a listener each, a
 //! process setting up thousands of connections held a descriptor per pending one. Here every
 //! handle names the same address, told apart by its nonce: a connection that arrives is read
 //! until its first message, and a `ConnectReq` waits, filed under its nonce, for the listen
-//! comm whose handle carries it (as requests on a shared link wait, `link`). Anything else is
+//! comm whose handle carries it (as requests on a shared link wait, `sidechannel::shared_link`). Anything else is
 //! refused as a listener of its own refused it. The listener opens with the first listen comm
 //! and closes with the last one (and the connections still unidentified with it). No thread of
 //! its own: every listen comm's accept moves it on.
 
-use super::link::{self, SideChannel};
-use super::proto::handshake::{EndpointRepr, Message};
-use super::proto::setup::{reject, Refusal, SetupError, Unidentified};
-use super::proto::time::Time;
-use super::sidechannel::{self, Channel, ChannelError};
 use crate::error::{Error, Result};
+use crate::transport::proto::handshake::{EndpointRepr, Message};
+use crate::transport::proto::setup::{reject, Refusal, SetupError, Unidentified};
+use crate::transport::proto::time::Time;
+use crate::transport::sidechannel::shared_link::{self, SideChannel};
+use crate::transport::sidechannel::{self, Channel, ChannelError};
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
@@ -88,7 +88,7 @@ impl Entrance {
 
     /// The next request for this listen comm; when none is filed, a round of the listener at
     /// `now` first (take new connections, read their first messages, drop those older than
-    /// `timeout` without one): at most one per [`ACCEPT_ROUND`](super::clock::ACCEPT_ROUND),
+    /// `timeout` without one): at most one per [`ACCEPT_ROUND`](crate::transport::clock::ACCEPT_ROUND),
     /// unless `final_round` (the caller is about to give up, and should not before the
     /// connections that timed out with it are told).
     pub fn take(&self, now: Time, timeout: Duration, final_round: bool) -> Result<Option<Arrival>> {
@@ -99,7 +99,7 @@ impl Entrance {
         if let Some(a) = d.waiting.get_mut(&self.nonce).and_then(VecDeque::pop_front) {
             return Ok(Some(a));
         }
-        if !super::clock::due(&mut d.last_round, super::clock::ACCEPT_ROUND) && !final_round {
+        if !crate::transport::clock::due(&mut d.last_round, crate::transport::clock::ACCEPT_ROUND) && !final_round {
             return Ok(None);
         }
         d.take_connections(now, timeout)?;
@@ -181,7 +181,7 @@ impl ProcessListener {
             let waiting = &mut self.waiting;
             match p.state.handle_message(incoming, |n| waiting.contains_key(&n)) {
                 Ok(req) => match waiting.get_mut(&req.nonce) {
-                    Some(q) if q.len() < link::MAX_REQUESTS => q.push_back((p.chan, req)),
+                    Some(q) if q.len() < shared_link::MAX_REQUESTS => q.push_back((p.chan, req)),
                     _ => {
                         let mut chan = p.chan;
                         crate::log_warn!(

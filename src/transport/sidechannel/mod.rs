@@ -4,11 +4,13 @@
 //! Nothing here blocks: every call does what the socket allows now and reports `Pending`.
 //! The peer-liveness probe ([`Channel::peek`]) is how a comm notices a killed peer whose
 //! RDMA traffic has stopped (RDMA alone would wait forever on a posted receive); a comm whose
-//! channel is a shared link (`link`) sees the same through its port.
+//! channel is a shared link ([`shared_link`]) sees the same through its port.
 
-use super::proto::handshake::{FrameReader, ListenAddr, Message, WireError, OLDEST_WIRE_VERSION};
+pub mod shared_link;
+
 use crate::config::{AddrFamily, DeviceFilter};
 use crate::error::{limit_suffix, Error, Result};
+use crate::transport::proto::handshake::{FrameReader, ListenAddr, Message, WireError, OLDEST_WIRE_VERSION};
 use once_cell::sync::OnceCell;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};

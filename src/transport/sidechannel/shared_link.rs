@@ -1,20 +1,20 @@
 //! The side-channel links this process shares with its peer processes (the I/O around
-//! [`proto::link`](super::proto::link), which says what links are and how both ends choose).
+//! [`proto::link`](crate::transport::proto::link), which says what links are and how both ends choose).
 //!
 //! A [`Link`] is one TCP connection and the comms on it; whichever comm looks at its side
 //! channel reads the link under the link's lock and files every frame for the comm it names
-//! (no thread of our own: see `watch`). A comm holds a [`Port`]: its route on the link.
+//! (no thread of our own: see `datapath::watch`). A comm holds a [`Port`]: its route on the link.
 //! The process keeps weak references to its links (a link closes with the last comm or
 //! connect that holds it) and, per peer process, what it knows of its link to it.
 //! [`SideChannel`] is what a connection holds: a port, or a connection of its own (a peer of
 //! wire version 5 or older, a comm to this same process, or a listener that keeps comms
 //! apart).
 
-use super::proto::handshake::{EndpointRepr, Message, Route, WireError};
-use super::proto::link::{self, PeerLink, Plan, PortState, Router};
-use super::proto::setup::reject;
-use super::proto::time::Time;
-use super::sidechannel::{Channel, ChannelError, Peek};
+use super::{Channel, ChannelError, Peek};
+use crate::transport::proto::handshake::{EndpointRepr, Message, Route, WireError};
+use crate::transport::proto::link::{self, PeerLink, Plan, PortState, Router};
+use crate::transport::proto::setup::reject;
+use crate::transport::proto::time::Time;
 use once_cell::sync::Lazy;
 use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
@@ -364,7 +364,7 @@ static NEXT_COMM: AtomicU64 = AtomicU64::new(1);
 
 /// This process's id on links: random, never 0 (a restarted peer is another process).
 pub fn process_id() -> u64 {
-    static ID: Lazy<u64> = Lazy::new(super::sidechannel::random_nonzero);
+    static ID: Lazy<u64> = Lazy::new(super::random_nonzero);
     *ID
 }
 
@@ -375,7 +375,7 @@ pub fn next_comm_id() -> u64 {
 
 /// A fresh link key (never 0).
 pub fn new_key() -> u64 {
-    super::sidechannel::random_nonzero()
+    super::random_nonzero()
 }
 
 fn live(links: &HashMap<u64, Weak<Link>>, key: u64, process: u64) -> Option<Arc<Link>> {
@@ -503,13 +503,13 @@ pub fn unlisten(nonce: u64) {
 }
 
 /// Read every link of the process that no one holds now (at most once per
-/// [`ACCEPT_ROUND`](super::clock::ACCEPT_ROUND)):
+/// [`ACCEPT_ROUND`](crate::transport::clock::ACCEPT_ROUND)):
 /// requests for a listen comm arrive on any of them. Called by a listen comm's accept.
 pub fn pump_links() {
     static LAST: Mutex<Option<Instant>> = Mutex::new(None);
     if !LAST
         .try_lock()
-        .is_some_and(|mut last| super::clock::due(&mut last, super::clock::ACCEPT_ROUND))
+        .is_some_and(|mut last| crate::transport::clock::due(&mut last, crate::transport::clock::ACCEPT_ROUND))
     {
         return;
     }

@@ -2,35 +2,35 @@
 //! place at the
 //! process's listener (`process_listener`, shared by every listen comm) and on its links, the
 //! connection it accepts in its setup states, and the receiver's resources built for it. The
-//! protocol decisions are [`proto::setup`](super::proto::setup)'s.
+//! protocol decisions are [`proto::setup`](crate::transport::proto::setup)'s.
 //!
 //! Malformed or foreign connections are WARNed and dropped; the listener keeps working.
 
-use super::conn::{self, Conn, LocalDev, RegBuf};
-use super::link::{self, Joining, Port, SideChannel};
 use super::process_listener::{self, refuse, Entrance};
-use super::proto::eager;
-use super::proto::handshake::{self, EndpointRepr, HandleRepr, Message, FLAG_SPLIT};
-use super::proto::recv as recv_core;
-use super::proto::setup::{AwaitReady, AwaitRequest, Incoming, Refusal};
-use super::proto::split;
-use super::proto::time::Time;
-use super::sidechannel::{self, ChannelError};
-use super::watch::Guarded;
-use super::{clock, recv, RecvComm};
 use crate::config;
 use crate::device::{NetDevice, VirtualDevice};
 use crate::error::{Error, Result};
 use crate::ibv::qp::QpCaps;
 use crate::ibv::{sys, QueuePair};
+use crate::transport::conn::{self, Conn, LocalDev, RegBuf};
+use crate::transport::datapath::watch::Guarded;
+use crate::transport::proto::eager;
+use crate::transport::proto::handshake::{self, EndpointRepr, HandleRepr, Message, FLAG_SPLIT};
+use crate::transport::proto::recv as recv_core;
+use crate::transport::proto::setup::{AwaitReady, AwaitRequest, Incoming, Refusal};
+use crate::transport::proto::split;
+use crate::transport::proto::time::Time;
+use crate::transport::sidechannel::shared_link::{self, Joining, Port, SideChannel};
+use crate::transport::sidechannel::{self, ChannelError};
+use crate::transport::{clock, datapath::recv, RecvComm};
 use std::sync::Arc;
 
 // Queue and CQ sizes of the receiver, from what can be outstanding at once (see
-// connect.rs: no CQ can overflow, even when a failed QP flushes every WR it holds).
+// `setup::connect`: no CQ can overflow, even when a failed QP flushes every WR it holds).
 
 /// Send WRs per receiver QP: CTS writes (bound: unretired ≤ recv::CTS_DEPTH, only on the first
 /// QP of each device).
-const RECEIVER_SEND_WR: u32 = super::proto::recv::CTS_DEPTH as u32;
+const RECEIVER_SEND_WR: u32 = crate::transport::proto::recv::CTS_DEPTH as u32;
 // Receive WRs per receiver QP (recv::rq_depth): one per receive in flight that uses the QP
 // (≤ RECVS_IN_FLIGHT; a receive's WRs complete before test() reports it), fewer than one batch
 // posted ahead, and with the eager path one per eager message in flight. As many CQ entries per
@@ -39,7 +39,7 @@ const RECEIVER_SEND_WR: u32 = super::proto::recv::CTS_DEPTH as u32;
 /// CQ entries per receiver device besides the per-QP ones: the CTS writes of its one CTS QP
 /// (≤ recv::CTS_DEPTH unretired). Flush reads complete elsewhere (FLUSH_CQE), so the receive
 /// CQ of a device holds m·rq_depth + CTS_DEPTH for its m QPs.
-const RECEIVER_CQE_CTS: usize = super::proto::recv::CTS_DEPTH;
+const RECEIVER_CQE_CTS: usize = crate::transport::proto::recv::CTS_DEPTH;
 
 /// A request for this listen comm, before it is taken as the one being accepted.
 struct Pending {
@@ -87,11 +87,11 @@ pub fn listen(dev: &Arc<VirtualDevice>, handle: &mut [u8; 128]) -> Result<Box<Li
         nonce,
         min_version: handshake::OLDEST_WIRE_VERSION,
         max_version: handshake::local_max_version(crate::config::get().wire_version),
-        process: link::process_id(),
+        process: shared_link::process_id(),
     }
     .emit(handle);
     // Connects from processes this one has a link with send their request on it.
-    link::listen_on(nonce);
+    shared_link::listen_on(nonce);
     Ok(Box::new(ListenComm {
         entrance,
         nonce,
@@ -114,7 +114,7 @@ fn read(chan: &mut SideChannel) -> std::result::Result<Option<Incoming>, Channel
 impl Drop for ListenComm {
     /// Requests that came on links for this listener and were not accepted are refused.
     fn drop(&mut self) {
-        link::unlisten(self.nonce);
+        shared_link::unlisten(self.nonce);
     }
 }
 
@@ -151,8 +151,8 @@ impl ListenComm {
         while let Some((chan, req)) = self.entrance.take(now, timeout, final_round)? {
             self.take(SideChannel::Own(chan), req, now, timeout)?;
         }
-        link::pump_links();
-        while let Some((port, req)) = link::take_request(self.nonce) {
+        shared_link::pump_links();
+        while let Some((port, req)) = shared_link::take_request(self.nonce) {
             self.take(SideChannel::Shared(port), req, now, timeout)?;
         }
         Ok(())
@@ -257,7 +257,7 @@ fn answer_link(req: &EndpointRepr, chan: &SideChannel) -> (handshake::LinkOffer,
     let asked = &req.link;
     if let Some(key) = chan.link_key() {
         let answer = handshake::LinkOffer {
-            process: link::process_id(),
+            process: shared_link::process_id(),
             attach: key,
             found: 0,
             comm: asked.comm,
@@ -266,9 +266,9 @@ fn answer_link(req: &EndpointRepr, chan: &SideChannel) -> (handshake::LinkOffer,
     }
     let share = chan.version() >= handshake::LINK_VERSION;
     let open = (share && asked.attach != 0)
-        .then(|| link::attachable(asked.attach, asked.process))
+        .then(|| shared_link::attachable(asked.attach, asked.process))
         .flatten();
-    let answer = super::proto::link::answer(asked, link::process_id(), share, open.is_some());
+    let answer = crate::transport::proto::link::answer(asked, shared_link::process_id(), share, open.is_some());
     let side = match (open, answer.attach, answer.found) {
         (Some(l), a, _) if a != 0 => Joining::Attached(Port::attach(l, asked.comm, true, chan.peer())),
         (_, _, f) if f != 0 => Joining::Founded(f),
@@ -303,6 +303,32 @@ fn flush_wanted(members: &[Arc<NetDevice>]) -> bool {
     !config::get().gdr_flush_disable && (peer || members.iter().all(|m| m.dmabuf))
 }
 
+/// How the receiver's QPs are made and connected: `rq_depth` receives each, and the traffic
+/// class of the CTS writes they carry.
+fn receiver_spec(req: &EndpointRepr, rq_depth: usize, standby: bool) -> conn::QpSpec {
+    let cfg = config::get();
+    // Our QPs carry the CTS writes: NCCL_IB_FIFO_TC if set, else the sender's data tc.
+    let tc = if cfg.fifo_tc >= 0 {
+        (cfg.fifo_tc & 0xff) as u8
+    } else {
+        req.tc
+    };
+    conn::QpSpec {
+        caps: QpCaps {
+            max_send_wr: RECEIVER_SEND_WR,
+            max_recv_wr: rq_depth as u32,
+            max_inline_data: conn::inline_bytes(),
+            max_send_sge: 1,
+        },
+        access: sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
+            | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
+            | sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0,
+        tc,
+        sl: req.sl,
+        standby,
+    }
+}
+
 /// Build the receiver's end for a valid request at wire `version`.
 fn build_recv(
     members: &[Arc<NetDevice>],
@@ -327,26 +353,7 @@ fn build_recv(
     let placement = conn::initial_placement(members, nqps);
     let rq_depth = recv_core::rq_depth(eager_max > 0);
     let devs = conn::local_devs(members, &placement, rq_depth, RECEIVER_CQE_CTS)?;
-    // Our QPs carry the CTS writes: NCCL_IB_FIFO_TC if set, else the sender's data tc.
-    let tc = if cfg.fifo_tc >= 0 {
-        (cfg.fifo_tc & 0xff) as u8
-    } else {
-        req.tc
-    };
-    let spec = conn::QpSpec {
-        caps: QpCaps {
-            max_send_wr: RECEIVER_SEND_WR,
-            max_recv_wr: rq_depth as u32,
-            max_inline_data: conn::inline_bytes(),
-            max_send_sge: 1,
-        },
-        access: sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
-            | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
-            | sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0,
-        tc,
-        sl: req.sl,
-        standby,
-    };
+    let spec = receiver_spec(req, rq_depth, standby);
     conn::check_peer(&devs, nqps, standby, req)?;
     if nqps < ndata {
         return Err(Error::remote(format!(
@@ -381,7 +388,7 @@ fn build_recv(
             max: eager_max as u32,
         };
     }
-    let qps = conn::bring_up(&devs, qps, &placement, &probes, req, tc, req.sl)?;
+    let qps = conn::bring_up(&devs, qps, &placement, &probes, req, spec.tc, req.sl)?;
     let split = req.flags & FLAG_SPLIT != 0;
     let parts = RecvParts {
         devs,

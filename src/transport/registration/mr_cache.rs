@@ -5,7 +5,7 @@
 //! backing ([`Backing`]: host memory, or one DMA-BUF at the same fd offsets) is reused
 //! (refcount + 1); the MR is deregistered when its last user releases it. The cache is behind
 //! its own mutex and is touched only by registration calls (NCCL's service thread): the data
-//! path uses the lkeys/rkeys copied into the [`MemHandle`](super::MemHandle), so it never waits
+//! path uses the lkeys/rkeys copied into the [`MemHandle`](crate::transport::MemHandle), so it never waits
 //! for a registration.
 
 use crate::error::Result;

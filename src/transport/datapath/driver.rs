@@ -3,19 +3,19 @@
 //! comm's error (one WARN that names device, QP, peer and what to check), and notices a dead
 //! peer or a failed NIC when nothing completes.
 
-use super::conn::{Conn, FatalKind};
-use super::errors::{wc_error, WcErrorReport};
-use super::proto::plan::{Op, Post, WorkRequest};
-use super::proto::recovery::Role;
-use super::proto::recv::RQ_BATCH;
-use super::proto::state::CommState;
-use super::recovery::{self, RecoveryIo};
-use super::sidechannel::Peek;
+use super::completion_errors::{wc_error, WcErrorReport};
 use super::sink::{CompletionSink, RecoverySink};
-use super::stats::{self, CommStats};
 use crate::error::{Error, Result};
 use crate::ibv::cq::Failed;
 use crate::ibv::{sys, QueuePair, WorkCompletion};
+use crate::transport::conn::{Conn, FatalKind};
+use crate::transport::proto::plan::{Op, Post, WorkRequest};
+use crate::transport::proto::recovery::Role;
+use crate::transport::proto::recv::RQ_BATCH;
+use crate::transport::proto::state::CommState;
+use crate::transport::recovery::{self, RecoveryIo};
+use crate::transport::sidechannel::Peek;
+use crate::transport::stats::{self, CommStats};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,13 +24,13 @@ use std::time::{Duration, Instant};
 const POLL_BATCH: usize = 8;
 /// WRs one `ibv_post_send` of a sender carries: a full group of single-piece buffers and its
 /// completion write (so every message NCCL posts, ≤ 1 GiB, is one post per QP).
-const POST_BATCH: usize = super::proto::limits::MAX_RECVS + 1;
+const POST_BATCH: usize = crate::transport::proto::limits::MAX_RECVS + 1;
 /// Idle calls between two liveness probes (each probe reads the clock first).
 const PROBE_EVERY: u32 = 64;
 /// Minimum time between two probe syscalls.
 const PROBE_INTERVAL: Duration = Duration::from_millis(50);
 
-/// The cores' [`super::proto::state::FailureReport`]: the comm's first fatal error, WARNed.
+/// The cores' [`crate::transport::proto::state::FailureReport`]: the comm's first fatal error, WARNed.
 pub fn warn_failure(e: &Error) {
     crate::log_warn!("{e}");
 }
@@ -137,9 +137,9 @@ pub struct Driver {
     /// First field: dropped (QPs destroyed) before anything the QPs point into.
     pub conn: Conn,
     /// "send" or "recv", for logs.
-    pub(super) kind: &'static str,
-    /// Recovery of the connection when its QPs fail (`recover.rs`).
-    pub(super) recovery: RecoveryIo,
+    pub(crate) kind: &'static str,
+    /// Recovery of the connection when its QPs fail ([`steps`](crate::transport::recovery::steps)).
+    pub(crate) recovery: RecoveryIo,
     /// Counters and histograms when statistics are on (FERROCE_STATS, NCCL_DEBUG=INFO).
     pub stats: Option<Arc<CommStats>>,
     /// Work requests posted and completions polled (for hang reports; always counted).
@@ -151,7 +151,7 @@ pub struct Driver {
     idle_since: Option<Instant>,
     /// The last hang WARN of this comm.
     hang_warned: Option<Instant>,
-    pub(super) wcs: [WorkCompletion; POLL_BATCH],
+    pub(crate) wcs: [WorkCompletion; POLL_BATCH],
 }
 
 impl Driver {
@@ -291,7 +291,8 @@ impl Driver {
         } = self.take_completions(core);
         // Retries that ran out while the peer was already replacing its QPs (its Hello is
         // here, or this end is recovering) say nothing about the path.
-        let peer_first = || self.recovery.active() || self.conn.chan.peek() == super::sidechannel::Peek::Data;
+        let peer_first =
+            || self.recovery.active() || self.conn.chan.peek() == crate::transport::sidechannel::Peek::Data;
         if !path_failed.is_empty() && !peer_first() {
             for dev in path_failed {
                 self.conn.note_path_failure(dev);
@@ -329,95 +330,72 @@ impl Driver {
 
     /// Poll every CQ until empty (or the first failure that is not the link's).
     fn take_completions(&mut self, core: &mut impl RecoverySink) -> Polled {
-        let mut progressed = false;
-        let mut error: Option<Error> = None;
-        let mut only_flushed = false;
-        let mut lost: Option<(String, bool)> = None;
-        let mut path_failed = Vec::new();
+        let mut polled = Polled {
+            progressed: false,
+            error: None,
+            only_flushed: false,
+            lost: None,
+            path_failed: Vec::new(),
+        };
         let replaced = self.recovery.replaced();
         let recovering = self.recovery.enabled();
-        {
-            let Driver {
-                conn,
-                wcs,
-                stats,
-                completions,
-                recovery: rio,
-                ..
-            } = self;
-            'devs: for (di, d) in conn.devs.iter().enumerate() {
-                loop {
-                    let got = match d.cq.poll(wcs) {
-                        Ok(g) => g,
-                        Err(e) => {
-                            error = Some(e);
+        let Driver {
+            conn,
+            wcs,
+            stats,
+            completions,
+            recovery: rio,
+            ..
+        } = self;
+        'devs: for (di, d) in conn.devs.iter().enumerate() {
+            loop {
+                let got = match d.cq.poll(wcs) {
+                    Ok(g) => g,
+                    Err(e) => {
+                        polled.error = Some(e);
+                        break 'devs;
+                    }
+                };
+                if got.is_empty() {
+                    break;
+                }
+                polled.progressed = true;
+                let full = got.len() == POLL_BATCH;
+                *completions += got.len() as u64;
+                for wc in got {
+                    // A completion of a QP a recovery destroyed.
+                    if replaced && conn.qp_by_num(di, wc.qp_num()).is_none() {
+                        continue;
+                    }
+                    if let Some(s) = stats {
+                        s.completed(conn.qp_index(di, wc.qp_num()), wc.result().is_ok());
+                    }
+                    match wc.result() {
+                        Ok(c) => core.handle_ok(wc.wr_id(), c.imm),
+                        Err(f) if recovering && recovery::recoverable(f.status) => {
+                            note_link_failure(conn, rio, core, di, wc.wr_id(), &f, &mut polled);
+                        }
+                        Err(f) => {
+                            let (op, bytes) = core.describe(wc.wr_id());
+                            let mut e = report(conn, di, &f, op, bytes);
+                            if f.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+                                // A flushed WR is a consequence; look for the cause.
+                                match root_cause(conn, wcs, core) {
+                                    Some(cause) => e = cause,
+                                    None => polled.only_flushed = true,
+                                }
+                            }
+                            polled.error = Some(e);
                             break 'devs;
                         }
-                    };
-                    if got.is_empty() {
-                        break;
                     }
-                    progressed = true;
-                    let full = got.len() == POLL_BATCH;
-                    *completions += got.len() as u64;
-                    for wc in got {
-                        // A completion of a QP a recovery destroyed.
-                        if replaced && conn.qp_by_num(di, wc.qp_num()).is_none() {
-                            continue;
-                        }
-                        if let Some(s) = stats {
-                            s.completed(conn.qp_index(di, wc.qp_num()), wc.result().is_ok());
-                        }
-                        match wc.result() {
-                            Ok(c) => core.handle_ok(wc.wr_id(), c.imm),
-                            Err(f) if recovering && recovery::recoverable(f.status) => {
-                                let flush = f.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
-                                // A receive this poll took that the rebuild's drain then need
-                                // not wait for.
-                                if core.is_receive(wc.wr_id()) {
-                                    if let Some(q) = conn.qp_index(di, wc.qp_num()) {
-                                        if rio.receives_ended.len() <= q {
-                                            rio.receives_ended.resize(q + 1, 0);
-                                        }
-                                        rio.receives_ended[q] += 1;
-                                    }
-                                }
-                                if f.status == sys::ibv_wc_status::IBV_WC_RETRY_EXC_ERR && !path_failed.contains(&di) {
-                                    path_failed.push(di);
-                                }
-                                if lost.as_ref().is_none_or(|l| l.1 && !flush) {
-                                    let (op, bytes) = core.describe(wc.wr_id());
-                                    lost = Some((report(conn, di, &f, op, bytes).message, flush));
-                                }
-                            }
-                            Err(f) => {
-                                let (op, bytes) = core.describe(wc.wr_id());
-                                let mut e = report(conn, di, &f, op, bytes);
-                                if f.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
-                                    // A flushed WR is a consequence; look for the cause.
-                                    match root_cause(conn, wcs, core) {
-                                        Some(cause) => e = cause,
-                                        None => only_flushed = true,
-                                    }
-                                }
-                                error = Some(e);
-                                break 'devs;
-                            }
-                        }
-                    }
-                    if !full {
-                        break;
-                    }
+                }
+                if !full {
+                    break;
                 }
             }
         }
-        Polled {
-            progressed,
-            error,
-            only_flushed,
-            lost,
-            path_failed,
-        }
+        polled
     }
 
     /// Called when a request is not done yet: every so often, check whether the peer's side
@@ -618,6 +596,38 @@ fn root_cause(conn: &Conn, wcs: &mut [WorkCompletion; POLL_BATCH], core: &impl C
         }
     }
     None
+}
+
+/// A failed completion of work request `wr_id` on local member `di` that a recovery can cure
+/// (the link's failure, not the comm's): a receive it ended need not be drained again, a
+/// member whose QP ran out of retries has a broken path, and the first such failure (a real
+/// error before a flushed WR) is the one the recovery's WARN names.
+fn note_link_failure(
+    conn: &Conn,
+    rio: &mut RecoveryIo,
+    core: &impl RecoverySink,
+    di: usize,
+    wr_id: u64,
+    f: &Failed,
+    polled: &mut Polled,
+) {
+    let flush = f.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR;
+    // A receive this poll took that the rebuild's drain then need not wait for.
+    if core.is_receive(wr_id) {
+        if let Some(q) = conn.qp_index(di, f.qp_num) {
+            if rio.receives_ended.len() <= q {
+                rio.receives_ended.resize(q + 1, 0);
+            }
+            rio.receives_ended[q] += 1;
+        }
+    }
+    if f.status == sys::ibv_wc_status::IBV_WC_RETRY_EXC_ERR && !polled.path_failed.contains(&di) {
+        polled.path_failed.push(di);
+    }
+    if polled.lost.as_ref().is_none_or(|l| l.1 && !flush) {
+        let (op, bytes) = core.describe(wr_id);
+        polled.lost = Some((report(conn, di, f, op, bytes).message, flush));
+    }
 }
 
 /// The WARN of failed completion `f`, polled from the CQ of local member `ldev`.

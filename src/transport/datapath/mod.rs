@@ -1,0 +1,14 @@
+//! The data path of an established connection: the sender's and the receiver's I/O layers
+//! ([`send`], [`recv`]) over one [`driver`] each, the requests NCCL holds ([`requests`]) (posts, polls, completion errors
+//! ([`completion_errors`])), the cores' side of the driver ([`sink`]), the registered ring
+//! blocks the peer's NIC writes into ([`ring_memory`]), and the lock around each comm's data
+//! path with the progress of comms NCCL is not calling ([`watch`]).
+
+pub mod completion_errors;
+pub mod driver;
+pub mod recv;
+pub mod requests;
+pub mod ring_memory;
+pub mod send;
+pub mod sink;
+pub mod watch;
