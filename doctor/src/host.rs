@@ -675,7 +675,11 @@ fn common_checks(cfg: &Config, vars: &crate::Vars, job: &JobSize, facts: &HostFa
         })
         .collect();
     checks.extend(crate::env::checks(vars, &ports, cfg, &warnings));
-    checks.push(limits::check_memlock(Limit::current(libc::RLIMIT_MEMLOCK), job));
+    checks.push(limits::check_memlock(
+        Limit::current(libc::RLIMIT_MEMLOCK),
+        limits::has_cap_ipc_lock(),
+        job,
+    ));
     checks.push(limits::check_nofile(Limit::current(libc::RLIMIT_NOFILE), job));
     checks.push(dev_infiniband_check(!facts.ports.is_empty()));
     checks.push(governor_check(&sysinfo::cpu_governors()));
