@@ -19,6 +19,8 @@ pub fn instance(index: usize) -> std::io::Result<Arc<Device>> {
     if let Some(d) = &v[index] {
         return Ok(d.clone());
     }
+    // Never bind or run with settings other than those asked for (see `config`).
+    config::check().map_err(|bad| std::io::Error::new(std::io::ErrorKind::InvalidInput, bad.line()))?;
     let (addr, sock) = bind_for(index)?;
     let link_mtu = link_mtu_of(addr);
     let active_mtu = config::mtu_override().unwrap_or_else(|| mtu_enum_for_link(link_mtu));
