@@ -48,6 +48,7 @@ pub mod conn;
 pub mod connect;
 pub mod driver;
 pub mod errors;
+pub mod foreign;
 pub mod link;
 pub mod listen;
 pub mod mr_cache;
