@@ -1,4 +1,5 @@
 #!/bin/bash
+# shellcheck disable=SC2016 # backquotes in the patterns are softroce's own text
 # softroce's variables (docs/softroce-variables.md): a value that does not parse stops softroce
 # with one line on stderr naming the variable, the value and what is expected;
 # ibv_get_device_list fails with EINVAL, so ibv_devices/ibv_devinfo list no device and nothing
@@ -6,7 +7,6 @@
 # The parsers themselves are unit-tested per variable (cargo test -p softroce config).
 # Addresses 127.0.26.x.
 set -u
-# shellcheck disable=SC2016 # backquotes in the patterns are softroce's own text
 # shellcheck source-path=SCRIPTDIR source=lib/softroce.sh
 . "$(dirname "$0")/lib/softroce.sh"
 R=$ROOT/target/release
@@ -47,6 +47,7 @@ bad loss SOFTROCE_LOSS=1.5 'softroce: SOFTROCE_LOSS="1.5" is not valid: expected
 bad devices SOFTROCE_DEVICES=0 'softroce: SOFTROCE_DEVICES="0" is not valid: expected an integer from 1 to 64' -- ibv_devinfo
 bad debug SOFTROCE_DEBUG=yes 'softroce: SOFTROCE_DEBUG="yes" is not valid: expected 0 or 1' -- ibv_devinfo
 bad faults SOFTROCE_FAULTS=port-down 'softroce: SOFTROCE_FAULTS="port-down" is not valid: expected COMMAND@SECONDS' -- ibv_devinfo
+bad faults-command SOFTROCE_FAULTS=explode@1 'softroce: SOFTROCE_FAULTS="explode@1" is not valid: expected COMMAND@SECONDS, comma-separated (softroce-ctl'"'"'s commands) (unknown command `explode`' -- ibv_devinfo
 
 # The same address list made valid: the device is there and softroce says nothing.
 echo "== good: SOFTROCE_ADDR=127.0.26.1 ibv_devices"

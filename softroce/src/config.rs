@@ -6,19 +6,18 @@
 //!
 //! Contract:
 //! * an unset or blank variable takes its default;
-//! * a set variable whose value does not parse stops softroce: [`check`] says so in one line on
-//!   stderr (variable, value, what is expected), `ibv_get_device_list` then returns NULL with
-//!   errno EINVAL and no device is created, so nothing binds another address or runs with
-//!   another setting than the one asked for;
-//! * the getters never panic: once [`check`] has failed they are not reached by the device
-//!   paths (which call [`check`] first), and they return the defaults.
+//! * a set variable whose value does not parse stops softroce: `driver::instances::check_config`
+//!   says so in one line on stderr (variable, value, what is expected; [`BadValue::line`]),
+//!   `ibv_get_device_list` then returns NULL with errno EINVAL and no device is created, so
+//!   nothing binds another address or runs with another setting than the one asked for;
+//! * the getters never panic: once a variable has failed they are not reached by the device
+//!   paths (which check first), and they return the defaults.
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
-use std::sync::{Once, OnceLock};
+use std::sync::OnceLock;
 use std::time::Duration;
 
-use crate::driver::faults::{parse_schedule, Command};
 use crate::wire;
 
 /// How the text of one kind of variable becomes its value, and how the docs name that kind.
@@ -216,20 +215,44 @@ impl Kind for PortState {
     }
 }
 
-/// A fault schedule: `COMMAND@SECONDS`, comma-separated (`crate::driver::faults`).
+/// A fault schedule: `COMMAND@SECONDS`, comma-separated; the value is the text. The times are
+/// checked here ([`schedule_times`]); the commands are the driver's to know, so
+/// `driver::faults::configured_schedule` checks them (and `driver::instances::check_config`
+/// stops on them as on any variable here).
 pub struct Faults;
 
 impl Kind for Faults {
-    type Value = Vec<(Duration, Command)>;
+    type Value = String;
     fn type_name(&self) -> &'static str {
         "fault schedule"
     }
     fn expected(&self) -> String {
         "COMMAND@SECONDS, comma-separated (softroce-ctl's commands)".into()
     }
-    fn parse(&self, text: &str) -> Result<Self::Value, Option<String>> {
-        parse_schedule(text).map_err(Some)
+    fn parse(&self, text: &str) -> Result<String, Option<String>> {
+        schedule_times(text).map(|_| text.to_string()).map_err(Some)
     }
+}
+
+/// The items of a fault schedule `spec` (comma-separated `COMMAND@TIME`, TIME in seconds, an
+/// optional `s` after it), each with its time and its command text, in the order given.
+pub fn schedule_times(spec: &str) -> Result<Vec<(Duration, &str)>, String> {
+    let mut out = Vec::new();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (cmd, at) = item
+            .rsplit_once('@')
+            .ok_or_else(|| format!("`{item}`: want COMMAND@SECONDS"))?;
+        let secs: f64 = at
+            .trim()
+            .trim_end_matches('s')
+            .parse()
+            .map_err(|_| format!("`{item}`: `{at}` is not a time in seconds"))?;
+        if !(secs.is_finite() && secs >= 0.0) {
+            return Err(format!("`{item}`: the time must be ≥ 0"));
+        }
+        out.push((Duration::from_secs_f64(secs), cmd));
+    }
+    Ok(out)
 }
 
 /// A variable whose value does not parse.
@@ -452,17 +475,11 @@ fn get() -> &'static Config {
     }
 }
 
-/// Whether every variable of the process parses. The first failure prints [`BadValue::line`]
-/// on stderr, once per process; every device path calls this first.
-pub fn check() -> Result<(), &'static BadValue> {
-    static SAID: Once = Once::new();
-    match load() {
-        Ok(_) => Ok(()),
-        Err(bad) => {
-            SAID.call_once(|| eprintln!("{}", bad.line()));
-            Err(bad)
-        }
-    }
+/// The first variable of the process that does not parse, if any. The device paths stop on it
+/// (and on the commands of `SOFTROCE_FAULTS`) through `driver::instances::check_config`, which
+/// prints its line.
+pub fn error() -> Option<&'static BadValue> {
+    load().as_ref().err()
 }
 
 /// The Markdown of `docs/softroce-variables.md`: a title, a paragraph and one table row per
@@ -535,7 +552,7 @@ mod tests {
         ("SOFTROCE_ICRC_CHECK", "0", &[("no", "expected 0 or 1;"), ("2", "0 or 1")]),
         ("SOFTROCE_PORT_STATE", "down", &[("UP", "expected ACTIVE or DOWN;")]),
         ("SOFTROCE_CTL_DIR", "/tmp/x", &[]),
-        ("SOFTROCE_FAULTS", "port-down@1.5s", &[("port-down", "expected COMMAND@SECONDS, comma-separated (softroce-ctl's commands) (`port-down`: want COMMAND@SECONDS);"), ("explode@1", "COMMAND@SECONDS")]),
+        ("SOFTROCE_FAULTS", "port-down@1.5s", &[("port-down", "expected COMMAND@SECONDS, comma-separated (softroce-ctl's commands) (`port-down`: want COMMAND@SECONDS);"), ("port-up@soon", "is not a time in seconds")]),
         ("SOFTROCE_LOSS", "1", &[("1.5", "expected a number in [0, 1];"), ("-0.1", "[0, 1]"), ("NaN", "[0, 1]"), ("1%", "[0, 1]")]),
         ("SOFTROCE_REORDER", "0.05", &[("2", "expected a number in [0, 1];")]),
         ("SOFTROCE_DUP", "0", &[("inf", "expected a number in [0, 1];")]),

@@ -54,8 +54,11 @@ extern "C" fn remove_sockets() {
 /// Start the control socket and the `SOFTROCE_FAULTS` schedule of `dev`. A device whose socket
 /// cannot be made still works; it says so once on stderr.
 pub fn start(dev: &Arc<Device>) {
-    if let Some(plan) = crate::config::faults() {
-        spawn_schedule(dev.clone(), plan);
+    // Checked before any device was made (instances::check_config): an error is not possible.
+    if let Ok(plan) = super::faults::configured_schedule() {
+        if !plan.is_empty() {
+            spawn_schedule(dev.clone(), plan);
+        }
     }
     let path = socket_path(dev.addr);
     match bind(&path) {

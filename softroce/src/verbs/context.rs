@@ -77,7 +77,7 @@ fn device_of(dev: *mut ibv_device) -> Option<&'static IbvDevice> {
 pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
     ffi_guard!(std::ptr::null_mut(), {
         // A variable that does not parse: its line is on stderr, and there is no device.
-        if config::check().is_err() {
+        if instances::check_config().is_err() {
             return null_err(libc::EINVAL);
         }
         let list = device_list();
@@ -109,7 +109,7 @@ pub extern "C" fn softroce_config_error() -> *const c_char {
     ffi_guard!(std::ptr::null(), {
         static LINE: OnceLock<Option<std::ffi::CString>> = OnceLock::new();
         LINE.get_or_init(|| {
-            let bad = config::check().err()?;
+            let bad = instances::check_config().err()?;
             // A NUL cannot be in an environment value; replace it anyway rather than fail.
             std::ffi::CString::new(bad.line().replace('\0', "\\0")).ok()
         })
