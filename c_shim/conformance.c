@@ -176,7 +176,8 @@ static void check_no_device(const char* path) {
     CHECK(rc == FERROCE_NCCL_SYSTEM_ERROR, "v%d: init returned %d, want ncclSystemError", v, rc);
     CHECK(count_level(FERROCE_LOG_WARN) == 1, "v%d: %d WARN lines, want exactly 1", v, count_level(FERROCE_LOG_WARN));
     const char* w = first_of_level(FERROCE_LOG_WARN);
-    CHECK(strstr(w, "NET/ferroce") && (strstr(w, "no RDMA device") || strstr(w, "libibverbs")) && strstr(w, "docs/errors.md"),
+    CHECK(strstr(w, "NET/ferroce") && (strstr(w, "no RDMA device") || strstr(w, "libibverbs")) &&
+              (strstr(w, "docs/errors.md") || strstr(w, "docs/softroce-variables.md")),
           "v%d: WARN does not say what is missing and where to look: %s", v, w);
     printf("v%d no-device: rc=%d WARN: %s\n", v, rc, w);
     CHECK(plugin_threads_settled(before) == before, "v%d: %d plugin threads left after a failed init", v, plugin_threads() - before);

@@ -335,6 +335,32 @@ pub fn peer_memory_present() -> bool {
     .any(|p| std::path::Path::new(p).exists())
 }
 
+/// The line softroce printed for a variable of its own that does not parse
+/// (`softroce_config_error`, docs/softroce-variables.md); `None` when every one parses or the
+/// library is not softroce.
+pub fn provider_config_error(verbs: &Verbs) -> Option<String> {
+    let f = verbs.softroce_config_error?;
+    // SAFETY: softroce_config_error takes nothing and returns NULL or a NUL-terminated string
+    // that lives as long as the process.
+    let line = unsafe { f() };
+    // SAFETY: non-NULL (checked) and NUL-terminated (above).
+    (!line.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(line) }.to_string_lossy().into_owned())
+}
+
+/// Why `ibv_get_device_list` returned NULL with `err` (`ibv_get_device_list failed: …`). EINVAL
+/// from softroce: one of its variables does not parse, and the line names it.
+pub fn device_list_failed(verbs: &Verbs, err: &std::io::Error) -> String {
+    if err.raw_os_error() == Some(libc::EINVAL) {
+        return match provider_config_error(verbs) {
+            Some(line) => format!("ibv_get_device_list failed: {err}: {line} — see docs/softroce-variables.md"),
+            None => format!(
+                "ibv_get_device_list failed: {err} — the verbs provider rejected its configuration (see its message on stderr)"
+            ),
+        };
+    }
+    format!("ibv_get_device_list failed: {err} — is an RDMA driver loaded (ibv_devices lists none)? see docs/errors.md")
+}
+
 /// Opens every device, keeps the usable ports, selects GIDs. Fails with one message that says
 /// what was found and what to check when nothing is usable.
 pub fn discover(verbs: &Arc<Verbs>, cfg: &Config) -> Result<Discovery> {
@@ -344,7 +370,8 @@ pub fn discover(verbs: &Arc<Verbs>, cfg: &Config) -> Result<Discovery> {
     if list.is_null() {
         let err = std::io::Error::last_os_error();
         return Err(Error::system(format!(
-            "no RDMA device: ibv_get_device_list failed: {err} — is an RDMA driver loaded (ibv_devices lists none)? see docs/errors.md"
+            "no RDMA device: {}",
+            device_list_failed(verbs, &err)
         )));
     }
     let mut skipped = Vec::new();

@@ -1,5 +1,10 @@
 //! Resource limits against a job size: locked memory for registrations and queues, file
 //! descriptors for the side channel.
+//!
+//! A process with `CAP_IPC_LOCK` in its effective set is not held to `RLIMIT_MEMLOCK`: the
+//! kernel's pinning (`ibv_reg_mr`) and softroce's (`softroce/src/driver/pinned.rs`) both skip
+//! the limit then, so the memlock check is ok whatever the limit says. Both read the capability
+//! the same way, from `CapEff:` in `/proc/self/status`.
 
 use crate::check::Check;
 use ferroce::error::{format_bytes, Limit, FDS_PER_CONNECTION};
@@ -49,8 +54,43 @@ fn job_text(job: &JobSize) -> String {
     format!("{} connections per process", job.conns)
 }
 
-pub fn check_memlock(limit: Option<Limit>, job: &JobSize) -> Check {
+/// `CAP_IPC_LOCK`: its bit in the capability sets (`linux/capability.h`).
+pub const CAP_IPC_LOCK: u32 = 14;
+
+/// Whether the `CapEff:` line of `status` (the text of `/proc/<pid>/status`) has
+/// `CAP_IPC_LOCK`; `None` without a readable `CapEff:` line.
+pub fn cap_ipc_lock_in(status: &str) -> Option<bool> {
+    let caps = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    let caps = u64::from_str_radix(caps.trim(), 16).ok()?;
+    Some(caps & (1 << CAP_IPC_LOCK) != 0)
+}
+
+/// Whether this process has `CAP_IPC_LOCK` in its effective set (false when
+/// `/proc/self/status` cannot tell: the limit is then assumed to apply, as softroce assumes).
+pub fn has_cap_ipc_lock() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| cap_ipc_lock_in(&s))
+        .unwrap_or(false)
+}
+
+/// The memlock verdict: `limit` is `getrlimit(RLIMIT_MEMLOCK)`, `cap_ipc_lock` whether the
+/// process has `CAP_IPC_LOCK` (then the limit does not apply and the check is ok).
+pub fn check_memlock(limit: Option<Limit>, cap_ipc_lock: bool, job: &JobSize) -> Check {
     let name = "memlock";
+    if cap_ipc_lock {
+        let limit = limit.map_or("getrlimit failed".to_string(), |l| {
+            format!("{}, hard {}", format_bytes(l.soft), format_bytes(l.hard))
+        });
+        return Check::ok(
+            name,
+            format!(
+                "CAP_IPC_LOCK: the memlock limit does not apply ({limit}; {} need about {})",
+                job_text(job),
+                format_bytes(Some(memlock_needed(job)))
+            ),
+        );
+    }
     let Some(limit) = limit else {
         return Check::warn(name, "getrlimit(RLIMIT_MEMLOCK) failed", "");
     };
@@ -63,7 +103,7 @@ pub fn check_memlock(limit: Option<Limit>, job: &JobSize) -> Check {
         format_bytes(Some(need)),
         format_bytes(Some(need / job.conns.max(1)))
     );
-    let fix = "`ulimit -l unlimited`; `* - memlock unlimited` in /etc/security/limits.conf (systemd: LimitMEMLOCK=infinity); containers: `--ulimit memlock=-1:-1`";
+    let fix = "`ulimit -l unlimited`; `* - memlock unlimited` in /etc/security/limits.conf (systemd: LimitMEMLOCK=infinity); containers: `--ulimit memlock=-1:-1` or `--cap-add IPC_LOCK` (root with CAP_IPC_LOCK is not limited)";
     match limit.soft {
         None => Check::ok(name, seen),
         Some(soft) if soft >= need => Check::ok(name, seen),
@@ -140,19 +180,23 @@ mod tests {
         assert_eq!(fds_needed(&JOB), 2 * 1024 + 64);
     }
 
+    fn check_memlock_(limit: Option<Limit>, job: &JobSize) -> Check {
+        check_memlock(limit, false, job)
+    }
+
     #[test]
     fn memlock_passes_at_the_need_and_fails_just_below() {
         let need = memlock_needed(&JOB);
-        assert_eq!(check_memlock(limit(Some(need), Some(need)), &JOB).status, Status::Ok);
-        let low = check_memlock(limit(Some(need - 1), Some(need - 1)), &JOB);
+        assert_eq!(check_memlock_(limit(Some(need), Some(need)), &JOB).status, Status::Ok);
+        let low = check_memlock_(limit(Some(need - 1), Some(need - 1)), &JOB);
         assert_eq!(low.status, Status::Fail);
         assert!(
             low.hint.contains("ulimit -l unlimited") && low.hint.contains("--ulimit memlock"),
             "{}",
             low.hint
         );
-        assert_eq!(check_memlock(limit(None, None), &JOB).status, Status::Ok);
-        let soft_only = check_memlock(limit(Some(64 << 10), None), &JOB);
+        assert_eq!(check_memlock_(limit(None, None), &JOB).status, Status::Ok);
+        let soft_only = check_memlock_(limit(Some(64 << 10), None), &JOB);
         assert!(
             soft_only
                 .hint
@@ -160,6 +204,46 @@ mod tests {
             "{}",
             soft_only.hint
         );
+    }
+
+    #[test]
+    fn cap_ipc_lock_lifts_the_memlock_limit() {
+        let need = memlock_needed(&JOB);
+        let low = limit(Some(64 << 10), Some(64 << 10));
+        let with = check_memlock(low, true, &JOB);
+        assert_eq!(with.status, Status::Ok);
+        assert!(
+            with.value
+                .starts_with("CAP_IPC_LOCK: the memlock limit does not apply (64 KiB, hard 64 KiB; 1024 connections"),
+            "{}",
+            with.value
+        );
+        assert_eq!(check_memlock(None, true, &JOB).status, Status::Ok);
+        // Without the capability the same limit keeps today's verdict.
+        let without = check_memlock(low, false, &JOB);
+        assert_eq!(without.status, Status::Fail);
+        assert!(
+            without.value.ends_with("registrations will fail with ENOMEM"),
+            "{}",
+            without.value
+        );
+        assert!(without.hint.contains("--cap-add IPC_LOCK"), "{}", without.hint);
+        assert_eq!(
+            check_memlock(limit(Some(need), Some(need)), false, &JOB).status,
+            Status::Ok
+        );
+    }
+
+    #[test]
+    fn cap_ipc_lock_is_bit_14_of_cap_eff() {
+        let status = |eff: &str| format!("Name:\tx\nCapPrm:\t000001ffffffffff\nCapEff:\t{eff}\nCapBnd:\t0\n");
+        // Root in Docker's default set (no IPC_LOCK), then with `--cap-add IPC_LOCK`.
+        assert_eq!(cap_ipc_lock_in(&status("00000000a80425fb")), Some(false));
+        assert_eq!(cap_ipc_lock_in(&status("00000000a80465fb")), Some(true));
+        assert_eq!(cap_ipc_lock_in(&status("000001ffffffffff")), Some(true));
+        assert_eq!(cap_ipc_lock_in(&status("0000000000000000")), Some(false));
+        assert_eq!(cap_ipc_lock_in("Name:\tx\n"), None);
+        assert_eq!(cap_ipc_lock_in("CapEff:\tzz\n"), None);
     }
 
     #[test]

@@ -1,215 +1,654 @@
-//! Every environment tunable of softroce, each read once, with its default.
+//! Every environment tunable of softroce, declared once in the [`variables!`] table below: name,
+//! type, default, accepted values and meaning. The table gives the getters (one per variable,
+//! read once per process), the parser of each value, the one-line error for a value that does not
+//! parse, and the Markdown table of `docs/softroce-variables.md` ([`markdown_table`],
+//! `softroce-ctl --print-variables`; a test fails when the checked-in file differs).
+//!
+//! Contract:
+//! * an unset or blank variable takes its default;
+//! * a set variable whose value does not parse stops softroce: `driver::instances::check_config`
+//!   says so in one line on stderr (variable, value, what is expected; [`BadValue::line`]),
+//!   `ibv_get_device_list` then returns NULL with errno EINVAL and no device is created, so
+//!   nothing binds another address or runs with another setting than the one asked for;
+//! * the getters never panic: once a variable has failed they are not reached by the device
+//!   paths (which check first), and they return the defaults.
 
 use std::net::Ipv4Addr;
+use std::path::PathBuf;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use crate::wire;
 
-fn env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|s| !s.trim().is_empty())
+/// How the text of one kind of variable becomes its value, and how the docs name that kind.
+pub trait Kind {
+    type Value: Clone;
+    /// The type column of the docs table.
+    fn type_name(&self) -> &'static str;
+    /// The accepted values (the range column, and the end of the error line).
+    fn expected(&self) -> String;
+    /// The value of `text` (trimmed, not blank), or the reason it is not one (`None`: it is not
+    /// one of [`Kind::expected`], nothing more to say).
+    fn parse(&self, text: &str) -> Result<Self::Value, Option<String>>;
 }
 
-/// `SOFTROCE_DEVICES` (default 1): number of devices `softroce0..N-1`.
-pub fn num_devices() -> usize {
-    static V: OnceLock<usize> = OnceLock::new();
-    *V.get_or_init(|| {
-        env("SOFTROCE_DEVICES")
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(1usize)
-            .clamp(1, 64)
-    })
+/// `0` or `1`.
+pub struct Flag;
+
+impl Kind for Flag {
+    type Value = bool;
+    fn type_name(&self) -> &'static str {
+        "boolean"
+    }
+    fn expected(&self) -> String {
+        "0 or 1".into()
+    }
+    fn parse(&self, text: &str) -> Result<bool, Option<String>> {
+        match text {
+            "0" => Ok(false),
+            "1" => Ok(true),
+            _ => Err(None),
+        }
+    }
 }
 
-/// `SOFTROCE_ADDR` (default unset): IPv4 address(es) to bind port 4791 on,
-/// comma-separated, entry *i* for device *i*. Unset: see `device` (auto rules).
-pub fn addr_list() -> Option<Vec<Ipv4Addr>> {
-    static V: OnceLock<Option<Vec<Ipv4Addr>>> = OnceLock::new();
-    V.get_or_init(|| {
-        env("SOFTROCE_ADDR").map(|s| {
-            s.split(',')
-                .filter_map(|x| x.trim().parse::<Ipv4Addr>().ok())
-                .filter(|a| !a.is_unspecified())
-                .collect()
-        })
-    })
-    .clone()
+/// A decimal integer in `min..=max`.
+pub struct Int<T> {
+    pub min: T,
+    pub max: T,
+    /// The unit shown in the docs and the error (`""`, `"µs"`).
+    pub unit: &'static str,
 }
 
-/// `SOFTROCE_MTU` (default: derived from the interface MTU, 4096 on `lo`):
-/// active/max port MTU, in bytes (256..4096) or as the ibv_mtu enum (1..5).
-pub fn mtu_override() -> Option<u32> {
-    static V: OnceLock<Option<u32>> = OnceLock::new();
-    *V.get_or_init(|| {
-        let v: u32 = env("SOFTROCE_MTU")?.trim().parse().ok()?;
+impl<T> Kind for Int<T>
+where
+    T: Copy + PartialOrd + std::str::FromStr + std::fmt::Display,
+{
+    type Value = T;
+    fn type_name(&self) -> &'static str {
+        if self.unit.is_empty() {
+            "integer"
+        } else {
+            "integer, µs"
+        }
+    }
+    fn expected(&self) -> String {
+        format!("an integer from {} to {}{}", self.min, self.max, self.unit_suffix())
+    }
+    fn parse(&self, text: &str) -> Result<T, Option<String>> {
+        let v: T = text.parse().map_err(|_| None)?;
+        if v < self.min || v > self.max {
+            return Err(None);
+        }
+        Ok(v)
+    }
+}
+
+impl<T> Int<T> {
+    fn unit_suffix(&self) -> String {
+        if self.unit.is_empty() {
+            String::new()
+        } else {
+            format!(" {}", self.unit)
+        }
+    }
+}
+
+/// Microseconds, an [`Int`] in `0..=max` read as a [`Duration`].
+pub struct Micros {
+    pub max: u64,
+}
+
+impl Kind for Micros {
+    type Value = Duration;
+    fn type_name(&self) -> &'static str {
+        "integer, µs"
+    }
+    fn expected(&self) -> String {
+        format!("an integer from 0 to {} (µs)", self.max)
+    }
+    fn parse(&self, text: &str) -> Result<Duration, Option<String>> {
+        let v: u64 = text.parse().map_err(|_| None)?;
+        if v > self.max {
+            return Err(None);
+        }
+        Ok(Duration::from_micros(v))
+    }
+}
+
+/// A probability: a decimal number in [0, 1].
+pub struct Probability;
+
+impl Kind for Probability {
+    type Value = f64;
+    fn type_name(&self) -> &'static str {
+        "probability"
+    }
+    fn expected(&self) -> String {
+        "a number in [0, 1]".into()
+    }
+    fn parse(&self, text: &str) -> Result<f64, Option<String>> {
+        let p: f64 = text.parse().map_err(|_| None)?;
+        if !(0.0..=1.0).contains(&p) {
+            return Err(None);
+        }
+        Ok(p)
+    }
+}
+
+/// An IB MTU, in bytes or as the `ibv_mtu` enum; the value is the enum (1..=5).
+pub struct Mtu;
+
+impl Kind for Mtu {
+    type Value = u32;
+    fn type_name(&self) -> &'static str {
+        "IB MTU"
+    }
+    fn expected(&self) -> String {
+        "an IB MTU: 256, 512, 1024, 2048 or 4096 bytes, or the ibv_mtu enum 1 to 5".into()
+    }
+    fn parse(&self, text: &str) -> Result<u32, Option<String>> {
+        let v: u32 = text.parse().map_err(|_| None)?;
         (1..=5u8)
             .find(|&e| u32::from(e) == v || wire::mtu_bytes(e) == Some(v))
             .map(u32::from)
-    })
+            .ok_or(None)
+    }
 }
 
-/// `SOFTROCE_ICRC_CHECK` (default 1): verify the ICRC of received packets
-/// (0 to accept peers that do not use IP ID 0, e.g. kernel rxe or NICs).
-pub fn icrc_check() -> bool {
-    static V: OnceLock<bool> = OnceLock::new();
-    *V.get_or_init(|| env("SOFTROCE_ICRC_CHECK").map(|s| s.trim() != "0").unwrap_or(true))
-}
+/// IPv4 addresses, comma-separated, none of them 0.0.0.0.
+pub struct Addrs;
 
-/// `SOFTROCE_PORT_STATE` (default `ACTIVE`): `DOWN` makes every port of the process report
-/// IBV_PORT_DOWN (physical state Disabled) from `ibv_query_port`, as a NIC whose link is down:
-/// for tests of what applications and ferroce-doctor say about it. Traffic is not affected.
-pub fn port_down() -> bool {
-    static V: OnceLock<bool> = OnceLock::new();
-    *V.get_or_init(|| env("SOFTROCE_PORT_STATE").is_some_and(|s| s.trim().eq_ignore_ascii_case("DOWN")))
-}
-
-/// `SOFTROCE_LOSS` (default 0): probability in [0,1] that a received packet is dropped.
-pub fn loss() -> f64 {
-    static V: OnceLock<f64> = OnceLock::new();
-    *V.get_or_init(|| probability("SOFTROCE_LOSS"))
-}
-
-/// A probability in [0,1] from `name` (default 0; out-of-range values are clamped).
-fn probability(name: &str) -> f64 {
-    env(name)
-        .and_then(|s| s.trim().parse::<f64>().ok())
-        .filter(|p| p.is_finite())
-        .map(|p| p.clamp(0.0, 1.0))
-        .unwrap_or(0.0)
-}
-
-/// `SOFTROCE_REORDER` (default 0): probability that a received packet is held back and
-/// handled after the next one (the last packet of a receive batch is never held past it).
-pub fn reorder() -> f64 {
-    static V: OnceLock<f64> = OnceLock::new();
-    *V.get_or_init(|| probability("SOFTROCE_REORDER"))
-}
-
-/// `SOFTROCE_DUP` (default 0): probability that a received packet is handled twice.
-pub fn dup() -> f64 {
-    static V: OnceLock<f64> = OnceLock::new();
-    *V.get_or_init(|| probability("SOFTROCE_DUP"))
-}
-
-/// `SOFTROCE_FAULT_COUNTS` (default unset): directory where the process keeps
-/// `softroce-faults-<pid>.txt`, the packets its fault injector dropped, reordered and
-/// duplicated so far (rewritten at most twice a second while it injects).
-pub fn fault_counts_dir() -> Option<std::path::PathBuf> {
-    static V: OnceLock<Option<std::path::PathBuf>> = OnceLock::new();
-    V.get_or_init(|| env("SOFTROCE_FAULT_COUNTS").map(std::path::PathBuf::from))
-        .clone()
-}
-
-/// `SOFTROCE_SEED` (default: derived from pid and time): seed of the fault injector.
-pub fn seed() -> u64 {
-    static V: OnceLock<u64> = OnceLock::new();
-    *V.get_or_init(|| {
-        env("SOFTROCE_SEED")
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or_else(|| {
-                let t = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos() as u64)
-                    .unwrap_or(1);
-                t ^ ((std::process::id() as u64) << 32)
+impl Kind for Addrs {
+    type Value = Vec<Ipv4Addr>;
+    fn type_name(&self) -> &'static str {
+        "IPv4 list"
+    }
+    fn expected(&self) -> String {
+        "IPv4 addresses, comma-separated, entry i for device i (not 0.0.0.0)".into()
+    }
+    fn parse(&self, text: &str) -> Result<Vec<Ipv4Addr>, Option<String>> {
+        text.split(',')
+            .map(|x| match x.trim().parse::<Ipv4Addr>() {
+                Ok(a) if !a.is_unspecified() => Ok(a),
+                _ => Err(Some(format!("`{}` is not one", x.trim()))),
             })
-    })
+            .collect()
+    }
 }
 
-/// `SOFTROCE_GSO` (default 1): send runs of equal-size packets to one peer
-/// as one UDP GSO datagram (receiving always uses UDP GRO). Segment *i* of a GSO
-/// send carries IP ID *i*, which the ICRC covers; a capture on `lo` shows the
-/// unsegmented super-datagram, so packet-by-packet ICRC checks of a capture
-/// need `SOFTROCE_GSO=0`.
-pub fn gso() -> bool {
-    static V: OnceLock<bool> = OnceLock::new();
-    *V.get_or_init(|| env("SOFTROCE_GSO").map(|s| s.trim() != "0").unwrap_or(true))
+/// A path (any text).
+pub struct Path;
+
+impl Kind for Path {
+    type Value = PathBuf;
+    fn type_name(&self) -> &'static str {
+        "path"
+    }
+    fn expected(&self) -> String {
+        "a directory".into()
+    }
+    fn parse(&self, text: &str) -> Result<PathBuf, Option<String>> {
+        Ok(PathBuf::from(text))
+    }
 }
 
-/// `SOFTROCE_SPIN_US` (default 50): while packets are arriving, the engine
-/// polls its socket this long (yielding the CPU between polls) before it
-/// blocks, trading CPU for latency; 0 always blocks at once.
-pub fn spin_us() -> u64 {
+/// `ACTIVE` or `DOWN` (any case); the value is whether the port is down.
+pub struct PortState;
+
+impl Kind for PortState {
+    type Value = bool;
+    fn type_name(&self) -> &'static str {
+        "port state"
+    }
+    fn expected(&self) -> String {
+        "ACTIVE or DOWN".into()
+    }
+    fn parse(&self, text: &str) -> Result<bool, Option<String>> {
+        if text.eq_ignore_ascii_case("DOWN") {
+            Ok(true)
+        } else if text.eq_ignore_ascii_case("ACTIVE") {
+            Ok(false)
+        } else {
+            Err(None)
+        }
+    }
+}
+
+/// A fault schedule: `COMMAND@SECONDS`, comma-separated; the value is the text. The times are
+/// checked here ([`schedule_times`]); the commands are the driver's to know, so
+/// `driver::faults::configured_schedule` checks them (and `driver::instances::check_config`
+/// stops on them as on any variable here).
+pub struct Faults;
+
+impl Kind for Faults {
+    type Value = String;
+    fn type_name(&self) -> &'static str {
+        "fault schedule"
+    }
+    fn expected(&self) -> String {
+        "COMMAND@SECONDS, comma-separated (softroce-ctl's commands)".into()
+    }
+    fn parse(&self, text: &str) -> Result<String, Option<String>> {
+        schedule_times(text).map(|_| text.to_string()).map_err(Some)
+    }
+}
+
+/// The items of a fault schedule `spec` (comma-separated `COMMAND@TIME`, TIME in seconds, an
+/// optional `s` after it), each with its time and its command text, in the order given.
+pub fn schedule_times(spec: &str) -> Result<Vec<(Duration, &str)>, String> {
+    let mut out = Vec::new();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let (cmd, at) = item
+            .rsplit_once('@')
+            .ok_or_else(|| format!("`{item}`: want COMMAND@SECONDS"))?;
+        let secs: f64 = at
+            .trim()
+            .trim_end_matches('s')
+            .parse()
+            .map_err(|_| format!("`{item}`: `{at}` is not a time in seconds"))?;
+        if !(secs.is_finite() && secs >= 0.0) {
+            return Err(format!("`{item}`: the time must be ≥ 0"));
+        }
+        out.push((Duration::from_secs_f64(secs), cmd));
+    }
+    Ok(out)
+}
+
+/// A variable whose value does not parse.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BadValue {
+    pub name: &'static str,
+    /// The value as set (lossy for non-UTF-8 text).
+    pub value: String,
+    /// What was expected, with the parser's reason when it has one.
+    pub expected: String,
+}
+
+impl BadValue {
+    /// The line softroce prints: `softroce: SOFTROCE_ADDR="127.0.263.1" is not valid: expected
+    /// IPv4 addresses, … (`127.0.263.1` is not one); no device is offered until it is fixed`.
+    /// The value is quoted and escaped, so the line stays one line whatever was set.
+    pub fn line(&self) -> String {
+        format!(
+            "softroce: {}={:?} is not valid: expected {}; no device is offered until it is fixed",
+            self.name, self.value, self.expected
+        )
+    }
+}
+
+impl std::fmt::Display for BadValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.line())
+    }
+}
+
+/// One row of the docs table.
+#[derive(Debug, Clone)]
+pub struct Variable {
+    pub name: &'static str,
+    pub type_name: &'static str,
+    pub default: &'static str,
+    /// The accepted values ([`Kind::expected`]).
+    pub range: String,
+    /// The doc comment of the declaration, its lines joined.
+    pub meaning: String,
+}
+
+/// Parses `name` from `lookup` with `kind`: `Ok(None)` when unset or blank.
+fn read<K: Kind>(
+    name: &'static str,
+    kind: &K,
+    lookup: &dyn Fn(&str) -> Option<Result<String, String>>,
+) -> Result<Option<K::Value>, BadValue> {
+    let bad = |value: String, why: Option<String>| BadValue {
+        name,
+        value,
+        expected: match why {
+            Some(why) => format!("{} ({why})", kind.expected()),
+            None => kind.expected(),
+        },
+    };
+    match lookup(name) {
+        None => Ok(None),
+        Some(Ok(text)) if text.trim().is_empty() => Ok(None),
+        Some(Ok(text)) => kind.parse(text.trim()).map(Some).map_err(|why| bad(text, why)),
+        Some(Err(lossy)) => Err(bad(lossy, Some("the value is not UTF-8".into()))),
+    }
+}
+
+/// Declares the variables: for each, its getter, its field in [`Config`] (the parsed value,
+/// `None` when unset), its row in [`variables`] and its parse in [`Config::from_lookup`].
+///
+/// `default(EXPR) "TEXT"`: the getter returns the value or `EXPR`; `unset "TEXT"`: the getter
+/// returns the `Option`. TEXT is the default column of the docs.
+macro_rules! variables {
+    ($(
+        $(#[doc = $doc:literal])+
+        $name:literal => $getter:ident: $kind_ty:ty = $kind:expr, $how:ident $(($default:expr))? $default_text:literal;
+    )+) => {
+        /// The parsed values of every variable (`None`: unset).
+        #[derive(Clone, Default)]
+        pub struct Config {
+            $(pub $getter: Option<<$kind_ty as Kind>::Value>,)+
+        }
+
+        impl Config {
+            /// Parses every variable through `lookup` (`None`: unset; `Err(lossy)`: not UTF-8),
+            /// stopping at the first that does not parse, in table order.
+            pub fn from_lookup(lookup: &dyn Fn(&str) -> Option<Result<String, String>>) -> Result<Config, BadValue> {
+                Ok(Config {
+                    $($getter: read::<$kind_ty>($name, &$kind, lookup)?,)+
+                })
+            }
+        }
+
+        /// Every variable, in declaration order.
+        pub fn variables() -> Vec<Variable> {
+            vec![$(
+                Variable {
+                    name: $name,
+                    type_name: Kind::type_name(&$kind),
+                    default: $default_text,
+                    range: Kind::expected(&$kind),
+                    meaning: [$($doc),+].iter().map(|l| l.trim()).collect::<Vec<_>>().join(" "),
+                },
+            )+]
+        }
+
+        $(
+            variables!(@getter [$($doc)+] $getter, $kind_ty, $how $($default)?);
+        )+
+    };
+    (@getter [$($doc:literal)+] $getter:ident, $kind_ty:ty, default $default:expr) => {
+        $(#[doc = $doc])+
+        pub fn $getter() -> <$kind_ty as Kind>::Value {
+            get().$getter.clone().unwrap_or_else(|| $default)
+        }
+    };
+    (@getter [$($doc:literal)+] $getter:ident, $kind_ty:ty, unset) => {
+        $(#[doc = $doc])+
+        pub fn $getter() -> Option<<$kind_ty as Kind>::Value> {
+            get().$getter.clone()
+        }
+    };
+}
+
+const NO_UNIT: &str = "";
+
+variables! {
+    /// Number of devices `softroce0` … `softroce{N-1}`.
+    "SOFTROCE_DEVICES" => num_devices: Int<usize> = Int { min: 1, max: 64, unit: NO_UNIT }, default(1) "1";
+    /// IPv4 address(es) to bind UDP port 4791 on, entry *i* for device *i*. Unset (or a device
+    /// past the list): the host's addresses in order, then the first free 127.0.0.x.
+    "SOFTROCE_ADDR" => addr_list: Addrs = Addrs, unset "auto";
+    /// Active and max port MTU. Unset: the largest IB MTU that fits the interface's MTU less
+    /// 80 bytes of headers (4096 on `lo`).
+    "SOFTROCE_MTU" => mtu_override: Mtu = Mtu, unset "from the interface";
+    /// Verify the ICRC of received packets; 0 accepts peers that do not send IP ID 0 (kernel
+    /// rxe, NICs).
+    "SOFTROCE_ICRC_CHECK" => icrc_check: Flag = Flag, default(true) "1";
+    /// `DOWN`: every port reports `IBV_PORT_DOWN` (physical state Disabled) to `ibv_query_port`,
+    /// as a NIC whose link is down, for tests of what applications say about it; traffic is not
+    /// affected.
+    "SOFTROCE_PORT_STATE" => port_down: PortState = PortState, default(false) "ACTIVE";
+    /// Where each device's fault-control socket `ADDR.sock` lives (`softroce-ctl`).
+    "SOFTROCE_CTL_DIR" => ctl_dir: Path = Path, default(PathBuf::from("/tmp/softroce")) "/tmp/softroce";
+    /// Faults scheduled for every device of the process, in seconds from the device's start,
+    /// e.g. `port-down@2s,port-up@3.5s`.
+    "SOFTROCE_FAULTS" => faults: Faults = Faults, unset "unset";
+    /// Probability that a received packet is dropped (fault injection).
+    "SOFTROCE_LOSS" => loss: Probability = Probability, default(0.0) "0";
+    /// Probability that a received packet is held back and handled after the next one (one held
+    /// at a time; never past the end of a receive batch).
+    "SOFTROCE_REORDER" => reorder: Probability = Probability, default(0.0) "0";
+    /// Probability that a received packet is handled twice.
+    "SOFTROCE_DUP" => dup: Probability = Probability, default(0.0) "0";
+    /// Seed of the fault injector (loss, reordering, duplication).
+    "SOFTROCE_SEED" => seed: Int<u64> = Int { min: 0, max: u64::MAX, unit: NO_UNIT }, default(time_seed()) "time ⊕ pid";
+    /// Directory where the process keeps `softroce-faults-<pid>.txt` (`lost=N reordered=N
+    /// duplicated=N`) up to date, at most twice a second, while it injects faults.
+    "SOFTROCE_FAULT_COUNTS" => fault_counts_dir: Path = Path, unset "unset";
+    /// Send runs of equal-size packets to one peer as one UDP GSO datagram (receiving always
+    /// uses GRO). Segment *i* carries IP ID *i*, inside the ICRC; a capture on `lo` shows the
+    /// unsegmented super-datagram, so use 0 to capture one packet per frame.
+    "SOFTROCE_GSO" => gso: Flag = Flag, default(true) "1";
+    /// While packets arrive, the engine polls its socket this long (yielding between polls)
+    /// before it blocks; 0 always blocks at once.
+    "SOFTROCE_SPIN_US" => spin_us: Int<u64> = Int { min: 0, max: 10_000, unit: "µs" }, default(50) "50";
+    /// A message of at most 4 KiB posted while its QP has packets outstanding is sent by the
+    /// engine with the next batch (one GSO datagram for many), or at the posting thread's next
+    /// empty CQ poll if that comes first; 0: the posting thread always transmits at once.
+    "SOFTROCE_DEFER" => defer: Flag = Flag, default(true) "1";
+    /// An application thread whose CQ polls find nothing receives and handles the next batch of
+    /// datagrams itself when no other thread is receiving; 0 leaves receiving to the engine.
+    "SOFTROCE_INLINE_RX" => inline_rx: Flag = Flag, default(true) "1";
+    /// How long a thread's CQ polls must all have been empty before it receives inline (0: from
+    /// its first yield point); ~30 leaves short waits to the engine, which suits tools that spin
+    /// on memory without yielding (`ib_write_lat`), at the cost of part of the throughput gain.
+    "SOFTROCE_INLINE_RX_AFTER_US" => inline_rx_after: Micros = Micros { max: 1_000_000 }, default(Duration::ZERO) "0";
+    /// 0: the engine thread never receives (timers and deferred sends only), so only polling
+    /// application threads move packets; a diagnostic (`softroce/tests/verbs_inline_rx.rs`).
+    "SOFTROCE_ENGINE_RX" => engine_rx: Flag = Flag, default(true) "1";
+    /// An application thread whose CQ polls have all been empty this long waits (at most 100 µs)
+    /// for the NIC's next event instead of only yielding (`driver::idle`); 0 never waits.
+    "SOFTROCE_POLL_SLEEP_AFTER_US" => poll_sleep_after: Micros = Micros { max: 1_000_000 }, default(Duration::from_micros(200)) "200";
+    /// An application thread polling an empty CQ gives its CPU away (`sched_yield`) every this
+    /// many empty polls, so spinning applications do not starve the engine threads; 0 never
+    /// yields.
+    "SOFTROCE_POLL_YIELD" => poll_yield: Int<u32> = Int { min: 0, max: 1_000_000, unit: NO_UNIT }, default(64) "64";
+    /// Log engine events to stderr: dropped packets (bad ICRC, send errors), each QP's counters
+    /// at `ibv_destroy_qp`, injected faults.
+    "SOFTROCE_DEBUG" => debug: Flag = Flag, default(false) "0";
+}
+
+/// `SOFTROCE_SEED`'s default: derived from the time and the pid, once per process.
+fn time_seed() -> u64 {
     static V: OnceLock<u64> = OnceLock::new();
     *V.get_or_init(|| {
-        env("SOFTROCE_SPIN_US")
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(50)
-            .min(10_000)
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        t ^ ((std::process::id() as u64) << 32)
     })
 }
 
-/// `SOFTROCE_DEFER` (default 1): a posted message of at most 4 KiB on a QP
-/// that already has packets outstanding is left to the engine, which sends
-/// it when the next answer arrives, batched with the other due packets (one
-/// GSO datagram instead of a syscall per message), or the posting thread's
-/// next empty CQ poll sends it when that comes first (a round trip may be long). 0: the posting thread
-/// always transmits at once.
-pub fn defer() -> bool {
-    static V: OnceLock<bool> = OnceLock::new();
-    *V.get_or_init(|| env("SOFTROCE_DEFER").map(|s| s.trim() != "0").unwrap_or(true))
+/// The process's environment, as [`Config::from_lookup`] reads it.
+fn env_lookup(name: &str) -> Option<Result<String, String>> {
+    let v = std::env::var_os(name)?;
+    Some(v.into_string().map_err(|v| v.to_string_lossy().into_owned()))
 }
 
-/// `SOFTROCE_INLINE_RX` (default 1): an application thread whose CQ poll
-/// finds nothing receives and handles the next batch of datagrams itself
-/// when no other thread is doing so, instead of leaving all of it to the
-/// engine thread; 0 leaves receiving to the engine.
-pub fn inline_rx() -> bool {
-    static V: OnceLock<bool> = OnceLock::new();
-    *V.get_or_init(|| env("SOFTROCE_INLINE_RX").map(|s| s.trim() != "0").unwrap_or(true))
+/// The variables of this process, parsed once.
+fn load() -> &'static Result<Config, BadValue> {
+    static V: OnceLock<Result<Config, BadValue>> = OnceLock::new();
+    V.get_or_init(|| Config::from_lookup(&env_lookup))
 }
 
-/// `SOFTROCE_INLINE_RX_AFTER_US` (default 0: from the first yield point): how
-/// long a thread's CQ polls must all have been empty before it receives
-/// inline. Raising it to ~30 leaves short waits (a latency test's ACK) to the
-/// engine, which suits tools that then spin on memory without yielding
-/// (`ib_write_lat`: 19-28 us with inline receiving off or at 30, 30-35 us at
-/// 0, on 2 busy CPUs) but gives up part of the throughput gain (a 64 MiB
-/// all_reduce through the plugin: 2.3-2.8 GB/s at 0, 2.0-2.8 at 30).
-pub fn inline_rx_after() -> std::time::Duration {
-    static V: OnceLock<u64> = OnceLock::new();
-    std::time::Duration::from_micros(*V.get_or_init(|| {
-        env("SOFTROCE_INLINE_RX_AFTER_US")
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0)
-    }))
+/// The parsed variables, or every default when one does not parse (see the module contract).
+fn get() -> &'static Config {
+    static DEFAULTS: OnceLock<Config> = OnceLock::new();
+    match load() {
+        Ok(c) => c,
+        Err(_) => DEFAULTS.get_or_init(Config::default),
+    }
 }
 
-/// `SOFTROCE_ENGINE_RX` (default 1): 0 leaves receiving entirely to polling
-/// application threads (`SOFTROCE_INLINE_RX`); the engine thread then only
-/// runs timers and deferred sends. A diagnostic, and how the tests prove the
-/// inline path alone moves traffic.
-pub fn engine_rx() -> bool {
-    static V: OnceLock<bool> = OnceLock::new();
-    *V.get_or_init(|| env("SOFTROCE_ENGINE_RX").map(|s| s.trim() != "0").unwrap_or(true))
+/// The first variable of the process that does not parse, if any. The device paths stop on it
+/// (and on the commands of `SOFTROCE_FAULTS`) through `driver::instances::check_config`, which
+/// prints its line.
+pub fn error() -> Option<&'static BadValue> {
+    load().as_ref().err()
 }
 
-/// `SOFTROCE_POLL_SLEEP_AFTER_US` (default 200): an application thread whose
-/// CQ polls have all been empty for this long waits for the NIC's next event
-/// (`activity`, at most 100 µs) instead of only yielding (see
-/// `driver::idle::idle_poll`); 0 never waits.
-pub fn poll_sleep_after() -> std::time::Duration {
-    static V: OnceLock<u64> = OnceLock::new();
-    std::time::Duration::from_micros(*V.get_or_init(|| {
-        env("SOFTROCE_POLL_SLEEP_AFTER_US")
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(200)
-    }))
+/// The Markdown of `docs/softroce-variables.md`: a title, a paragraph and one table row per
+/// variable (type, default, accepted values, meaning).
+pub fn markdown_table() -> String {
+    let cell = |s: &str| s.replace('|', "\\|");
+    let mut out = String::from(
+        "# softroce's environment variables\n\n\
+         Generated from the declarations in `softroce/src/config.rs` by \
+         `softroce-ctl --print-variables`; do not edit (a test of the \
+         softroce crate fails when this file differs). Each variable is read once per process; \
+         unset or blank means the default. A value that does not parse stops softroce with one \
+         line on stderr naming the variable, the value and what is expected: \
+         `ibv_get_device_list` then fails with EINVAL and no device is created.\n\n\
+         | Variable | Type | Default | Accepted values | Meaning |\n\
+         |---|---|---|---|---|\n",
+    );
+    for v in variables() {
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {} | {} |\n",
+            v.name,
+            v.type_name,
+            cell(v.default),
+            cell(&v.range),
+            cell(&v.meaning)
+        ));
+    }
+    out.push_str(
+        "\nAt build time, `SOFTROCE_PRIVATE_NODE` (default `IBVERBS_PRIVATE_34`) names the private \
+         version node of the library (the rdma-core release it stands in for).\n",
+    );
+    out
 }
 
-/// `SOFTROCE_POLL_YIELD` (default 64): an application thread polling an
-/// empty CQ gives its CPU away (`sched_yield`) every this many empty polls,
-/// so spinning applications do not starve the engine threads; 0 never yields.
-pub fn poll_yield() -> u32 {
-    static V: OnceLock<u32> = OnceLock::new();
-    *V.get_or_init(|| {
-        env("SOFTROCE_POLL_YIELD")
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(64)
-    })
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// `SOFTROCE_DEBUG` (default 0): log engine events to stderr.
-pub fn debug() -> bool {
-    static V: OnceLock<bool> = OnceLock::new();
-    *V.get_or_init(|| env("SOFTROCE_DEBUG").map(|s| s.trim() != "0").unwrap_or(false))
+    /// `Config::from_lookup` over `vars` alone (the process's environment is not read).
+    fn parse(vars: &[(&str, &str)]) -> Result<Config, BadValue> {
+        Config::from_lookup(&|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| Ok(v.to_string())))
+    }
+
+    fn line_for(name: &str, value: &str) -> String {
+        match parse(&[(name, value)]) {
+            Ok(_) => panic!("{name}={value:?} was accepted"),
+            Err(bad) => {
+                assert_eq!(bad.name, name);
+                bad.line()
+            }
+        }
+    }
+
+    /// A variable, a value it accepts, and values it rejects with a part of the line each gives.
+    type Case = (&'static str, &'static str, &'static [(&'static str, &'static str)]);
+
+    const CASES: &[Case] = &[
+        ("SOFTROCE_DEVICES", "64", &[("0", "expected an integer from 1 to 64;"), ("65", "1 to 64"), ("two", "1 to 64")]),
+        (
+            "SOFTROCE_ADDR",
+            "127.0.0.1, 127.0.0.2",
+            &[
+                ("127.0.263.1", "expected IPv4 addresses, comma-separated, entry i for device i (not 0.0.0.0) (`127.0.263.1` is not one);"),
+                ("127.0.0.1,,127.0.0.2", "(`` is not one)"),
+                ("0.0.0.0", "(`0.0.0.0` is not one)"),
+                ("eth0", "(`eth0` is not one)"),
+            ],
+        ),
+        ("SOFTROCE_MTU", "1024", &[("1500", "expected an IB MTU: 256, 512, 1024, 2048 or 4096 bytes, or the ibv_mtu enum 1 to 5;"), ("0", "IB MTU"), ("6", "IB MTU"), ("4k", "IB MTU")]),
+        ("SOFTROCE_ICRC_CHECK", "0", &[("no", "expected 0 or 1;"), ("2", "0 or 1")]),
+        ("SOFTROCE_PORT_STATE", "down", &[("UP", "expected ACTIVE or DOWN;")]),
+        ("SOFTROCE_CTL_DIR", "/tmp/x", &[]),
+        ("SOFTROCE_FAULTS", "port-down@1.5s", &[("port-down", "expected COMMAND@SECONDS, comma-separated (softroce-ctl's commands) (`port-down`: want COMMAND@SECONDS);"), ("port-up@soon", "is not a time in seconds")]),
+        ("SOFTROCE_LOSS", "1", &[("1.5", "expected a number in [0, 1];"), ("-0.1", "[0, 1]"), ("NaN", "[0, 1]"), ("1%", "[0, 1]")]),
+        ("SOFTROCE_REORDER", "0.05", &[("2", "expected a number in [0, 1];")]),
+        ("SOFTROCE_DUP", "0", &[("inf", "expected a number in [0, 1];")]),
+        ("SOFTROCE_SEED", "18446744073709551615", &[("18446744073709551616", "expected an integer from 0 to 18446744073709551615;"), ("-1", "from 0 to")]),
+        ("SOFTROCE_FAULT_COUNTS", "/tmp/counts", &[]),
+        ("SOFTROCE_GSO", "1", &[("true", "expected 0 or 1;")]),
+        ("SOFTROCE_SPIN_US", "10000", &[("10001", "expected an integer from 0 to 10000 µs;"), ("50us", "0 to 10000 µs")]),
+        ("SOFTROCE_DEFER", "0", &[("off", "expected 0 or 1;")]),
+        ("SOFTROCE_INLINE_RX", "0", &[("yes", "expected 0 or 1;")]),
+        ("SOFTROCE_INLINE_RX_AFTER_US", "30", &[("1000001", "expected an integer from 0 to 1000000 (µs);"), ("1.5", "(µs)")]),
+        ("SOFTROCE_ENGINE_RX", "0", &[("01", "expected 0 or 1;")]),
+        ("SOFTROCE_POLL_SLEEP_AFTER_US", "0", &[("-5", "expected an integer from 0 to 1000000 (µs);")]),
+        ("SOFTROCE_POLL_YIELD", "1000000", &[("1000001", "expected an integer from 0 to 1000000;")]),
+        ("SOFTROCE_DEBUG", "1", &[("verbose", "expected 0 or 1;")]),
+    ];
+
+    #[test]
+    fn every_variable_has_a_case() {
+        let declared: Vec<&str> = variables().iter().map(|v| v.name).collect();
+        let tested: Vec<&str> = CASES.iter().map(|c| c.0).collect();
+        assert_eq!(declared, tested);
+    }
+
+    #[test]
+    fn each_variable_accepts_a_good_value_and_rejects_bad_ones_with_one_line() {
+        for (name, good, bads) in CASES {
+            assert!(parse(&[(name, good)]).is_ok(), "{name}={good:?} was rejected");
+            for (bad, expected) in *bads {
+                let line = line_for(name, bad);
+                let head = format!("softroce: {name}={bad:?} is not valid: expected ");
+                assert!(line.starts_with(&head), "{line}");
+                assert!(line.contains(expected), "{name}={bad:?}: {line} lacks {expected:?}");
+                assert!(line.ends_with("; no device is offered until it is fixed"), "{line}");
+                assert!(!line.contains('\n'), "{line}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_bad_address_of_the_report_stops_with_its_line() {
+        assert_eq!(
+            line_for("SOFTROCE_ADDR", "127.0.263.1"),
+            "softroce: SOFTROCE_ADDR=\"127.0.263.1\" is not valid: expected IPv4 addresses, comma-separated, \
+             entry i for device i (not 0.0.0.0) (`127.0.263.1` is not one); no device is offered until it is fixed"
+        );
+    }
+
+    #[test]
+    fn unset_and_blank_take_the_defaults_and_values_are_trimmed() {
+        let c = parse(&[("SOFTROCE_ADDR", "  "), ("SOFTROCE_MTU", "")]).unwrap();
+        assert!(c.addr_list.is_none() && c.mtu_override.is_none());
+        let c = parse(&[
+            ("SOFTROCE_ADDR", " 127.0.1.1 ,127.0.1.2"),
+            ("SOFTROCE_MTU", " 4096 "),
+            ("SOFTROCE_LOSS", "0.25"),
+            ("SOFTROCE_INLINE_RX_AFTER_US", "30"),
+            ("SOFTROCE_PORT_STATE", "Down"),
+        ])
+        .unwrap();
+        assert_eq!(
+            c.addr_list,
+            Some(vec![Ipv4Addr::new(127, 0, 1, 1), Ipv4Addr::new(127, 0, 1, 2)])
+        );
+        assert_eq!(c.mtu_override, Some(5));
+        assert_eq!(c.loss, Some(0.25));
+        assert_eq!(c.inline_rx_after, Some(Duration::from_micros(30)));
+        assert_eq!(c.port_down, Some(true));
+        assert_eq!(parse(&[("SOFTROCE_MTU", "3")]).unwrap().mtu_override, Some(3));
+    }
+
+    #[test]
+    fn a_value_that_is_not_utf8_is_rejected() {
+        let bad = Config::from_lookup(&|name| (name == "SOFTROCE_DEBUG").then(|| Err("\u{fffd}1".to_string())))
+            .err()
+            .unwrap();
+        assert_eq!(bad.name, "SOFTROCE_DEBUG");
+        assert!(bad.line().contains("(the value is not UTF-8)"), "{}", bad.line());
+    }
+
+    #[test]
+    fn the_first_bad_variable_in_table_order_is_reported() {
+        let bad = parse(&[("SOFTROCE_DEBUG", "x"), ("SOFTROCE_DEVICES", "0")])
+            .err()
+            .unwrap();
+        assert_eq!(bad.name, "SOFTROCE_DEVICES");
+    }
+
+    /// `docs/softroce-variables.md` is the table generated from the declarations.
+    #[test]
+    fn the_docs_table_matches_the_declarations() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/softroce-variables.md");
+        let on_disk = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            on_disk == markdown_table(),
+            "{path} differs from the declarations in softroce/src/config.rs; regenerate it: \
+             cargo run --release -p softroce --bin softroce-ctl -- --print-variables > docs/softroce-variables.md"
+        );
+    }
 }

@@ -94,6 +94,8 @@ verbs_table! {
         _ibv_query_gid_ex: fn(*mut sys::ibv_context, u32, u32, *mut sys::ibv_gid_entry, u32, usize) -> c_int = "IBVERBS_1.11";
         ibv_query_ece: fn(*mut sys::ibv_qp, *mut sys::ibv_ece) -> c_int = "IBVERBS_1.10";
         ibv_set_ece: fn(*mut sys::ibv_qp, *mut sys::ibv_ece) -> c_int = "IBVERBS_1.10";
+        // softroce's own: why ibv_get_device_list failed with EINVAL (docs/softroce-variables.md).
+        softroce_config_error: fn() -> *const c_char = "SOFTROCE_2";
     }
 }
 

@@ -56,11 +56,12 @@ pub fn run(cfg: &Config, vars: &crate::Vars, job: &JobSize, checks: &mut Vec<Che
     let contexts = match open_all(&verbs) {
         Ok(c) => c,
         Err(why) => {
-            checks.push(Check::fail(
-                "devices",
-                format!("no RDMA device: {why}"),
-                "load the NIC's RDMA driver (mlx5_ib, irdma, bnxt_re, rdma_rxe…) and check `ibv_devices`; without RDMA hardware use softroce (docs/softroce.md)",
-            ));
+            let hint = if ferroce::device::provider_config_error(&verbs).is_some() {
+                "give that variable a value it accepts (docs/softroce-variables.md)"
+            } else {
+                "load the NIC's RDMA driver (mlx5_ib, irdma, bnxt_re, rdma_rxe…) and check `ibv_devices`; without RDMA hardware use softroce (docs/softroce.md)"
+            };
+            checks.push(Check::fail("devices", format!("no RDMA device: {why}"), hint));
             common_checks(cfg, vars, job, &facts.ports, checks);
             return facts;
         }
@@ -101,9 +102,9 @@ fn open_all(verbs: &Arc<Verbs>) -> Result<Vec<Arc<Context>>, String> {
     // SAFETY: count is a valid out-pointer; the list is freed below.
     let list = unsafe { (verbs.ibv_get_device_list)(&mut count) };
     if list.is_null() {
-        return Err(format!(
-            "ibv_get_device_list failed: {} — no RDMA driver is loaded",
-            std::io::Error::last_os_error()
+        return Err(ferroce::device::device_list_failed(
+            verbs,
+            &std::io::Error::last_os_error(),
         ));
     }
     let mut out = Vec::new();

@@ -40,7 +40,11 @@ pub(super) fn common_checks(
         })
         .collect();
     checks.extend(crate::env::checks(vars, &names, cfg, &warnings));
-    checks.push(limits::check_memlock(Limit::current(libc::RLIMIT_MEMLOCK), job));
+    checks.push(limits::check_memlock(
+        Limit::current(libc::RLIMIT_MEMLOCK),
+        limits::has_cap_ipc_lock(),
+        job,
+    ));
     checks.push(limits::check_nofile(Limit::current(libc::RLIMIT_NOFILE), job));
     checks.push(dev_infiniband_check(!ports.is_empty()));
     checks.push(governor_check(&sysinfo::cpu_governors()));

@@ -4,7 +4,8 @@
 //! `cq-overrun QPN`), or read its verbs work counters (`counters`: the process's totals and each
 //! live QP's). It talks to the device's control socket
 //! `${SOFTROCE_CTL_DIR:-/tmp/softroce}/ADDR.sock` and prints its answer; exit status 0 when the
-//! device carried the command out.
+//! device carried the command out. `softroce-ctl --print-variables` prints the table of
+//! softroce's environment variables (`docs/softroce-variables.md`).
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -12,12 +13,18 @@ use std::time::Duration;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.len() == 1 && args[0] == "--print-variables" {
+        // docs/softroce-variables.md, from the declarations in softroce/src/config.rs.
+        print!("{}", softroce::config::markdown_table());
+        return;
+    }
     if args.len() < 2 || args[0] == "-h" || args[0] == "--help" {
         eprintln!(
             "usage: softroce-ctl ADDR port-down | port-up | gid-change | blackhole PEER_ADDR | heal | status | counters\n\
              \x20                      | device-fatal | qp-fatal QPN | qp-access-err QPN | cq-overrun QPN\n\
              ADDR is the device's IPv4 address (SOFTROCE_ADDR of the process); sockets live in\n\
-             ${{SOFTROCE_CTL_DIR:-/tmp/softroce}}"
+             ${{SOFTROCE_CTL_DIR:-/tmp/softroce}}\n\
+             softroce-ctl --print-variables: the Markdown table of softroce's variables"
         );
         std::process::exit(2);
     }

@@ -7,7 +7,7 @@
 
 use super::device::Device;
 use super::engine;
-use super::faults::{parse_schedule, Command};
+use super::faults::Command;
 use super::qp::QpShared;
 use crate::proto::AsyncEvent;
 use rdma_sys::ibv_event_type;
@@ -17,12 +17,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-/// Directory of the control sockets.
+/// Directory of the control sockets (`SOFTROCE_CTL_DIR`).
 pub fn ctl_dir() -> PathBuf {
-    std::env::var_os("SOFTROCE_CTL_DIR")
-        .filter(|d| !d.is_empty())
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/tmp/softroce"))
+    crate::config::ctl_dir()
 }
 
 /// The control socket of the device bound to `addr`.
@@ -57,10 +54,10 @@ extern "C" fn remove_sockets() {
 /// Start the control socket and the `SOFTROCE_FAULTS` schedule of `dev`. A device whose socket
 /// cannot be made still works; it says so once on stderr.
 pub fn start(dev: &Arc<Device>) {
-    if let Some(spec) = std::env::var("SOFTROCE_FAULTS").ok().filter(|s| !s.trim().is_empty()) {
-        match parse_schedule(&spec) {
-            Ok(plan) => spawn_schedule(dev.clone(), plan),
-            Err(e) => eprintln!("softroce: SOFTROCE_FAULTS ignored: {e}"),
+    // Checked before any device was made (instances::check_config): an error is not possible.
+    if let Ok(plan) = super::faults::configured_schedule() {
+        if !plan.is_empty() {
+            spawn_schedule(dev.clone(), plan);
         }
     }
     let path = socket_path(dev.addr);

@@ -28,6 +28,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::config::{BadValue, Kind};
+
 /// A fault command.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command {
@@ -96,22 +98,29 @@ impl Command {
 /// e.g. `port-down@2s,port-up@3.5s,blackhole=127.0.0.2@1`), sorted by time.
 pub fn parse_schedule(spec: &str) -> Result<Vec<(Duration, Command)>, String> {
     let mut out = Vec::new();
-    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let (cmd, at) = item
-            .rsplit_once('@')
-            .ok_or_else(|| format!("`{item}`: want COMMAND@SECONDS"))?;
-        let secs: f64 = at
-            .trim()
-            .trim_end_matches('s')
-            .parse()
-            .map_err(|_| format!("`{item}`: `{at}` is not a time in seconds"))?;
-        if !(secs.is_finite() && secs >= 0.0) {
-            return Err(format!("`{item}`: the time must be ≥ 0"));
-        }
-        out.push((Duration::from_secs_f64(secs), Command::parse(cmd)?));
+    for (at, cmd) in crate::config::schedule_times(spec)? {
+        out.push((at, Command::parse(cmd)?));
     }
     out.sort_by_key(|(t, _)| *t);
     Ok(out)
+}
+
+/// The process's `SOFTROCE_FAULTS` schedule (empty when unset), or the variable's error when a
+/// command in it is not one (its times are checked with the other variables, `config`).
+pub fn configured_schedule() -> Result<Vec<(Duration, Command)>, BadValue> {
+    schedule_of(crate::config::faults())
+}
+
+/// [`configured_schedule`] of the variable's text `text` (`None`: unset).
+fn schedule_of(text: Option<String>) -> Result<Vec<(Duration, Command)>, BadValue> {
+    let Some(text) = text else {
+        return Ok(Vec::new());
+    };
+    parse_schedule(&text).map_err(|why| BadValue {
+        name: "SOFTROCE_FAULTS",
+        expected: format!("{} ({why})", Kind::expected(&crate::config::Faults)),
+        value: text,
+    })
 }
 
 /// The fault state of one device's port, read on every packet (two relaxed loads when healthy).
@@ -240,6 +249,23 @@ mod tests {
         assert!(parse_schedule("port-down").is_err());
         assert!(parse_schedule("port-down@soon").is_err());
         assert!(parse_schedule("port-down@-1").is_err());
+    }
+
+    #[test]
+    fn an_unknown_command_in_softroce_faults_is_the_variable_s_error() {
+        assert_eq!(schedule_of(None), Ok(Vec::new()));
+        assert_eq!(
+            schedule_of(Some("port-down@1".into())),
+            Ok(vec![(Duration::from_secs(1), Command::PortDown)])
+        );
+        let bad = schedule_of(Some("port-down@1,explode@2".into())).unwrap_err();
+        assert_eq!(
+            bad.line(),
+            "softroce: SOFTROCE_FAULTS=\"port-down@1,explode@2\" is not valid: expected COMMAND@SECONDS, \
+             comma-separated (softroce-ctl's commands) (unknown command `explode` (port-down, port-up, gid-change, \
+             blackhole PEER_ADDR, heal, status, device-fatal, qp-fatal QPN, qp-access-err QPN, cq-overrun QPN)); \
+             no device is offered until it is fixed"
+        );
     }
 
     #[test]

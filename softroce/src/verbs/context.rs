@@ -76,6 +76,10 @@ fn device_of(dev: *mut ibv_device) -> Option<&'static IbvDevice> {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *mut ibv_device {
     ffi_guard!(std::ptr::null_mut(), {
+        // A variable that does not parse: its line is on stderr, and there is no device.
+        if instances::check_config().is_err() {
+            return null_err(libc::EINVAL);
+        }
         let list = device_list();
         let n = list.len();
         // SAFETY: calloc of n+1 pointers; freed by ibv_free_device_list.
@@ -92,6 +96,25 @@ pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *m
             unsafe { *num_devices = n as c_int };
         }
         arr
+    })
+}
+
+/// `softroce_config_error`: NULL when every softroce variable parses, else the line softroce
+/// printed for the first that does not (`config::BadValue::line`), NUL-terminated and valid for
+/// the life of the process. softroce's own export (`SOFTROCE_1`), absent from a real
+/// libibverbs: an application (the ferroce plugin) looks it up with `dlsym` after
+/// `ibv_get_device_list` failed with EINVAL, to give the reason in its own log.
+#[no_mangle]
+pub extern "C" fn softroce_config_error() -> *const c_char {
+    ffi_guard!(std::ptr::null(), {
+        static LINE: OnceLock<Option<std::ffi::CString>> = OnceLock::new();
+        LINE.get_or_init(|| {
+            let bad = instances::check_config().err()?;
+            // A NUL cannot be in an environment value; replace it anyway rather than fail.
+            std::ffi::CString::new(bad.line().replace('\0', "\\0")).ok()
+        })
+        .as_ref()
+        .map_or(std::ptr::null(), |l| l.as_ptr())
     })
 }
 

@@ -4,6 +4,7 @@
 //! the data path. Non-blocking: NCCL re-enters [`connect`] with the same handle until it
 //! returns a comm. The protocol decisions are [`proto::setup`](crate::transport::proto::setup)'s.
 
+use super::foreign;
 use crate::config;
 use crate::device::{NetDevice, VirtualDevice};
 use crate::error::{Error, Result};
@@ -187,6 +188,9 @@ pub fn forget_pending_connects() -> usize {
 /// `traffic_class`: the communicator's (`ncclNetCommConfig.trafficClass`, -1 when unset).
 pub fn connect(traffic_class: i32, dev: &Arc<VirtualDevice>, handle: &mut [u8; 128]) -> Result<Option<Box<SendComm>>> {
     let listener = HandleRepr::parse(handle).map_err(|e| {
+        if foreign::is_foreign(&e) {
+            return Error::internal(foreign::foreign_handle(handle, &e));
+        }
         Error::internal(format!(
             "connect: the handle is not a ferroce listen handle ({e}); do both ranks load the same plugin?"
         ))
@@ -510,6 +514,11 @@ fn finish(
 }
 
 fn channel_error(peer: SocketAddr, e: ChannelError) -> Error {
+    if let ChannelError::Wire(w) = &e {
+        if foreign::is_foreign(w) {
+            return Error::remote(foreign::foreign_listener(peer, w));
+        }
+    }
     Error::remote(format!(
         "connection setup with {peer} failed: {e} — did the peer process exit or reject us? (see its log)"
     ))
@@ -529,6 +538,7 @@ fn setup_error(peer: SocketAddr, e: SetupError) -> Error {
 
 fn timed_out(peer: SocketAddr, after: Duration) -> String {
     format!(
-        "connection setup with {peer} did not finish within {after:?} — the peer accepted the TCP connection but never answered (is its proxy thread stuck?) (FERROCE_CONNECT_TIMEOUT_SEC sets the limit)"
+        "connection setup with {peer} did not finish within {after:?} — the peer accepted the TCP connection but never answered: is its proxy thread stuck, or is it not ferroce ({})? (FERROCE_CONNECT_TIMEOUT_SEC sets the limit)",
+        foreign::SAME_PLUGIN
     )
 }

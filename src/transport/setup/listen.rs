@@ -137,8 +137,9 @@ impl ListenComm {
         }
         if matches!(self.slot, Slot::Free) && expired {
             return Err(Error::remote(format!(
-                "no peer completed a connection to this listener ({}) within {timeout:?} — is the sending rank alive and can it reach this address? (FERROCE_CONNECT_TIMEOUT_SEC sets the limit)",
-                self.entrance.addr()
+                "no peer completed a connection to this listener ({}) within {timeout:?} — is the sending rank alive, can it reach this address, and does it run ferroce ({})? (FERROCE_CONNECT_TIMEOUT_SEC sets the limit)",
+                self.entrance.addr(),
+                super::foreign::SAME_PLUGIN
             )));
         }
         Ok(None)

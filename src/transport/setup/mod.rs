@@ -5,5 +5,6 @@
 //! and build a connection's resources with [`conn`](super::conn).
 
 pub mod connect;
+pub mod foreign;
 pub mod listen;
 pub mod process_listener;

@@ -214,6 +214,9 @@ fn refuse_with(chan: &mut Channel, code: u32, text: &str) {
 pub fn refuse(mut chan: SideChannel, r: Refusal) {
     let peer = chan.peer();
     match &r.error {
+        SetupError::Malformed(e) if super::foreign::is_foreign(e) => {
+            crate::log_warn!("{}", super::foreign::foreign_connector(peer, e))
+        }
         SetupError::Malformed(e) => crate::log_warn!("listener: rejected a connection from {peer}: {e}"),
         SetupError::WrongNonce { .. } if r.reject.is_some() => crate::log_warn!(
             "listener: connection from {peer} carries another listener's handle (nonce mismatch: a stale or foreign handle); rejected"
@@ -233,7 +236,10 @@ pub fn refuse(mut chan: SideChannel, r: Refusal) {
         SetupError::TimedOut {
             state: "AwaitRequest",
             after,
-        } => crate::log_warn!("listener: {peer} connected but sent no complete connection request within {after:?} (nothing, or part of one); dropped"),
+        } => crate::log_warn!(
+            "listener: {peer} connected but sent no complete connection request within {after:?} (nothing, or part of one: is it ferroce? {}); dropped",
+            super::foreign::SAME_PLUGIN
+        ),
         SetupError::TimedOut { after, .. } => {
             crate::log_warn!("listener: {peer} did not finish the handshake within {after:?}; dropped")
         }
