@@ -32,12 +32,10 @@ pub fn findings(host: &crate::host::HostFacts, checks: &[Check], vars: &crate::V
     })
 }
 
-/// What differs between the two sides' findings (`mine` is this host's).
-pub fn compare(mine: &Value, theirs: &Value) -> Vec<Check> {
-    let mut out = Vec::new();
-    let peer = theirs["host"].as_str().unwrap_or("the peer");
+/// Both sides run the same ferroce version.
+fn version_check(mine: &Value, theirs: &Value, peer: &str) -> Check {
     let (v1, v2) = (&mine["version"], &theirs["version"]);
-    out.push(if v1 == v2 {
+    if v1 == v2 {
         Check::ok("pair ferroce version", format!("{} on both", text(v1)))
     } else {
         Check::warn(
@@ -45,16 +43,29 @@ pub fn compare(mine: &Value, theirs: &Value) -> Vec<Check> {
             format!("{} here, {} on {peer}", text(v1), text(v2)),
             "run the same ferroce build on every host",
         )
-    });
-    let failed = theirs["failed"].as_array().cloned().unwrap_or_default();
-    if !failed.is_empty() {
-        let names: Vec<String> = failed.iter().map(text).collect();
-        out.push(Check::warn(
-            "pair peer checks",
-            format!("{peer} has {} failing check(s): {}", names.len(), names.join(", ")),
-            format!("run ferroce-doctor on {peer} and fix those first"),
-        ));
     }
+}
+
+/// A WARN naming the peer's own failing checks, if it has any.
+fn peer_failures(theirs: &Value, peer: &str) -> Option<Check> {
+    let failed = theirs["failed"].as_array().cloned().unwrap_or_default();
+    if failed.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = failed.iter().map(text).collect();
+    Some(Check::warn(
+        "pair peer checks",
+        format!("{peer} has {} failing check(s): {}", names.len(), names.join(", ")),
+        format!("run ferroce-doctor on {peer} and fix those first"),
+    ))
+}
+
+/// What differs between the two sides' findings (`mine` is this host's).
+pub fn compare(mine: &Value, theirs: &Value) -> Vec<Check> {
+    let mut out = Vec::new();
+    let peer = theirs["host"].as_str().unwrap_or("the peer");
+    out.push(version_check(mine, theirs, peer));
+    out.extend(peer_failures(theirs, peer));
     let (d1, d2) = (&mine["device"], &theirs["device"]);
     if d1.is_null() || d2.is_null() {
         out.push(Check::fail(

@@ -342,37 +342,9 @@ impl Context {
                     if unsafe { (verbs.ibv_get_async_event)(raw.0, &mut ev) } != 0 {
                         continue;
                     }
-                    let kind = ev.event_type;
-                    use sys::ibv_event_type::*;
-                    let is_qp_event = matches!(
-                        kind,
-                        IBV_EVENT_QP_FATAL | IBV_EVENT_QP_REQ_ERR | IBV_EVENT_QP_ACCESS_ERR
-                    );
-                    let is_port_event = matches!(
-                        kind,
-                        IBV_EVENT_PORT_ERR
-                            | IBV_EVENT_PORT_ACTIVE
-                            | IBV_EVENT_GID_CHANGE
-                            | IBV_EVENT_LID_CHANGE
-                            | IBV_EVENT_PKEY_CHANGE
-                            | IBV_EVENT_SM_CHANGE
-                            | IBV_EVENT_CLIENT_REREGISTER
-                    );
-                    // SAFETY: for QP events the element is the QP, alive until the event is acked;
-                    // for port events it is the port number; for a CQ error the CQ (only its
-                    // address is kept).
-                    let (qpn, port, cq) = unsafe {
-                        (
-                            if is_qp_event { (*ev.element.qp).qp_num } else { 0 },
-                            if is_port_event { ev.element.port_num } else { 0 },
-                            if kind == IBV_EVENT_CQ_ERR {
-                                ev.element.cq as usize as u64
-                            } else {
-                                0
-                            },
-                        )
-                    };
-                    sink.record(kind, &verbs.event_type_str(kind as u32), qpn, port, is_port_event, cq);
+                    // SAFETY: ev was just filled by ibv_get_async_event and is not acked yet.
+                    let facts = unsafe { EventFacts::read(&ev) };
+                    sink.record(&facts, &verbs.event_type_str(facts.kind as u32));
                     // Acked after the log line: ibv_destroy_qp waits for the acks of its QP's
                     // events, so the WARN about a QP comes before the close that destroys it returns.
                     // SAFETY: ev was filled by ibv_get_async_event and is acked exactly once.
@@ -382,6 +354,63 @@ impl Context {
         match spawned {
             Ok(handle) => *self.events_thread.lock() = Some(handle),
             Err(e) => crate::log_warn!("device {}: cannot start the async-event thread: {e}", self.info.name),
+        }
+    }
+}
+
+/// What an async event names: its kind and the QP number, port or CQ it is about.
+#[derive(Clone, Copy)]
+struct EventFacts {
+    kind: sys::ibv_event_type,
+    is_qp_event: bool,
+    is_port_event: bool,
+    qpn: u32,
+    port: c_int,
+    /// The CQ's address (only kept to tell CQs apart).
+    cq: u64,
+}
+
+impl EventFacts {
+    /// # Safety
+    /// `ev` was filled by `ibv_get_async_event` and not yet acked (its element is alive).
+    unsafe fn read(ev: &sys::ibv_async_event) -> EventFacts {
+        use sys::ibv_event_type::*;
+        let kind = ev.event_type;
+        let is_qp_event = matches!(
+            kind,
+            IBV_EVENT_QP_FATAL | IBV_EVENT_QP_REQ_ERR | IBV_EVENT_QP_ACCESS_ERR
+        );
+        let is_port_event = matches!(
+            kind,
+            IBV_EVENT_PORT_ERR
+                | IBV_EVENT_PORT_ACTIVE
+                | IBV_EVENT_GID_CHANGE
+                | IBV_EVENT_LID_CHANGE
+                | IBV_EVENT_PKEY_CHANGE
+                | IBV_EVENT_SM_CHANGE
+                | IBV_EVENT_CLIENT_REREGISTER
+        );
+        // SAFETY: for QP events the element is the QP, alive until the event is acked (the
+        // caller's contract); for port events it is the port number; for a CQ error the CQ
+        // (only its address is kept).
+        let (qpn, port, cq) = unsafe {
+            (
+                if is_qp_event { (*ev.element.qp).qp_num } else { 0 },
+                if is_port_event { ev.element.port_num } else { 0 },
+                if kind == IBV_EVENT_CQ_ERR {
+                    ev.element.cq as usize as u64
+                } else {
+                    0
+                },
+            )
+        };
+        EventFacts {
+            kind,
+            is_qp_event,
+            is_port_event,
+            qpn,
+            port,
+            cq,
         }
     }
 }
@@ -399,14 +428,18 @@ struct EventSink {
 }
 
 impl EventSink {
-    /// Counts event `kind` (`text`: its name) against the QP, port or CQ it names and logs it.
-    fn record(&self, kind: sys::ibv_event_type, text: &str, qpn: u32, port: c_int, is_port_event: bool, cq: u64) {
+    /// Counts the event (`text`: its name) against the QP, port or CQ it names and logs it.
+    fn record(&self, facts: &EventFacts, text: &str) {
         use sys::ibv_event_type::*;
         let name = &self.name;
-        let is_qp_event = matches!(
+        let EventFacts {
             kind,
-            IBV_EVENT_QP_FATAL | IBV_EVENT_QP_REQ_ERR | IBV_EVENT_QP_ACCESS_ERR
-        );
+            is_qp_event,
+            is_port_event,
+            qpn,
+            port,
+            cq,
+        } = *facts;
         if kind == IBV_EVENT_PORT_ACTIVE {
             if let Some(c) = usize::try_from(port).ok().and_then(|p| self.port_actives.get(p)) {
                 c.fetch_add(1, Ordering::AcqRel);

@@ -1,0 +1,256 @@
+//! Unit tests of device discovery: GID selection, port filters, properties.
+
+use super::*;
+use crate::config::AddrRange;
+
+fn v4(a: u8, b: u8, c: u8, d: u8) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[10] = 0xff;
+    g[11] = 0xff;
+    g[12..].copy_from_slice(&[a, b, c, d]);
+    g
+}
+fn v6(s: &str) -> [u8; 16] {
+    s.parse::<Ipv6Addr>().unwrap().octets()
+}
+fn link_local() -> [u8; 16] {
+    v6("fe80::1234:56ff:fe78:9abc")
+}
+
+/// A GID table row: the GID and its RoCE type (None = unreadable / EINVAL).
+type Row = (Option<[u8; 16]>, Option<u8>);
+
+fn select(rows: &[Row], cfg: &Config) -> std::result::Result<i32, String> {
+    let gid = |i: i32| rows.get(i as usize).and_then(|r| r.0);
+    let ty = |i: i32| Ok(rows.get(i as usize).and_then(|r| r.1));
+    select_roce_gid(rows.len() as i32, &gid, &ty, cfg)
+}
+
+/// The table a RoCE NIC (and softroce) exposes: link-local v1/v2, then IPv4-mapped v1/v2.
+fn usual_table() -> Vec<Row> {
+    vec![
+        (Some(link_local()), Some(1)),
+        (Some(link_local()), Some(2)),
+        (Some(v4(10, 1, 2, 3)), Some(1)),
+        (Some(v4(10, 1, 2, 3)), Some(2)),
+    ]
+}
+
+#[test]
+fn gid_selection_table() {
+    let d = Config::default();
+    type Case = (&'static str, Vec<Row>, Config, std::result::Result<i32, String>);
+    let cases: Vec<Case> = vec![
+        ("usual host picks IPv4 RoCEv2", usual_table(), d.clone(), Ok(3)),
+        (
+            "explicit index wins",
+            usual_table(),
+            Config {
+                gid_index: 1,
+                ..d.clone()
+            },
+            Ok(1),
+        ),
+        (
+            "explicit index outside table",
+            usual_table(),
+            Config {
+                gid_index: 9,
+                ..d.clone()
+            },
+            Err("NCCL_IB_GID_INDEX=9 is outside the GID table (length 4)".into()),
+        ),
+        (
+            "RoCE v1 wanted",
+            usual_table(),
+            Config {
+                roce_version: 1,
+                ..d.clone()
+            },
+            Ok(2),
+        ),
+        (
+            "IPv6 wanted",
+            vec![
+                (Some(link_local()), Some(1)),
+                (Some(link_local()), Some(2)),
+                (Some(v4(10, 1, 2, 3)), Some(2)),
+                (Some(v6("fd00::5")), Some(1)),
+                (Some(v6("fd00::5")), Some(2)),
+            ],
+            Config {
+                addr_family: AddrFamily::Inet6,
+                ..d.clone()
+            },
+            Ok(4),
+        ),
+        (
+            "range selects the second address",
+            vec![
+                (Some(link_local()), Some(2)),
+                (Some(v4(10, 1, 2, 3)), Some(2)),
+                (Some(v4(192, 168, 7, 9)), Some(2)),
+            ],
+            Config {
+                addr_range: AddrRange::parse("192.168.0.0/16"),
+                ..d.clone()
+            },
+            Ok(2),
+        ),
+        (
+            "container: types unreadable (EINVAL) except the mapped ones",
+            vec![
+                (Some(link_local()), None),
+                (Some(link_local()), None),
+                (Some(v4(10, 0, 0, 7)), None),
+                (Some(v4(10, 0, 0, 7)), Some(2)),
+            ],
+            d.clone(),
+            Ok(3),
+        ),
+        (
+            "zero entries are skipped",
+            vec![
+                (Some([0; 16]), Some(1)),
+                (Some([0; 16]), Some(2)),
+                (Some(v4(10, 0, 0, 1)), Some(2)),
+            ],
+            d.clone(),
+            Ok(2),
+        ),
+        (
+            "unreadable GID entries are skipped",
+            vec![
+                (Some(link_local()), Some(2)),
+                (None, None),
+                (Some(v4(10, 0, 0, 1)), Some(2)),
+            ],
+            d.clone(),
+            Ok(2),
+        ),
+        (
+            "only link-local: stays at 0",
+            vec![(Some(link_local()), Some(1)), (Some(link_local()), Some(2))],
+            d.clone(),
+            Ok(0),
+        ),
+    ];
+    for (what, rows, cfg, want) in cases {
+        assert_eq!(select(&rows, &cfg), want, "{what}");
+    }
+}
+
+#[test]
+fn gid_type_read_error_other_than_einval_is_an_error() {
+    let rows = usual_table();
+    let gid = |i: i32| rows.get(i as usize).and_then(|r| r.0);
+    let ty = |_: i32| Err(std::io::Error::from_raw_os_error(libc::ENOENT));
+    assert!(select_roce_gid(4, &gid, &ty, &Config::default()).is_err());
+}
+
+#[test]
+fn ib_gid_uses_flid_index_only_when_flid_is_set() {
+    let mut with_flid = [0u8; 16];
+    with_flid[4] = 0x12;
+    let table = [[0xfe; 16], with_flid];
+    let gid = |i: i32| table.get(i as usize).copied();
+    assert_eq!(select_ib_gid(2, &gid, &Config::default()), 1);
+    let table2 = [[0xfe; 16], [0u8; 16]];
+    let gid2 = |i: i32| table2.get(i as usize).copied();
+    assert_eq!(select_ib_gid(2, &gid2, &Config::default()), 0);
+    assert_eq!(select_ib_gid(1, &gid, &Config::default()), 0, "index outside the table");
+}
+
+#[test]
+fn port_filter() {
+    let active_eth = PortInfo {
+        state: 4,
+        active_mtu: 5,
+        max_msg_sz: 1 << 31,
+        gid_tbl_len: 4,
+        lid: 0,
+        active_width: 2,
+        active_speed: 32,
+        link_layer: 2,
+    };
+    assert_eq!(port_is_usable(&active_eth), Ok(LinkLayer::Ethernet));
+    assert_eq!(
+        port_is_usable(&PortInfo {
+            link_layer: 1,
+            ..active_eth
+        }),
+        Ok(LinkLayer::InfiniBand)
+    );
+    assert!(port_is_usable(&PortInfo { state: 1, ..active_eth })
+        .unwrap_err()
+        .contains("DOWN"));
+    assert!(port_is_usable(&PortInfo {
+        link_layer: 9,
+        ..active_eth
+    })
+    .is_err());
+}
+
+#[test]
+fn speeds() {
+    assert_eq!(speed_mbps(1 << 5, 1 << 1), 100_000, "EDR 4x = 100 GbE");
+    assert_eq!(speed_mbps(1 << 7, 1 << 1), 400_000, "NDR 4x");
+    assert_eq!(speed_mbps(1 << 6, 1 << 4), 100_000, "HDR 2x");
+    assert_eq!(speed_mbps(1, 1), 2500);
+    assert_eq!(speed_mbps(0, 0), 10000, "unknown speed falls back to NCCL's default");
+}
+
+#[test]
+fn pci_paths_merge_functions_and_vfs() {
+    let p = "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:00.1";
+    assert_eq!(
+        merged_pci_path(p, false),
+        "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:00.0"
+    );
+    let vf = "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:05.3";
+    assert_eq!(
+        merged_pci_path(vf, true),
+        "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:00.0"
+    );
+    assert_eq!(
+        merged_pci_path(vf, false),
+        "/sys/devices/pci0000:00/0000:00:02.0/0000:3b:05.0"
+    );
+    assert_eq!(
+        merged_pci_path("/sys/devices/virtual/net", true),
+        "/sys/devices/virtual/net"
+    );
+}
+
+#[test]
+fn gid_families() {
+    assert_eq!(gid_family(&v4(1, 2, 3, 4)), AddrFamily::Inet);
+    let mut mcast = v4(224, 0, 0, 1);
+    mcast[0] = 0xff;
+    mcast[1] = 0x0e;
+    assert_eq!(gid_family(&mcast), AddrFamily::Inet);
+    assert_eq!(gid_family(&v6("fd00::1")), AddrFamily::Inet6);
+    // IPv4-compatible (::a.b.c.d) and other multicast scopes are not IPv4-mapped.
+    assert_eq!(gid_family(&v6("::1.2.3.4")), AddrFamily::Inet6);
+    mcast[1] = 0x05;
+    assert_eq!(gid_family(&mcast), AddrFamily::Inet6);
+    assert_eq!(gid_ip(&v4(1, 2, 3, 4)), IpAddr::from([1, 2, 3, 4]));
+    assert_eq!(gid_ip(&v6("fd00::1")), "fd00::1".parse::<IpAddr>().unwrap());
+    assert!(!gid_valid(&link_local()) && !gid_valid(&[0; 16]) && gid_valid(&v4(10, 0, 0, 1)));
+}
+
+#[test]
+fn guid_is_the_raw_big_endian_field_as_nccl_copies_it() {
+    let value = 0x0002_c903_00a1_b2c3; // ibv_devinfo: 0002:c903:00a1:b2c3
+    assert_eq!(
+        nccl_guid(value).to_ne_bytes(),
+        [0x00, 0x02, 0xc9, 0x03, 0x00, 0xa1, 0xb2, 0xc3]
+    );
+}
+
+#[test]
+fn mtus() {
+    assert_eq!(mtu_bytes(1), 256);
+    assert_eq!(mtu_bytes(5), 4096);
+    assert_eq!(mtu_bytes(0), 0);
+}
