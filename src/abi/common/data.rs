@@ -71,11 +71,11 @@ pub unsafe extern "C" fn isend_int(
     mh: *mut c_void,
     request: *mut *mut c_void,
 ) -> NcclResult {
-    match ffi::int_size(size, "isend size") {
+    ffi::guard("isend", || match ffi::int_size(size, "isend size") {
         // SAFETY: NCCL's contract.
         Ok(size) => unsafe { isend(comm, data, size, tag, mh, request) },
         Err(e) => ffi::call("isend", || Err(e)),
-    }
+    })
 }
 
 /// # Safety
@@ -201,39 +201,41 @@ pub unsafe extern "C" fn irecv_int(
     mhandles: *mut *mut c_void,
     request: *mut *mut c_void,
 ) -> NcclResult {
-    let mut wide = [0usize; api::MAX_RECVS];
-    let widened = (|| {
-        let n = ffi::int_size(n, "irecv n")?;
-        if n > wide.len() {
-            return Err(Error::internal(format!(
-                "irecv with n={n} (at most {} allowed)",
-                api::MAX_RECVS
-            )));
+    ffi::guard("irecv", || {
+        let mut wide = [0usize; api::MAX_RECVS];
+        let widened = (|| {
+            let n = ffi::int_size(n, "irecv n")?;
+            if n > wide.len() {
+                return Err(Error::internal(format!(
+                    "irecv with n={n} (at most {} allowed)",
+                    api::MAX_RECVS
+                )));
+            }
+            // SAFETY: NCCL passes n sizes.
+            let s = unsafe { std::slice::from_raw_parts(non_null(sizes, "sizes")?, n) };
+            for (w, &v) in wide.iter_mut().zip(s) {
+                *w = ffi::int_size(v, "irecv size")?;
+            }
+            Ok(n)
+        })();
+        match widened {
+            // SAFETY: NCCL's contract; v6–v8 NCCL clears the hint itself.
+            Ok(n) => unsafe {
+                irecv(
+                    comm,
+                    n as c_int,
+                    data,
+                    &wide[..n],
+                    tags,
+                    mhandles,
+                    std::ptr::null_mut(),
+                    request,
+                    false,
+                )
+            },
+            Err(e) => ffi::call("irecv", || Err(e)),
         }
-        // SAFETY: NCCL passes n sizes.
-        let s = unsafe { std::slice::from_raw_parts(non_null(sizes, "sizes")?, n) };
-        for (w, &v) in wide.iter_mut().zip(s) {
-            *w = ffi::int_size(v, "irecv size")?;
-        }
-        Ok(n)
-    })();
-    match widened {
-        // SAFETY: NCCL's contract; v6–v8 NCCL clears the hint itself.
-        Ok(n) => unsafe {
-            irecv(
-                comm,
-                n as c_int,
-                data,
-                &wide[..n],
-                tags,
-                mhandles,
-                std::ptr::null_mut(),
-                request,
-                false,
-            )
-        },
-        Err(e) => ffi::call("irecv", || Err(e)),
-    }
+    })
 }
 
 /// # Safety
@@ -248,11 +250,11 @@ pub unsafe extern "C" fn irecv_v9(
     request: *mut *mut c_void,
 ) -> NcclResult {
     // SAFETY: NCCL's contract.
-    match unsafe { size_t_sizes(n, sizes) } {
+    ffi::guard("irecv", || match unsafe { size_t_sizes(n, sizes) } {
         // SAFETY: NCCL's contract.
         Ok(s) => unsafe { irecv(comm, n, data, s, tags, mhandles, std::ptr::null_mut(), request, true) },
         Err(e) => ffi::call("irecv", || Err(e)),
-    }
+    })
 }
 
 /// # Safety
@@ -269,11 +271,11 @@ pub unsafe extern "C" fn irecv_v10(
     request: *mut *mut c_void,
 ) -> NcclResult {
     // SAFETY: NCCL's contract.
-    match unsafe { size_t_sizes(n, sizes) } {
+    ffi::guard("irecv", || match unsafe { size_t_sizes(n, sizes) } {
         // SAFETY: NCCL's contract.
         Ok(s) => unsafe { irecv(comm, n, data, s, tags, mhandles, phandles, request, true) },
         Err(e) => ffi::call("irecv", || Err(e)),
-    }
+    })
 }
 
 /// # Safety

@@ -68,10 +68,10 @@ pub unsafe extern "C" fn reg_mr_int(
     ptr_type: c_int,
     mhandle: *mut *mut c_void,
 ) -> NcclResult {
-    match ffi::int_size(size, "regMr size") {
+    ffi::guard("regMr", || match ffi::int_size(size, "regMr size") {
         Ok(size) => reg(comm, data, size, ptr_type, None, mhandle),
         Err(e) => ffi::call("regMr", || Err(e)),
-    }
+    })
 }
 
 /// # Safety

@@ -75,9 +75,59 @@ pub fn make_vdevice(d: *mut c_int, ndevs: c_int, devs: &[c_int], max: usize) -> 
 /// # Safety
 /// `d` is NULL (an error) or writable; `props` is NULL (an error) or a valid v9 vProps.
 pub unsafe extern "C" fn make_vdevice_v9(d: *mut c_int, props: *mut NcclNetVDevicePropsV9) -> NcclResult {
-    match non_null(props, "vProps") {
-        // SAFETY: NCCL passes a valid vProps struct.
-        Ok(p) => unsafe { make_vdevice(d, (*p).ndevs, &(*p).devs, NCCL_NET_MAX_DEVS_PER_NIC_V9) },
+    // SAFETY: NCCL passes NULL or a valid vProps struct.
+    unsafe { make_vdevice_from(d, props, NCCL_NET_MAX_DEVS_PER_NIC_V9, |p| (p.ndevs, &p.devs[..])) }
+}
+
+/// `makeVDevice` for the vProps layout `P`: `members` reads its member count and slots, of which
+/// at most `max` are allowed.
+///
+/// # Safety
+/// `props` is NULL (an error) or a valid `P` for the call.
+pub unsafe fn make_vdevice_from<P>(
+    d: *mut c_int,
+    props: *mut P,
+    max: usize,
+    members: impl FnOnce(&P) -> (c_int, &[c_int]),
+) -> NcclResult {
+    ffi::guard("makeVDevice", || match non_null(props, "vProps") {
+        Ok(p) => {
+            // SAFETY: non-NULL; valid per the contract.
+            let (ndevs, devs) = members(unsafe { &*p });
+            make_vdevice(d, ndevs, devs, max)
+        }
         Err(e) => ffi::call("makeVDevice", || Err(e)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::code;
+
+    const MAX: usize = NCCL_NET_MAX_DEVS_PER_NIC_V9;
+
+    /// A panic while the shim reads NCCL's vProps, before the traced call, is ncclInternalError
+    /// and leaves `d` as it was.
+    #[test]
+    fn a_panic_reading_vprops_is_an_internal_error() {
+        let mut props = NcclNetVDevicePropsV9 {
+            ndevs: 1,
+            devs: [0; MAX],
+        };
+        let mut d = -7;
+        // SAFETY: both pointers are valid for the call.
+        let rc = unsafe { make_vdevice_from(&mut d, &mut props, MAX, |_| panic!("reading vProps")) };
+        assert_eq!(rc, code::INTERNAL_ERROR);
+        assert_eq!(d, -7);
+    }
+
+    #[test]
+    fn null_vprops_is_an_internal_error() {
+        let mut d = -7;
+        // SAFETY: d is writable; props is NULL, which the contract allows.
+        let rc = unsafe { make_vdevice_v9(&mut d, std::ptr::null_mut()) };
+        assert_eq!(rc, code::INTERNAL_ERROR);
+        assert_eq!(d, -7);
     }
 }

@@ -8,11 +8,16 @@ use crate::abi::types::*;
 use crate::api::{self, CommContext, ListenHandle};
 use std::ffi::{c_int, c_void};
 
-/// `init` of v6–v9 (and v10 without the profiler): once per load, one implicit context.
-pub fn init_legacy(logger: NcclLogger) -> NcclResult {
+/// `init` of v6–v10: once per load, one implicit context; v10 brings NCCL's profiler callback.
+pub fn init_legacy(logger: NcclLogger, profiler: Option<NcclProfilerCallback>) -> NcclResult {
     ffi::call_traced(
         "init",
-        || api::init(logger, -1, true).map(drop),
+        || {
+            if let Some(profiler) = profiler {
+                api::set_profiler(profiler);
+            }
+            api::init(logger, -1, true).map(drop)
+        },
         || Line::of("table v6-v10: one implicit context".into()),
     )
 }
@@ -20,7 +25,7 @@ pub fn init_legacy(logger: NcclLogger) -> NcclResult {
 /// # Safety
 /// `logger` is NULL or NCCL's logger, callable from any thread while the library is loaded.
 pub unsafe extern "C" fn init_v6(logger: NcclLogger) -> NcclResult {
-    init_legacy(logger)
+    init_legacy(logger, None)
 }
 
 /// # Safety
@@ -169,7 +174,6 @@ pub unsafe extern "C" fn init_v11(
     logger: NcclLogger,
     profiler: NcclProfilerCallback,
 ) -> NcclResult {
-    api::set_profiler(profiler);
     let describe = || {
         // SAFETY: NULL-checked; NCCL's config is valid for the call; ctx is NCCL's out-pointer.
         let traffic_class = unsafe { read(config) }.map_or(-1, |c| c.traffic_class);
@@ -181,6 +185,7 @@ pub unsafe extern "C" fn init_v11(
         ))
     };
     let body = || {
+        api::set_profiler(profiler);
         let out = non_null(ctx, "ctx")?;
         // The config lives on NCCL's stack: copy the value, keep no pointer.
         let traffic_class = if config.is_null() {
@@ -226,11 +231,11 @@ pub unsafe extern "C" fn connect_v11(
 /// # Safety
 /// `ctx` is NULL (an error) or a context from [`init_v11`], finalized once and not used after.
 pub unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
-    // The counts before the last finalize forgets NCCL's logger.
-    crate::abi::call_trace::log_counts();
     ffi::call_traced(
         "finalize",
         || {
+            // The counts before the last finalize forgets NCCL's logger.
+            crate::abi::call_trace::log_counts();
             let ctx = non_null(ctx.cast::<CommContext>(), "ctx")?;
             // SAFETY: the ctx from init_v11, finalized once by NCCL.
             api::finalize(unsafe { Box::from_raw(ctx) })
