@@ -113,20 +113,7 @@ GUARDS = [
     re.compile(r"((\$crate|crate)::verbs::)?ffi_guard!\s*[({]"),
 ]
 # (crate, function) -> why it is not guarded yet; each prints a WARN until it is (then remove it).
-UNGUARDED_KNOWN = {
-    ("ferroce", "init_v10"): "set_profiler runs before the guard",
-    ("ferroce", "init_v11"): "set_profiler runs before the guard",
-    ("ferroce", "connect_v10"): "reads its config argument before the guard",
-    ("ferroce", "reg_mr_int"): "converts the size before the guard",
-    ("ferroce", "isend_int"): "converts the size before the guard",
-    ("ferroce", "irecv_int"): "widens the sizes before the guard",
-    ("ferroce", "irecv_v9"): "converts the sizes before the guard",
-    ("ferroce", "irecv_v10"): "converts the sizes before the guard",
-    ("ferroce", "make_vdevice_v9"): "checks props before the guard",
-    ("ferroce", "make_vdevice_v12"): "checks props before the guard",
-    ("ferroce", "finalize"): "logs the call counts before the guard",
-    ("ferroce", "write_at_exit"): "the statistics atexit hook runs unguarded",
-}
+UNGUARDED_KNOWN = {}
 
 
 def finding(out, crate, rel, off, rule, msg):

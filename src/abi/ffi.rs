@@ -21,6 +21,17 @@ pub fn call_traced(
     rc
 }
 
+/// Runs an adapter that converts its arguments and then hands them to a [`call_traced`] slot
+/// (or answers an error with [`call`]) for the exported function `name`: a panic in the
+/// conversion becomes one WARN, one traced call and ncclInternalError, like a panic in a body.
+pub fn guard(name: &str, adapter: impl FnOnce() -> i32) -> i32 {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(adapter)).unwrap_or_else(|panic| {
+        let rc = panic_code(name, &*panic);
+        super::call_trace::record(name, rc, Default::default);
+        rc
+    })
+}
+
 fn result_code(name: &str, body: impl FnOnce() -> Result<()>) -> i32 {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
         Ok(Ok(())) => code::SUCCESS,
@@ -30,16 +41,19 @@ fn result_code(name: &str, body: impl FnOnce() -> Result<()>) -> i32 {
             }
             e.result_code()
         }
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
-            crate::log_warn!("{name}: internal error (panic: {what}); please report this to the ferroce developers");
-            code::INTERNAL_ERROR
-        }
+        Err(panic) => panic_code(name, &*panic),
     }
+}
+
+/// One WARN naming the panic; ncclInternalError.
+fn panic_code(name: &str, panic: &(dyn std::any::Any + Send)) -> i32 {
+    let what = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into());
+    crate::log_warn!("{name}: internal error (panic: {what}); please report this to the ferroce developers");
+    code::INTERNAL_ERROR
 }
 
 /// A non-NULL pointer or an internal error naming the argument.
@@ -66,6 +80,8 @@ mod tests {
         assert_eq!(call("t", || Err(Error::remote("peer gone"))), code::REMOTE_ERROR);
         assert_eq!(call("t", || Err(Error::usage("bad env"))), code::INVALID_USAGE);
         assert_eq!(call("t", || panic!("boom")), code::INTERNAL_ERROR);
+        assert_eq!(guard("t", || code::REMOTE_ERROR), code::REMOTE_ERROR);
+        assert_eq!(guard("t", || panic!("boom")), code::INTERNAL_ERROR);
     }
 
     #[test]

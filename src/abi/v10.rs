@@ -9,8 +9,7 @@ use super::types::*;
 /// `logger` is NULL or NCCL's logger, callable from any thread while the library is loaded;
 /// `profiler` is NULL or NCCL's profiler callback, callable from the proxy progress thread.
 unsafe extern "C" fn init_v10(logger: NcclLogger, profiler: NcclProfilerCallback) -> NcclResult {
-    crate::api::set_profiler(profiler);
-    init_legacy(logger)
+    init_legacy(logger, Some(profiler))
 }
 
 /// v10 passes the communicator's traffic class with every connect instead of a context.
@@ -24,15 +23,17 @@ unsafe extern "C" fn connect_v10(
     send_comm: *mut *mut std::ffi::c_void,
     _dev_comm: *mut *mut NcclNetDeviceHandle,
 ) -> NcclResult {
-    let traffic_class = if config.is_null() {
-        -1
-    } else {
-        // SAFETY: NULL-checked; NCCL's config is valid for the call.
-        unsafe { (*config).traffic_class }
-    };
-    let ctx = crate::api::CommContext { traffic_class };
-    // SAFETY: NCCL's contract for connect.
-    unsafe { connect(&ctx, dev, handle, send_comm) }
+    super::ffi::guard("connect", || {
+        let traffic_class = if config.is_null() {
+            -1
+        } else {
+            // SAFETY: NULL-checked; NCCL's config is valid for the call.
+            unsafe { (*config).traffic_class }
+        };
+        let ctx = crate::api::CommContext { traffic_class };
+        // SAFETY: NCCL's contract for connect.
+        unsafe { connect(&ctx, dev, handle, send_comm) }
+    })
 }
 
 /// Exported data symbol NCCL finds with `dlsym` (docs/nccl-net-abi.md#abi-versions).

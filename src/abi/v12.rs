@@ -8,11 +8,8 @@ use super::types::*;
 /// # Safety
 /// `d` is NULL (an error) or writable; `props` is NULL (an error) or a valid v12 vProps.
 unsafe extern "C" fn make_vdevice_v12(d: *mut std::ffi::c_int, props: *mut NcclNetVDevicePropsV12) -> NcclResult {
-    match super::ffi::non_null(props, "vProps") {
-        // SAFETY: NCCL passes a valid vProps struct.
-        Ok(p) => unsafe { make_vdevice(d, (*p).ndevs, &(*p).devs, NCCL_NET_MAX_DEVS_PER_NIC_V12) },
-        Err(e) => super::ffi::call("makeVDevice", || Err(e)),
-    }
+    // SAFETY: NCCL passes NULL or a valid vProps struct.
+    unsafe { make_vdevice_from(d, props, NCCL_NET_MAX_DEVS_PER_NIC_V12, |p| (p.ndevs, &p.devs[..])) }
 }
 
 /// # Safety
