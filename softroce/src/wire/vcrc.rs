@@ -19,8 +19,10 @@ pub const VCRC_LEN: usize = 2;
 /// The reflected form of the polynomial 0x100B.
 const POLY_REFLECTED: u16 = 0xD008;
 
-const fn make_table() -> [u16; 256] {
-    let mut t = [0u16; 256];
+/// Slicing-by-8 tables: `[0]` is the byte table of the reflected register, `[k]` advances a
+/// byte through k more zero bytes (as `icrc::SoftCrc32` does for the ICRC).
+const fn make_tables() -> [[u16; 256]; 8] {
+    let mut t = [[0u16; 256]; 8];
     let mut i = 0;
     while i < 256 {
         let mut c = i as u16;
@@ -29,21 +31,74 @@ const fn make_table() -> [u16; 256] {
             c = if c & 1 != 0 { (c >> 1) ^ POLY_REFLECTED } else { c >> 1 };
             k += 1;
         }
-        t[i] = c;
+        t[0][i] = c;
+        i += 1;
+    }
+    let mut i = 0;
+    while i < 256 {
+        let mut s = 1;
+        while s < 8 {
+            let prev = t[s - 1][i];
+            t[s][i] = (prev >> 8) ^ t[0][(prev & 0xFF) as usize];
+            s += 1;
+        }
         i += 1;
     }
     t
 }
 
-static TABLE: [u16; 256] = make_table();
+static TABLES: [[u16; 256]; 8] = make_tables();
+
+/// Incremental VCRC, for a packet passed in pieces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Crc16 {
+    reg: u16,
+}
+
+impl Default for Crc16 {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Crc16 {
+    pub const fn new() -> Crc16 {
+        Crc16 { reg: 0xFFFF }
+    }
+
+    /// Feed bytes.
+    pub fn update(&mut self, data: &[u8]) {
+        let t = &TABLES;
+        let mut reg = self.reg;
+        let mut chunks = data.chunks_exact(8);
+        for c in &mut chunks {
+            let r = reg ^ u16::from_le_bytes([c[0], c[1]]);
+            reg = t[7][usize::from(r as u8)]
+                ^ t[6][usize::from(r >> 8)]
+                ^ t[5][usize::from(c[2])]
+                ^ t[4][usize::from(c[3])]
+                ^ t[3][usize::from(c[4])]
+                ^ t[2][usize::from(c[5])]
+                ^ t[1][usize::from(c[6])]
+                ^ t[0][usize::from(c[7])];
+        }
+        for &b in chunks.remainder() {
+            reg = t[0][usize::from((reg ^ u16::from(b)) as u8)] ^ (reg >> 8);
+        }
+        self.reg = reg;
+    }
+
+    /// The VCRC value (final complement applied).
+    pub const fn finish(&self) -> u16 {
+        !self.reg
+    }
+}
 
 /// The VCRC of `data` (LRH .. ICRC inclusive).
 pub fn vcrc(data: &[u8]) -> u16 {
-    let mut reg: u16 = 0xFFFF;
-    for &b in data {
-        reg = TABLE[usize::from((reg ^ u16::from(b)) as u8)] ^ (reg >> 8);
-    }
-    !reg
+    let mut c = Crc16::new();
+    c.update(data);
+    c.finish()
 }
 
 /// Checks the VCRC at the end of a whole InfiniBand packet; returns the packet without it.
