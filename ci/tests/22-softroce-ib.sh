@@ -1,8 +1,9 @@
 #!/bin/bash
 # softroce's InfiniBand link layer (SOFTROCE_LINK_LAYER=ib): unmodified ibv_devinfo,
 # ibv_rc_pingpong (no -g: LID addressing) and perftest (no -R, no -x) between two processes on
-# loopback (127.0.22.101-120; 20-softroce-faults.sh has .1-.15 and .250), and the link layers
-# never talking to each other (docs/softroce.md#infiniband-mode).
+# loopback (127.0.22.101-120; 20-softroce-faults.sh has .1-.15 and .250), the link layers
+# never talking to each other (docs/softroce.md#infiniband-mode), and a capture whose VCRCs and
+# ICRCs are recomputed and whose packets decode in tshark as InfiniBand.
 # The environment lists ($S, $L) split on purpose; the backquotes in a pattern are literal.
 # shellcheck disable=SC2086,SC2016
 set -u
@@ -102,5 +103,60 @@ if [ $dropped -eq 1 ] && [ $crc -ne 0 ] && ! grep -Eq "$RE" "$D/mix.client"; the
     ok roce-and-ib-never-talk
 else
     ko "roce-and-ib-never-talk (dropped=$dropped, client rc=$crc)" "$D/mix.status" "$D/mix.server" "$D/mix.client"
+fi
+
+# Capture (tshark on lo, 127.0.22.111/.112): every UDP payload holds IB packets whose VCRC and
+# ICRC softroce-icrc-check recomputes; it writes them as a pcap of link type InfiniBand (247),
+# which must decode in tshark's InfiniBand dissector with an LRH and a BTH on every frame (a
+# GRH on the -g 0 ones) and nothing malformed. tshark 4.0's file reader does not know link
+# type 247, so the test hands the same records to the dissector as user link type 147.
+CHECK=$ROOT/target/release/softroce-icrc-check
+need "$CHECK"
+if ! command -v tshark >/dev/null; then
+    ko "capture (tshark not installed: ci/install-deps.sh)"
+    finish
+fi
+CAP=$D/ib.pcapng
+echo "== capture: tshark -i lo -f 'udp port 4791 and host 127.0.22.111' -w $CAP"
+timeout 120 tshark -i lo -f 'udp port 4791 and host 127.0.22.111' -w "$CAP" >"$CAP.log" 2>&1 &
+tpid=$!
+PIDS="$PIDS $tpid"
+for _ in $(seq 100); do grep -q "Capturing on" "$CAP.log" && break; sleep 0.1; done
+sleep 0.5
+CS="$IB SOFTROCE_ADDR=127.0.22.111"
+CC="$IB SOFTROCE_ADDR=127.0.22.112"
+pair cap-pingpong "$CS" "$CC" 127.0.22.111 "$RE" ibv_rc_pingpong -s 3000 -n 20
+pair cap-pingpong-grh "$CS" "$CC" 127.0.22.111 "$RE" ibv_rc_pingpong -g 0 -s 3000 -n 20
+pair cap-write64k "$CS" "$CC" 127.0.22.111 "$PRE" ib_write_bw -d softroce0 -s 65536 -n 20
+pair cap-read "$CS" "$CC" 127.0.22.111 "$PRE" ib_read_bw -d softroce0 -s 5000 -n 20
+pair cap-atomic "$CS" "$CC" 127.0.22.111 "$PRE" ib_atomic_bw -d softroce0 -n 20
+sleep 1
+kill -INT $tpid 2>/dev/null
+wait $tpid 2>/dev/null
+tshark -r "$CAP" -Y 'udp.dstport == 4791' -T fields -e udp.payload 2>/dev/null >"$CAP.hex"
+echo "== ib-crcs: softroce-icrc-check --ib ib.pcap < the capture's UDP payloads"
+if "$CHECK" --ib "$D/ib.pcap" <"$CAP.hex" >"$D/ib.check" 2>&1; then
+    sed 's/^/   > /' "$D/ib.check"
+    ok ib-crcs
+else
+    ko ib-crcs "$D/ib.check"
+fi
+echo "== ib-crcs-detect-corruption"
+head -n 1 "$CAP.hex" | awk '{c=substr($0,40,1); c=(c=="0")?"1":"0"; print substr($0,1,39) c substr($0,41)}' >"$D/bad.hex"
+if ! "$CHECK" --ib <"$D/bad.hex" >/dev/null 2>&1; then ok ib-crcs-detect-corruption; else ko ib-crcs-detect-corruption; fi
+echo "== ib-pcap-decodes: link type 247, every frame an LRH and a BTH, none malformed"
+U='uat:user_dlts:"User 0 (DLT=147)","infiniband","0","","0",""'
+lt=$(od -An -tu4 -j20 -N4 "$D/ib.pcap" | tr -d ' ')
+cp "$D/ib.pcap" "$D/ib147.pcap"
+printf '\x93\x00\x00\x00' | dd of="$D/ib147.pcap" bs=1 seek=20 conv=notrunc status=none
+n=$(tshark -o "$U" -r "$D/ib147.pcap" 2>/dev/null | wc -l)
+nlrh=$(tshark -o "$U" -r "$D/ib147.pcap" -Y 'infiniband.lrh && infiniband.bth' 2>/dev/null | wc -l)
+ngrh=$(tshark -o "$U" -r "$D/ib147.pcap" -Y 'infiniband.grh' 2>/dev/null | wc -l)
+nbad=$(tshark -o "$U" -r "$D/ib147.pcap" -Y '_ws.malformed' 2>/dev/null | wc -l)
+echo "   link type $lt, $n frames, $nlrh with LRH and BTH, $ngrh with a GRH, $nbad malformed"
+if [ "$lt" = 247 ] && [ "$n" -gt 0 ] && [ "$nlrh" -eq "$n" ] && [ "$ngrh" -gt 0 ] && [ "$nbad" -eq 0 ]; then
+    ok ib-pcap-decodes
+else
+    ko ib-pcap-decodes
 fi
 finish
