@@ -14,8 +14,8 @@ use nccl_net_ferroce::abi::ncclNetPlugin_v6 as FERROCE;
 mod softroce_common;
 
 use nccl_net_ferroce::abi::types::NcclNetV6;
-use nccl_net_ferroce::transport::setup::foreign::SAME_PLUGIN;
 use nccl_net_ferroce::transport::proto::handshake::{HandleRepr, ListenAddr};
+use nccl_net_ferroce::transport::setup::foreign::SAME_PLUGIN;
 use softroce_common::{child, run_child};
 use std::ffi::{c_void, CString};
 use std::io::{Read, Write};

@@ -4,8 +4,8 @@
 # loopback (127.0.22.101-120; 20-softroce-faults.sh has .1-.15 and .250), the link layers
 # never talking to each other (docs/softroce.md#infiniband-mode), and a capture whose VCRCs and
 # ICRCs are recomputed and whose packets decode in tshark as InfiniBand.
-# The environment lists ($S, $L) split on purpose; the backquotes in a pattern are literal.
-# shellcheck disable=SC2086,SC2016
+# The environment lists ($S, $L) split on purpose.
+# shellcheck disable=SC2086
 set -u
 # shellcheck source-path=SCRIPTDIR source=lib/softroce.sh
 . "$(dirname "$0")/lib/softroce.sh"
@@ -46,11 +46,11 @@ fi
 # No subnet manager: the port stays INIT with LID 0, as a real one.
 check devinfo-ib-no-sm 'state:\s+PORT_INIT \(2\)' 'port_lid:\s+0$' 'sm_lid:\s+0$' 'link_layer:\s+InfiniBand' \
     -- $L $S SOFTROCE_SM=off ibv_devinfo -v
-# A bad value fails the device and names the variable, the value and what is expected.
+# A bad value offers no device and names the variable, the value and what is expected.
 echo "== bad-link-layer-value"
 $L SOFTROCE_LINK_LAYER=eth SOFTROCE_ADDR=127.0.22.101 timeout "$T" ibv_devinfo >"$D/badll.out" 2>&1
 rc=$?
-if [ $rc -ne 0 ] && grep -q 'SOFTROCE_LINK_LAYER="eth": expected `roce` or `ib`' "$D/badll.out"; then
+if [ $rc -ne 0 ] && grep -q 'SOFTROCE_LINK_LAYER="eth" is not valid: expected roce or ib' "$D/badll.out"; then
     ok bad-link-layer-value
 else
     ko "bad-link-layer-value (rc=$rc)" "$D/badll.out"

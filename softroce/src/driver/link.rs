@@ -11,8 +11,8 @@
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 
+use crate::config;
 use crate::wire::{grh, icrc, lrh, vcrc, BthPacket, GrhPacket, GrhRepr, Lnh, LrhPacket, LrhRepr};
 
 /// The link layer of the device's port.
@@ -33,37 +33,17 @@ pub struct LinkConfig {
     pub sm: bool,
 }
 
-// These two variables belong in `config.rs`'s declaration table; they live here until it
-// lands, with the same strict parse (the name, the value and what is expected).
-fn parse_link_layer(v: Option<&str>) -> Result<LinkLayer, String> {
-    match v {
-        None | Some("roce") => Ok(LinkLayer::Ethernet),
-        Some("ib") => Ok(LinkLayer::Infiniband),
-        Some(other) => Err(format!("SOFTROCE_LINK_LAYER={other:?}: expected `roce` or `ib`")),
+/// The link-layer settings of the process: `SOFTROCE_LINK_LAYER` and `SOFTROCE_SM` (declared,
+/// parsed and checked in `config`).
+pub fn link_config() -> LinkConfig {
+    LinkConfig {
+        layer: if config::link_ib() {
+            LinkLayer::Infiniband
+        } else {
+            LinkLayer::Ethernet
+        },
+        sm: config::subnet_manager(),
     }
-}
-
-fn parse_sm(v: Option<&str>) -> Result<bool, String> {
-    match v {
-        None | Some("on") => Ok(true),
-        Some("off") => Ok(false),
-        Some(other) => Err(format!("SOFTROCE_SM={other:?}: expected `on` or `off`")),
-    }
-}
-
-/// `SOFTROCE_LINK_LAYER` (`roce`, default, or `ib`) and `SOFTROCE_SM` (`on`, default, or
-/// `off`), read once; an invalid value is an error naming the variable (the device then fails
-/// to open).
-pub fn link_config() -> Result<LinkConfig, String> {
-    static V: OnceLock<Result<LinkConfig, String>> = OnceLock::new();
-    V.get_or_init(|| {
-        let get = |name: &str| std::env::var(name).ok();
-        Ok(LinkConfig {
-            layer: parse_link_layer(get("SOFTROCE_LINK_LAYER").as_deref())?,
-            sm: parse_sm(get("SOFTROCE_SM").as_deref())?,
-        })
-    })
-    .clone()
 }
 
 /// The LID the subnet-manager stand-in holds: no address maps to it.
@@ -268,25 +248,6 @@ pub fn ib_receive(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn strict_parse_names_the_variable_and_what_is_expected() {
-        assert_eq!(parse_link_layer(None), Ok(LinkLayer::Ethernet));
-        assert_eq!(parse_link_layer(Some("roce")), Ok(LinkLayer::Ethernet));
-        assert_eq!(parse_link_layer(Some("ib")), Ok(LinkLayer::Infiniband));
-        let e = parse_link_layer(Some("IB ")).unwrap_err();
-        assert!(
-            e.contains("SOFTROCE_LINK_LAYER") && e.contains("\"IB \"") && e.contains("`ib`"),
-            "{e}"
-        );
-        assert_eq!(parse_sm(None), Ok(true));
-        assert_eq!(parse_sm(Some("off")), Ok(false));
-        let e = parse_sm(Some("0")).unwrap_err();
-        assert!(
-            e.contains("SOFTROCE_SM") && e.contains("\"0\"") && e.contains("`off`"),
-            "{e}"
-        );
-    }
 
     #[test]
     fn lids_map_to_addresses_and_back() {

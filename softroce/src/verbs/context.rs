@@ -204,8 +204,6 @@ pub(crate) fn new_context(index: usize, cmd_fd: c_int, file: super::cmdfile::Fil
     let d = device_list().get(index).ok_or(libc::ENODEV)?;
     let inst = match instances::instance(index) {
         Ok(i) => i,
-        // A bad variable was reported when it was read.
-        Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => return Err(libc::EINVAL),
         Err(e) => {
             eprintln!(
                 "softroce: cannot bind {index} (port {}): {e}; set SOFTROCE_ADDR",
