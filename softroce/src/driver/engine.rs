@@ -27,14 +27,15 @@ use super::device::Device;
 use super::engine_state::{Rx, RX_BATCH};
 use super::event::ibv_event_of;
 use super::inject::Fate;
-use super::link::{addr_for_lid, ib_headers, ib_receive, looks_like_ib, IbDrop, LinkLayer};
+use super::link::LinkLayer;
+use super::link_io::{self, checked_body, RxConfig};
 use super::mem::PdMemory;
 use super::qp::QpShared;
 use super::tx::Tx;
-use super::udp::{Ip, RecvMeta, MAX_GSO_SEGS};
+use super::udp::{Ip, RecvMeta};
 use crate::config;
 use crate::proto::{self, Errno, Instant, ModifyAttrs, QpCore, QpState, RecvWr, SendWr};
-use crate::wire::{icrc, BthPacket, OpCode, ROCEV2_UDP_PORT};
+use crate::wire::{icrc, BthPacket, OpCode};
 
 /// Starts the engine thread of `dev`, with every signal blocked.
 pub fn start(dev: Arc<Device>) -> std::io::Result<()> {
@@ -76,7 +77,7 @@ pub fn drain_locked(dev: &Device, qp: &QpShared, core: &mut QpCore, now: Instant
         let Some(meta) = meta else { break };
         let len = meta.len.min(tx.scratch.len());
         if dev.link == LinkLayer::Infiniband {
-            transmit_ib(dev, qp, &meta, len, tx);
+            link_io::transmit_ib(dev, qp, &meta, len, tx);
             continue;
         }
         let Some(dst) = gid_to_ipv4(&meta.dgid) else {
@@ -103,32 +104,6 @@ pub fn drain_locked(dev: &Device, qp: &QpShared, core: &mut QpCore, now: Instant
             qp.async_q.push(ibv_event_of(ev), element);
         }
     }
-}
-
-/// Sends the transport packet in `tx.scratch[..len]` as an InfiniBand packet to the port that
-/// owns the AV's DLID (docs/softroce-internals.md#infiniband-link-layer). A port without a
-/// LID sends nothing, and a DLID no address can own loses the packet: the requester's retries
-/// then end in `IBV_WC_RETRY_EXC_ERR`, as on a fabric with no such port.
-fn transmit_ib(dev: &Device, qp: &QpShared, meta: &proto::TransmitMeta, len: usize, tx: &mut Tx) {
-    if !dev.ib_active() {
-        return;
-    }
-    let Some(dst) = addr_for_lid(dev.addr, meta.dlid) else {
-        return;
-    };
-    let sgid = dev.gid(usize::from(meta.sgid_index)).unwrap_or_default();
-    let hdr = ib_headers(
-        dev.lid,
-        meta.dlid,
-        meta.sl,
-        meta.is_global.then_some((&sgid, &meta.dgid)),
-        meta.traffic_class,
-        meta.flow_label,
-        meta.hop_limit,
-        len,
-    );
-    qp.counters.packet_sent(len + icrc::ICRC_LEN, meta.is_response);
-    tx.push_ib(&dev.sock, len, dst, &hdr);
 }
 
 /// Moves the core's completions to the QP's CQs, 16 at a time per CQ.
@@ -452,12 +427,6 @@ fn engine_receive(dev: &Device) -> Option<Instant> {
     }
 }
 
-/// What the receive path needs per packet, read once per batch.
-struct RxConfig {
-    check: bool,
-    debug: bool,
-}
-
 /// Receives and handles queued datagrams, at most `max_batches` batches
 /// (stops early when the socket has no more); returns how many datagrams it
 /// handled and the earliest timer the handled QPs armed. Only the engine's own
@@ -538,50 +507,8 @@ fn handle_datagram(dev: &Device, rx: &mut Rx, i: usize, t: Instant, cfg: &RxConf
         if pkt.len() < crate::wire::bth::HEADER_LEN + icrc::ICRC_LEN {
             continue;
         }
-        let roce_icrc = |id: u16| {
-            let ip = icrc::Ipv4Fields::new(m.src.ip().octets(), dev.addr.octets(), id);
-            icrc::verify_ipv4(&ip, m.src.port(), ROCEV2_UDP_PORT, pkt)
-        };
-        let body = if dev.link == LinkLayer::Infiniband {
-            match receive_ib(dev, pkt, m.src, cfg, &roce_icrc) {
-                Some(b) => b,
-                None => continue,
-            }
-        } else if cfg.check {
-            // Segment j of a GSO send carries IP ID j; packets GRO
-            // merged from separate sends carry 0.
-            match roce_icrc(j as u16).or_else(|| if coalesced && j > 0 { roce_icrc(0) } else { None }) {
-                Some(b) => b,
-                None if looks_like_ib(pkt) => {
-                    // An InfiniBand port's packet: the link layers never talk.
-                    drop_link(
-                        dev,
-                        &dev.link_drops.other_link_layer,
-                        "an InfiniBand packet",
-                        m.src,
-                        cfg,
-                    );
-                    continue;
-                }
-                None => {
-                    *bad_icrc += 1;
-                    if cfg.debug {
-                        eprintln!("softroce: bad ICRC from {} ({} so far)", m.src, bad_icrc);
-                    }
-                    continue;
-                }
-            }
-        } else if looks_like_ib(pkt) {
-            drop_link(
-                dev,
-                &dev.link_drops.other_link_layer,
-                "an InfiniBand packet",
-                m.src,
-                cfg,
-            );
+        let Some(body) = checked_body(dev, pkt, j, coalesced, m.src, cfg, bad_icrc) else {
             continue;
-        } else {
-            &pkt[..pkt.len() - icrc::ICRC_LEN]
         };
         match inject.fate() {
             Fate::Hold => {
@@ -599,59 +526,6 @@ fn handle_datagram(dev: &Device, rx: &mut Rx, i: usize, t: Instant, cfg: &RxConf
         }
     }
     landed_write
-}
-
-/// An IB port's receive check (docs/softroce-internals.md#infiniband-link-layer): the
-/// transport part of a packet for this port, or None when it was dropped (and counted). A
-/// RoCE packet (its RoCE ICRC checks out, as sent with any GSO IP ID up to 64) is counted
-/// as the other link layer's.
-fn receive_ib<'a>(
-    dev: &Device,
-    pkt: &'a [u8],
-    src: std::net::SocketAddrV4,
-    cfg: &RxConfig,
-    roce_icrc: &dyn Fn(u16) -> Option<&'a [u8]>,
-) -> Option<&'a [u8]> {
-    let d = &dev.link_drops;
-    match ib_receive(pkt, dev.lid, |g| dev.gid_index_of(g).is_some(), cfg.check) {
-        Ok(b) => Some(b),
-        Err(IbDrop::Malformed) if (0..MAX_GSO_SEGS as u16).any(|id| roce_icrc(id).is_some()) => {
-            drop_link(dev, &d.other_link_layer, "a RoCE packet", src, cfg);
-            None
-        }
-        Err(IbDrop::Malformed) | Err(IbDrop::BadIcrc) => {
-            drop_link(
-                dev,
-                &d.malformed,
-                "a malformed IB packet (VCRC, LRH, GRH or ICRC)",
-                src,
-                cfg,
-            );
-            None
-        }
-        Err(IbDrop::NotOurs) => {
-            drop_link(dev, &d.not_ours, "an IB packet for another DLID or DGID", src, cfg);
-            None
-        }
-    }
-}
-
-/// Counts a packet the link layer dropped (and says so with `SOFTROCE_DEBUG=1`).
-fn drop_link(
-    dev: &Device,
-    counter: &std::sync::atomic::AtomicU64,
-    what: &str,
-    src: impl std::fmt::Display,
-    cfg: &RxConfig,
-) {
-    dev.link_drops.count(counter);
-    if cfg.debug {
-        eprintln!(
-            "softroce: {} dropped {what} from {src}; {}",
-            dev.name,
-            dev.link_drops.describe()
-        );
-    }
 }
 
 /// Hands one checked packet (ICRC stripped) to its QP, which joins `touched`;

@@ -47,7 +47,7 @@ const fn make_tables() -> [[u16; 256]; 8] {
     t
 }
 
-static TABLES: [[u16; 256]; 8] = make_tables();
+static VCRC_TABLES: [[u16; 256]; 8] = make_tables();
 
 /// Incremental VCRC, for a packet passed in pieces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,7 +68,7 @@ impl Crc16 {
 
     /// Feed bytes.
     pub fn update(&mut self, data: &[u8]) {
-        let t = &TABLES;
+        let t = &VCRC_TABLES;
         let mut reg = self.reg;
         let mut chunks = data.chunks_exact(8);
         for c in &mut chunks {
