@@ -12,6 +12,7 @@ use std::sync::atomic::Ordering;
 use rdma_sys::{ibv_port_attr, ibv_qp_attr, ibv_sge};
 use softroce::driver::link::{ib_headers, ib_trailer, SM_LID};
 use softroce::verbs::context::{ibv_query_gid, ibv_query_pkey};
+use softroce::verbs::misc::{ibv_create_ah, ibv_destroy_ah};
 use softroce::verbs::qp::ibv_modify_qp;
 use softroce::wire::icrc::{icrc_ipv4, Ipv4Fields};
 use verbs_util::*;
@@ -140,6 +141,31 @@ fn an_av_needs_a_unicast_dlid() {
             libc::EINVAL,
             "DLID {dlid:#x}"
         );
+    }
+}
+
+#[test]
+fn address_handles_take_a_dlid_and_a_grh_only_when_global() {
+    let c = ib_open();
+    // SAFETY: test code: every pointer comes from the verbs calls above and its buffer is alive.
+    unsafe {
+        let mut a: rdma_sys::ibv_ah_attr = std::mem::zeroed();
+        a.dlid = NOBODY;
+        a.sl = 2;
+        a.port_num = 1;
+        let ah = ibv_create_ah(c.pd, &mut a);
+        assert!(!ah.is_null(), "an AH by DLID, no GRH");
+        assert_eq!(ibv_destroy_ah(ah), 0);
+        a.is_global = 1;
+        a.grh.dgid = gid(&c, 0);
+        let ah = ibv_create_ah(c.pd, &mut a);
+        assert!(!ah.is_null(), "an AH with a GRH from GID 0");
+        assert_eq!(ibv_destroy_ah(ah), 0);
+        a.grh.sgid_index = 1; // an empty GID slot
+        assert!(ibv_create_ah(c.pd, &mut a).is_null());
+        a.is_global = 0;
+        a.dlid = 0;
+        assert!(ibv_create_ah(c.pd, &mut a).is_null(), "no GRH and no DLID");
     }
 }
 
