@@ -215,6 +215,31 @@ impl Kind for PortState {
     }
 }
 
+/// One of two words (exactly, lower case); the value is whether it is the second.
+pub struct Words {
+    pub no: &'static str,
+    pub yes: &'static str,
+}
+
+impl Kind for Words {
+    type Value = bool;
+    fn type_name(&self) -> &'static str {
+        "word"
+    }
+    fn expected(&self) -> String {
+        format!("{} or {}", self.no, self.yes)
+    }
+    fn parse(&self, text: &str) -> Result<bool, Option<String>> {
+        if text == self.yes {
+            Ok(true)
+        } else if text == self.no {
+            Ok(false)
+        } else {
+            Err(None)
+        }
+    }
+}
+
 /// A fault schedule: `COMMAND@SECONDS`, comma-separated; the value is the text. The times are
 /// checked here ([`schedule_times`]); the commands are the driver's to know, so
 /// `driver::faults::configured_schedule` checks them (and `driver::instances::check_config`
@@ -392,6 +417,12 @@ variables! {
     /// as a NIC whose link is down, for tests of what applications say about it; traffic is not
     /// affected.
     "SOFTROCE_PORT_STATE" => port_down: PortState = PortState, default(false) "ACTIVE";
+    /// The link layer of every port: `roce` (RoCEv2 over UDP) or `ib` (InfiniBand packets, LID
+    /// addressing; their UDP carriage between softroce processes is an emulation,
+    /// docs/softroce.md#infiniband-mode).
+    "SOFTROCE_LINK_LAYER" => link_ib: Words = Words { no: "roce", yes: "ib" }, default(false) "roce";
+    /// `off`: an InfiniBand port has no subnet manager, so it stays `PORT_INIT` with LID 0.
+    "SOFTROCE_SM" => subnet_manager: Words = Words { no: "off", yes: "on" }, default(true) "on";
     /// Where each device's fault-control socket `ADDR.sock` lives (`softroce-ctl`).
     "SOFTROCE_CTL_DIR" => ctl_dir: Path = Path, default(PathBuf::from("/tmp/softroce")) "/tmp/softroce";
     /// Faults scheduled for every device of the process, in seconds from the device's start,
@@ -551,6 +582,8 @@ mod tests {
         ("SOFTROCE_MTU", "1024", &[("1500", "expected an IB MTU: 256, 512, 1024, 2048 or 4096 bytes, or the ibv_mtu enum 1 to 5;"), ("0", "IB MTU"), ("6", "IB MTU"), ("4k", "IB MTU")]),
         ("SOFTROCE_ICRC_CHECK", "0", &[("no", "expected 0 or 1;"), ("2", "0 or 1")]),
         ("SOFTROCE_PORT_STATE", "down", &[("UP", "expected ACTIVE or DOWN;")]),
+        ("SOFTROCE_LINK_LAYER", "ib", &[("IB", "expected roce or ib;"), ("eth", "expected roce or ib;")]),
+        ("SOFTROCE_SM", "off", &[("0", "expected off or on;")]),
         ("SOFTROCE_CTL_DIR", "/tmp/x", &[]),
         ("SOFTROCE_FAULTS", "port-down@1.5s", &[("port-down", "expected COMMAND@SECONDS, comma-separated (softroce-ctl's commands) (`port-down`: want COMMAND@SECONDS);"), ("port-up@soon", "is not a time in seconds")]),
         ("SOFTROCE_LOSS", "1", &[("1.5", "expected a number in [0, 1];"), ("-0.1", "[0, 1]"), ("NaN", "[0, 1]"), ("1%", "[0, 1]")]),

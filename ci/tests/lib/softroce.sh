@@ -14,7 +14,8 @@
 #   127.0.20  20-softroce-pingpong.sh       127.0.41  tests/transport_softroce.rs (run by 40)
 #   127.0.21  softroce/tests/verbs_*.rs     127.0.42  tests/observability_softroce.rs
 #             (one last octet per file)     127.0.44  tests/events_softroce.rs (two per child)
-#   127.0.22  20-softroce-faults.sh         127.0.45  tests/concurrency_softroce.rs
+#   127.0.22  20-softroce-faults.sh (.1-.15, .250), 22-softroce-ib.sh (.101-.120)
+#                                           127.0.45  tests/concurrency_softroce.rs
 #                                           127.0.46  tests/recovery_softroce.rs (one per child)
 #                                           127.0.47  tests/foreign_peer_softroce.rs (one per case)
 #   127.0.23  20-softroce-devinfo.sh        127.0.50-51  ci/bench.sh

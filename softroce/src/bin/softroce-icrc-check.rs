@@ -11,6 +11,12 @@
 //! payload does not verify as one packet, the checker looks for a segment size
 //! (transport headers + an IB MTU + ICRC) that splits it into packets that all
 //! verify with IDs 0, 1, 2, … and counts each segment.
+//!
+//! `--ib [PCAP]` checks captures of softroce's InfiniBand link layer instead
+//! (docs/softroce-internals.md#infiniband-link-layer): one UDP payload in hex per line
+//! (`-T fields -e udp.payload`), each one or more IB packets cut by their LRH's PktLen; every
+//! packet's VCRC and IB ICRC must be right. With PCAP, the packets are also written there as a
+//! pcap file of link type InfiniBand (247), for tshark's InfiniBand dissector.
 
 use std::io::BufRead;
 use std::net::Ipv4Addr;
@@ -34,6 +40,10 @@ fn hex(s: &str) -> Option<Vec<u8>> {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--ib") {
+        std::process::exit(check_ib(args.get(1).map(String::as_str)));
+    }
     let (mut ok, mut bad, mut skipped, mut gso) = (0u64, 0u64, 0u64, 0u64);
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
@@ -105,4 +115,84 @@ fn verify_gso(ip: &Ipv4Fields, sport: u16, dport: u16, payload: &[u8]) -> Option
         }
     }
     None
+}
+
+/// `--ib`: checks every IB packet of every payload line; writes them to `pcap` when given.
+/// Returns the exit status.
+fn check_ib(pcap: Option<&str>) -> i32 {
+    use softroce::wire::{icrc, lrh, vcrc, LrhPacket};
+    let mut out: Vec<u8> = Vec::new();
+    // pcap global header: magic, version 2.4, zone 0, sigfigs 0, snaplen 65535, link type 247.
+    out.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
+    out.extend_from_slice(&2u16.to_le_bytes());
+    out.extend_from_slice(&4u16.to_le_bytes());
+    for w in [0u32, 0, 65535, 247] {
+        out.extend_from_slice(&w.to_le_bytes());
+    }
+    let (mut ok, mut bad, mut skipped) = (0u64, 0u64, 0u64);
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let Some(payload) = hex(&line) else {
+            skipped += 1;
+            continue;
+        };
+        let mut rest = &payload[..];
+        while !rest.is_empty() {
+            let len = LrhPacket::new_checked(rest)
+                .map(|l| usize::from(l.pkt_len()) * 4 + vcrc::VCRC_LEN)
+                .unwrap_or(usize::MAX);
+            if len > rest.len() || len < lrh::HEADER_LEN + icrc::ICRC_LEN + vcrc::VCRC_LEN {
+                bad += 1;
+                eprintln!("not an IB packet (LRH length): {line:.160}");
+                break;
+            }
+            let (pkt, tail) = rest.split_at(len);
+            rest = tail;
+            if ib_packet_ok(pkt) {
+                ok += 1;
+            } else {
+                bad += 1;
+                eprintln!("bad VCRC or ICRC: {line:.160}");
+            }
+            // Record header: seconds, microseconds (the packet's index), captured and real length.
+            for w in [0, (ok + bad) as u32, len as u32, len as u32] {
+                out.extend_from_slice(&w.to_le_bytes());
+            }
+            out.extend_from_slice(pkt);
+        }
+    }
+    println!("{ok} IB packets with a correct VCRC and ICRC, {bad} with a wrong one, {skipped} lines skipped");
+    if let Some(path) = pcap {
+        if let Err(e) = std::fs::write(path, &out) {
+            eprintln!("cannot write {path}: {e}");
+            return 1;
+        }
+    }
+    i32::from(bad > 0 || ok == 0)
+}
+
+/// One whole IB packet (LRH .. VCRC): both CRCs right.
+fn ib_packet_ok(pkt: &[u8]) -> bool {
+    use softroce::wire::{grh, icrc, lrh, vcrc, Lnh, LrhPacket};
+    let Some(body) = vcrc::verify(pkt) else { return false };
+    let Ok(l) = LrhPacket::new_checked(body) else {
+        return false;
+    };
+    let hlen = match l.lnh() {
+        Lnh::IbaLocal => lrh::HEADER_LEN,
+        Lnh::IbaGlobal => lrh::HEADER_LEN + grh::HEADER_LEN,
+        _ => return false,
+    };
+    let Some(n) = body.len().checked_sub(icrc::ICRC_LEN).filter(|&n| n >= hlen) else {
+        return false;
+    };
+    let mut lb = [0u8; lrh::HEADER_LEN];
+    lb.copy_from_slice(&body[..lrh::HEADER_LEN]);
+    let mut gb = [0u8; grh::HEADER_LEN];
+    let global = (hlen > lrh::HEADER_LEN).then(|| {
+        gb.copy_from_slice(&body[lrh::HEADER_LEN..hlen]);
+        &gb
+    });
+    let c = &body[n..];
+    icrc::icrc_ib_parts(&lb, global, &[&body[hlen..n]]) == u32::from_le_bytes([c[0], c[1], c[2], c[3]])
 }

@@ -212,7 +212,7 @@ pub fn apply(dev: &Device, cmd: Command) -> Result<String, String> {
             f.heal();
             format!("{}: every blackhole healed", dev.name)
         }
-        Command::Status => format!("{} ({}): {}", dev.name, dev.addr, f.describe()),
+        Command::Status => format!("{} ({}): {}; {}", dev.name, dev.addr, f.describe(), dev.describe_link()),
         Command::DeviceFatal => die(dev),
         Command::QpFatal(qpn) => {
             return qp_fault(dev, qpn, "QP fatal", |qp| {

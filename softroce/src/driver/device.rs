@@ -11,10 +11,12 @@ use rdma_sys::ibv_event_type;
 use super::addr::ipv4_mapped_gid;
 use super::engine_state::Engine;
 use super::event::AsyncQueue;
+use super::link::{lid_for, LinkConfig, LinkDrops, LinkLayer};
 use super::mem::MrTable;
 use super::udp::UdpSocket;
 
 /// `ibv_gid_entry.gid_type` values (enum ibv_gid_type).
+pub const GID_TYPE_IB: u32 = 0;
 pub const GID_TYPE_ROCE_V1: u32 = 1;
 pub const GID_TYPE_ROCE_V2: u32 = 2;
 /// `ibv_query_gid_type()` values (enum ibv_gid_type_sysfs of rdma-core's driver.h).
@@ -33,6 +35,15 @@ pub struct Device {
     /// Index of the network interface holding `addr` (`ibv_gid_entry.ndev_ifindex`).
     pub ifindex: u32,
     pub guid: u64,
+    /// The port's link layer (docs/softroce-internals.md#infiniband-link-layer).
+    pub link: LinkLayer,
+    /// An IB port's LID from the subnet-manager stand-in; 0 on RoCE and on an IB port without
+    /// a subnet manager (`SOFTROCE_SM=off`) or whose address maps to no LID.
+    pub lid: u16,
+    /// A subnet manager runs (IB).
+    pub sm: bool,
+    /// Received packets the link layer dropped, by reason.
+    pub link_drops: LinkDrops,
     pub sock: UdpSocket,
     pub mrs: MrTable,
     next_key: AtomicU32,
@@ -46,8 +57,25 @@ pub struct Device {
 
 impl Device {
     /// A device bound to `sock` (whose address is `sock.local`).
-    pub fn new(index: usize, sock: UdpSocket, link_mtu: u32, active_mtu: u32, ifindex: u32, guid: u64) -> Device {
+    pub fn new(
+        index: usize,
+        sock: UdpSocket,
+        link_mtu: u32,
+        active_mtu: u32,
+        ifindex: u32,
+        guid: u64,
+        link: LinkConfig,
+    ) -> Device {
+        let ib = link.layer == LinkLayer::Infiniband;
         Device {
+            link: link.layer,
+            lid: if ib && link.sm {
+                lid_for(sock.local).unwrap_or(0)
+            } else {
+                0
+            },
+            sm: ib && link.sm,
+            link_drops: LinkDrops::default(),
             index,
             name: format!("softroce{index}"),
             addr: sock.local,
@@ -85,8 +113,30 @@ impl Device {
         }
     }
 
-    /// The GID at `index`, or None for an empty slot.
+    /// An InfiniBand port with a LID (its subnet manager made it ACTIVE).
+    pub fn ib_active(&self) -> bool {
+        self.link == LinkLayer::Infiniband && self.lid != 0
+    }
+
+    /// One line for `softroce-ctl status`: the link layer, an IB port's LIDs, the link's drops.
+    pub fn describe_link(&self) -> String {
+        match self.link {
+            LinkLayer::Ethernet => format!("link layer Ethernet, {}", self.link_drops.describe()),
+            LinkLayer::Infiniband => format!(
+                "link layer InfiniBand, LID {:#x}, SM LID {:#x}, {}",
+                self.lid,
+                if self.sm { super::link::SM_LID } else { 0 },
+                self.link_drops.describe()
+            ),
+        }
+    }
+
+    /// The GID at `index`, or None for an empty slot. An IB port has one: the default subnet
+    /// prefix fe80::/64 with the port GUID (which is the node GUID).
     pub fn gid(&self, index: usize) -> Option<[u8; 16]> {
+        if self.link == LinkLayer::Infiniband && index != 0 {
+            return None;
+        }
         match index {
             0 | 1 => {
                 let mut g = [0u8; 16];
@@ -100,8 +150,11 @@ impl Device {
         }
     }
 
-    /// GID type for `ibv_gid_entry` (1 = RoCE v1, 2 = RoCE v2).
+    /// GID type for `ibv_gid_entry` (0 = IB, 1 = RoCE v1, 2 = RoCE v2).
     pub fn gid_type(&self, index: usize) -> Option<u32> {
+        if self.link == LinkLayer::Infiniband {
+            return (index == 0).then_some(GID_TYPE_IB);
+        }
         match index {
             0 | 2 => Some(GID_TYPE_ROCE_V1),
             1 | 3 => Some(GID_TYPE_ROCE_V2),

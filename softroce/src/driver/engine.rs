@@ -27,13 +27,15 @@ use super::device::Device;
 use super::engine_state::{Rx, RX_BATCH};
 use super::event::ibv_event_of;
 use super::inject::Fate;
+use super::link::LinkLayer;
+use super::link_io::{self, checked_body, RxConfig};
 use super::mem::PdMemory;
 use super::qp::QpShared;
 use super::tx::Tx;
 use super::udp::{Ip, RecvMeta};
 use crate::config;
 use crate::proto::{self, Errno, Instant, ModifyAttrs, QpCore, QpState, RecvWr, SendWr};
-use crate::wire::{icrc, BthPacket, OpCode, ROCEV2_UDP_PORT};
+use crate::wire::{icrc, BthPacket, OpCode};
 
 /// Starts the engine thread of `dev`, with every signal blocked.
 pub fn start(dev: Arc<Device>) -> std::io::Result<()> {
@@ -73,6 +75,11 @@ pub fn drain_locked(dev: &Device, qp: &QpShared, core: &mut QpCore, now: Instant
         let meta = core.poll_transmit(now, &mut mem, &mut scratch);
         tx.scratch = scratch;
         let Some(meta) = meta else { break };
+        let len = meta.len.min(tx.scratch.len());
+        if dev.link == LinkLayer::Infiniband {
+            link_io::transmit_ib(dev, qp, &meta, len, tx);
+            continue;
+        }
         let Some(dst) = gid_to_ipv4(&meta.dgid) else {
             continue; // IPv6 GIDs are not routable by this device
         };
@@ -80,7 +87,6 @@ pub fn drain_locked(dev: &Device, qp: &QpShared, core: &mut QpCore, now: Instant
             ttl: meta.hop_limit,
             tos: meta.traffic_class,
         };
-        let len = meta.len.min(tx.scratch.len());
         qp.counters.packet_sent(len + icrc::ICRC_LEN, meta.is_response);
         tx.push(&dev.sock, len, dst, ip);
     }
@@ -421,12 +427,6 @@ fn engine_receive(dev: &Device) -> Option<Instant> {
     }
 }
 
-/// What the receive path needs per packet, read once per batch.
-struct RxConfig {
-    check: bool,
-    debug: bool,
-}
-
 /// Receives and handles queued datagrams, at most `max_batches` batches
 /// (stops early when the socket has no more); returns how many datagrams it
 /// handled and the earliest timer the handled QPs armed. Only the engine's own
@@ -507,25 +507,8 @@ fn handle_datagram(dev: &Device, rx: &mut Rx, i: usize, t: Instant, cfg: &RxConf
         if pkt.len() < crate::wire::bth::HEADER_LEN + icrc::ICRC_LEN {
             continue;
         }
-        let body = if cfg.check {
-            // Segment j of a GSO send carries IP ID j; packets GRO
-            // merged from separate sends carry 0.
-            let v = |id: u16| {
-                let ip = icrc::Ipv4Fields::new(m.src.ip().octets(), dev.addr.octets(), id);
-                icrc::verify_ipv4(&ip, m.src.port(), ROCEV2_UDP_PORT, pkt)
-            };
-            match v(j as u16).or_else(|| if coalesced && j > 0 { v(0) } else { None }) {
-                Some(b) => b,
-                None => {
-                    *bad_icrc += 1;
-                    if cfg.debug {
-                        eprintln!("softroce: bad ICRC from {} ({} so far)", m.src, bad_icrc);
-                    }
-                    continue;
-                }
-            }
-        } else {
-            &pkt[..pkt.len() - icrc::ICRC_LEN]
+        let Some(body) = checked_body(dev, pkt, j, coalesced, m.src, cfg, bad_icrc) else {
+            continue;
         };
         match inject.fate() {
             Fate::Hold => {

@@ -4,7 +4,9 @@
 //! numbering of statuses and events; nothing here imports `verbs`.
 //!
 //! * [`limits`] — what the device reports and enforces (shared with the core);
-//! * [`addr`] — address rules, GIDs, MTU from the link;
+//! * [`addr`] — address rules, GIDs, MTU from the link; [`link`] — the link layer (RoCE or
+//!   InfiniBand), the subnet-manager stand-in and IB framing; [`link_io`] — what the engine
+//!   does with them (send by DLID, receive checks, drops of the other link layer);
 //! * [`device`] — the per-process device instance; [`instances`] creates it;
 //! * [`mem`] — the MR table and the core's [`crate::proto::MemoryAccess`];
 //! * [`cq`], [`srq`], [`event`], [`qp`] — CQ rings and work completions,
@@ -33,6 +35,8 @@ pub mod idle;
 pub mod inject;
 pub mod instances;
 pub mod limits;
+pub mod link;
+pub mod link_io;
 pub mod mem;
 pub mod pinned;
 pub mod qp;

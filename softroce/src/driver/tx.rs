@@ -3,6 +3,7 @@
 
 use std::net::Ipv4Addr;
 
+use super::link::{ib_trailer, IbHeaders};
 use super::udp::{Ip, UdpSocket, MAX_GSO_BYTES, MAX_GSO_SEGS, MAX_PACKET};
 use crate::config;
 use crate::wire::{icrc, ROCEV2_UDP_PORT};
@@ -46,6 +47,31 @@ impl Tx {
     /// computed for the IP ID it will carry (its index in the GSO batch).
     pub fn push(&mut self, sock: &UdpSocket, len: usize, dst: Ipv4Addr, ip: Ip) {
         let l = len + icrc::ICRC_LEN;
+        self.admit(sock, l, dst, ip);
+        let fields = icrc::Ipv4Fields::new(sock.local.octets(), dst.octets(), self.count as u16);
+        let crc = icrc::icrc_ipv4(&fields, ROCEV2_UDP_PORT, ROCEV2_UDP_PORT, &self.scratch[..len]);
+        self.batch.extend_from_slice(&self.scratch[..len]);
+        self.batch.extend_from_slice(&crc.to_le_bytes());
+        self.count += 1;
+    }
+
+    /// Queues the transport packet in `scratch[..len]` for `dst` as an InfiniBand packet: `hdr`
+    /// (LRH, GRH) before it, ICRC and VCRC after it (docs/softroce-internals.md#infiniband-link-layer).
+    /// No IP header enters these CRCs, so a packet is the same in any GSO segment.
+    pub fn push_ib(&mut self, sock: &UdpSocket, len: usize, dst: Ipv4Addr, hdr: &IbHeaders) {
+        let transport = &self.scratch[..len];
+        let trailer = ib_trailer(hdr, transport);
+        let l = hdr.len + len + trailer.len();
+        self.admit(sock, l, dst, Ip::default());
+        self.batch.extend_from_slice(&hdr.bytes[..hdr.len]);
+        self.batch.extend_from_slice(&self.scratch[..len]);
+        self.batch.extend_from_slice(&trailer);
+        self.count += 1;
+    }
+
+    /// Makes room for a packet of `l` bytes to `dst`: sends the batch first unless the packet
+    /// can be its next GSO segment; the first packet of a batch sets its segment size.
+    fn admit(&mut self, sock: &UdpSocket, l: usize, dst: Ipv4Addr, ip: Ip) {
         if self.count > 0
             && (!sock.gso()
                 || dst != self.dst
@@ -60,10 +86,6 @@ impl Tx {
         {
             self.flush(sock);
         }
-        let fields = icrc::Ipv4Fields::new(sock.local.octets(), dst.octets(), self.count as u16);
-        let crc = icrc::icrc_ipv4(&fields, ROCEV2_UDP_PORT, ROCEV2_UDP_PORT, &self.scratch[..len]);
-        self.batch.extend_from_slice(&self.scratch[..len]);
-        self.batch.extend_from_slice(&crc.to_le_bytes());
         if self.count == 0 {
             self.dst = dst;
             self.ip = ip;
@@ -71,7 +93,6 @@ impl Tx {
         } else if l < self.seg {
             self.closed = true;
         }
-        self.count += 1;
     }
 
     /// Sends the pending batch (one datagram, or one GSO datagram).

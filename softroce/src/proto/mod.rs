@@ -288,7 +288,9 @@ pub mod attr_mask {
     pub const DEST_QPN: u32 = 1 << 20;
 }
 
-/// The address vector (`struct ibv_ah_attr` with its GRH), RoCE flavour.
+/// The address vector (`struct ibv_ah_attr` with its GRH): a RoCE port routes by the GID, an
+/// InfiniBand port by the DLID and adds a GRH only when `is_global`
+/// (docs/softroce-internals.md#infiniband-link-layer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct AddressVector {
     /// Remote GID (`::ffff:a.b.c.d` for IPv4).
@@ -297,10 +299,12 @@ pub struct AddressVector {
     pub hop_limit: u8,
     pub traffic_class: u8,
     pub flow_label: u32,
-    /// `ah_attr.is_global`; RoCE requires a GRH, so RTR without it is EINVAL.
+    /// `ah_attr.is_global`; RoCE requires a GRH, so RTR with neither a GRH nor a DLID is EINVAL.
     pub is_global: bool,
     pub port_num: u8,
     pub sl: u8,
+    /// `ah_attr.dlid`: the destination LID on an InfiniBand port (0 on RoCE).
+    pub dlid: u16,
 }
 
 /// The attributes of `ibv_modify_qp` / `ibv_query_qp` (`struct ibv_qp_attr`)
@@ -422,6 +426,13 @@ pub struct TransmitMeta {
     pub traffic_class: u8,
     /// TTL / hop limit from the AV.
     pub hop_limit: u8,
+    /// The AV's InfiniBand fields: DLID, service level, GRH or not, flow label, source GID
+    /// index (an IB port builds its LRH and GRH from them; RoCE uses only the GID).
+    pub dlid: u16,
+    pub sl: u8,
+    pub is_global: bool,
+    pub flow_label: u32,
+    pub sgid_index: u8,
     /// Destination QP number (also in the BTH).
     pub dest_qpn: u32,
     /// True for responder output (ACK/NAK/read response/atomic ACK).

@@ -559,6 +559,11 @@ impl QpCore {
             dgid: self.attrs.ah.dgid,
             traffic_class: self.attrs.ah.traffic_class,
             hop_limit: self.attrs.ah.hop_limit,
+            dlid: self.attrs.ah.dlid,
+            sl: self.attrs.ah.sl,
+            is_global: self.attrs.ah.is_global,
+            flow_label: self.attrs.ah.flow_label,
+            sgid_index: self.attrs.ah.sgid_index,
             dest_qpn: self.attrs.dest_qp_num,
             is_response,
         }
@@ -702,7 +707,9 @@ fn check_values(a: &ModifyAttrs) -> Result<(), Errno> {
     }
     //= docs/softroce-internals.md#design-rules
     //# rc_pingpong needs -g 0 (as on real RoCE); reject RTR without GRH.
-    if mask & m::AV != 0 && !a.ah.is_global {
+    // (An InfiniBand port routes by DLID, so there an AV without GRH names a DLID; the verbs
+    // layer checks the rule of each link layer, the core only that the AV names a destination.)
+    if mask & m::AV != 0 && !a.ah.is_global && a.ah.dlid == 0 {
         return Err(Errno::EINVAL);
     }
     Ok(())

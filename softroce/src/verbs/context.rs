@@ -15,6 +15,7 @@ use crate::driver::device::{self, Device};
 use crate::driver::event::AsyncQueue;
 use crate::driver::instances;
 use crate::driver::limits::{self, GID_TABLE_LEN};
+use crate::driver::link::{LinkLayer, SM_LID};
 
 /// `__VERBS_ABI_IS_EXTENDED`.
 const ABI_IS_EXTENDED: usize = usize::MAX;
@@ -366,8 +367,13 @@ unsafe extern "C" fn query_device_ex(
 fn fill_port_attr(dev: &Device, a: &mut ibv_port_attr) {
     // SAFETY: plain data.
     *a = unsafe { std::mem::zeroed() };
+    let ib = dev.link == LinkLayer::Infiniband;
     a.state = if crate::config::port_down() || dev.sock.faults.is_down() {
         rdma_sys::ibv_port_state::IBV_PORT_DOWN
+    } else if ib && !dev.ib_active() {
+        // No subnet manager (or no LID for this address): the link is up, the port
+        // unconfigured (docs/softroce.md#infiniband-mode).
+        rdma_sys::ibv_port_state::IBV_PORT_INIT
     } else {
         rdma_sys::ibv_port_state::IBV_PORT_ACTIVE
     };
@@ -380,8 +386,8 @@ fn fill_port_attr(dev: &Device, a: &mut ibv_port_attr) {
     a.port_cap_flags = 0;
     a.max_msg_sz = limits::MAX_MSG_SZ;
     a.pkey_tbl_len = 1;
-    a.lid = 0;
-    a.sm_lid = 0;
+    a.lid = dev.lid;
+    a.sm_lid = if dev.sm { SM_LID } else { 0 };
     a.lmc = 0;
     a.max_vl_num = 1;
     a.active_width = 2; // 4X
@@ -391,7 +397,11 @@ fn fill_port_attr(dev: &Device, a: &mut ibv_port_attr) {
     } else {
         5
     }; // Disabled / LinkUp
-    a.link_layer = 2; // IBV_LINK_LAYER_ETHERNET
+    a.link_layer = if ib {
+        1 // IBV_LINK_LAYER_INFINIBAND
+    } else {
+        2 // IBV_LINK_LAYER_ETHERNET
+    };
 }
 
 /// `verbs_context.query_port` (the path of the `ibv_query_port` inline).
@@ -496,7 +506,12 @@ fn gid_entry(dev: &Device, index: usize) -> Option<ibv_gid_entry> {
     e.gid_index = index as u32;
     e.port_num = 1;
     e.gid_type = dev.gid_type(index)?;
-    e.ndev_ifindex = dev.ifindex;
+    // An IB GID belongs to no network interface.
+    e.ndev_ifindex = if dev.link == LinkLayer::Infiniband {
+        0
+    } else {
+        dev.ifindex
+    };
     Some(e)
 }
 

@@ -10,6 +10,7 @@ use super::cmdfile::{cmd_file_attach, cmd_file_detach, file_has_pd, file_mr};
 use super::ctx::Context;
 use super::mr::Pd;
 use super::{ffi_guard, int_err, minus_one, null_err};
+use crate::driver::link::LinkLayer;
 
 fn cstr(s: &'static CStr) -> *const c_char {
     s.as_ptr()
@@ -202,10 +203,17 @@ pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) 
         }
         // SAFETY: attr is valid for reading.
         let a = unsafe { *attr };
-        if a.is_global == 0 || (a.port_num != 1 && a.port_num != 0) {
-            return null_err(libc::EINVAL);
-        }
-        if p.dev.gid(a.grh.sgid_index as usize).is_none() {
+        // An InfiniBand port takes what RTR takes (a DLID, a GRH only when global); a RoCE
+        // AH needs a GRH from a valid source GID (docs/softroce.md#infiniband-mode).
+        let valid = match p.dev.link {
+            LinkLayer::Infiniband => super::qp::address_vector(&p.dev, &a).is_ok(),
+            LinkLayer::Ethernet => {
+                a.is_global != 0
+                    && (a.port_num == 1 || a.port_num == 0)
+                    && p.dev.gid(a.grh.sgid_index as usize).is_some()
+            }
+        };
+        if !valid {
             return null_err(libc::EINVAL);
         }
         Box::into_raw(Box::new(Ah {

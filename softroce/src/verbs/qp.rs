@@ -17,8 +17,10 @@ use crate::driver::addr::gid_to_ipv4;
 use crate::driver::device::Device;
 use crate::driver::engine;
 use crate::driver::limits;
+use crate::driver::link::LinkLayer;
 use crate::driver::qp::QpShared;
 use crate::proto::{attr_mask, AddressVector, ModifyAttrs, QpCaps, QpCore, QpState, RecvWr, SendWr, WrOpcode};
+use crate::wire::lrh::MAX_UNICAST_LID;
 
 /// `struct ibv_qp_ex` (whose first member is the `struct ibv_qp` every QP
 /// hands out) and our state. Only QPs created through `ibv_create_qp_ex`
@@ -196,6 +198,52 @@ fn state_of(v: u32) -> Result<QpState, i32> {
 
 /// Converts `ibv_qp_attr` + mask into the core's attributes, with the checks
 /// that need device knowledge (port, GID index, MTU, address family).
+/// The address vector of an `ibv_ah_attr`, checked by the rules of the port's link layer
+/// (docs/softroce.md#infiniband-mode): RoCE needs a GRH whose DGID routes to an IPv4 address
+/// (rc_pingpong without -g fails here, as on real RoCE); InfiniBand routes by the DLID (a
+/// unicast LID, or 0 beside a GRH) and carries a GRH from a valid source GID only when
+/// `is_global`.
+pub(crate) fn address_vector(dev: &Device, ah: &rdma_sys::ibv_ah_attr) -> Result<AddressVector, i32> {
+    if ah.port_num != 0 && ah.port_num != 1 {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: reading the raw bytes of a 16-byte union.
+    let dgid = unsafe { ah.grh.dgid.raw };
+    let global = ah.is_global != 0;
+    if global && dev.gid(ah.grh.sgid_index as usize).is_none() {
+        return Err(libc::EINVAL);
+    }
+    let dlid = match dev.link {
+        LinkLayer::Ethernet => {
+            // IPv6 / link-local destinations are not routable by this device.
+            if !global || gid_to_ipv4(&dgid).is_none() {
+                return Err(libc::EINVAL);
+            }
+            0
+        }
+        LinkLayer::Infiniband => {
+            // Multicast DLIDs are for UD; without a GRH the DLID is all that names the peer.
+            // (With a GRH a DLID of 0 is taken, as by hardware: it routes nowhere, so the
+            // packets are lost.)
+            if ah.dlid > MAX_UNICAST_LID || (ah.dlid == 0 && !global) {
+                return Err(libc::EINVAL);
+            }
+            ah.dlid
+        }
+    };
+    Ok(AddressVector {
+        dgid: if global { dgid } else { [0; 16] },
+        sgid_index: if global { ah.grh.sgid_index } else { 0 },
+        hop_limit: if global { ah.grh.hop_limit } else { 0 },
+        traffic_class: if global { ah.grh.traffic_class } else { 0 },
+        flow_label: if global { ah.grh.flow_label } else { 0 },
+        is_global: global,
+        port_num: 1,
+        sl: ah.sl & 0xF,
+        dlid,
+    })
+}
+
 fn to_modify_attrs(dev: &Device, a: &ibv_qp_attr, mask: u32) -> Result<ModifyAttrs, i32> {
     let mut m = ModifyAttrs {
         mask,
@@ -221,33 +269,7 @@ fn to_modify_attrs(dev: &Device, a: &ibv_qp_attr, mask: u32) -> Result<ModifyAtt
         return Err(libc::EINVAL);
     }
     if mask & attr_mask::AV != 0 {
-        let ah = &a.ah_attr;
-        // RoCE needs a GRH (rc_pingpong without -g fails here, as on real RoCE).
-        if ah.is_global == 0 {
-            return Err(libc::EINVAL);
-        }
-        if dev.gid(ah.grh.sgid_index as usize).is_none() {
-            return Err(libc::EINVAL);
-        }
-        // SAFETY: reading the raw bytes of a 16-byte union.
-        let dgid = unsafe { ah.grh.dgid.raw };
-        if gid_to_ipv4(&dgid).is_none() {
-            // IPv6 / link-local destinations are not routable by this device.
-            return Err(libc::EINVAL);
-        }
-        if ah.port_num != 0 && ah.port_num != 1 {
-            return Err(libc::EINVAL);
-        }
-        m.ah = AddressVector {
-            dgid,
-            sgid_index: ah.grh.sgid_index,
-            hop_limit: ah.grh.hop_limit,
-            traffic_class: ah.grh.traffic_class,
-            flow_label: ah.grh.flow_label,
-            is_global: true,
-            port_num: 1,
-            sl: ah.sl,
-        };
+        m.ah = address_vector(dev, &a.ah_attr)?;
     }
     if mask & attr_mask::ALT_PATH != 0 {
         return Err(libc::EOPNOTSUPP);
@@ -350,6 +372,7 @@ pub unsafe extern "C" fn ibv_query_qp(
         o.ah_attr.is_global = s.ah.is_global as u8;
         o.ah_attr.port_num = 1;
         o.ah_attr.sl = s.ah.sl;
+        o.ah_attr.dlid = s.ah.dlid;
         o.pkey_index = s.pkey_index;
         o.en_sqd_async_notify = s.en_sqd_async_notify;
         o.sq_draining = 0;

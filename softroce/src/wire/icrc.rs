@@ -252,6 +252,42 @@ pub fn verify_ipv4<'a>(ip: &Ipv4Fields, src_port: u16, dst_port: u16, udp_payloa
     (icrc_ipv4(ip, src_port, dst_port, t) == got).then_some(t)
 }
 
+/// ICRC of a native InfiniBand packet (softroce's IB link layer,
+/// docs/softroce-internals.md#infiniband-link-layer): `lrh` and `grh` as they will be sent,
+/// `parts` = BTH .. pad (no ICRC, no VCRC).
+///
+/// ```text
+/// //= IBTA Vol 1 §7.8.1 / docs/softroce-internals.md#infiniband-link-layer
+/// //# Variant fields, replaced by ones: LRH.VL; GRH.TClass, GRH.FlowLabel, GRH.HopLmt;
+/// //# BTH.Resv8a. A packet with a GRH may cross routers, which rewrite its LRH, so there
+/// //# the whole LRH counts as ones (the 8 bytes of 0xFF RoCE keeps); an LRH-only packet
+/// //# never leaves its subnet, and its LRH counts as sent, VL excepted.
+/// ```
+pub fn icrc_ib_parts(lrh: &[u8; 8], grh: Option<&[u8; 40]>, parts: &[&[u8]]) -> u32 {
+    let mut crc = match grh {
+        Some(g) => {
+            let mut m = *g;
+            m[0] |= 0x0F; // TClass, high nibble
+            m[1] = 0xFF; // TClass low nibble, FlowLabel high nibble
+            m[2] = 0xFF; // FlowLabel
+            m[3] = 0xFF;
+            m[7] = 0xFF; // HopLmt
+            let mut c = Crc32::with_initial(AFTER_LRH_MASK);
+            c.update(&m);
+            c
+        }
+        None => {
+            let mut m = *lrh;
+            m[0] |= 0xF0; // VL
+            let mut c = Crc32::new();
+            c.update(&m);
+            c
+        }
+    };
+    feed_parts(&mut crc, parts);
+    crc.finish()
+}
+
 /// ICRC of an IPv6 RoCEv2 packet (`transport` = BTH .. pad, no ICRC).
 /// Traffic class, flow label and hop limit are masked.
 pub fn icrc_ipv6_parts(src: &[u8; 16], dst: &[u8; 16], src_port: u16, dst_port: u16, parts: &[&[u8]]) -> u32 {
@@ -412,5 +448,73 @@ mod tests {
         dg.extend_from_slice(&c.to_le_bytes());
         assert_eq!(verify_ipv6(&s, &d, 0xc001, 4791, &dg), Some(t));
         assert_eq!(verify_ipv6(&d, &s, 0xc001, 4791, &dg), None);
+    }
+
+    /// The captured WRITE Only (docs/softroce-internals.md#icrc) as a native IB packet: LRH VL 0,
+    /// SL 0, IBA local, DLID 0x1602, 14 words, SLID 0x1601, then the same BTH, RETH, payload.
+    const LRH: [u8; 8] = [0x00, 0x02, 0x16, 0x02, 0x00, 0x0e, 0x16, 0x01];
+
+    #[test]
+    fn ib_local_covers_the_lrh_but_vl() {
+        let t = &FRAME[28..72];
+        // The CRC input spelled out: the LRH with VL as ones, the BTH with byte 4 as ones.
+        let mut input = LRH.to_vec();
+        input[0] = 0xF0;
+        input.extend_from_slice(t);
+        input[8 + 4] = 0xFF;
+        let c = icrc_ib_parts(&LRH, None, &[t]);
+        assert_eq!(c, crc32(&input));
+        assert_eq!(c, 0x23e1_d42c);
+        let mut l = LRH;
+        l[0] = 0x70; // another VL: masked
+        assert_eq!(icrc_ib_parts(&l, None, &[t]), c);
+        for byte in 0..8 {
+            for bit in 0..8 {
+                if byte == 0 && bit >= 4 {
+                    continue;
+                }
+                let mut l = LRH;
+                l[byte] ^= 1 << bit;
+                assert_ne!(icrc_ib_parts(&l, None, &[t]), c, "LRH byte {byte} bit {bit}");
+            }
+        }
+    }
+
+    #[test]
+    fn ib_global_masks_the_lrh_and_the_grh_variant_fields() {
+        let t = &FRAME[28..72];
+        let mut grh = [0u8; 40];
+        grh[0] = 0x60;
+        grh[4..6].copy_from_slice(&48u16.to_be_bytes());
+        grh[6] = 0x1B;
+        grh[7] = 64;
+        grh[8] = 0xfe;
+        grh[9] = 0x80;
+        grh[24] = 0xfe;
+        grh[25] = 0x80;
+        grh[39] = 2;
+        let mut input = vec![0xFFu8; 8];
+        let mut g = grh;
+        g[0] = 0x6F;
+        g[1..4].fill(0xFF);
+        g[7] = 0xFF;
+        input.extend_from_slice(&g);
+        input.extend_from_slice(t);
+        input[48 + 4] = 0xFF;
+        let c = icrc_ib_parts(&LRH, Some(&grh), &[t]);
+        assert_eq!(c, crc32(&input));
+        let other_lrh = [0x70, 0x33, 0x00, 0x07, 0x00, 0x18, 0x00, 0x09];
+        let mut variant = grh;
+        variant[0] = 0x6A; // TClass
+        variant[1] = 0x51; // TClass, flow label
+        variant[3] = 0x45;
+        variant[7] = 1; // HopLmt
+        assert_eq!(icrc_ib_parts(&other_lrh, Some(&variant), &[t]), c);
+        let mut dgid = grh;
+        dgid[39] = 3;
+        assert_ne!(icrc_ib_parts(&LRH, Some(&dgid), &[t]), c);
+        let mut paylen = grh;
+        paylen[5] = 49;
+        assert_ne!(icrc_ib_parts(&LRH, Some(&paylen), &[t]), c);
     }
 }

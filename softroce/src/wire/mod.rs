@@ -1,4 +1,5 @@
-//! RoCEv2 wire formats (IBTA Vol 1 ch. 9 and Annex A17 "RoCEv2").
+//! RoCEv2 wire formats (IBTA Vol 1 ch. 9 and Annex A17 "RoCEv2"), and the InfiniBand link
+//! layer's LRH, GRH and VCRC (IBTA Vol 1 ch. 7 and 8) for softroce's IB mode.
 //!
 //! Two levels, as in smoltcp: a `Packet<T: AsRef<[u8]>>` view over a byte
 //! buffer with byte ranges in `mod field`, and a `Repr` with `parse`,
@@ -77,20 +78,25 @@ pub mod aeth;
 pub mod atomic_ack_eth;
 pub mod atomic_eth;
 pub mod bth;
+pub mod grh;
 pub mod icrc;
 pub mod ieth;
 pub mod immdt;
+pub mod lrh;
 pub mod opcode;
 pub mod packet;
 pub mod psn;
 pub mod reth;
+pub mod vcrc;
 
 pub use aeth::{NakCode, Packet as AethPacket, Repr as AethRepr, Syndrome};
 pub use atomic_ack_eth::{Packet as AtomicAckEthPacket, Repr as AtomicAckEthRepr};
 pub use atomic_eth::{Packet as AtomicEthPacket, Repr as AtomicEthRepr};
 pub use bth::{Packet as BthPacket, Repr as BthRepr};
+pub use grh::{Packet as GrhPacket, Repr as GrhRepr};
 pub use ieth::{Packet as IethPacket, Repr as IethRepr};
 pub use immdt::{Packet as ImmDtPacket, Repr as ImmDtRepr};
+pub use lrh::{Lnh, Packet as LrhPacket, Repr as LrhRepr};
 pub use opcode::OpCode;
 pub use packet::Repr as RocePacketRepr;
 pub use psn::Psn;
