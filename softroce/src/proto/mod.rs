@@ -73,8 +73,10 @@
 
 #![forbid(unsafe_code)]
 
+mod completer;
 pub mod limits;
 pub mod mem;
+mod modify;
 mod qp;
 mod requester;
 mod responder;
