@@ -3,7 +3,7 @@
 //! The top layer: it converts C structs, WR chains and errnos and calls the
 //! NIC's objects in [`crate::driver`]; nothing below imports it. Files:
 //! `ctx.rs` (the `ibv_context` object), `context.rs` (device list, open,
-//! queries, async events), `cmdfile.rs` (command files, for `ibv_import_*`),
+//! device queries, async events), `port.rs` (port, GID and P_Key queries), `cmdfile.rs` (command files, for `ibv_import_*`),
 //! `mr.rs`, `cq.rs`, `srq.rs`, `qp.rs`, `qp_ex.rs` (the `ibv_wr_*` builders), `misc.rs`, `stubs.rs` and `counters.rs` (softroce's own
 //! `softroce_counters_get`).
 //!
@@ -30,6 +30,7 @@ pub mod cq;
 pub mod ctx;
 pub mod misc;
 pub mod mr;
+pub mod port;
 pub mod qp;
 pub mod qp_ex;
 pub mod srq;
