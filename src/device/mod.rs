@@ -313,6 +313,34 @@ pub fn select_ib_gid(table_len: i32, gid: &dyn Fn(i32) -> Option<[u8; 16]>, cfg:
     0
 }
 
+/// How a QP on an InfiniBand port addresses its peer (docs/nccl-net-abi.md#qp-attributes), as
+/// NCCL's IB transport does: within one subnet (the low 16 bits of the two GIDs' subnet
+/// prefixes agree) by the peer's LID alone, no GRH; across subnets with a GRH to the peer's
+/// GID and, as DLID, the FLID (bytes 4..6 of the peer's GID) that the router answers on, or
+/// the peer's LID when its FLID is 0 (`flid_missing`: worth a WARN, it rarely routes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IbRoute {
+    pub global: bool,
+    pub dlid: u16,
+    pub flid_missing: bool,
+}
+
+pub fn ib_route(local_gid: &[u8; 16], remote_gid: &[u8; 16], remote_lid: u16) -> IbRoute {
+    if local_gid[6..8] == remote_gid[6..8] {
+        return IbRoute {
+            global: false,
+            dlid: remote_lid,
+            flid_missing: false,
+        };
+    }
+    let flid = u16::from_be_bytes([remote_gid[4], remote_gid[5]]);
+    IbRoute {
+        global: true,
+        dlid: if flid == 0 { remote_lid } else { flid },
+        flid_missing: flid == 0,
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Discovery
 

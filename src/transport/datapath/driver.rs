@@ -8,7 +8,7 @@ use super::sink::{CompletionSink, RecoverySink};
 use crate::error::{Error, Result};
 use crate::ibv::cq::Failed;
 use crate::ibv::{sys, QueuePair, WorkCompletion};
-use crate::transport::conn::{Conn, FatalKind};
+use crate::transport::conn::{qps, Conn, FatalKind};
 use crate::transport::proto::plan::{Op, Post, WorkRequest};
 use crate::transport::proto::recovery::Role;
 use crate::transport::proto::recv::RQ_BATCH;
@@ -157,8 +157,9 @@ pub struct Driver {
 impl Driver {
     /// The driver of a connection just set up (`kind`: "send" or "recv"): logs the
     /// connection's INFO line, as NCCL's IB transport does.
-    pub fn new(conn: Conn, kind: &'static str) -> Driver {
-        crate::log_info!(crate::log::subsys::NET, "{}", describe_connection(&conn, kind));
+    /// `note` ends that line (the sender's adaptive routing), when not empty.
+    pub fn new(conn: Conn, kind: &'static str, note: &str) -> Driver {
+        crate::log_info!(crate::log::subsys::NET, "{}{note}", describe_connection(&conn, kind));
         let devices = conn.devs.iter().map(|d| d.dev.label()).collect::<Vec<_>>().join("+");
         let qpns: Vec<u32> = conn.qps.iter().map(|q| q.qp.qpn()).collect();
         let stats = stats::for_comm(kind, conn.chan.peer().to_string(), devices, &qpns);
@@ -499,7 +500,8 @@ impl Drop for Driver {
     }
 }
 
-/// The INFO line of a new connection: peer, QPs both ends, MTU, GID, tc/sl, QP use.
+/// The INFO line of a new connection: peer, QPs both ends, MTU, GID, how the first QP
+/// addresses its peer (LIDs on InfiniBand), tc/sl, QP use.
 fn describe_connection(c: &Conn, kind: &str) -> String {
     let local = c
         .qps
@@ -526,8 +528,13 @@ fn describe_connection(c: &Conn, kind: &str) -> String {
     } else {
         "messages round-robin over the QPs"
     };
+    let route = c
+        .qps
+        .first()
+        .and_then(|q| c.peer.devs.get(q.remote_dev))
+        .map_or_else(String::new, |r| format!(", {}", qps::describe_route(d0, r)));
     format!(
-        "{kind} connection with {}: {} QP(s) on {} (local QPNs {local}; peer QPNs {remote}), MTU {}, GID index {} {}, tc {} sl {}, {mode}",
+        "{kind} connection with {}: {} QP(s) on {} (local QPNs {local}; peer QPNs {remote}), MTU {}, GID index {} {}{route}, tc {} sl {}, {mode}",
         c.chan.peer(),
         c.qps.len(),
         c.devs.iter().map(|d| d.dev.label()).collect::<Vec<_>>().join("+"),

@@ -295,7 +295,7 @@ impl RecvDp {
         // SAFETY: the block is RING_BYTES and, with an eager path, the landing ring after it,
         // page-aligned, and lives in the same RecvDp.
         let ring = unsafe { RingMemory::with_landing(&bufs, cfg.eager.map_or(0, |e| e.slot_bytes)) };
-        let io = Driver::new(conn, "recv");
+        let io = Driver::new(conn, "recv", "");
         let started = io.stats.is_some().then(|| Box::new([Time::ZERO; RECV_REQUESTS]));
         Guarded::new(RecvDp {
             io,

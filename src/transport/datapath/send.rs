@@ -181,7 +181,12 @@ impl SendDp {
         };
         // SAFETY: the FIFO block is RING_BYTES, page-aligned, and lives in the same SendDp.
         let ring = unsafe { RingMemory::new(&bufs) };
-        let io = Driver::new(conn, "send");
+        let io = Driver::new(
+            conn,
+            "send",
+            &ar.then(|| format!(", adaptive routing above {ar_threshold} B"))
+                .unwrap_or_default(),
+        );
         let started = io.stats.is_some().then(|| Box::new([Time::ZERO; SEND_REQUESTS]));
         Guarded::new(SendDp {
             io,
