@@ -13,6 +13,10 @@ use std::sync::Arc;
 
 /// NCCL uses at most this many devices.
 pub const MAX_DEVICES: usize = 32;
+/// `IBV_PORT_DOWN`.
+pub const PORT_DOWN: u32 = 1;
+/// `IBV_PORT_INIT`: on InfiniBand, up but not configured by a subnet manager.
+pub const PORT_INIT: u32 = 2;
 /// `IBV_PORT_ACTIVE`.
 pub const PORT_ACTIVE: u32 = 4;
 /// `IBV_LINK_LAYER_INFINIBAND` / `_ETHERNET` (UNSPECIFIED = 0 is reported by old IB drivers).
@@ -166,7 +170,14 @@ pub fn format_gid(gid: &[u8; 16]) -> String {
 /// link layer.
 pub fn port_is_usable(port: &PortInfo) -> std::result::Result<LinkLayer, String> {
     if port.state != PORT_ACTIVE {
-        return Err(format!("port state is {} (not ACTIVE)", port_state_name(port.state)));
+        let state = port_state_name(port.state);
+        if port.state == PORT_INIT && LinkLayer::from_port(port.link_layer) == Some(LinkLayer::InfiniBand) {
+            return Err(format!(
+                "port state is {state} (not ACTIVE): no subnet manager has configured this InfiniBand port (LID {}) — check that opensm or the fabric's subnet manager runs (`sminfo`, `ibstat`)",
+                port.lid
+            ));
+        }
+        return Err(format!("port state is {state} (not ACTIVE)"));
     }
     LinkLayer::from_port(port.link_layer)
         .ok_or_else(|| format!("link layer {} is neither InfiniBand nor Ethernet", port.link_layer))

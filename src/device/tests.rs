@@ -213,6 +213,7 @@ fn port_filter() {
         max_msg_sz: 1 << 31,
         gid_tbl_len: 4,
         lid: 0,
+        sm_lid: 0,
         active_width: 2,
         active_speed: 32,
         link_layer: 2,
@@ -228,6 +229,16 @@ fn port_filter() {
     assert!(port_is_usable(&PortInfo { state: 1, ..active_eth })
         .unwrap_err()
         .contains("DOWN"));
+    let no_sm = port_is_usable(&PortInfo {
+        state: 2,
+        link_layer: 1,
+        ..active_eth
+    })
+    .unwrap_err();
+    assert!(no_sm.contains("INIT") && no_sm.contains("subnet manager"), "{no_sm}");
+    assert!(!port_is_usable(&PortInfo { state: 2, ..active_eth })
+        .unwrap_err()
+        .contains("subnet manager"));
     assert!(port_is_usable(&PortInfo {
         link_layer: 9,
         ..active_eth
