@@ -165,23 +165,8 @@ pub(super) fn port_checks(p: &PortFacts, cfg: &Config) -> Vec<Check> {
 fn port_findings(p: &PortFacts, cfg: &Config) -> Vec<Check> {
     let l = p.label();
     let mut out = Vec::new();
-    let state = device::port_state_name(p.info.state);
     let ib = p.link_layer == Some(LinkLayer::InfiniBand);
-    out.push(if p.info.state == device::PORT_ACTIVE {
-        Check::ok(format!("{l} state"), state)
-    } else if ib && p.info.state == device::PORT_INIT {
-        Check::warn(
-            format!("{l} state"),
-            format!("{state}: the plugin skips this port"),
-            "an InfiniBand port stays INIT until a subnet manager configures it: see the subnet manager line",
-        )
-    } else {
-        Check::warn(
-            format!("{l} state"),
-            format!("{state}: the plugin skips this port"),
-            "check the cable and the switch port (`ibv_devinfo`, `ip link`); exclude it with NCCL_IB_HCA=^ if unused",
-        )
-    });
+    out.push(state_check(p));
     let speed = device::speed_mbps(p.info.active_speed, p.info.active_width);
     out.push(match p.link_layer {
         Some(LinkLayer::Ethernet) => {
@@ -352,6 +337,28 @@ fn pick_check(p: &PortFacts, cfg: &Config) -> Check {
         );
     }
     Check::ok(name, format!("{what}: {why}"))
+}
+
+/// ACTIVE, or why the plugin skips the port (on InfiniBand INIT: no subnet manager yet).
+fn state_check(p: &PortFacts) -> Check {
+    let l = p.label();
+    let ib = p.link_layer == Some(LinkLayer::InfiniBand);
+    let state = device::port_state_name(p.info.state);
+    if p.info.state == device::PORT_ACTIVE {
+        Check::ok(format!("{l} state"), state)
+    } else if ib && p.info.state == device::PORT_INIT {
+        Check::warn(
+            format!("{l} state"),
+            format!("{state}: the plugin skips this port"),
+            "an InfiniBand port stays INIT until a subnet manager configures it: see the subnet manager line",
+        )
+    } else {
+        Check::warn(
+            format!("{l} state"),
+            format!("{state}: the plugin skips this port"),
+            "check the cable and the switch port (`ibv_devinfo`, `ip link`); exclude it with NCCL_IB_HCA=^ if unused",
+        )
+    }
 }
 
 /// An InfiniBand port works only once a subnet manager gave it a LID and brought it to ACTIVE

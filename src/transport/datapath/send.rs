@@ -184,8 +184,11 @@ impl SendDp {
         let io = Driver::new(
             conn,
             "send",
-            &ar.then(|| format!(", adaptive routing above {ar_threshold} B"))
-                .unwrap_or_default(),
+            &if ar {
+                format!(", adaptive routing above {ar_threshold} B")
+            } else {
+                String::new()
+            },
         );
         let started = io.stats.is_some().then(|| Box::new([Time::ZERO; SEND_REQUESTS]));
         Guarded::new(SendDp {
