@@ -79,6 +79,13 @@ impl Driver {
                     self.recovery.machine.peer_hello(clock::now(), epoch)
                 }
                 Ok(Some(Message::RecoverReady { epoch })) => self.recovery.machine.peer_ready(epoch),
+                // The receiver closed and said what it took: its sends are settled, and the
+                // recovery (if one runs) has nothing left to carry over.
+                Ok(Some(Message::RecvClosed {
+                    receives,
+                    in_flight,
+                    taken,
+                })) => return core.peer_close(receives, in_flight, &taken),
                 Ok(Some(other)) => {
                     return Err(core.state().fail(Error::remote(format!(
                         "the peer {} sent a {} message after the connection was set up: a corrupt or incompatible peer",
