@@ -97,7 +97,7 @@ impl SendCore {
         }
         let more = if count > NAMED { ", …" } else { "" };
         Err(self.state.fail_undone(Error::remote(format!(
-            "the receiver {} closed its comm having taken {} receive(s), with {} posted that it never took: {count} send(s) it never took fail ({named}{more}); the sends it took completed — the receiver closed before its peer's sends were done (NCCL never does; another client must not close a comm with receives or sends still expected)",
+            "the peer {} closed the connection while {count} send(s) it never took were in flight ({named}{more}): its recv comm took {} receive(s) and closed with {} posted; the sends it took completed, the ones waiting for the receiver's answer or acknowledgement fail — the receiver closed before its sender was done (NCCL never does; another client must not close a comm with receives or sends still expected)",
             self.cfg.peer, close.receives, close.in_flight
         ))))
     }
@@ -107,7 +107,7 @@ impl SendCore {
     pub(super) fn send_after_close(&mut self, tag: i32, size: usize) -> Error {
         let close = self.peer_closed.unwrap_or_default();
         self.state.fail_undone(Error::remote(format!(
-            "isend of {size} bytes (tag {tag}) to {}, which closed its comm having taken {} receive(s), with {} posted that it never took: the send fails at once (no CTS the receiver wrote is used after its close)",
+            "the peer {} closed the connection: isend of {size} bytes (tag {tag}) finds no receiver's buffer and fails at once (its recv comm took {} receive(s) and closed with {} posted; no CTS it wrote is used after its close)",
             self.cfg.peer, close.receives, close.in_flight
         )))
     }
@@ -178,12 +178,12 @@ mod tests {
         assert_eq!(close(&mut b, 1, 1, &[1]).unwrap(), 1);
         let e = b.core.fail_untaken().unwrap_err();
         assert!(
-            e.message.contains("1 send(s) it never took fail (tag 8 (300 bytes))"),
+            e.message.contains("1 send(s) it never took were in flight (tag 8 (300 bytes))"),
             "{}",
             e.message
         );
         assert!(
-            e.message.contains("having taken 1 receive(s), with 1 posted"),
+            e.message.contains("took 1 receive(s) and closed with 1 posted"),
             "{}",
             e.message
         );
@@ -216,7 +216,12 @@ mod tests {
         b.cts(&[(1000, 7)]);
         close(&mut b, 0, 1, &[0]).unwrap();
         let e = b.isend(600, 7).unwrap_err();
-        assert!(e.message.contains("isend of 600 bytes (tag 7)"), "{}", e.message);
+        assert!(
+            e.message
+                .contains("isend of 600 bytes (tag 7) finds no receiver's buffer"),
+            "{}",
+            e.message
+        );
         assert!(b.posted.is_empty());
     }
 
