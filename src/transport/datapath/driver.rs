@@ -265,11 +265,15 @@ impl Driver {
     /// exceeded, a flush) starts a recovery when it is on; any other fails the comm.
     pub fn poll(&mut self, core: &mut impl RecoverySink) -> Result<bool> {
         core.state().check()?;
+        // The receiver closed and settled every chain (docs/design/data-path.md#closing): what
+        // its destroyed QPs make of our retransmissions is no news, and a recovery that began
+        // before its report arrived has nothing left to carry over.
+        if core.peer_closed() {
+            return Ok(false);
+        }
         if self.recovery.pending() {
             self.recovery_step(core)?;
         }
-        // The receiver closed and settled every chain (docs/design/data-path.md#closing): what
-        // its destroyed QPs make of our retransmissions is no news.
         if core.peer_closed() {
             return Ok(false);
         }

@@ -58,6 +58,11 @@ impl RecvDp {
             return;
         }
         let (receives, in_flight, taken) = self.core.close_report();
+        crate::log_info!(
+            crate::log::subsys::NET,
+            "recv comm with {}: closing, took {receives} receive(s) ({in_flight} posted and never taken), completions per QP {taken:?}",
+            chan.peer()
+        );
         chan.queue(&Message::RecvClosed {
             receives,
             in_flight,
