@@ -178,7 +178,8 @@ mod tests {
         assert_eq!(close(&mut b, 1, 1, &[1]).unwrap(), 1);
         let e = b.core.fail_untaken().unwrap_err();
         assert!(
-            e.message.contains("1 send(s) it never took were in flight (tag 8 (300 bytes))"),
+            e.message
+                .contains("1 send(s) it never took were in flight (tag 8 (300 bytes))"),
             "{}",
             e.message
         );
