@@ -503,8 +503,9 @@ impl Driver {
         if core.peer_closed() {
             return Ok(true);
         }
+        // Only a sender is told (a receiver's failures are its own).
         let version = self.conn.chan.version();
-        if version < CLOSE_VERSION || self.conn.chan.peek() != Peek::Data {
+        if self.kind != "send" || version < CLOSE_VERSION || self.conn.chan.peek() != Peek::Data {
             return Ok(false);
         }
         self.recovery_step(core)?;

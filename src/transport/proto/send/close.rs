@@ -6,8 +6,9 @@
 //! naming themselves, instead of when the transport's retries run out. Nothing is posted
 //! after the close: a CTS entry still in the ring names a receive the receiver abandoned.
 
+use super::super::request::ReqKind;
 use super::chains::eager_chain;
-use super::{FifoRing, SendCore};
+use super::{FifoRing, Isend, SendCore};
 use crate::error::{Error, Result};
 use std::fmt::Write;
 
@@ -82,7 +83,7 @@ impl SendCore {
         let mut named = String::new();
         for idx in 0..self.kept.len() as u16 {
             let Some(r) = self.state.pool.get(idx) else { continue };
-            if r.kind() != super::super::request::ReqKind::Send || r.is_done() {
+            if r.kind() != ReqKind::Send || r.is_done() {
                 continue;
             }
             if count < NAMED {
@@ -102,21 +103,28 @@ impl SendCore {
         ))))
     }
 
-    /// An isend after the receiver closed: there is no receive left to send into. Fails the
-    /// comm as [`SendCore::fail_untaken`] does, naming this send.
-    pub(super) fn send_after_close(&mut self, tag: i32, size: usize) -> Error {
+    /// An isend after the receiver closed: there is no receive left to send into. While a
+    /// send the receiver took is done and not yet tested, "retry later" (a client that stops
+    /// at its first error still sees those completions); then the comm fails as
+    /// [`SendCore::fail_untaken`] does, naming this send.
+    pub(super) fn send_after_close(&mut self, tag: i32, size: usize) -> Result<Isend> {
+        let untested = (0..self.kept.len() as u16)
+            .filter_map(|i| self.state.pool.get(i))
+            .any(|r| r.kind() == ReqKind::Send && r.is_done() && !r.failed());
+        if untested {
+            return Ok(Isend::Busy);
+        }
         let close = self.peer_closed.unwrap_or_default();
-        self.state.fail_undone(Error::remote(format!(
+        Err(self.state.fail_undone(Error::remote(format!(
             "the peer {} closed the connection: isend of {size} bytes (tag {tag}) finds no receiver's buffer and fails at once (its recv comm took {} receive(s) and closed with {} posted; no CTS it wrote is used after its close)",
             self.cfg.peer, close.receives, close.in_flight
-        )))
+        ))))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::tests::{Bench, Opts, PLAIN};
-    use super::super::Isend;
     use super::*;
 
     fn started(got: Isend) -> u16 {
@@ -224,6 +232,19 @@ mod tests {
             e.message
         );
         assert!(b.posted.is_empty());
+    }
+
+    /// An isend after the close waits ("retry later") while a send the receiver took is done
+    /// and untested, so a client that stops at its first error still sees it complete.
+    #[test]
+    fn an_isend_after_the_close_waits_for_the_done_sends_to_be_tested() {
+        let mut b = Bench::new(PLAIN);
+        b.cts(&[(1000, 7)]);
+        let idx = started(b.isend(600, 7).unwrap());
+        close(&mut b, 1, 0, &[1]).unwrap();
+        assert_eq!(b.isend(10, 8).unwrap(), Isend::Busy);
+        assert_eq!(b.core.test(idx).unwrap(), Some(600));
+        assert!(b.isend(10, 8).is_err());
     }
 
     /// A group matched in part when the receiver closed: its sends are never posted and fail.

@@ -27,7 +27,7 @@ impl SendCore {
     ) -> Result<Isend> {
         self.state.check()?;
         if self.peer_closed.is_some() {
-            return Err(self.send_after_close(send.tag, send.size));
+            return self.send_after_close(send.tag, send.size);
         }
         if self.waiting() || self.recovering {
             return Ok(Isend::Busy);
