@@ -19,7 +19,7 @@
 #   * an InfiniBand pass (SOFTROCE_LINK_LAYER=ib, at the end): grouped receives, 4 QPs split and
 #     round-robin, the eager path, fused devices, NCCL_IB_SL, one 2.5 GiB message, one process and
 #     two; each run's plugin log must show LID addressing without a GRH and adaptive routing on.
-# Addresses 127.0.40.x-127.0.41.x, the InfiniBand pass 127.0.43.x. Prints "N passed, M failed";
+# Addresses 127.0.40.x-127.0.41.x, the InfiniBand pass 127.0.48.x. Prints "N passed, M failed";
 # non-zero exit on failure.
 set -u
 cd "$(dirname "$0")/../.."
@@ -330,10 +330,10 @@ done
 # (SOFTROCE_LINK_LAYER=ib: LIDs from softroce's subnet-manager stand-in, docs/softroce.md
 # #infiniband-mode), each run checked by on_the_link to have used it: grouped receives, one and
 # two processes; 4 QPs split and round-robin; the eager path; fused devices, also between two
-# processes; NCCL_IB_SL; one 2.5 GiB message. Addresses 127.0.43.x (LIDs 0x2bxx).
+# processes; NCCL_IB_SL; one 2.5 GiB message. Addresses 127.0.48.x (LIDs 0x30xx).
 echo "=== InfiniBand mode (SOFTROCE_LINK_LAYER=ib)"
 export SOFTROCE_LINK_LAYER=ib DATAPATH_VERBOSE=1
-IB=1 addr=$((3 * 250))
+IB=1 addr=$((8 * 250))
 local_case "IB: all sizes to 64 MiB, grouped, dmabuf" "" 12 -g 100 -b $big -s 12
 pair_case "IB: all sizes to 64 MiB, grouped, dmabuf" "" 12 "-g 100 -b $big -s 12" "-g 100 -b $big -s 12"
 for s in 0 1; do

@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::ibv::cq::Failed;
 use crate::ibv::{sys, QueuePair, WorkCompletion};
 use crate::transport::conn::{qps, Conn, FatalKind};
+use crate::transport::proto::handshake::CLOSE_VERSION;
 use crate::transport::proto::plan::{Op, Post, WorkRequest};
 use crate::transport::proto::recovery::Role;
 use crate::transport::proto::recv::RQ_BATCH;
@@ -265,8 +266,17 @@ impl Driver {
     /// exceeded, a flush) starts a recovery when it is on; any other fails the comm.
     pub fn poll(&mut self, core: &mut impl RecoverySink) -> Result<bool> {
         core.state().check()?;
+        // The receiver closed and settled every chain (docs/design/data-path.md#closing): what
+        // its destroyed QPs make of our retransmissions is no news, and a recovery that began
+        // before its report arrived has nothing left to carry over.
+        if core.peer_closed() {
+            return Ok(false);
+        }
         if self.recovery.pending() {
             self.recovery_step(core)?;
+        }
+        if core.peer_closed() {
+            return Ok(false);
         }
         // Busy or idle, a comm notices a fatal event at its next call (one load per device
         // while nothing happened), even while its completions keep coming (a CQ overrun).
@@ -290,6 +300,9 @@ impl Driver {
             lost,
             path_failed,
         } = self.take_completions(core);
+        if (error.is_some() || lost.is_some()) && self.closed_by_peer(core)? {
+            return Ok(true);
+        }
         // Retries that ran out while the peer was already replacing its QPs (its Hello is
         // here, or this end is recovering) say nothing about the path.
         let peer_first =
@@ -481,6 +494,23 @@ impl Driver {
             self.wrs_posted,
             self.completions,
         );
+    }
+
+    /// After a failed completion: whether the receiver closed and said what it took (wire
+    /// version 7), its report waiting on the side channel. It is sent before the receiver's
+    /// QPs go, so it is there before the retries of a write whose acknowledgement was lost run
+    /// out against them; then the failure is the close's consequence, not the comm's.
+    fn closed_by_peer(&mut self, core: &mut impl RecoverySink) -> Result<bool> {
+        if core.peer_closed() {
+            return Ok(true);
+        }
+        // Only a sender is told (a receiver's failures are its own).
+        let version = self.conn.chan.version();
+        if self.kind != "send" || version < CLOSE_VERSION || self.conn.chan.peek() != Peek::Data {
+            return Ok(false);
+        }
+        self.recovery_step(core)?;
+        Ok(core.peer_closed())
     }
 
     /// Fail the comm because the peer closed its side channel.

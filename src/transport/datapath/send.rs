@@ -274,7 +274,7 @@ impl SendDp {
             self.prof = Some(SendProfiling::new());
         }
         mh.check(data, size, self.io.conn.devs.len())?;
-        if self.core.waiting() {
+        if self.core.waiting() && self.core.peer_closed().is_none() {
             // The group before this send waits for send-queue credits: reap, post, else retry.
             self.poll()?;
             self.progress()?;
@@ -345,12 +345,18 @@ impl SendDp {
         if self.core.state.pool.get(idx).is_none_or(|r| r.kind() == ReqKind::Free) {
             return Err(not_in_flight());
         }
-        self.poll()?;
-        self.progress()?;
+        // A send a closed receiver took is done even if the comm failed since (for the sends
+        // it never took).
+        let progressed = self.poll().and_then(|_| self.progress());
         if let Some(size) = self.core.test(idx)? {
             // SAFETY: as this function's.
             unsafe { self.completed(idx, size, sizes) };
             return Ok(true);
+        }
+        progressed?;
+        if self.core.peer_closed().is_some() {
+            // The receiver closed: what it did not take it never will.
+            self.core.fail_untaken()?;
         }
         // A posted send to a dead peer fails by itself (transport retries exhausted within
         // NCCL_IB_TIMEOUT × NCCL_IB_RETRY_CNT); a closed side channel alone is not an error while
