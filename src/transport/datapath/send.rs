@@ -335,6 +335,16 @@ impl SendDp {
         if self.core.state.pool.get(idx).is_none_or(|r| r.kind() == ReqKind::Free) {
             return Err(not_in_flight());
         }
+        // A send an earlier call's poll completed is reported without polling again, as NCCL's
+        // IB transport looks at the request before its CQ (docs/design/data-path.md, test()):
+        // an empty poll is not free, least of all on softroce, whose empty polls yield the CPU.
+        if !self.io.recovery.pending() {
+            if let Some(size) = self.core.test(idx)? {
+                // SAFETY: as this function's.
+                unsafe { self.completed(idx, size, sizes) };
+                return Ok(true);
+            }
+        }
         self.poll()?;
         self.progress()?;
         if let Some(size) = self.core.test(idx)? {
