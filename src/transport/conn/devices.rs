@@ -7,7 +7,7 @@ use crate::error::Result;
 use crate::ibv::mr::MemoryRegion;
 use crate::ibv::CompletionQueue;
 use crate::memory::AlignedBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -53,10 +53,6 @@ pub struct LocalDev {
     /// `fatal_generation` when [`Conn::fatal_event`](super::Conn::fatal_event) last looked (the data path compares it
     /// on every test()).
     pub seen_generation: u32,
-    /// The context's `fatal_generation` itself, held here so that the data path's check on every
-    /// poll ([`Conn::fatal_generation_moved`](super::Conn::fatal_generation_moved)) is one load
-    /// from the comm, not a walk through the device and its context.
-    pub generation: Arc<AtomicU32>,
     /// How the CQ is sized: entries per QP it serves, plus `cq_extra`; `cq_qps` QPs fit.
     pub cqe_per_qp: usize,
     pub cq_extra: usize,
@@ -96,7 +92,6 @@ pub fn local_devs(
                 qp_failure_base: ctx.qp_failures.count.load(Ordering::Acquire),
                 cq_failure_base: ctx.cq_failures.count.load(Ordering::Acquire),
                 seen_generation,
-                generation: ctx.fatal_generation.clone(),
                 cqe_per_qp,
                 cq_extra: extra,
                 cq_qps: qps_here,

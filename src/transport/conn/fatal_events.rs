@@ -68,7 +68,7 @@ impl Conn {
     pub fn fatal_generation_moved(&self) -> bool {
         self.devs
             .iter()
-            .any(|d| d.generation.load(Ordering::Acquire) != d.seen_generation)
+            .any(|d| d.dev.context.fatal_generation.load(Ordering::Acquire) != d.seen_generation)
     }
 
     /// The cheap check the data path makes on every call: whether any device of the comm had
@@ -77,7 +77,7 @@ impl Conn {
     pub fn new_fatal_event(&mut self) -> Option<(&LocalDev, FatalKind)> {
         let mut moved = false;
         for d in &mut self.devs {
-            let g = d.generation.load(Ordering::Acquire);
+            let g = d.dev.context.fatal_generation.load(Ordering::Acquire);
             if g != d.seen_generation {
                 d.seen_generation = g;
                 moved = true;
