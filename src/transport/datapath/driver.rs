@@ -577,19 +577,29 @@ fn describe_connection(c: &Conn, kind: &str) -> String {
 }
 
 /// The comm's error when a fatal async event hit one of its devices, ports, QPs or CQs since
-/// it last looked (NCCL_IB_RETURN_ASYNC_EVENTS=0: never), and what it hit.
+/// it last looked (NCCL_IB_RETURN_ASYNC_EVENTS=0: never), and what it hit. Asked on every poll:
+/// one inlined load per member device while nothing happened.
+#[inline]
 fn fatal_event_error(conn: &mut Conn) -> Option<(Error, FatalKind)> {
+    if !conn.fatal_generation_moved() {
+        return None;
+    }
+    fatal_event_moved(conn)
+}
+
+/// [`fatal_event_error`] once a generation moved.
+#[cold]
+fn fatal_event_moved(conn: &mut Conn) -> Option<(Error, FatalKind)> {
     if !crate::config::get().return_async_events {
         return None;
     }
-    let peer = conn.chan.peer().to_string();
-    conn.new_fatal_event().map(|(d, kind)| {
-        let e = Error::system(format!(
-            "device {} reported a fatal asynchronous event for this connection, its port or the whole NIC (see the WARN above); the connection to {peer} cannot continue",
-            d.dev.label()
-        ));
-        (e, kind)
-    })
+    // Nothing is formatted (or allocated) unless the event is this comm's.
+    let (device, kind) = conn.new_fatal_event().map(|(d, kind)| (d.dev.label(), kind))?;
+    let e = Error::system(format!(
+        "device {device} reported a fatal asynchronous event for this connection, its port or the whole NIC (see the WARN above); the connection to {} cannot continue",
+        conn.chan.peer()
+    ));
+    Some((e, kind))
 }
 
 /// How long a flushed WR with no error completion (or a refused post) waits for the async

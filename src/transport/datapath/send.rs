@@ -345,6 +345,16 @@ impl SendDp {
         if self.core.state.pool.get(idx).is_none_or(|r| r.kind() == ReqKind::Free) {
             return Err(not_in_flight());
         }
+        // A send an earlier call's poll completed is reported without polling again, as NCCL's
+        // IB transport looks at the request before its CQ (docs/design/data-path.md, test()):
+        // an empty poll is not free, least of all on softroce, whose empty polls yield the CPU.
+        if !self.io.recovery.pending() {
+            if let Some(size) = self.core.test(idx)? {
+                // SAFETY: as this function's.
+                unsafe { self.completed(idx, size, sizes) };
+                return Ok(true);
+            }
+        }
         // A send a closed receiver took is done even if the comm failed since (for the sends
         // it never took).
         let progressed = self.poll().and_then(|_| self.progress());
