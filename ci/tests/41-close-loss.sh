@@ -12,7 +12,7 @@
 #   * last: both ends move 30 messages per comm and the receiver closes as soon as it took the
 #     last one: the sender must finish every send with no error and no WARN (before wire
 #     version 7 a lost last acknowledgement failed it with "transport retry counter exceeded").
-#   CLOSE_RUNS=N    runs of each case at each loss rate (default 20: make test)
+#   CLOSE_RUNS=N    runs of each case at each loss rate (default 8: make test, about 90 s)
 #   CLOSE_LOSSES="0.01 0.05"   the loss rates
 #   CLOSE_CASES="eager cts last"  the cases
 #   CLOSE_BUDGET_SEC=S         stop starting runs after S seconds (default 900); what ran counts
@@ -29,7 +29,7 @@ cd "$(dirname "$0")/../.."
 R=target/release
 PLUGIN=$PWD/$R/libnccl-net-ferroce.so
 T=$PWD/$R/c_shim/datapath_test
-runs=${CLOSE_RUNS:-20}
+runs=${CLOSE_RUNS:-8}
 losses=${CLOSE_LOSSES:-0.01 0.05}
 budget=${CLOSE_BUDGET_SEC:-900}
 if [ ! -x "$T" ] || [ ! -f "$PLUGIN" ] || [ ! -f $R/softroce/libibverbs.so.1 ]; then
