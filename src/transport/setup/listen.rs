@@ -203,7 +203,14 @@ impl ListenComm {
         let Slot::Accepting(mut a) = std::mem::replace(&mut self.slot, Slot::Free) else {
             return None;
         };
-        let incoming = match a.chan.flush().and_then(|_| read(&mut a.chan)) {
+        // Read even when the answer cannot be sent: a connector that gave up sent its reason
+        // (a `Reject`) before closing, and that reason is worth more than our write's error.
+        let flushed = a.chan.flush();
+        let incoming = match read(&mut a.chan) {
+            Ok(Some(m)) => Ok(Some(m)),
+            r => flushed.and(r),
+        };
+        let incoming = match incoming {
             Ok(m) => m,
             Err(e) => {
                 crate::log_warn!("listener: {} failed during the handshake: {e}; dropped", a.chan.peer());
