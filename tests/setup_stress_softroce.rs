@@ -608,12 +608,24 @@ fn give_up_child() {
         Ok(_) => panic!("the connect outlived its timeout"),
     };
     assert!(e.message.contains("did not finish within 1s"), "{}", e.message);
-    // Now the listener takes the request, answers, and reads why the connector went away.
+    // Now the listener takes the request, answers, reads why the connector went away, and
+    // fails at once with that reason (not after its own timeout).
     let start = Instant::now();
-    while start.elapsed() < Duration::from_millis(300) {
-        assert!(api::accept(&mut l).expect("accept").is_none());
+    let e = loop {
+        match api::accept(&mut l) {
+            Ok(None) => {}
+            Ok(Some(_)) => panic!("accepted a connection whose connector gave up"),
+            Err(e) => break e,
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "the accept did not fail");
         std::thread::sleep(Duration::from_millis(10));
-    }
+    };
+    assert!(
+        e.message.contains("gave up after this listener answered"),
+        "{}",
+        e.message
+    );
+    assert!(e.message.contains("did not finish within 1s"), "{}", e.message);
     drop(l);
     api::finalize(ctx).expect("finalize");
     println!("give_up_child: done");
