@@ -5,9 +5,9 @@
 # closed before the next, under 2 x cores busy-loop CPU hogs; every comm carries one checked
 # message. One check per round (under 2 minutes in all); a failed round shows its processes,
 # threads and WARN lines. Then a connector that gives up after the listener answered must tell
-# the listener why (its WARN names the reason, not "connection closed by the peer"). Then the campaign must catch a broken setup: when one rank goes away
-# after publishing its handles (SETUP_STRESS_QUIT_RANK), the round must fail and name the other
-# rank's process and thread.
+# the listener why (its WARN names the reason, not "connection closed by the peer"). Then the
+# campaign must catch a broken setup: when one rank goes away after publishing its handles
+# (SETUP_STRESS_QUIT_RANK), the round must fail and name the other rank's process and thread.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 # shellcheck source=ci/tests/lib/checks.sh
