@@ -32,6 +32,10 @@ pub mod reject {
     pub const BUSY: u32 = 2;
     /// The listener could not build its end (verbs resources).
     pub const SETUP_FAILED: u32 = 3;
+    /// (Connector to listener.) The connector gave up after its request went out (the text
+    /// says why): the listener drops the connection at once, naming that reason, instead of
+    /// seeing only a closed connection.
+    pub const CONNECTOR_FAILED: u32 = 4;
 }
 
 /// Why setup failed (or, on the listener, why one connection is dropped).
@@ -45,6 +49,8 @@ pub enum SetupError {
     WrongNonce { got: u64 },
     /// The listener refuses the connection.
     Rejected { code: u32, text: String },
+    /// (Listener.) The connector gave up after our answer and said why.
+    ConnectorFailed { text: String },
     /// The state did not advance within the setup timeout.
     TimedOut { state: &'static str, after: Duration },
 }
@@ -61,6 +67,7 @@ impl fmt::Display for SetupError {
                 )
             }
             SetupError::Rejected { code, text } => write!(f, "rejected the connection (code {code}): {text}"),
+            SetupError::ConnectorFailed { text } => write!(f, "the connector gave up: {text}"),
             SetupError::TimedOut { state, after } => write!(f, "no progress in {state} within {after:?}"),
         }
     }
@@ -177,6 +184,16 @@ impl AwaitResponse {
 
     pub fn handle_timeout(&self, now: Time) -> Result<(), SetupError> {
         self.timer.check(now, "AwaitResponse")
+    }
+
+    /// The connector gives up (`why`: its error) with its request out: the `Reject` to send
+    /// before closing, so the listener, which may have answered already, drops its end at
+    /// once and says why rather than seeing only a closed connection.
+    pub fn handle_failed(&self, why: &str) -> Message {
+        Message::Reject {
+            code: reject::CONNECTOR_FAILED,
+            text: why.into(),
+        }
     }
 }
 
@@ -326,11 +343,15 @@ pub struct AwaitReady {
 }
 
 impl AwaitReady {
-    /// A message from the connector: `Ok` = `Ready` with our nonce, the connection is up.
+    /// A message from the connector: `Ok` = `Ready` with our nonce, the connection is up. A
+    /// `Reject`: the connector gave up (see [`AwaitResponse::handle_failed`]).
     pub fn handle_message(&self, m: Incoming) -> Result<(), Refusal> {
         match m.map_err(|e| Refusal::silent(SetupError::Malformed(e)))? {
             Message::Ready { nonce } if nonce == self.nonce => Ok(()),
             Message::Ready { nonce } => Err(Refusal::silent(SetupError::WrongNonce { got: nonce })),
+            Message::Reject { code, text } => Err(Refusal::silent(SetupError::ConnectorFailed {
+                text: format!("{text} (code {code})"),
+            })),
             other => Err(Refusal::silent(SetupError::Unexpected {
                 state: "AwaitReady",
                 got: kind_name(&other),
@@ -578,12 +599,8 @@ mod tests {
         let r = AwaitRequest::new(NONCE, t(0), TIMEOUT).handle_built(t(1));
         let e = r.handle_message(malformed()).unwrap_err();
         assert!(matches!(e.error, SetupError::Malformed(_)) && e.reject.is_none());
-        // Duplicate request, reflected response, a Reject.
-        for (m, kind) in [
-            (req(NONCE), "ConnectReq"),
-            (resp(NONCE), "ConnectResp"),
-            (reject(), "Reject"),
-        ] {
+        // Duplicate request, reflected response.
+        for (m, kind) in [(req(NONCE), "ConnectReq"), (resp(NONCE), "ConnectResp")] {
             assert_eq!(
                 r.handle_message(m),
                 Err(Refusal::silent(SetupError::Unexpected {
@@ -598,6 +615,45 @@ mod tests {
             Err(Refusal::silent(SetupError::WrongNonce { got: FOREIGN }))
         );
         assert_eq!(r.handle_message(ready(NONCE)), Ok(()));
+    }
+
+    /// The interleaving of docs/setup-stress.md: the listener answered, then the connector gave
+    /// up (its bring-up failed, or it timed out) and closed the setup channel. It says why
+    /// first: the listener drops the connection naming the connector's reason, where it used to
+    /// see only "connection closed by the peer" and wait out its whole timeout in the dark.
+    #[test]
+    fn a_connector_that_gives_up_after_the_answer_tells_the_listener_why() {
+        let listener = AwaitRequest::new(NONCE, t(0), TIMEOUT);
+        let req = listener.handle_message(req(NONCE), false).expect("a valid request");
+        assert_eq!(req.nonce, NONCE);
+        let listener = listener.handle_built(t(1));
+        let connector = await_response();
+        assert_eq!(connector.handle_message(resp(NONCE)), Ok(endpoint(NONCE)));
+        // The connector's QPs do not come up: what it sends before closing.
+        let bye = connector.handle_failed("modify_qp(RTR) failed: Cannot allocate memory");
+        assert!(matches!(
+            &bye,
+            Message::Reject {
+                code: reject::CONNECTOR_FAILED,
+                ..
+            }
+        ));
+        let e = listener.handle_message(Ok(bye)).unwrap_err();
+        assert_eq!(e.reject, None, "nothing is sent back to a connector that gave up");
+        assert_eq!(
+            e.error,
+            SetupError::ConnectorFailed {
+                text: "modify_qp(RTR) failed: Cannot allocate memory (code 4)".into()
+            }
+        );
+        assert!(e.error.to_string().contains("the connector gave up: modify_qp(RTR)"));
+        // A connector that times out waiting for the answer says so too.
+        let late = await_response();
+        let why = late.handle_timeout(t(6)).unwrap_err().to_string();
+        assert!(matches!(
+            late.handle_failed(&why),
+            Message::Reject { code: reject::CONNECTOR_FAILED, text } if text.contains("AwaitResponse")
+        ));
     }
 
     #[test]
