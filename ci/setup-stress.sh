@@ -21,11 +21,13 @@ while [ $# -gt 0 ]; do
         *) echo "usage: $0 --rounds N [--procs P] [--threads T] [--comms C] [--iters I] [--hogs H]"; exit 2 ;;
     esac
 done
-[ -e target/release/softroce/libibverbs.so.1 ] || { echo "setup-stress: missing target/release/softroce/libibverbs.so.1 (run make build)"; exit 1; }
+for f in target/release/softroce/libibverbs.so.1 target/release/softroce/softroce-ctl; do
+    [ -e "$f" ] || { echo "setup-stress: missing $f (run make build)"; exit 1; }
+done
 # each round is bounded by SETUP_STRESS_ROUND_SEC (90 s); the whole campaign by that per round
 limit=$((rounds * ${SETUP_STRESS_ROUND_SEC:-90} + 300))
-SETUP_STRESS_ROUNDS=$rounds timeout -k 10 "$limit" \
-    cargo test --release -q --test setup_stress_softroce -- --ignored --exact setup_stress --nocapture 2>&1 |
+FERROCE_TEST_SOFTROCE=1 SETUP_STRESS_ROUNDS=$rounds timeout -k 10 "$limit" \
+    cargo test --release -q --test setup_stress_softroce -- --ignored --exact setup_stress_campaign --nocapture 2>&1 |
     grep -v '^$'
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 124 ] && echo "setup-stress: FAIL: the campaign did not end within $limit s"

@@ -6,18 +6,20 @@
 //! when any thread of any process fails or the round overruns its bound; the report names the
 //! process, the thread, and the WARN lines of that process.
 //!
-//! `#[ignore]`d: a campaign, not a unit test. `ci/setup-stress.sh --rounds N` runs it for N
-//! rounds and `ci/tests/85-setup-stress.sh` for a bounded few (after `make build`, which builds
-//! softroce). Knobs (environment): SETUP_STRESS_ROUNDS (1), SETUP_STRESS_PROCS (3),
-//! SETUP_STRESS_THREADS (4), SETUP_STRESS_COMMS (comms per thread and direction with each peer,
-//! 3), SETUP_STRESS_ITERS (setups, each closed before the next, 3), SETUP_STRESS_HOGS (2 × cores), SETUP_STRESS_ROUND_SEC (the bound of one round, 90),
+//! Both tests need softroce (`#[ignore]`d; FERROCE_TEST_SOFTROCE=1 after `make build`, see
+//! docs/testing.md). `setup_stress_campaign` is a campaign, not a unit test: `make test`'s cargo
+//! stage skips it, `ci/setup-stress.sh --rounds N` runs it for N rounds and
+//! `ci/tests/85-setup-stress.sh` for a bounded few. Knobs (environment): SETUP_STRESS_ROUNDS (1),
+//! SETUP_STRESS_PROCS (3), SETUP_STRESS_THREADS (4), SETUP_STRESS_COMMS (comms per thread and
+//! direction with each peer, 3), SETUP_STRESS_ITERS (setups, each closed before the next, 3),
+//! SETUP_STRESS_HOGS (2 × cores), SETUP_STRESS_ROUND_SEC (the bound of one round, 90),
 //! SETUP_STRESS_CONNECT_TIMEOUT_SEC (FERROCE_CONNECT_TIMEOUT_SEC of the processes, 30).
-//! Addresses: SOFTROCE_ADDR 127.0.87.(rank + 1).
+//! Addresses: 127.0.87.(rank + 1) for the ranks, 127.0.87.20 for the give-up case.
 
 mod softroce_common;
 
 use nccl_net_ferroce::api::{self, CommContext, ListenHandle, RecvHandle, SendHandle};
-use softroce_common::{reg, softroce_lib};
+use softroce_common::{child, child_command, reg, require_softroce, run_child};
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -107,30 +109,21 @@ fn round(dir: &Path, procs: usize, bound: Duration, connect_timeout: usize) -> (
         let log = dir.join(format!("rank{rank}.log"));
         let out = File::create(&log).expect("rank log");
         let err = out.try_clone().expect("rank log");
-        let child = Command::new(std::env::current_exe().expect("test binary"))
-            .args([
-                "setup_stress_rank",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads",
-                "1",
-            ])
-            .env("SETUP_STRESS_CHILD", "1")
-            .env("SETUP_STRESS_RANK", rank.to_string())
-            .env("SETUP_STRESS_PROCS", procs.to_string())
-            .env("SETUP_STRESS_DIR", dir)
-            .env("NCCL_IBVERBS_LIB", softroce_lib())
-            .env("SOFTROCE_ADDR", format!("127.0.87.{}", rank + 1))
-            .env("SOFTROCE_CTL_DIR", dir.join(format!("ctl{rank}")))
-            .env("NCCL_SOCKET_IFNAME", "lo")
-            .env("NCCL_IB_TIMEOUT", "14")
-            .env("FERROCE_CONNECT_TIMEOUT_SEC", connect_timeout.to_string())
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("start a rank");
+        let child = child_command(
+            CAMPAIGN,
+            &format!("127.0.87.{}", rank + 1),
+            &dir.join(format!("ctl{rank}")),
+        )
+        .env("SETUP_STRESS_RANK", rank.to_string())
+        .env("SETUP_STRESS_PROCS", procs.to_string())
+        .env("SETUP_STRESS_DIR", dir)
+        .env("NCCL_IB_TIMEOUT", "14")
+        .env("FERROCE_CONNECT_TIMEOUT_SEC", connect_timeout.to_string())
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("start a rank");
         ranks.0.push((rank, child, log));
     }
     let end = Instant::now() + bound;
@@ -145,7 +138,7 @@ fn round(dir: &Path, procs: usize, bound: Duration, connect_timeout: usize) -> (
             }
         };
         let text = fs::read_to_string(&*log).unwrap_or_default();
-        let done = text.contains("setup_stress_rank: done");
+        let done = text.contains(&format!("{CAMPAIGN}: done"));
         if status.is_some_and(|s| s.success()) && done {
             warnings.extend(
                 text.lines()
@@ -168,22 +161,25 @@ fn round(dir: &Path, procs: usize, bound: Duration, connect_timeout: usize) -> (
     (failures, warnings)
 }
 
+/// The campaign's test name: its rank processes are this test again ([`child`]).
+const CAMPAIGN: &str = "setup_stress_campaign";
+
 /// The campaign: SETUP_STRESS_ROUNDS rounds under CPU hogs; prints
-/// "setup stress: F failed rounds of R" and fails if any round failed.
+/// "setup stress: F failed rounds of R" and fails if any round failed. In a rank process
+/// (started by the campaign) it is that rank instead.
 #[test]
-#[ignore = "a campaign over softroce with CPU hogs (minutes): run by ci/setup-stress.sh and ci/tests/85-setup-stress.sh after make build"]
-fn setup_stress() {
+#[ignore = "needs softroce: a campaign with CPU hogs, run by ci/setup-stress.sh and ci/tests/85-setup-stress.sh (FERROCE_TEST_SOFTROCE=1 after make build; make test's cargo stage skips it)"]
+fn setup_stress_campaign() {
+    if child(CAMPAIGN, setup_stress_rank) {
+        return;
+    }
+    require_softroce();
     let rounds = knob("SETUP_STRESS_ROUNDS", 1);
     let procs = knob("SETUP_STRESS_PROCS", 3).clamp(2, 8);
     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
     let hogs = knob("SETUP_STRESS_HOGS", 2 * cores);
     let bound = Duration::from_secs(knob("SETUP_STRESS_ROUND_SEC", 90) as u64);
     let connect_timeout = knob("SETUP_STRESS_CONNECT_TIMEOUT_SEC", 30);
-    assert!(
-        Path::new(&softroce_lib()).exists(),
-        "{} is missing (run make build)",
-        softroce_lib()
-    );
     let base = std::env::temp_dir().join(format!("ferroce-setup-stress-{}", std::process::id()));
     let _hogs = Hogs::start(hogs);
     let mut failed = 0;
@@ -508,14 +504,8 @@ fn traffic(me: usize, t: usize, connects: &[Connect], accepts: &[Accept], end: I
     result
 }
 
-#[test]
-#[ignore = "a rank process of setup_stress, which runs it"]
+/// One rank process of the campaign (SETUP_STRESS_RANK of SETUP_STRESS_PROCS).
 fn setup_stress_rank() {
-    assert_eq!(
-        std::env::var("SETUP_STRESS_CHILD").ok().as_deref(),
-        Some("1"),
-        "run by setup_stress"
-    );
     let me = knob("SETUP_STRESS_RANK", 0);
     let procs = knob("SETUP_STRESS_PROCS", 3);
     let threads = knob("SETUP_STRESS_THREADS", 4);
@@ -529,8 +519,8 @@ fn setup_stress_rank() {
         for t in 0..threads {
             setup_listens(&ctx, &dir, me, procs, t, 0).expect("listen");
         }
-        println!("setup_stress_rank: rank {me} quits after listening, as asked");
-        return;
+        println!("{CAMPAIGN}: rank {me} quits after listening, as asked");
+        std::process::exit(0);
     }
     let failures: Vec<String> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..threads)
@@ -556,27 +546,22 @@ fn setup_stress_rank() {
     api::finalize(ctx).expect("finalize");
     let n = threads * (procs - 1) * comms;
     let iters = knob("SETUP_STRESS_ITERS", 3);
-    println!("setup_stress_rank: rank {me}: {iters} times {n} send comms and {n} recv comms, one message each");
-    println!("setup_stress_rank: done");
+    println!("{CAMPAIGN}: rank {me}: {iters} times {n} send comms and {n} recv comms, one message each");
 }
 
 /// The failure docs/setup-stress.md starts from, made on purpose in one process: the listener
 /// answers a request whose connector has already given up (here: it timed out waiting, its
 /// listener's accept not called in time). The connector says why before it closes, and the
-/// listener's WARN names that reason instead of "connection closed by the peer".
+/// listener's WARN and its accept's error name that reason instead of "connection closed by the
+/// peer" and a wait for its whole timeout.
 #[test]
-#[ignore = "runs a child over softroce (after make build): run by ci/tests/85-setup-stress.sh"]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn a_connector_that_gives_up_tells_the_listener_why() {
-    assert!(
-        Path::new(&softroce_lib()).exists(),
-        "{} is missing (run make build)",
-        softroce_lib()
-    );
-    let out = softroce_common::run_child(
-        "SETUP_STRESS",
-        "give_up_child",
-        &[("FERROCE_CONNECT_TIMEOUT_SEC", "1"), ("SOFTROCE_ADDR", "127.0.87.20")],
-    );
+    const NAME: &str = "a_connector_that_gives_up_tells_the_listener_why";
+    if child(NAME, give_up) {
+        return;
+    }
+    let out = run_child(NAME, "127.0.87.20", &[("FERROCE_CONNECT_TIMEOUT_SEC", "1")]);
     assert!(
         out.contains("gave up the handshake after our answer") && out.contains("did not finish within 1s"),
         "the listener's WARN does not carry the connector's reason:\n{out}"
@@ -584,14 +569,8 @@ fn a_connector_that_gives_up_tells_the_listener_why() {
     assert!(!out.contains("connection closed by the peer"), "{out}");
 }
 
-#[test]
-#[ignore = "the child of a_connector_that_gives_up_tells_the_listener_why, which runs it"]
-fn give_up_child() {
-    assert_eq!(
-        std::env::var("SETUP_STRESS_CHILD").ok().as_deref(),
-        Some("1"),
-        "run by a_connector_that_gives_up_tells_the_listener_why"
-    );
+/// The child of [`a_connector_that_gives_up_tells_the_listener_why`].
+fn give_up() {
     let ctx = api::init(None, -1, false).expect("init");
     let mut handle = [0u8; 128];
     let mut l = api::listen(&ctx, 0, &mut handle).expect("listen");
@@ -628,5 +607,4 @@ fn give_up_child() {
     assert!(e.message.contains("did not finish within 1s"), "{}", e.message);
     drop(l);
     api::finalize(ctx).expect("finalize");
-    println!("give_up_child: done");
 }
