@@ -23,6 +23,7 @@ use softroce_common::{child, child_command, reg, require_softroce, run_child};
 use std::fs::{self, File};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// A thread's own jitter (xorshift64, seeded from the process, rank, thread and iteration):
@@ -100,6 +101,11 @@ impl Drop for Ranks {
     }
 }
 
+/// The plugin's WARN lines (outside NCCL it prints them, and only them, to stderr).
+fn is_warn(line: &str) -> bool {
+    line.contains("NET/ferroce")
+}
+
 /// One round: `procs` rank processes in `dir`; the failures it saw (empty: the round passed)
 /// and the WARN lines of the ranks that passed (a race the plugin recovered from).
 fn round(dir: &Path, procs: usize, bound: Duration, connect_timeout: usize) -> (Vec<String>, Vec<String>) {
@@ -142,7 +148,7 @@ fn round(dir: &Path, procs: usize, bound: Duration, connect_timeout: usize) -> (
         if status.is_some_and(|s| s.success()) && done {
             warnings.extend(
                 text.lines()
-                    .filter(|l| l.contains("WARN"))
+                    .filter(|l| is_warn(l))
                     .map(|l| format!("process {rank}: {l}")),
             );
             continue;
@@ -153,7 +159,7 @@ fn round(dir: &Path, procs: usize, bound: Duration, connect_timeout: usize) -> (
         };
         let lines: Vec<&str> = text
             .lines()
-            .filter(|l| l.contains("FAIL ") || l.contains("WARN") || l.contains("panicked"))
+            .filter(|l| l.contains("FAIL ") || l.contains("stopped rank") || is_warn(l) || l.contains("panicked"))
             .take(40)
             .collect();
         failures.push(format!("process {rank}: {why}\n    {}", lines.join("\n    ")));
@@ -248,6 +254,26 @@ struct Accept {
     comm: Option<Box<RecvHandle>>,
 }
 
+/// Set in every rank once any thread of any rank of the round failed (it writes the file
+/// `failed` in the round's directory, which each rank watches): the others stop at their next
+/// check instead of waiting out the bound, so a round ends soon after its first failure, and
+/// that failure's FAIL line is the one that names the cause.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// What a thread that stopped because another failed says (not a FAIL line of its own).
+const STOPPED: &str = "stopped: another thread failed";
+
+/// `Err` when the round is stopping, or (`late()` says what was pending) past `end`.
+fn check(end: Instant, late: impl FnOnce() -> String) -> Result<(), String> {
+    if STOP.load(Ordering::Relaxed) {
+        return Err(STOPPED.into());
+    }
+    if Instant::now() > end {
+        return Err(late());
+    }
+    Ok(())
+}
+
 /// One thread of a rank, `iters` times: listen for every peer (`comms` each), connect to every
 /// peer's handles for this thread, accept, all interleaved and non-blocking as NCCL's proxy
 /// thread does; then one checked message on every comm, and every comm closed once all threads
@@ -278,11 +304,9 @@ fn rank_thread(
                 .count()
         }) < all
         {
-            if Instant::now() > end {
-                return Err(format!(
-                    "iteration {iter}: the other ranks did not finish their traffic in time"
-                ));
-            }
+            check(end, || {
+                format!("iteration {iter}: the other ranks did not finish their traffic in time")
+            })?;
             std::thread::sleep(Duration::from_millis(5));
         }
         // Close in a thread-chosen order after a thread-chosen pause: the retiring links race
@@ -354,13 +378,13 @@ fn setup(
         if pending == 0 {
             return Ok((connects, accepts));
         }
-        if Instant::now() > end {
-            return Err(format!(
+        check(end, || {
+            format!(
                 "setup not done in time: {} connects and {} accepts pending",
                 connects.iter().filter(|c| c.comm.is_none()).count(),
                 accepts.iter().filter(|a| a.comm.is_none()).count()
-            ));
-        }
+            )
+        })?;
         std::thread::yield_now();
     }
 }
@@ -480,13 +504,13 @@ fn traffic(me: usize, t: usize, connects: &[Connect], accepts: &[Accept], end: I
                     }
                 }
             }
-            if Instant::now() > end {
-                return Err(format!(
+            check(end, || {
+                format!(
                     "traffic not done in time: {} sends and {} receives pending",
                     sent.iter().filter(|d| !**d).count(),
                     got.iter().filter(|d| !**d).count()
-                ));
-            }
+                )
+            })?;
             std::thread::yield_now();
         }
         for (_, b, want, what) in &recvs {
@@ -510,8 +534,12 @@ fn setup_stress_rank() {
     let procs = knob("SETUP_STRESS_PROCS", 3);
     let threads = knob("SETUP_STRESS_THREADS", 4);
     let comms = knob("SETUP_STRESS_COMMS", 3);
-    let bound = Duration::from_secs(knob("SETUP_STRESS_ROUND_SEC", 90) as u64);
+    // Within the campaign's bound of the round, so that a rank that cannot finish says what
+    // it waits for before the campaign kills it.
+    let round = Duration::from_secs(knob("SETUP_STRESS_ROUND_SEC", 90) as u64);
+    let bound = round.saturating_sub(Duration::from_secs(5)).max(round / 2);
     let dir = PathBuf::from(std::env::var("SETUP_STRESS_DIR").expect("SETUP_STRESS_DIR"));
+    let failed_flag = dir.join("failed");
     let ctx = api::init(None, -1, false).expect("init");
     if std::env::var("SETUP_STRESS_QUIT_RANK").ok() == Some(me.to_string()) {
         // The campaign's own check: a rank that goes away after publishing its handles must
@@ -522,27 +550,51 @@ fn setup_stress_rank() {
         println!("{CAMPAIGN}: rank {me} quits after listening, as asked");
         std::process::exit(0);
     }
-    let failures: Vec<String> = std::thread::scope(|s| {
+    let running = AtomicUsize::new(threads);
+    let failures = std::thread::scope(|s| {
+        // The round's failure flag, watched for the threads (a file check per loop turn would
+        // cost more than the setups).
+        s.spawn(|| {
+            while running.load(Ordering::Relaxed) > 0 {
+                if failed_flag.exists() {
+                    STOP.store(true, Ordering::Relaxed);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
         let workers: Vec<_> = (0..threads)
             .map(|t| {
-                let (ctx, dir) = (&ctx, &dir);
-                s.spawn(move || rank_thread(ctx, dir, me, procs, t, bound))
+                let (ctx, dir, running, failed_flag) = (&ctx, &dir, &running, &failed_flag);
+                s.spawn(move || {
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        rank_thread(ctx, dir, me, procs, t, bound)
+                    }))
+                    .unwrap_or_else(|_| Err("panicked".into()));
+                    // Said at once (stdout is line-buffered): a rank the campaign has to kill
+                    // has still named its failures.
+                    match &r {
+                        Ok(()) => {}
+                        Err(e) if e.ends_with(STOPPED) => {
+                            println!("stopped rank {me} thread {t}: another thread failed")
+                        }
+                        Err(e) => {
+                            println!("FAIL rank {me} thread {t}: {e}");
+                            STOP.store(true, Ordering::Relaxed);
+                            let _ = fs::write(failed_flag, b"");
+                        }
+                    }
+                    running.fetch_sub(1, Ordering::Relaxed);
+                    r.is_err()
+                })
             })
             .collect();
         workers
             .into_iter()
-            .enumerate()
-            .filter_map(|(t, w)| match w.join() {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(format!("FAIL rank {me} thread {t}: {e}")),
-                Err(_) => Some(format!("FAIL rank {me} thread {t}: panicked")),
-            })
-            .collect()
+            .map(|w| w.join())
+            .filter(|r| !matches!(r, Ok(false)))
+            .count()
     });
-    for f in &failures {
-        println!("{f}");
-    }
-    assert!(failures.is_empty(), "{} threads failed", failures.len());
+    assert_eq!(failures, 0, "threads failed or stopped (see above)");
     api::finalize(ctx).expect("finalize");
     let n = threads * (procs - 1) * comms;
     let iters = knob("SETUP_STRESS_ITERS", 3);
