@@ -656,6 +656,98 @@ mod tests {
         ));
     }
 
+    /// What the listener made of one connection in [`late_accept`].
+    #[derive(Debug, PartialEq)]
+    enum Verdict {
+        /// `AwaitReady` refused what came (the connector's `Reject`): the accept fails now.
+        Refused(SetupError),
+        /// The connection closed with nothing more to read: the I/O layer WARNs "failed during
+        /// the handshake: connection closed by the peer; dropped" and the listen comm waits on,
+        /// for a request that will not come, until its own timeout.
+        ClosedSilently,
+        /// Taken in time: the connector got the answer (and goes on to bring its QPs up).
+        AnsweredInTime,
+    }
+
+    /// The interleaving behind the original failure (docs/setup-stress.md), on a virtual clock
+    /// in 100 ms steps, the two ends joined by in-memory queues. The connector's request is out
+    /// at t=0, where the listener's process files it; the connector's timer runs from the start
+    /// of its connect, but the listen comm takes the request only at `taken` (its thread is
+    /// starved, or busy with other connects first), so the connector times out first and gives
+    /// up: with `tells_why` it sends a `Reject` before it closes (as `connect` does now), else it
+    /// only closes (as it did). Returns when and what the listener concluded.
+    fn late_accept(taken: Time, tells_why: bool) -> (Time, Verdict) {
+        use std::collections::VecDeque;
+        let (mut to_listener, mut to_connector) = (VecDeque::new(), VecDeque::new());
+        let mut connector_closed = false;
+        // t=0: dialed, request out; the listener's process reads and files it.
+        let connector = Dialing::new(NONCE, t(0), TIMEOUT).handle_dialed();
+        to_listener.push_back(Message::ConnectReq(endpoint(NONCE)));
+        let filed = Unidentified::new(t(0), TIMEOUT)
+            .handle_message(Ok(to_listener.pop_front().expect("the request")), |n| n == NONCE)
+            .expect("filed for its listen comm");
+        let mut listener: Option<AwaitReady> = None;
+        let step = Duration::from_millis(100);
+        let mut now = t(0);
+        while now < t(30) {
+            now = now + step;
+            if !connector_closed {
+                if let Some(m) = to_connector.pop_front() {
+                    assert_eq!(connector.handle_message(Ok(m)), Ok(endpoint(NONCE)));
+                    return (now, Verdict::AnsweredInTime);
+                }
+                if let Err(e) = connector.handle_timeout(now) {
+                    if tells_why {
+                        to_listener.push_back(connector.handle_failed(&e.to_string()));
+                    }
+                    connector_closed = true;
+                }
+            }
+            if listener.is_none() && now >= taken {
+                let a = AwaitRequest::new(NONCE, now, TIMEOUT);
+                assert_eq!(
+                    a.handle_message(Ok(Message::ConnectReq(filed.clone())), false),
+                    Ok(endpoint(NONCE))
+                );
+                // The answer goes to a connector that may be gone (then it is lost).
+                to_connector.push_back(Message::ConnectResp(endpoint(NONCE)));
+                listener = Some(a.handle_built(now));
+            }
+            if let Some(l) = &listener {
+                match to_listener.pop_front() {
+                    Some(m) => {
+                        let r = l.handle_message(Ok(m)).expect_err("no Ready can come");
+                        assert_eq!(r.reject, None, "nothing is sent back to a connector that gave up");
+                        return (now, Verdict::Refused(r.error));
+                    }
+                    None if connector_closed => return (now, Verdict::ClosedSilently),
+                    None => l.handle_timeout(now).expect("the listener waits within its timeout"),
+                }
+            }
+        }
+        panic!("the listener never concluded");
+    }
+
+    #[test]
+    fn a_request_taken_after_its_connector_timed_out_fails_the_accept_with_the_connectors_reason() {
+        // Taken a second after the connector's 5 s ran out: the listener answers, then reads
+        // why the connector went away, and its accept fails at once, naming that reason.
+        let (when, verdict) = late_accept(t(6), true);
+        assert_eq!(when, t(6));
+        let Verdict::Refused(SetupError::ConnectorFailed { text }) = verdict else {
+            panic!("{verdict:?}")
+        };
+        assert!(
+            text.contains("no progress in AwaitResponse within 5s") && text.ends_with("(code 4)"),
+            "{text}"
+        );
+        // Before the fix the same interleaving left the listener only a closed connection:
+        // the WARN of the original failure, and a listen comm waiting out its own timeout.
+        assert_eq!(late_accept(t(6), false), (t(6), Verdict::ClosedSilently));
+        // Taken in time (t=4, its deadline t=5), the connector gets its answer.
+        assert_eq!(late_accept(t(4), true).1, Verdict::AnsweredInTime);
+    }
+
     #[test]
     fn acceptor_times_out_per_state() {
         let a = AwaitRequest::new(NONCE, t(0), TIMEOUT);
