@@ -995,3 +995,50 @@ fn a_request_on_a_link_for_an_unknown_listener_is_refused_on_its_route() {
         &[],
     );
 }
+
+/// A receiver whose NIC answers but that posted no receive for ferroce's write with immediate:
+/// the NIC retries without end on RNR NAKs (rnr_retry 7), the side channel stays up, and the
+/// sender's hang report names receiver-not-ready from the QP's RNR NAK count (softroce counts
+/// them per QP), not a closed or silent peer (docs/observability.md#hang-reports).
+#[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
+fn a_receiver_that_posts_no_receive_is_named_rnr_by_the_hang_report() {
+    let w = case_env(
+        "a_receiver_that_posts_no_receive_is_named_rnr_by_the_hang_report",
+        "127.0.14.15",
+        &[("FERROCE_HANG_WARN_SEC", "1")],
+        |ctx| {
+            let h = Honest::new(ctx);
+            let (s, rogue) = sender_to_rogue_posting(ctx, &h, 0);
+            let buf = (rogue.block.addr() + RING_BYTES) as u64;
+            rogue
+                .write_cts(0, &CtsEntry::new(buf, 64, [rogue.rkey(); 8], 1, 1, 0))
+                .expect("CTS");
+            let src = vec![1u8; 64];
+            let mh = reg(&*s, &src);
+            let q = isend(&s, &src, &mh).expect("the send matches the CTS");
+            let end = Instant::now() + Duration::from_millis(1800);
+            let mut sz = [0i32];
+            while Instant::now() < end {
+                // SAFETY: q is in flight (RNR retries never end).
+                let done = unsafe { api::test(q, sz.as_mut_ptr()) }.expect("RNR retries do not fail the send");
+                assert!(!done, "no receive was posted: the write cannot complete");
+            }
+            drop(s);
+            api::dereg_mr(mh).expect("deregMr");
+            drop(rogue);
+            h.check("after the RNR wait");
+        },
+        &[
+            "made no progress for",
+            "Cause: receiver-not-ready (RNR)",
+            "RNR NAK(s) since the wait began",
+        ],
+    );
+    let hang: Vec<&String> = w.iter().filter(|l| l.contains("made no progress for")).collect();
+    assert!(
+        hang.iter()
+            .all(|l| !l.contains("closed its comm") && !l.contains("does not answer")),
+        "{hang:#?}"
+    );
+}

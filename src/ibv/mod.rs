@@ -96,6 +96,9 @@ verbs_table! {
         ibv_set_ece: fn(*mut sys::ibv_qp, *mut sys::ibv_ece) -> c_int = "IBVERBS_1.10";
         // softroce's own: why ibv_get_device_list failed with EINVAL (docs/softroce-variables.md).
         softroce_config_error: fn() -> *const c_char = "SOFTROCE_2";
+        // softroce's own: one QP's ACK timeouts, retransmissions and RNR NAKs (the hang report's
+        // facts, docs/observability.md#hang-reports); a real NIC counts them per port only.
+        softroce_qp_transport_get: fn(*mut sys::ibv_qp, *mut qp::QpTransportRepr, usize) -> c_int = "SOFTROCE_3";
     }
 }
 

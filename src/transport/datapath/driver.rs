@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::ibv::cq::Failed;
 use crate::ibv::{sys, QueuePair, WorkCompletion};
 use crate::transport::conn::{Conn, FatalKind};
+use crate::transport::proto::hang::{self, QpEvents};
 use crate::transport::proto::plan::{Op, Post, WorkRequest};
 use crate::transport::proto::recovery::Role;
 use crate::transport::proto::recv::RQ_BATCH;
@@ -151,6 +152,8 @@ pub struct Driver {
     idle_since: Option<Instant>,
     /// The last hang WARN of this comm.
     hang_warned: Option<Instant>,
+    /// The QPs' transport events when the wait began (where the NIC counts them).
+    wait_events: Option<QpEvents>,
     pub(crate) wcs: [WorkCompletion; POLL_BATCH],
 }
 
@@ -175,6 +178,7 @@ impl Driver {
             last_probe: Instant::now(),
             idle_since: None,
             hang_warned: None,
+            wait_events: None,
             wcs: std::array::from_fn(|_| WorkCompletion::default()),
         }
     }
@@ -403,8 +407,12 @@ impl Driver {
     /// the peer is gone; the caller polls once more (completions that raced with the peer's
     /// exit still count) and then calls [`Driver::fail_peer_gone`]. When nothing completed
     /// for FERROCE_HANG_WARN_SEC, WARNs (once per interval) what the comm waits for, in the
-    /// words `waiting_for` gives.
-    pub fn idle_probe(&mut self, state: &mut CommState, waiting_for: impl FnOnce() -> String) -> Result<bool> {
+    /// words `waiting_for` gives from the facts gathered ([`hang::Facts`]).
+    pub fn idle_probe(
+        &mut self,
+        state: &mut CommState,
+        waiting_for: impl FnOnce(&hang::Facts) -> String,
+    ) -> Result<bool> {
         state.check()?;
         self.idle = self.idle.wrapping_add(1);
         if !self.idle.is_multiple_of(PROBE_EVERY) {
@@ -415,11 +423,12 @@ impl Driver {
             return Ok(false);
         }
         self.last_probe = now;
-        self.check_hang(now, waiting_for);
+        let peek = self.conn.chan.peek();
+        self.check_hang(now, peek == Peek::Gone, waiting_for);
         // While this comm waits, the process's comms NCCL is not calling move on (their
         // peers' recoveries may be what this one waits for).
         super::watch::step_idle_comms();
-        match self.conn.chan.peek() {
+        match peek {
             Peek::Gone => Ok(true),
             // A recovery message: the next poll reads it.
             Peek::Data => {
@@ -449,11 +458,23 @@ impl Driver {
         false
     }
 
+    /// The QPs' transport events summed, where the NIC counts them per QP.
+    fn qp_events(&self) -> Option<QpEvents> {
+        self.conn
+            .qps
+            .iter()
+            .try_fold(QpEvents::default(), |sum, q| Some(sum.add(q.qp.transport_events()?)))
+    }
+
     /// The hang report: one WARN per FERROCE_HANG_WARN_SEC while nothing completes.
-    fn check_hang(&mut self, now: Instant, waiting_for: impl FnOnce() -> String) {
+    /// `peer_closed`: the side channel says the peer's comm is gone.
+    fn check_hang(&mut self, now: Instant, peer_closed: bool, waiting_for: impl FnOnce(&hang::Facts) -> String) {
         let every = crate::config::get().hang_warn_sec;
         if every == 0 {
             return;
+        }
+        if self.idle_since.is_none() {
+            self.wait_events = self.qp_events();
         }
         let since = *self.idle_since.get_or_insert(now);
         let interval = Duration::from_secs(every);
@@ -462,6 +483,10 @@ impl Driver {
             return;
         }
         self.hang_warned = Some(now);
+        let facts = hang::Facts {
+            peer_closed,
+            qp: self.qp_events().zip(self.wait_events).map(|(e, w)| e.since(w)),
+        };
         let c = &self.conn;
         let qps = c
             .qps
@@ -476,7 +501,7 @@ impl Driver {
             c.chan.peer(),
             devices,
             stuck.as_secs(),
-            waiting_for(),
+            waiting_for(&facts),
             self.wrs_posted,
             self.completions,
         );
