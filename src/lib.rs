@@ -6,9 +6,15 @@
 //! one internal API, with `stats_file` beside it: the statistics file the transport's counters
 //! are written to) → `abi` (the exported `ncclNetPlugin_vN` tables, thin per-version shims).
 //! `ci/tests/05-layers.sh` fails on an import against this order and on an import cycle
-//! between files.
+//! between files. Public: what NCCL, `ferroce-doctor` and the C header need; the `testing`
+//! feature (on for the tests, simulations and fuzz targets only) also makes the protocol core and
+//! the connection internals public.
 
 #![deny(clippy::undocumented_unsafe_blocks)]
+// The crate's API is what the doctor, the header and the tests use: with the tests' view on
+// (`testing`), an item marked `pub` that nothing outside can reach is a finding; without it the
+// core is crate-private and the lint would flag what only the tests reach.
+#![cfg_attr(feature = "testing", warn(unreachable_pub))]
 
 /// This build's version, as `ferroce-doctor` compares it between hosts.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -21,7 +27,7 @@ pub mod config;
 pub mod device;
 pub mod error;
 pub mod ibv;
-pub mod memory;
+pub(crate) mod memory;
 pub mod profiler;
-pub mod stats_file;
+pub(crate) mod stats_file;
 pub mod transport;

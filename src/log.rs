@@ -56,11 +56,6 @@ pub fn set_logger(logger: NcclLogger) {
     }
 }
 
-/// Forgets the logger (at the last finalize: the caller's code may be unloaded after it).
-pub fn clear_logger() {
-    LOGGER.store(0, Ordering::Release);
-}
-
 fn logger() -> NcclLogger {
     let raw = LOGGER.load(Ordering::Acquire);
     // SAFETY: the only values stored are 0 and function pointers of this type (set_logger);

@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use std::alloc::Layout;
 
 /// Page size used for rounding.
-pub fn page_size() -> usize {
+pub(crate) fn page_size() -> usize {
     // SAFETY: sysconf is always safe to call.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if p > 0 {
@@ -17,7 +17,7 @@ pub fn page_size() -> usize {
 }
 
 /// `[addr, addr + len)` rounded out to whole pages (`len` 0 counts as 1 byte).
-pub fn page_range(addr: usize, len: usize, page: usize) -> (usize, usize) {
+pub(crate) fn page_range(addr: usize, len: usize, page: usize) -> (usize, usize) {
     let start = addr & !(page - 1);
     let end = addr.saturating_add(len.max(1)).saturating_add(page - 1) & !(page - 1);
     (start, end)

@@ -139,7 +139,7 @@ fn hostname() -> String {
 
 /// Write the statistics file now, if FERROCE_STATS names a directory and any comm kept
 /// statistics. A failure is one WARN (statistics never fail the job).
-pub fn write_file() {
+pub(crate) fn write_file() {
     let Some(dir) = crate::config::get().stats_dir.as_deref() else {
         return;
     };
@@ -180,7 +180,7 @@ extern "C" fn write_at_exit() {
 }
 
 /// A comm was made: the first one that keeps statistics starts the writer.
-pub fn comm_opened() {
+pub(crate) fn comm_opened() {
     if stats::enabled() && !WRITER_STARTED.swap(true, Ordering::AcqRel) {
         start_file_writer();
     }
@@ -226,7 +226,7 @@ fn start_file_writer() {
 
 /// Write the file and stop the interval writer (the last `finalize`, and before an unload
 /// without one). A later comm starts a new writer.
-pub fn finish() {
+pub(crate) fn finish() {
     write_file();
     *WRITER_STOP.lock() = true;
     WRITER_WAKE.notify_all();

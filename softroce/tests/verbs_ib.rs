@@ -11,8 +11,8 @@ use std::sync::atomic::Ordering;
 
 use rdma_sys::{ibv_port_attr, ibv_qp_attr, ibv_sge};
 use softroce::driver::link::{ib_headers, ib_trailer, SM_LID};
-use softroce::verbs::context::{ibv_query_gid, ibv_query_pkey};
 use softroce::verbs::misc::{ibv_create_ah, ibv_destroy_ah};
+use softroce::verbs::port::{ibv_query_gid, ibv_query_pkey};
 use softroce::verbs::qp::ibv_modify_qp;
 use softroce::wire::icrc::{icrc_ipv4, Ipv4Fields};
 use verbs_util::*;
@@ -96,7 +96,7 @@ fn the_port_is_an_infiniband_port_with_a_lid() {
     unsafe {
         let mut p: ibv_port_attr = std::mem::zeroed();
         assert_eq!(
-            softroce::verbs::context::ibv_query_port(c.ctx, 1, &mut p as *mut _ as *mut _),
+            softroce::verbs::port::ibv_query_port(c.ctx, 1, &mut p as *mut _ as *mut _),
             0
         );
         assert_eq!(p.link_layer, 1, "IBV_LINK_LAYER_INFINIBAND");

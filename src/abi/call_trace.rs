@@ -69,19 +69,19 @@ fn enabled() -> bool {
 /// What a call's trace line says: its arguments and outputs, and whether it was a quiet one (a
 /// retry that changed nothing).
 #[derive(Default)]
-pub struct Line {
+pub(crate) struct Line {
     pub text: String,
     pub quiet: bool,
 }
 
 impl Line {
-    pub fn of(text: String) -> Line {
+    pub(crate) fn of(text: String) -> Line {
         Line { text, quiet: false }
     }
 }
 
 /// Records one finished call; `describe` runs only when calls are traced.
-pub fn record(name: &str, rc: i32, describe: impl FnOnce() -> Line) {
+pub(super) fn record(name: &str, rc: i32, describe: impl FnOnce() -> Line) {
     if !enabled() {
         return;
     }
@@ -118,7 +118,7 @@ pub fn record(name: &str, rc: i32, describe: impl FnOnce() -> Line) {
 
 /// The counts so far as one line, e.g. `init 1, devices 1, ..., test 12345`; entries never called
 /// are left out.
-pub fn counts() -> String {
+pub(super) fn counts() -> String {
     ENTRIES
         .iter()
         .zip(&COUNTS)
@@ -131,7 +131,7 @@ pub fn counts() -> String {
 }
 
 /// Logs [`counts`] (at `finalize`, when tracing).
-pub fn log_counts() {
+pub(super) fn log_counts() {
     if STATE.load(Ordering::Relaxed) == 2 {
         crate::log_info!(subsys::NET, "call trace: calls from NCCL so far: {}", counts());
     }
@@ -157,7 +157,7 @@ fn thread_tag() -> String {
 ///
 /// # Safety
 /// `p` is NULL or readable (the caller's out-pointer, written or left as NCCL passed it).
-pub unsafe fn read<T: Copy>(p: *const T) -> Option<T> {
+pub(super) unsafe fn read<T: Copy>(p: *const T) -> Option<T> {
     // SAFETY: per the contract.
     (!p.is_null()).then(|| unsafe { p.read() })
 }
@@ -166,13 +166,13 @@ pub unsafe fn read<T: Copy>(p: *const T) -> Option<T> {
 ///
 /// # Safety
 /// As [`read`].
-pub unsafe fn out_ptr<T>(p: *const *mut T) -> String {
+pub(super) unsafe fn out_ptr<T>(p: *const *mut T) -> String {
     // SAFETY: per the contract.
     shown(unsafe { read(p) })
 }
 
 /// A value read back from an out-pointer (`-`: the out-pointer was NULL).
-pub fn shown(value: Option<impl std::fmt::Debug>) -> String {
+pub(super) fn shown(value: Option<impl std::fmt::Debug>) -> String {
     value.map_or_else(|| "-".into(), |v| format!("{v:?}"))
 }
 

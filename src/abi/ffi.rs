@@ -5,13 +5,13 @@ use crate::error::{code, Error, Result};
 
 /// Runs `body` for the exported function `name`: `Ok` → ncclSuccess; `Err` → one WARN (unless the
 /// error was already reported) and its code; a panic → one WARN and ncclInternalError.
-pub fn call(name: &str, body: impl FnOnce() -> Result<()>) -> i32 {
+pub(crate) fn call(name: &str, body: impl FnOnce() -> Result<()>) -> i32 {
     call_traced(name, body, Default::default)
 }
 
 /// [`call`], and then the call's line for `FERROCE_CALL_TRACE` ([`super::call_trace`]):
 /// `describe` gives the arguments and outputs, and runs only when that line is logged.
-pub fn call_traced(
+pub(crate) fn call_traced(
     name: &str,
     body: impl FnOnce() -> Result<()>,
     describe: impl FnOnce() -> super::call_trace::Line,
@@ -24,7 +24,7 @@ pub fn call_traced(
 /// Runs an adapter that converts its arguments and then hands them to a [`call_traced`] slot
 /// (or answers an error with [`call`]) for the exported function `name`: a panic in the
 /// conversion becomes one WARN, one traced call and ncclInternalError, like a panic in a body.
-pub fn guard(name: &str, adapter: impl FnOnce() -> i32) -> i32 {
+pub(crate) fn guard(name: &str, adapter: impl FnOnce() -> i32) -> i32 {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(adapter)).unwrap_or_else(|panic| {
         let rc = panic_code(name, &*panic);
         super::call_trace::record(name, rc, Default::default);
@@ -57,7 +57,7 @@ fn panic_code(name: &str, panic: &(dyn std::any::Any + Send)) -> i32 {
 }
 
 /// A non-NULL pointer or an internal error naming the argument.
-pub fn non_null<T>(p: *mut T, what: &str) -> Result<*mut T> {
+pub(crate) fn non_null<T>(p: *mut T, what: &str) -> Result<*mut T> {
     if p.is_null() {
         Err(Error::internal(format!("{what} is NULL")))
     } else {
@@ -66,7 +66,7 @@ pub fn non_null<T>(p: *mut T, what: &str) -> Result<*mut T> {
 }
 
 /// A size NCCL passed as `int`, which must not be negative.
-pub fn int_size(size: i32, what: &str) -> Result<usize> {
+pub(crate) fn int_size(size: i32, what: &str) -> Result<usize> {
     usize::try_from(size).map_err(|_| Error::internal(format!("{what} is negative ({size})")))
 }
 

@@ -6,9 +6,12 @@
 //! arguments, older property structs) and its table. All of them call `crate::api`.
 
 mod call_trace;
-pub mod ffi;
+pub(crate) mod ffi;
 pub mod stats;
+#[cfg(feature = "testing")]
 pub mod types;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod types;
 
 mod common;
 mod v10;

@@ -8,13 +8,13 @@ use std::fmt::Display;
 
 /// The outcome of parsing one value: the value to use (`None`: the default) and the problem to
 /// warn about, if any. A lenient parser returns both (it kept what was valid).
-pub struct Parsed<T> {
+pub(super) struct Parsed<T> {
     pub value: Option<T>,
     pub problem: Option<String>,
 }
 
 /// One variable's type, range and default, with its parser and printer.
-pub struct Kind<T> {
+pub(super) struct Kind<T> {
     /// The type as the docs name it ("integer", "flag", "device list", ...).
     pub ty: &'static str,
     /// The accepted values, as the docs state them.
@@ -35,22 +35,22 @@ type ShowFn<T> = Box<dyn Fn(&T) -> String>;
 
 impl<T: 'static> Kind<T> {
     /// The value written back as a user would set it (`(auto)` etc. for automatic choices).
-    pub fn show(&self, value: &T) -> String {
+    pub(super) fn show(&self, value: &T) -> String {
         (self.show)(value)
     }
 
-    pub fn parse(&self, text: &str) -> Parsed<T> {
+    pub(super) fn parse(&self, text: &str) -> Parsed<T> {
         (self.parse)(text)
     }
 
     /// Marks the variable as one the INFO line always shows.
-    pub fn decides(mut self) -> Self {
+    pub(super) fn decides(mut self) -> Self {
         self.decides = true;
         self
     }
 
     /// Records NCCL's default where ferroce's differs (the docs show both).
-    pub fn nccl_default(mut self, text: &'static str) -> Self {
+    pub(super) fn nccl_default(mut self, text: &'static str) -> Self {
         self.nccl_default = Some(text);
         self
     }
@@ -58,7 +58,7 @@ impl<T: 'static> Kind<T> {
 
 impl<T: PartialEq + Display + 'static> Kind<T> {
     /// `value` prints as `text` (`-1` as `(auto)`): it stands for an automatic choice.
-    pub fn special(mut self, value: T, text: &'static str) -> Self {
+    pub(super) fn special(mut self, value: T, text: &'static str) -> Self {
         if self.default == value {
             self.doc_default = format!("{value} {text}");
         }
@@ -68,7 +68,7 @@ impl<T: PartialEq + Display + 'static> Kind<T> {
     }
 
     /// Values print with a unit after them (`100 ms`).
-    pub fn unit(mut self, unit: &'static str) -> Self {
+    pub(super) fn unit(mut self, unit: &'static str) -> Self {
         let inner = self.show;
         self.show = Box::new(move |v: &T| format!("{} {unit}", inner(v)));
         self.ty = match self.ty {
@@ -81,7 +81,7 @@ impl<T: PartialEq + Display + 'static> Kind<T> {
 
 /// An integer in `min..=max` as C's `strtoll(.., 0)` reads it (decimal, `0x` hex, `0` octal).
 /// `min..=max` must lie within `T`.
-pub fn int<T>(default: T, min: i64, max: i64) -> Kind<T>
+pub(super) fn int<T>(default: T, min: i64, max: i64) -> Kind<T>
 where
     T: TryFrom<i64> + Display + 'static,
 {
@@ -110,7 +110,7 @@ where
 }
 
 /// A switch: 0 is off, any other integer on (as NCCL reads its flags).
-pub fn flag(default: bool) -> Kind<bool> {
+pub(super) fn flag(default: bool) -> Kind<bool> {
     Kind {
         ty: "flag",
         accepts: "0 or 1".into(),
@@ -134,7 +134,7 @@ fn show_flag(v: &bool) -> String {
 }
 
 /// Free text (a path, a directory); unset prints as `unset`.
-pub fn text(ty: &'static str, unset: &'static str) -> Kind<Option<String>> {
+pub(super) fn text(ty: &'static str, unset: &'static str) -> Kind<Option<String>> {
     Kind {
         ty,
         accepts: format!("any {ty}"),
@@ -152,7 +152,7 @@ pub fn text(ty: &'static str, unset: &'static str) -> Kind<Option<String>> {
 
 /// A structured value with its own parser: an error names what was expected, and the default
 /// is used.
-pub fn strict<T: 'static>(
+pub(super) fn strict<T: 'static>(
     ty: &'static str,
     accepts: &str,
     default: T,
@@ -179,7 +179,7 @@ pub fn strict<T: 'static>(
 
 /// A structured value whose parser keeps what is valid and reports the first problem (the
 /// device lists, as NCCL reads them).
-pub fn lenient<T: 'static>(
+pub(super) fn lenient<T: 'static>(
     ty: &'static str,
     accepts: &str,
     default: T,
@@ -212,13 +212,13 @@ fn problem<T>(reason: String) -> Parsed<T> {
 }
 
 /// A 64-bit value in any C integer notation; negative values wrap, as NCCL's `strtoull` cast.
-pub fn parse_u64_bits(text: &str) -> Result<u64, String> {
+pub(super) fn parse_u64_bits(text: &str) -> Result<u64, String> {
     parse_c_integer(text)
         .map(|v| v as u64)
         .ok_or_else(|| "expected an integer".into())
 }
 
-pub fn show_hex(v: &u64) -> String {
+pub(super) fn show_hex(v: &u64) -> String {
     format!("{v:#x}")
 }
 
@@ -241,13 +241,13 @@ impl Display for ConfigWarning {
 }
 
 /// Reads variables through a lookup function, collecting one warning per bad value.
-pub struct Reader<'a> {
+pub(super) struct Reader<'a> {
     lookup: &'a dyn Fn(&str) -> Option<String>,
     pub warnings: Vec<ConfigWarning>,
 }
 
 impl<'a> Reader<'a> {
-    pub fn new(lookup: &'a dyn Fn(&str) -> Option<String>) -> Self {
+    pub(super) fn new(lookup: &'a dyn Fn(&str) -> Option<String>) -> Self {
         Reader {
             lookup,
             warnings: Vec::new(),
@@ -255,13 +255,13 @@ impl<'a> Reader<'a> {
     }
 
     /// The value of `name`; unset and blank are the same.
-    pub fn raw(&self, name: &str) -> Option<String> {
+    pub(super) fn raw(&self, name: &str) -> Option<String> {
         (self.lookup)(name).filter(|v| !v.trim().is_empty())
     }
 
     /// The value of `name` as `kind` parses it; the default when unset or when it does not
     /// parse, with a warning for the latter.
-    pub fn read<T: 'static>(&mut self, name: &'static str, kind: Kind<T>) -> T {
+    pub(super) fn read<T: 'static>(&mut self, name: &'static str, kind: Kind<T>) -> T {
         let Some(text) = self.raw(name) else {
             return kind.default;
         };
@@ -272,7 +272,7 @@ impl<'a> Reader<'a> {
         parsed.value.unwrap_or(kind.default)
     }
 
-    pub fn warn(&mut self, variable: &'static str, value: &str, reason: impl Into<String>) {
+    pub(super) fn warn(&mut self, variable: &'static str, value: &str, reason: impl Into<String>) {
         self.warnings.push(ConfigWarning {
             variable,
             value: value.to_string(),

@@ -236,30 +236,30 @@ impl AddrFamily {
 // The parsers and printers of the optional structured values, as the table names them: unset
 // (`None`) means NCCL's automatic choice and prints as the word for it.
 
-pub fn parse_any_family(text: &str) -> Result<Option<AddrFamily>, String> {
+pub(super) fn parse_any_family(text: &str) -> Result<Option<AddrFamily>, String> {
     AddrFamily::parse(text).map(Some)
 }
 
-pub fn show_any_family(v: &Option<AddrFamily>) -> String {
+pub(super) fn show_any_family(v: &Option<AddrFamily>) -> String {
     v.map_or("(any)".into(), |f| f.to_string())
 }
 
-pub fn parse_addr_range(text: &str) -> Result<Option<AddrRange>, String> {
+pub(super) fn parse_addr_range(text: &str) -> Result<Option<AddrRange>, String> {
     AddrRange::parse(text)
         .map(Some)
         .ok_or_else(|| "expected a CIDR prefix such as 10.1.0.0/16".into())
 }
 
-pub fn show_addr_range(v: &Option<AddrRange>) -> String {
+pub(super) fn show_addr_range(v: &Option<AddrRange>) -> String {
     v.map_or("(any)".into(), |r| r.to_string())
 }
 
-pub fn parse_interfaces(text: &str) -> (Option<DeviceFilter>, Option<String>) {
+pub(super) fn parse_interfaces(text: &str) -> (Option<DeviceFilter>, Option<String>) {
     let (filter, problem) = DeviceFilter::parse_lenient(text);
     (Some(filter), problem)
 }
 
-pub fn show_interfaces(v: &Option<DeviceFilter>) -> String {
+pub(super) fn show_interfaces(v: &Option<DeviceFilter>) -> String {
     v.as_ref().map_or("(auto)".into(), |f| f.to_string())
 }
 

@@ -6,6 +6,7 @@
 //! is used. The parse functions are pure (they take a lookup closure) so tests feed them tables
 //! of inputs. docs/configuration.md is generated from the table (`doc::markdown`).
 
+#[cfg(any(test, feature = "testing"))]
 pub mod doc;
 mod kind;
 mod list;

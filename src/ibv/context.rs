@@ -86,7 +86,7 @@ impl ElementFailures {
 }
 
 /// Ports per device whose events are counted one by one (a NIC has 1 or 2).
-pub const MAX_PORTS: usize = 8;
+pub(super) const MAX_PORTS: usize = 8;
 
 /// What a non-fatal async event means, in words.
 fn event_words(kind: sys::ibv_event_type, text: &str) -> String {
@@ -591,7 +591,7 @@ pub fn check_rc(rc: c_int, what: impl FnOnce() -> String) -> Result<()> {
 /// Parses a sysfs `gid_attrs/types/<i>` read (docs/nccl-net-abi.md#gid-selection): `RoCE v2` → 2,
 /// `IB/RoCE v1` or
 /// `RoCE v1` → 1; EINVAL (an index not mapped into this container) → unknown; other errors fail.
-pub fn read_roce_type(read: std::io::Result<String>) -> std::io::Result<Option<u8>> {
+pub(super) fn read_roce_type(read: std::io::Result<String>) -> std::io::Result<Option<u8>> {
     match read {
         Ok(text) => {
             let t = text.trim();

@@ -18,9 +18,18 @@ pub use rdma_sys;
 mod context;
 pub use context::{check_rc, Context, DeviceInfo, ElementFailures, PortInfo, ProtectionDomain};
 
+#[cfg(feature = "testing")]
 pub mod cq;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod cq;
+#[cfg(feature = "testing")]
 pub mod mr;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod mr;
+#[cfg(feature = "testing")]
 pub mod qp;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod qp;
 pub use cq::{CompletionQueue, WorkCompletion};
 pub use mr::MemoryRegion;
 pub use qp::QueuePair;

@@ -13,6 +13,7 @@ pub const ACCESS_DATA: u32 = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
     | sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0
     | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
     | sys::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC.0;
+#[cfg(any(test, feature = "testing"))]
 /// Access for local-only staging (sources of RDMA writes, flush scratch).
 pub const ACCESS_LOCAL: u32 = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
 /// `IBV_ACCESS_RELAXED_ORDERING` (an optional flag: providers without it ignore it).

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 static EPOCH: Lazy<Instant> = Lazy::new(Instant::now);
 
 /// The current time for the sans-IO core.
-pub fn now() -> Time {
+pub(crate) fn now() -> Time {
     let ns = EPOCH.elapsed().as_nanos();
     Time::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
 }
@@ -16,17 +16,17 @@ pub fn now() -> Time {
 /// The shortest time between two rounds that a listen comm's accept drives for the whole
 /// process (reading every link, the process's listener): a burst of thousands of connects is
 /// read once per round, not once per accept call.
-pub const ACCEPT_ROUND: Duration = Duration::from_millis(1);
+pub(crate) const ACCEPT_ROUND: Duration = Duration::from_millis(1);
 
 /// The longest a recv comm's close waits for the sender to acknowledge its last CTS writes
 /// (`recv::RecvDp::drain_cts`): on a working fabric they land within microseconds; this covers a
 /// lost packet's retransmission at NCCL_IB_TIMEOUT 14 or so, and bounds a close whose peer
 /// stopped answering.
-pub const CLOSE_DRAIN: Duration = Duration::from_secs(1);
+pub(crate) const CLOSE_DRAIN: Duration = Duration::from_secs(1);
 
 /// Whether `every` has passed since `last` (never set: yes); when it has, `last` becomes now.
 /// What rate-limited work of the process (the idle rounds, reading every link) asks first.
-pub fn due(last: &mut Option<Instant>, every: Duration) -> bool {
+pub(crate) fn due(last: &mut Option<Instant>, every: Duration) -> bool {
     let now = Instant::now();
     if last.is_some_and(|t| now.duration_since(t) < every) {
         return false;

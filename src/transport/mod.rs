@@ -45,15 +45,24 @@
 //! one rate-limited read of the side channel (its link's socket) while a request waits for the
 //! peer.
 
-pub mod clock;
+pub(crate) mod clock;
+#[cfg(feature = "testing")]
 pub mod conn;
-pub mod datapath;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod conn;
+pub(crate) mod datapath;
+#[cfg(feature = "testing")]
 pub mod proto;
-pub mod recovery;
-pub mod registration;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod proto;
+pub(crate) mod recovery;
+pub(crate) mod registration;
+#[cfg(feature = "testing")]
 pub mod setup;
+#[cfg(not(feature = "testing"))]
+pub(crate) mod setup;
 pub mod sidechannel;
-pub mod stats;
+pub(crate) mod stats;
 
 // The modules' paths before they moved into their folders, for `api`, the ABI shims, the doctor,
 // the integration tests and the fuzz targets.

@@ -18,9 +18,9 @@ use std::sync::Arc;
 
 /// Buckets of a latency histogram: bucket `i` counts durations in [2^i, 2^(i+1)) ns (bucket 0
 /// also holds 0); the last one everything from 2^39 ns (9 minutes) on.
-pub const BUCKETS: usize = 40;
+pub(crate) const BUCKETS: usize = 40;
 /// Closed comms kept one by one in the file; older ones only count in the totals.
-pub const KEEP_CLOSED: usize = 256;
+pub(crate) const KEEP_CLOSED: usize = 256;
 
 /// A log2 histogram of durations.
 pub struct Histogram {
@@ -201,7 +201,7 @@ impl CommStats {
 
 /// Totals over every comm the process had (closed ones included).
 #[derive(Default, Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Totals {
+pub(crate) struct Totals {
     pub comms: u64,
     pub send_bytes: u64,
     pub send_messages: u64,
@@ -232,13 +232,13 @@ impl Registry {
 static REGISTRY: Lazy<Mutex<Registry>> = Lazy::new(Mutex::default);
 
 /// Whether comms keep statistics (FERROCE_STATS set, or NCCL_DEBUG=INFO/TRACE).
-pub fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     let c = crate::config::get();
     c.stats_dir.is_some() || c.debug_info
 }
 
 /// New statistics for a comm (`None` when statistics are off), registered for the file.
-pub fn for_comm(kind: &'static str, peer: String, devices: String, qpns: &[u32]) -> Option<Arc<CommStats>> {
+pub(crate) fn for_comm(kind: &'static str, peer: String, devices: String, qpns: &[u32]) -> Option<Arc<CommStats>> {
     if !enabled() {
         return None;
     }
@@ -270,7 +270,7 @@ pub fn for_comm(kind: &'static str, peer: String, devices: String, qpns: &[u32])
 }
 
 /// The comm closed: its summary at INFO, and it moves to the closed list.
-pub fn close(s: &Arc<CommStats>) {
+pub(crate) fn close(s: &Arc<CommStats>) {
     s.closed.store(true, Ordering::Relaxed);
     crate::log_info!(crate::log::subsys::NET, "{}", s.summary());
     let mut r = REGISTRY.lock();
@@ -303,7 +303,7 @@ fn add_totals(t: &mut Totals, s: &CommStats) {
 
 /// Sums of one side's counters (see [`side_totals`]).
 #[derive(Default, Clone, Copy, Debug)]
-pub struct SideTotals {
+pub(crate) struct SideTotals {
     pub comms: u64,
     pub messages: u64,
     pub post_calls: u64,
@@ -317,12 +317,12 @@ pub struct SideTotals {
 /// Send and receive sides' sums over every comm the process had, for
 /// `ferroce_stats_totals_get`.
 #[derive(Default, Clone, Copy, Debug)]
-pub struct BySide {
+pub(crate) struct BySide {
     pub send: SideTotals,
     pub recv: SideTotals,
 }
 
-pub fn side_totals() -> BySide {
+pub(crate) fn side_totals() -> BySide {
     let r = REGISTRY.lock();
     let mut t = r.dropped_sides;
     for s in r.live.iter().chain(r.closed.iter()) {
@@ -344,13 +344,13 @@ fn add_side(t: &mut BySide, s: &CommStats) {
 
 /// The comms the process lists (live ones, then the last [`KEEP_CLOSED`] closed ones while
 /// FERROCE_STATS names a directory) and the totals of every comm it had.
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub comms: Vec<Arc<CommStats>>,
     pub totals: Totals,
 }
 
 /// The comms and totals now, taken under the list's lock (the counters go on counting).
-pub fn snapshot() -> Snapshot {
+pub(crate) fn snapshot() -> Snapshot {
     let r = REGISTRY.lock();
     let mut totals = r.dropped;
     let comms: Vec<Arc<CommStats>> = r.live.iter().chain(r.closed.iter()).cloned().collect();
@@ -361,7 +361,7 @@ pub fn snapshot() -> Snapshot {
 }
 
 /// Nanoseconds between two of the core's times.
-pub fn since(start: Time, now: Time) -> u64 {
+pub(crate) fn since(start: Time, now: Time) -> u64 {
     u64::try_from(now.saturating_since(start).as_nanos()).unwrap_or(u64::MAX)
 }
 

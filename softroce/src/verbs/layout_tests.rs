@@ -106,7 +106,7 @@ fn attr_layouts() {
     assert_eq!(size_of::<ibv_device_attr_ex>(), 400);
     assert_eq!(size_of::<ibv_port_attr>(), 52);
     assert_eq!(offset_of!(ibv_port_attr, link_layer), 46);
-    assert_eq!(super::context::COMPAT_PORT_ATTR_LEN, 48);
+    assert_eq!(super::port::COMPAT_PORT_ATTR_LEN, 48);
     assert_eq!(offset_of!(ibv_port_attr, port_cap_flags2), 48);
     assert_eq!(size_of::<ibv_gid_entry>(), 32);
     assert_eq!(offset_of!(ibv_gid_entry, gid_type), 24);

@@ -14,6 +14,7 @@ use rdma_sys::{
 use softroce::verbs::context::*;
 use softroce::verbs::cq::*;
 use softroce::verbs::mr::*;
+use softroce::verbs::port::*;
 use softroce::verbs::qp::*;
 
 pub const ACCESS_ALL: i32 = 1 | 2 | 4 | 8;

@@ -26,7 +26,7 @@ unsafe fn close_comm<T>(name: &str, comm: *mut c_void) -> NcclResult {
 
 /// # Safety
 /// `comm` is NULL or a live send comm of ours, closed once and not used after or during the call.
-pub unsafe extern "C" fn close_send(comm: *mut c_void) -> NcclResult {
+pub(crate) unsafe extern "C" fn close_send(comm: *mut c_void) -> NcclResult {
     // SAFETY: per the contract.
     unsafe { close_comm::<SendHandle>("closeSend", comm) }
 }
@@ -34,14 +34,14 @@ pub unsafe extern "C" fn close_send(comm: *mut c_void) -> NcclResult {
 /// # Safety
 /// `comm` is NULL or a live receive comm of ours, closed once and not used after or during the
 /// call.
-pub unsafe extern "C" fn close_recv(comm: *mut c_void) -> NcclResult {
+pub(crate) unsafe extern "C" fn close_recv(comm: *mut c_void) -> NcclResult {
     // SAFETY: per the contract.
     unsafe { close_comm::<RecvHandle>("closeRecv", comm) }
 }
 
 /// # Safety
 /// `comm` is NULL or a live listen comm of ours, closed once and not used after or during the call.
-pub unsafe extern "C" fn close_listen(comm: *mut c_void) -> NcclResult {
+pub(crate) unsafe extern "C" fn close_listen(comm: *mut c_void) -> NcclResult {
     // SAFETY: per the contract.
     unsafe { close_comm::<ListenHandle>("closeListen", comm) }
 }

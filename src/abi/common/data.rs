@@ -11,7 +11,7 @@ use std::ffi::{c_int, c_void};
 
 /// # Safety
 /// NCCL's isend contract; `size` already widened.
-pub unsafe fn isend(
+pub(crate) unsafe fn isend(
     send_comm: *mut c_void,
     data: *mut c_void,
     size: usize,
@@ -25,7 +25,7 @@ pub unsafe fn isend(
 
 /// # Safety
 /// As [`isend`]; `phandle` is NULL or NCCL's profiler handle for this send.
-pub unsafe fn isend_with(
+pub(crate) unsafe fn isend_with(
     send_comm: *mut c_void,
     data: *mut c_void,
     size: usize,
@@ -63,7 +63,7 @@ pub unsafe fn isend_with(
 /// `comm` is a live send comm of ours, driven by this thread only (NCCL's progress thread); `[data,
 /// data + size)` lies in the registration `mh` and stays valid until the request is reported done;
 /// `request` is NULL (an error) or writable.
-pub unsafe extern "C" fn isend_int(
+pub(crate) unsafe extern "C" fn isend_int(
     comm: *mut c_void,
     data: *mut c_void,
     size: c_int,
@@ -80,7 +80,7 @@ pub unsafe extern "C" fn isend_int(
 
 /// # Safety
 /// As [`isend_int`].
-pub unsafe extern "C" fn isend_v9(
+pub(crate) unsafe extern "C" fn isend_v9(
     comm: *mut c_void,
     data: *mut c_void,
     size: usize,
@@ -94,7 +94,7 @@ pub unsafe extern "C" fn isend_v9(
 
 /// # Safety
 /// As [`isend_int`]; `_phandle` (the profiler's) is not touched.
-pub unsafe extern "C" fn isend_v10(
+pub(crate) unsafe extern "C" fn isend_v10(
     comm: *mut c_void,
     data: *mut c_void,
     size: usize,
@@ -111,7 +111,7 @@ pub unsafe extern "C" fn isend_v10(
 /// NCCL's irecv contract: the arrays have `n` entries; `sizes` already widened.
 /// `hint_allowed`: v9+ NCCL may pass NCCL_NET_OPTIONAL_RECV_COMPLETION in `*request` (docs/nccl-net-abi.md#rules-ferroce-keeps, rule 10).
 #[allow(clippy::too_many_arguments)] // NCCL's irecv has these arguments.
-pub unsafe fn irecv(
+pub(crate) unsafe fn irecv(
     recv_comm: *mut c_void,
     n: c_int,
     data: *mut *mut c_void,
@@ -192,7 +192,7 @@ pub unsafe fn irecv(
 /// `data`, `sizes`, `tags` and `mhandles` have `n` entries each; every buffer lies in its
 /// registration and stays valid until the request is reported done; `request` is NULL (an error) or
 /// writable.
-pub unsafe extern "C" fn irecv_int(
+pub(crate) unsafe extern "C" fn irecv_int(
     comm: *mut c_void,
     n: c_int,
     data: *mut *mut c_void,
@@ -240,7 +240,7 @@ pub unsafe extern "C" fn irecv_int(
 
 /// # Safety
 /// As [`irecv_int`]; `*request` may carry NCCL_NET_OPTIONAL_RECV_COMPLETION.
-pub unsafe extern "C" fn irecv_v9(
+pub(crate) unsafe extern "C" fn irecv_v9(
     comm: *mut c_void,
     n: c_int,
     data: *mut *mut c_void,
@@ -260,7 +260,7 @@ pub unsafe extern "C" fn irecv_v9(
 /// # Safety
 /// As [`irecv_v9`]; `phandles` is NULL or NCCL's n profiler handles.
 #[allow(clippy::too_many_arguments)]
-pub unsafe extern "C" fn irecv_v10(
+pub(crate) unsafe extern "C" fn irecv_v10(
     comm: *mut c_void,
     n: c_int,
     data: *mut *mut c_void,
@@ -280,7 +280,7 @@ pub unsafe extern "C" fn irecv_v10(
 
 /// # Safety
 /// As [`irecv_int`] for the receive comm, its buffers and `request`.
-pub unsafe extern "C" fn iflush(
+pub(crate) unsafe extern "C" fn iflush(
     recv_comm: *mut c_void,
     n: c_int,
     data: *mut *mut c_void,
@@ -336,7 +336,7 @@ pub unsafe extern "C" fn iflush(
 /// `request` came from isend, irecv or iflush of a comm that is still open and has not been
 /// reported done; `done` is NULL (an error) or writable; `sizes` is NULL or has room for the
 /// request's count.
-pub unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> NcclResult {
+pub(crate) unsafe extern "C" fn test(request: *mut c_void, done: *mut c_int, sizes: *mut c_int) -> NcclResult {
     ffi::call_traced(
         "test",
         || {

@@ -58,7 +58,7 @@ pub(super) unsafe fn size_t_sizes<'a>(n: c_int, sizes: *mut usize) -> Result<&'a
 
 /// # Safety
 /// `ctx` is NULL or a context from `init_v11`.
-pub unsafe fn context<'a>(ctx: *mut c_void) -> &'a CommContext {
+pub(super) unsafe fn context<'a>(ctx: *mut c_void) -> &'a CommContext {
     if ctx.is_null() {
         &api::LEGACY_CONTEXT
     } else {

@@ -49,7 +49,7 @@ fn reg(
 /// # Safety
 /// `comm` is NULL (an error) or a live send or receive comm of ours; `[data, data + size)` stays
 /// allocated until [`dereg_mr`] of the handle; `mhandle` is NULL (an error) or writable.
-pub unsafe extern "C" fn reg_mr(
+pub(crate) unsafe extern "C" fn reg_mr(
     comm: *mut c_void,
     data: *mut c_void,
     size: usize,
@@ -61,7 +61,7 @@ pub unsafe extern "C" fn reg_mr(
 
 /// # Safety
 /// As [`reg_mr`].
-pub unsafe extern "C" fn reg_mr_int(
+pub(crate) unsafe extern "C" fn reg_mr_int(
     comm: *mut c_void,
     data: *mut c_void,
     size: c_int,
@@ -77,7 +77,7 @@ pub unsafe extern "C" fn reg_mr_int(
 /// # Safety
 /// As [`reg_mr`]; `fd` is a DMA-BUF file descriptor whose byte `offset` is mapped at `data`, for
 /// `size` bytes.
-pub unsafe extern "C" fn reg_mr_dma_buf(
+pub(crate) unsafe extern "C" fn reg_mr_dma_buf(
     comm: *mut c_void,
     data: *mut c_void,
     size: usize,
@@ -92,7 +92,7 @@ pub unsafe extern "C" fn reg_mr_dma_buf(
 /// # Safety
 /// `mhandle` is NULL (an error) or a handle from regMr, deregistered once, that no request in
 /// flight uses.
-pub unsafe extern "C" fn dereg_mr(_comm: *mut c_void, mhandle: *mut c_void) -> NcclResult {
+pub(crate) unsafe extern "C" fn dereg_mr(_comm: *mut c_void, mhandle: *mut c_void) -> NcclResult {
     ffi::call_traced(
         "deregMr",
         || {

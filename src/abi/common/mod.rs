@@ -15,8 +15,8 @@ mod memory;
 mod properties;
 mod setup;
 
-pub use close::*;
-pub use data::*;
-pub use memory::*;
-pub use properties::*;
-pub use setup::*;
+pub(super) use close::*;
+pub(super) use data::*;
+pub(super) use memory::*;
+pub(super) use properties::*;
+pub(super) use setup::*;

@@ -8,7 +8,7 @@ use crate::error::Error;
 use std::ffi::c_int;
 
 /// Fills any version's properties struct from the newest form.
-pub fn get_properties<P>(
+pub(crate) fn get_properties<P>(
     name: &str,
     dev: c_int,
     props: *mut P,
@@ -29,7 +29,7 @@ pub fn get_properties<P>(
 }
 
 /// `ptrSupport` of a device.
-pub fn ptr_support(p: &api::Properties) -> c_int {
+pub(crate) fn ptr_support(p: &api::Properties) -> c_int {
     let mut bits = NCCL_PTR_HOST;
     if p.memory.cuda {
         bits |= NCCL_PTR_CUDA;
@@ -41,7 +41,7 @@ pub fn ptr_support(p: &api::Properties) -> c_int {
 }
 
 /// The member list of a device in a fixed-size vProps array.
-pub fn vprops<const N: usize>(p: &api::Properties) -> (c_int, [c_int; N]) {
+pub(crate) fn vprops<const N: usize>(p: &api::Properties) -> (c_int, [c_int; N]) {
     let mut devs = [0; N];
     for (d, s) in devs.iter_mut().zip(&p.vdevs) {
         *d = *s;
@@ -50,7 +50,7 @@ pub fn vprops<const N: usize>(p: &api::Properties) -> (c_int, [c_int; N]) {
 }
 
 /// `makeVDevice` for a vProps type with `N` member slots.
-pub fn make_vdevice(d: *mut c_int, ndevs: c_int, devs: &[c_int], max: usize) -> NcclResult {
+pub(crate) fn make_vdevice(d: *mut c_int, ndevs: c_int, devs: &[c_int], max: usize) -> NcclResult {
     ffi::call_traced(
         "makeVDevice",
         || {
@@ -74,7 +74,7 @@ pub fn make_vdevice(d: *mut c_int, ndevs: c_int, devs: &[c_int], max: usize) -> 
 
 /// # Safety
 /// `d` is NULL (an error) or writable; `props` is NULL (an error) or a valid v9 vProps.
-pub unsafe extern "C" fn make_vdevice_v9(d: *mut c_int, props: *mut NcclNetVDevicePropsV9) -> NcclResult {
+pub(crate) unsafe extern "C" fn make_vdevice_v9(d: *mut c_int, props: *mut NcclNetVDevicePropsV9) -> NcclResult {
     // SAFETY: NCCL passes NULL or a valid vProps struct.
     unsafe { make_vdevice_from(d, props, NCCL_NET_MAX_DEVS_PER_NIC_V9, |p| (p.ndevs, &p.devs[..])) }
 }
@@ -84,7 +84,7 @@ pub unsafe extern "C" fn make_vdevice_v9(d: *mut c_int, props: *mut NcclNetVDevi
 ///
 /// # Safety
 /// `props` is NULL (an error) or a valid `P` for the call.
-pub unsafe fn make_vdevice_from<P>(
+pub(crate) unsafe fn make_vdevice_from<P>(
     d: *mut c_int,
     props: *mut P,
     max: usize,

@@ -9,7 +9,7 @@ use crate::api::{self, CommContext, ListenHandle};
 use std::ffi::{c_int, c_void};
 
 /// `init` of v6–v10: once per load, one implicit context; v10 brings NCCL's profiler callback.
-pub fn init_legacy(logger: NcclLogger, profiler: Option<NcclProfilerCallback>) -> NcclResult {
+pub(crate) fn init_legacy(logger: NcclLogger, profiler: Option<NcclProfilerCallback>) -> NcclResult {
     ffi::call_traced(
         "init",
         || {
@@ -24,13 +24,13 @@ pub fn init_legacy(logger: NcclLogger, profiler: Option<NcclProfilerCallback>) -
 
 /// # Safety
 /// `logger` is NULL or NCCL's logger, callable from any thread while the library is loaded.
-pub unsafe extern "C" fn init_v6(logger: NcclLogger) -> NcclResult {
+pub(crate) unsafe extern "C" fn init_v6(logger: NcclLogger) -> NcclResult {
     init_legacy(logger, None)
 }
 
 /// # Safety
 /// `ndev` is NULL (an error) or writable.
-pub unsafe extern "C" fn devices(ndev: *mut c_int) -> NcclResult {
+pub(crate) unsafe extern "C" fn devices(ndev: *mut c_int) -> NcclResult {
     ffi::call_traced(
         "devices",
         || {
@@ -47,7 +47,12 @@ pub unsafe extern "C" fn devices(ndev: *mut c_int) -> NcclResult {
 
 /// # Safety
 /// As NCCL's `listen`: `handle` has 128 bytes, `listen_comm` is an out-pointer.
-pub unsafe fn listen(ctx: &CommContext, dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> NcclResult {
+pub(crate) unsafe fn listen(
+    ctx: &CommContext,
+    dev: c_int,
+    handle: *mut c_void,
+    listen_comm: *mut *mut c_void,
+) -> NcclResult {
     ffi::call_traced(
         "listen",
         || {
@@ -71,14 +76,23 @@ pub unsafe fn listen(ctx: &CommContext, dev: c_int, handle: *mut c_void, listen_
 /// # Safety
 /// `handle` points at NCCL_NET_HANDLE_MAXSIZE writable bytes; `listen_comm` is NULL (an error) or
 /// writable.
-pub unsafe extern "C" fn listen_v6(dev: c_int, handle: *mut c_void, listen_comm: *mut *mut c_void) -> NcclResult {
+pub(crate) unsafe extern "C" fn listen_v6(
+    dev: c_int,
+    handle: *mut c_void,
+    listen_comm: *mut *mut c_void,
+) -> NcclResult {
     // SAFETY: NCCL's contract for listen.
     unsafe { listen(&api::LEGACY_CONTEXT, dev, handle, listen_comm) }
 }
 
 /// # Safety
 /// As NCCL's `connect`; `dev_comm` may be NULL or point at NULL, and is left untouched (HOST plugin).
-pub unsafe fn connect(ctx: &CommContext, dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void) -> NcclResult {
+pub(crate) unsafe fn connect(
+    ctx: &CommContext,
+    dev: c_int,
+    handle: *mut c_void,
+    send_comm: *mut *mut c_void,
+) -> NcclResult {
     ffi::call_traced(
         "connect",
         || {
@@ -108,14 +122,14 @@ pub unsafe fn connect(ctx: &CommContext, dev: c_int, handle: *mut c_void, send_c
 /// # Safety
 /// `handle` is the NCCL_NET_HANDLE_MAXSIZE-byte buffer `listen` wrote, the same one on every retry
 /// of this connect; `send_comm` is NULL (an error) or writable.
-pub unsafe extern "C" fn connect_v6(dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void) -> NcclResult {
+pub(crate) unsafe extern "C" fn connect_v6(dev: c_int, handle: *mut c_void, send_comm: *mut *mut c_void) -> NcclResult {
     // SAFETY: NCCL's contract for connect.
     unsafe { connect(&api::LEGACY_CONTEXT, dev, handle, send_comm) }
 }
 
 /// # Safety
 /// As [`connect_v6`]; `dev_comm` is not touched.
-pub unsafe extern "C" fn connect_v7(
+pub(crate) unsafe extern "C" fn connect_v7(
     dev: c_int,
     handle: *mut c_void,
     send_comm: *mut *mut c_void,
@@ -128,7 +142,7 @@ pub unsafe extern "C" fn connect_v7(
 /// # Safety
 /// `listen_comm` is NULL (an error) or a live listen comm of ours that no other thread uses during
 /// the call; `recv_comm` is NULL (an error) or writable.
-pub unsafe extern "C" fn accept_v6(listen_comm: *mut c_void, recv_comm: *mut *mut c_void) -> NcclResult {
+pub(crate) unsafe extern "C" fn accept_v6(listen_comm: *mut c_void, recv_comm: *mut *mut c_void) -> NcclResult {
     ffi::call_traced(
         "accept",
         || {
@@ -153,7 +167,7 @@ pub unsafe extern "C" fn accept_v6(listen_comm: *mut c_void, recv_comm: *mut *mu
 
 /// # Safety
 /// As [`accept_v6`]; `dev_comm` is not touched.
-pub unsafe extern "C" fn accept(
+pub(crate) unsafe extern "C" fn accept(
     listen_comm: *mut c_void,
     recv_comm: *mut *mut c_void,
     _dev_comm: *mut *mut NcclNetDeviceHandle,
@@ -167,7 +181,7 @@ pub unsafe extern "C" fn accept(
 /// # Safety
 /// `ctx` is NULL (an error) or writable; `config` is NULL or valid for the call; `logger` is NULL
 /// or NCCL's logger, callable from any thread until the last `finalize`.
-pub unsafe extern "C" fn init_v11(
+pub(crate) unsafe extern "C" fn init_v11(
     ctx: *mut *mut c_void,
     comm_id: u64,
     config: *mut NcclNetCommConfig,
@@ -204,7 +218,7 @@ pub unsafe extern "C" fn init_v11(
 
 /// # Safety
 /// As [`listen_v6`]; `ctx` is NULL or a context from [`init_v11`] not finalized yet.
-pub unsafe extern "C" fn listen_v11(
+pub(crate) unsafe extern "C" fn listen_v11(
     ctx: *mut c_void,
     dev: c_int,
     handle: *mut c_void,
@@ -217,7 +231,7 @@ pub unsafe extern "C" fn listen_v11(
 /// # Safety
 /// As [`connect_v6`]; `ctx` is NULL or a context from [`init_v11`] not finalized yet; `dev_comm` is
 /// not touched.
-pub unsafe extern "C" fn connect_v11(
+pub(crate) unsafe extern "C" fn connect_v11(
     ctx: *mut c_void,
     dev: c_int,
     handle: *mut c_void,
@@ -230,11 +244,11 @@ pub unsafe extern "C" fn connect_v11(
 
 /// # Safety
 /// `ctx` is NULL (an error) or a context from [`init_v11`], finalized once and not used after.
-pub unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
+pub(crate) unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
     ffi::call_traced(
         "finalize",
         || {
-            // The counts before the last finalize forgets NCCL's logger.
+            // The counts while this context is still alive.
             crate::abi::call_trace::log_counts();
             let ctx = non_null(ctx.cast::<CommContext>(), "ctx")?;
             // SAFETY: the ctx from init_v11, finalized once by NCCL.
@@ -250,7 +264,7 @@ pub unsafe extern "C" fn finalize(ctx: *mut c_void) -> NcclResult {
 ///
 /// # Safety
 /// `attr` is NULL or valid for the call; it is read only for `FERROCE_CALL_TRACE`.
-pub unsafe extern "C" fn set_net_attr(ctx: *mut c_void, attr: *mut NcclNetAttr) -> NcclResult {
+pub(crate) unsafe extern "C" fn set_net_attr(ctx: *mut c_void, attr: *mut NcclNetAttr) -> NcclResult {
     ffi::call_traced(
         "setNetAttr",
         || Ok(()),

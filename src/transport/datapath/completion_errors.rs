@@ -6,7 +6,7 @@ use crate::error::{Error, ErrorKind};
 use crate::ibv::sys::ibv_wc_status as S;
 
 /// What to check for a failed completion, chosen by status.
-pub fn hint(st: u32) -> &'static str {
+pub(crate) fn hint(st: u32) -> &'static str {
     match st {
         S::IBV_WC_RETRY_EXC_ERR => "the peer did not acknowledge (transport retries exhausted): the peer process may have died, or the path is broken — check the GID index (NCCL_IB_GID_INDEX), IP routing/VLAN between the GIDs, MTU, and raise NCCL_IB_TIMEOUT/NCCL_IB_RETRY_CNT on lossy fabrics",
         S::IBV_WC_RNR_RETRY_EXC_ERR => "receiver not ready: the peer did not post receives in time (peer stuck or dead)",
@@ -26,7 +26,7 @@ pub fn hint(st: u32) -> &'static str {
 
 /// NCCL return class for a failed completion: local resource / protection faults are system
 /// errors; everything that involves the peer or the path is a remote error.
-pub fn kind_for(st: u32) -> ErrorKind {
+pub(crate) fn kind_for(st: u32) -> ErrorKind {
     match st {
         S::IBV_WC_LOC_LEN_ERR
         | S::IBV_WC_LOC_QP_OP_ERR
@@ -39,7 +39,7 @@ pub fn kind_for(st: u32) -> ErrorKind {
 
 /// Everything the WARN names.
 #[derive(Debug, Clone)]
-pub struct WcErrorReport<'a> {
+pub(crate) struct WcErrorReport<'a> {
     pub device: &'a str,
     pub port: u8,
     pub local_gid: &'a [u8; 16],
@@ -54,7 +54,7 @@ pub struct WcErrorReport<'a> {
 }
 
 /// Build the error (its message is the WARN text).
-pub fn wc_error(r: &WcErrorReport<'_>) -> Error {
+pub(crate) fn wc_error(r: &WcErrorReport<'_>) -> Error {
     let msg = format!(
         "completion error on {}:{} QP {:#x} ({}, {} bytes): {} (status {}, vendor error {:#x}); local GID {}, peer GID {}, peer {}. Hint: {}",
         r.device,

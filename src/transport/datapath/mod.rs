@@ -4,11 +4,11 @@
 //! blocks the peer's NIC writes into ([`ring_memory`]), and the lock around each comm's data
 //! path with the progress of comms NCCL is not calling ([`watch`]).
 
-pub mod completion_errors;
+pub(crate) mod completion_errors;
 pub mod driver;
 pub mod recv;
-pub mod requests;
-pub mod ring_memory;
-pub mod send;
-pub mod sink;
-pub mod watch;
+pub(crate) mod requests;
+pub(crate) mod ring_memory;
+pub(crate) mod send;
+pub(crate) mod sink;
+pub(crate) mod watch;

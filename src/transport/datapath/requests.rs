@@ -41,14 +41,14 @@ impl Request {
 }
 
 /// A comm's table of requests, slot `i` at index `i`.
-pub struct Requests {
+pub(crate) struct Requests {
     reqs: Box<[Request]>,
 }
 
 impl Requests {
     /// The table of a `side` comm with a pool of `capacity` slots (≤ [`MAX_POOL`]). Its
     /// requests have no owner until [`Self::set_owner`].
-    pub fn new(side: Side, capacity: usize) -> Requests {
+    pub(crate) fn new(side: Side, capacity: usize) -> Requests {
         let cap = capacity.clamp(1, MAX_POOL) as u16;
         let reqs = (0..cap)
             .map(|slot| Request {
@@ -61,19 +61,19 @@ impl Requests {
     }
 
     /// Point every request at `owner` (after the owner got its final address).
-    pub fn set_owner(&mut self, owner: *const ()) {
+    pub(crate) fn set_owner(&mut self, owner: *const ()) {
         for r in self.reqs.iter_mut() {
             r.owner = owner;
         }
     }
 
     /// The pointer handed to NCCL for pool slot `slot`; stable for the table's life.
-    pub fn ptr(&mut self, slot: u16) -> *mut Request {
+    pub(crate) fn ptr(&mut self, slot: u16) -> *mut Request {
         &mut self.reqs[usize::from(slot)] as *mut Request
     }
 
     /// The pool slot of a pointer NCCL gave back, if it points at a request of this table.
-    pub fn slot_of(&self, p: *const Request) -> Option<u16> {
+    pub(crate) fn slot_of(&self, p: *const Request) -> Option<u16> {
         let base = self.reqs.as_ptr() as usize;
         let off = (p as usize).checked_sub(base)?;
         let sz = std::mem::size_of::<Request>();
@@ -83,7 +83,7 @@ impl Requests {
 
 /// The error of a test of a request that is not in flight: its slot is free (NCCL tested it
 /// again after it was done).
-pub fn not_in_flight() -> Error {
+pub(crate) fn not_in_flight() -> Error {
     Error::internal("test: the request is not in flight (tested again after done?)")
 }
 

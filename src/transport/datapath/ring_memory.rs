@@ -13,7 +13,7 @@ use std::sync::atomic::{fence, Ordering};
 
 /// A view of a comm's registered ring block (which the comm owns and keeps registered for as
 /// long as its QPs exist). Positions are taken mod [`RING`], so no access leaves the block.
-pub struct RingMemory {
+pub(crate) struct RingMemory {
     base: *mut CtsEntry,
     /// The receiver's eager landing ring right after the ring (`slot_bytes` 0: none).
     slot_bytes: usize,
@@ -23,7 +23,7 @@ impl RingMemory {
     /// # Safety
     /// `bufs` holds at least [`fifo::RING_BYTES`] bytes, 64-byte aligned (a page), and
     /// outlives the view.
-    pub unsafe fn new(bufs: &RegBuf) -> RingMemory {
+    pub(crate) unsafe fn new(bufs: &RegBuf) -> RingMemory {
         RingMemory {
             base: bufs.addr() as *mut CtsEntry,
             slot_bytes: 0,
@@ -35,7 +35,7 @@ impl RingMemory {
     ///
     /// # Safety
     /// As [`RingMemory::new`], and `bufs` holds `fifo::RING_BYTES + SLOTS × slot_bytes` bytes.
-    pub unsafe fn with_landing(bufs: &RegBuf, slot_bytes: usize) -> RingMemory {
+    pub(crate) unsafe fn with_landing(bufs: &RegBuf, slot_bytes: usize) -> RingMemory {
         RingMemory {
             base: bufs.addr() as *mut CtsEntry,
             slot_bytes,

@@ -29,15 +29,17 @@ use std::ffi::c_void;
 use std::time::Duration;
 
 /// Bytes of the sender's registered block: the CTS FIFO ring, 4 KiB (one page).
-pub const SEND_BLOCK_BYTES: usize = fifo::RING_BYTES;
+pub(crate) const SEND_BLOCK_BYTES: usize = fifo::RING_BYTES;
 
 /// The sending end's data path.
-pub struct SendDp {
+pub(crate) struct SendDp {
     /// First: QPs are destroyed before the FIFO memory they write into is freed.
     pub io: Driver,
     /// One registered block: the CTS FIFO ring the receiver writes into (grouped sends stage
-    /// their sizes in their group's consumed first entry).
-    pub bufs: RegBuf,
+    /// their sizes in their group's consumed first entry). Read only at setup; held so the
+    /// registration lives as long as the QPs that write into it.
+    #[allow(dead_code)]
+    bufs: RegBuf,
     ring: RingMemory,
     pub core: SendCore,
     /// The requests NCCL holds, one per slot of the core's pool.
@@ -165,7 +167,7 @@ fn eager_config(conn: &Conn) -> Option<EagerSendConfig> {
 
 impl SendDp {
     /// `ar`: adaptive routing (messages above `ar_threshold` complete with a separate write).
-    pub fn new(conn: Conn, bufs: RegBuf, ar: bool, ar_threshold: usize) -> Box<Guarded<SendDp>> {
+    pub(crate) fn new(conn: Conn, bufs: RegBuf, ar: bool, ar_threshold: usize) -> Box<Guarded<SendDp>> {
         let cfg = SendConfig {
             routes: conn.routes(),
             local_devs: conn.devs.len(),
@@ -248,7 +250,7 @@ impl SendDp {
     /// `None` = the receiver has not posted a matching buffer yet, or all request slots are
     /// in flight; retry later (no side effects).
     /// `phandle`: NCCL's profiler handle (NULL: no events for this send).
-    pub fn isend(
+    pub(crate) fn isend(
         &mut self,
         data: usize,
         size: usize,
@@ -329,7 +331,7 @@ impl SendDp {
     ///
     /// # Safety
     /// `sizes` is NULL or points to room for one `i32`.
-    pub unsafe fn test(&mut self, req: *const Request, sizes: *mut i32) -> Result<bool> {
+    pub(crate) unsafe fn test(&mut self, req: *const Request, sizes: *mut i32) -> Result<bool> {
         let Some(idx) = self.requests.slot_of(req) else {
             return Err(Error::internal("test: unknown send request"));
         };
@@ -398,7 +400,7 @@ impl SendDp {
     }
 
     /// Requests in flight.
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.core.state.pool.in_flight()
     }
 }

@@ -87,7 +87,7 @@ impl RecoverySink for RecvCore {
 
 /// The sender's core with its FIFO ring (a replay reads the CTS entries of the sends in
 /// flight there).
-pub struct SendSide<'a, R: FifoRing> {
+pub(crate) struct SendSide<'a, R: FifoRing> {
     pub core: &'a mut SendCore,
     pub ring: &'a R,
 }

@@ -149,7 +149,7 @@ fn unregister(comm: *const ()) {
 /// A round, unless another thread runs one or had one less than [`ROUND`] ago: step the
 /// comms no NCCL call reached since the last round. Called by a comm that waits, holding its
 /// own lock (a round only tries the others', so it skips that one and never blocks).
-pub fn step_idle_comms() {
+pub(crate) fn step_idle_comms() {
     static LAST: Mutex<Option<Instant>> = Mutex::new(None);
     let Some(mut last) = LAST.try_lock() else {
         return;

@@ -188,12 +188,12 @@ impl Header {
 /// The eager header's byte ranges (little-endian each).
 mod field {
     use std::ops::Range;
-    pub const CLAIM: Range<usize> = 0..8;
-    pub const HEAD: Range<usize> = 8..16;
-    pub const TAG: Range<usize> = 16..20;
-    pub const LEN: Range<usize> = 20..24;
-    pub const EPOCH: Range<usize> = 24..28;
-    pub const SEQ: Range<usize> = 28..32;
+    pub(super) const CLAIM: Range<usize> = 0..8;
+    pub(super) const HEAD: Range<usize> = 8..16;
+    pub(super) const TAG: Range<usize> = 16..20;
+    pub(super) const LEN: Range<usize> = 20..24;
+    pub(super) const EPOCH: Range<usize> = 24..28;
+    pub(super) const SEQ: Range<usize> = 28..32;
 }
 const _: () = assert!(field::SEQ.end == EAGER_HEADER_BYTES);
 

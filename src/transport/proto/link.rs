@@ -95,6 +95,7 @@ impl Router {
         }
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// Comms open at this end.
     pub fn comms(&self) -> usize {
         self.inboxes.len()

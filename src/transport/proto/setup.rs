@@ -284,6 +284,7 @@ impl AwaitRequest {
         }
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub fn handle_timeout(&self, now: Time) -> Result<(), SetupError> {
         self.timer.check(now, "AwaitRequest")
     }

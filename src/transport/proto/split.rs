@@ -76,6 +76,7 @@ pub fn max_buffer_bytes(wr_bytes: usize) -> usize {
     PIECES_PER_BUFFER * piece_bytes(wr_bytes)
 }
 
+#[cfg(any(test, feature = "testing"))]
 /// The chain for QP number `j` (0-based, of `qps_per_req`) of a group whose buffers carry
 /// `lens` bytes, each chunk cut into pieces of at most [`piece_bytes`]`(wr_bytes)`. Every
 /// chain ends with exactly one completion-carrying write, so the receiver sees one immediate

@@ -15,6 +15,7 @@ impl Time {
         Time(ns)
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub const fn as_nanos(self) -> u64 {
         self.0
     }

@@ -3,8 +3,8 @@
 //! failed completions a recovery can cure (here), the steps the driver carries out for the
 //! machine ([`steps`]), and active-standby's probes of the members not in use ([`standby`]).
 
-pub mod standby;
-pub mod steps;
+pub(crate) mod standby;
+pub(crate) mod steps;
 
 use crate::ibv::sys;
 use crate::transport::proto::handshake::EndpointRepr;
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 /// What the peer's Hello said: its epoch, its next FIFO entry (a sender), its completions
 /// taken per QP (a receiver), its new QPs.
-pub struct PeerHello {
+pub(crate) struct PeerHello {
     pub epoch: u32,
     pub head: u64,
     pub taken: Vec<u64>,
@@ -21,7 +21,7 @@ pub struct PeerHello {
 }
 
 /// A connection's recovery state, kept by its driver.
-pub struct RecoveryIo {
+pub(crate) struct RecoveryIo {
     pub machine: Recovery,
     /// The peer's last Hello.
     pub hello: Option<PeerHello>,
@@ -37,7 +37,7 @@ pub struct RecoveryIo {
 }
 
 impl RecoveryIo {
-    pub fn new(role: Role, peer: String) -> RecoveryIo {
+    pub(crate) fn new(role: Role, peer: String) -> RecoveryIo {
         RecoveryIo {
             machine: {
                 let c = crate::config::get();
@@ -55,27 +55,27 @@ impl RecoveryIo {
     }
 
     /// The peer's Hello of `epoch`, if it is the last one it sent.
-    pub fn hello_of(&self, epoch: u32) -> Option<&PeerHello> {
+    pub(crate) fn hello_of(&self, epoch: u32) -> Option<&PeerHello> {
         self.hello.as_ref().filter(|h| h.epoch == epoch)
     }
 
     /// Whether a recovery ever replaced the QPs (completions of destroyed QPs may arrive).
-    pub fn replaced(&self) -> bool {
+    pub(crate) fn replaced(&self) -> bool {
         self.machine.epoch() > 0
     }
 
-    pub fn enabled(&self) -> bool {
+    pub(crate) fn enabled(&self) -> bool {
         self.machine.enabled()
     }
 
     /// Whether the next poll has recovery work: messages to read, a recovery in progress, or
     /// one that has not yet seen a completion.
-    pub fn pending(&self) -> bool {
+    pub(crate) fn pending(&self) -> bool {
         self.readable || self.machine.active() || self.machine.unproven()
     }
 
     /// Whether a recovery is in progress (nothing completes until it is over).
-    pub fn active(&self) -> bool {
+    pub(crate) fn active(&self) -> bool {
         self.machine.active()
     }
 }
@@ -83,7 +83,7 @@ impl RecoveryIo {
 /// A completion status a new QP may not meet: the path or the peer's NIC stopped answering
 /// (link or port down, a broken path), or the QP was flushed by such a failure. Anything else
 /// (a protection or access error, a bad request) would fail again the same way.
-pub fn recoverable(status: u32) -> bool {
+pub(crate) fn recoverable(status: u32) -> bool {
     use sys::ibv_wc_status as S;
     status == S::IBV_WC_RETRY_EXC_ERR || status == S::IBV_WC_RNR_RETRY_EXC_ERR || status == S::IBV_WC_WR_FLUSH_ERR
 }

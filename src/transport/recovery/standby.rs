@@ -11,7 +11,7 @@ use crate::transport::proto::plan::{Op, Remote, WorkRequest};
 use std::time::{Duration, Instant};
 
 /// Time between two probe writes on a standby's QP (after the last one completed).
-pub const PROBE_WRITE_EVERY: Duration = Duration::from_secs(1);
+pub(crate) const PROBE_WRITE_EVERY: Duration = Duration::from_secs(1);
 
 impl Driver {
     /// Take the probes' completions and post the writes that are due. The caller skips it

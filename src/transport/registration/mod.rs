@@ -3,7 +3,7 @@
 //! through the process-wide, refcounted MR cache of each ([`mr_cache`]).
 //! Needs no comm, so NCCL's service thread never touches a comm its progress thread uses.
 
-pub mod mr_cache;
+pub(crate) mod mr_cache;
 
 use crate::device::VirtualDevice;
 use crate::error::{Error, Result};

@@ -19,7 +19,7 @@ use std::sync::{Arc, Weak};
 /// address `a` is fd offset `a + base` (wrapping). A host and a DMA-BUF registration of the same
 /// addresses never stand in for each other, nor do two DMA-BUF views that differ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Backing {
+pub(crate) enum Backing {
     Host,
     DmaBuf { fd: i32, base: u64 },
 }
@@ -34,7 +34,7 @@ struct Entry<T> {
 }
 
 /// The pure cache: a sorted list of ranges with refcounts; `T` is the registration.
-pub struct RangeCache<T> {
+pub(crate) struct RangeCache<T> {
     entries: Vec<Entry<T>>,
 }
 
@@ -47,7 +47,7 @@ impl<T> Default for RangeCache<T> {
 impl<T> RangeCache<T> {
     /// Reuse an entry of the same `backing` covering `[start, end)` or create one with
     /// `register`.
-    pub fn acquire<E>(
+    pub(crate) fn acquire<E>(
         &mut self,
         start: usize,
         end: usize,
@@ -78,7 +78,7 @@ impl<T> RangeCache<T> {
     }
 
     /// Drop one reference to `value`; returns true when it was the last (entry removed).
-    pub fn release(&mut self, value: &Arc<T>) -> bool {
+    pub(crate) fn release(&mut self, value: &Arc<T>) -> bool {
         let Some(i) = self.entries.iter().position(|e| Arc::ptr_eq(&e.value, value)) else {
             return false;
         };
@@ -90,17 +90,19 @@ impl<T> RangeCache<T> {
         false
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 }
 
 /// The registrations of one device (protection domain).
-pub struct DeviceCache {
+pub(crate) struct DeviceCache {
     pub pd: Arc<ProtectionDomain>,
     cache: Mutex<RangeCache<MemoryRegion>>,
     /// The flush scratch of every receive comm on this device, made at the first use.
@@ -111,7 +113,7 @@ pub struct DeviceCache {
 /// into.
 /// Nobody reads it, so all comms share it (instead of a registration per comm). Field order:
 /// the MR goes before the memory.
-pub struct FlushScratch {
+pub(crate) struct FlushScratch {
     pub mr: MemoryRegion,
     pub buf: AlignedBuf,
 }
@@ -119,7 +121,7 @@ pub struct FlushScratch {
 static CACHES: Mutex<Vec<(usize, Weak<DeviceCache>)>> = Mutex::new(Vec::new());
 
 /// The cache of `pd`'s device, created on first use; shared by every comm of the process.
-pub fn cache_for(pd: &Arc<ProtectionDomain>) -> Arc<DeviceCache> {
+pub(crate) fn cache_for(pd: &Arc<ProtectionDomain>) -> Arc<DeviceCache> {
     let key = Arc::as_ptr(pd) as usize;
     let mut all = CACHES.lock();
     all.retain(|(_, w)| w.strong_count() > 0);
@@ -138,7 +140,7 @@ pub fn cache_for(pd: &Arc<ProtectionDomain>) -> Arc<DeviceCache> {
 impl DeviceCache {
     /// A registration covering `[addr, addr + len)`: host memory (`dmabuf` None) or a DMA-BUF
     /// `(fd, offset)` whose byte `offset` is mapped at `addr`.
-    pub fn acquire(&self, addr: usize, len: usize, dmabuf: Option<(i32, u64)>) -> Result<Arc<MemoryRegion>> {
+    pub(crate) fn acquire(&self, addr: usize, len: usize, dmabuf: Option<(i32, u64)>) -> Result<Arc<MemoryRegion>> {
         let page = page_size();
         let (start, end) = page_range(addr, len, page);
         let mut cache = self.cache.lock();
@@ -188,7 +190,7 @@ impl DeviceCache {
 
     /// The device's shared flush scratch (registered once; callers keep the `Arc` as long as
     /// a QP may write into it).
-    pub fn flush_scratch(&self) -> Result<Arc<FlushScratch>> {
+    pub(crate) fn flush_scratch(&self) -> Result<Arc<FlushScratch>> {
         let mut s = self.scratch.lock();
         if let Some(s) = &*s {
             return Ok(s.clone());
@@ -208,13 +210,8 @@ impl DeviceCache {
         Ok(new)
     }
 
-    pub fn release(&self, mr: &Arc<MemoryRegion>) {
+    pub(crate) fn release(&self, mr: &Arc<MemoryRegion>) {
         self.cache.lock().release(mr);
-    }
-
-    /// Registrations currently cached (for leak tests).
-    pub fn entries(&self) -> usize {
-        self.cache.lock().len()
     }
 }
 

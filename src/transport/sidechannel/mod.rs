@@ -6,7 +6,7 @@
 //! RDMA traffic has stopped (RDMA alone would wait forever on a posted receive); a comm whose
 //! channel is a shared link ([`shared_link`]) sees the same through its port.
 
-pub mod shared_link;
+pub(crate) mod shared_link;
 
 use crate::config::{AddrFamily, DeviceFilter};
 use crate::error::{limit_suffix, Error, Result};

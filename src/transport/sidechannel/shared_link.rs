@@ -241,7 +241,7 @@ impl Drop for Port {
 
 /// What a comm's side channel becomes once its handshake is over (the outcome of its link
 /// offer, `proto::link::Outcome`).
-pub enum Joining {
+pub(crate) enum Joining {
     /// The comm's port on a link (held from the answer on).
     Attached(Port),
     /// The setup connection becomes the link of this key.
@@ -254,7 +254,7 @@ pub enum Joining {
 impl Joining {
     /// The comm's side channel, its handshake done over `setup`: with the peer process
     /// `process`, the connector's comm id `comm`, `recv` at the recv comm.
-    pub fn side_channel(self, setup: SideChannel, process: u64, comm: u64, recv: bool) -> SideChannel {
+    pub(crate) fn side_channel(self, setup: SideChannel, process: u64, comm: u64, recv: bool) -> SideChannel {
         match (self, setup) {
             (Joining::Attached(port), _) => SideChannel::Shared(port),
             (Joining::Founded(key), SideChannel::Own(c)) => SideChannel::Shared(found(c, key, process, comm, recv)),
@@ -363,18 +363,18 @@ static LINKS: Lazy<Mutex<Registry>> = Lazy::new(Default::default);
 static NEXT_COMM: AtomicU64 = AtomicU64::new(1);
 
 /// This process's id on links: random, never 0 (a restarted peer is another process).
-pub fn process_id() -> u64 {
+pub(crate) fn process_id() -> u64 {
     static ID: Lazy<u64> = Lazy::new(super::random_nonzero);
     *ID
 }
 
 /// A fresh id for a comm this process connects (never 0).
-pub fn next_comm_id() -> u64 {
+pub(crate) fn next_comm_id() -> u64 {
     NEXT_COMM.fetch_add(1, Ordering::Relaxed)
 }
 
 /// A fresh link key (never 0).
-pub fn new_key() -> u64 {
+pub(crate) fn new_key() -> u64 {
     super::random_nonzero()
 }
 
@@ -386,14 +386,14 @@ fn live(links: &HashMap<u64, Weak<Link>>, key: u64, process: u64) -> Option<Arc<
 }
 
 /// The link `key` with `process`, if it is open.
-pub fn attachable(key: u64, process: u64) -> Option<Arc<Link>> {
+pub(crate) fn attachable(key: u64, process: u64) -> Option<Arc<Link>> {
     live(&LINKS.lock().links, key, process)
 }
 
 /// A connect's choice for a link to `process` at `now`. `Attach` comes with the link (held, so
 /// it stays open while the connect uses it); `Found` marks the founding as `ticket`'s, undone
 /// by dropping the [`FoundingMark`] unless [`found`] or [`keeps_own`] came first.
-pub fn plan_connect(process: u64, ticket: u64, now: Time) -> (Plan, Option<Arc<Link>>, Option<FoundingMark>) {
+pub(crate) fn plan_connect(process: u64, ticket: u64, now: Time) -> (Plan, Option<Arc<Link>>, Option<FoundingMark>) {
     let mut reg = LINKS.lock();
     let mut peer = reg.peers.get(&process).copied().unwrap_or(PeerLink::None);
     if let PeerLink::Live { key } = peer {
@@ -412,7 +412,7 @@ pub fn plan_connect(process: u64, ticket: u64, now: Time) -> (Plan, Option<Arc<L
 
 /// A founding in progress; dropped unfinished (the connect failed or was abandoned), it
 /// lets the next connect to that process found the link.
-pub struct FoundingMark {
+pub(crate) struct FoundingMark {
     process: u64,
     ticket: u64,
 }
@@ -428,14 +428,14 @@ impl Drop for FoundingMark {
 }
 
 /// The listener keeps each comm on a connection of its own: connects to it stop waiting.
-pub fn keeps_own(process: u64) {
+pub(crate) fn keeps_own(process: u64) {
     LINKS.lock().peers.insert(process, PeerLink::Own);
 }
 
 /// The setup connection `chan` becomes the link `key` with `process`; the comm the connector
 /// numbered `comm` is its first (`recv`: the recv comm, at the listener). Later connects of
 /// this process to `process` attach to it.
-pub fn found(chan: Channel, key: u64, process: u64, comm: u64, recv: bool) -> Port {
+pub(crate) fn found(chan: Channel, key: u64, process: u64, comm: u64, recv: bool) -> Port {
     let peer = chan.peer;
     let version = chan.version();
     let link = Arc::new(Link {
@@ -474,15 +474,15 @@ struct LinkRequest {
 static REQUESTS: Lazy<Mutex<HashMap<u64, VecDeque<LinkRequest>>>> = Lazy::new(Default::default);
 /// The most requests one listen comm keeps waiting, on links and at the process's listener
 /// alike (NCCL connects once per handle).
-pub const MAX_REQUESTS: usize = 64;
+pub(crate) const MAX_REQUESTS: usize = 64;
 
 /// A listen comm with this nonce takes requests that come on links.
-pub fn listen_on(nonce: u64) {
+pub(crate) fn listen_on(nonce: u64) {
     REQUESTS.lock().entry(nonce).or_default();
 }
 
 /// The listen comm of `nonce` closed: its waiting requests are refused.
-pub fn unlisten(nonce: u64) {
+pub(crate) fn unlisten(nonce: u64) {
     let waiting = {
         let mut all = REQUESTS.lock();
         let mine = all.remove(&nonce).unwrap_or_default();
@@ -505,7 +505,7 @@ pub fn unlisten(nonce: u64) {
 /// Read every link of the process that no one holds now (at most once per
 /// [`ACCEPT_ROUND`](crate::transport::clock::ACCEPT_ROUND)):
 /// requests for a listen comm arrive on any of them. Called by a listen comm's accept.
-pub fn pump_links() {
+pub(crate) fn pump_links() {
     static LAST: Mutex<Option<Instant>> = Mutex::new(None);
     if !LAST
         .try_lock()
@@ -523,7 +523,7 @@ pub fn pump_links() {
 
 /// The next request that came on a link for the listen comm of `nonce`: the new comm's port
 /// (open since the request came) and the request.
-pub fn take_request(nonce: u64) -> Option<(Port, EndpointRepr)> {
+pub(crate) fn take_request(nonce: u64) -> Option<(Port, EndpointRepr)> {
     let r = REQUESTS.lock().get_mut(&nonce)?.pop_front()?;
     let peer = r.link.peer;
     Some((Port::new(r.link, r.route, peer), r.req))

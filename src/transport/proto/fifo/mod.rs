@@ -409,6 +409,7 @@ pub fn full_mask(n: usize) -> u8 {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 /// Build the sealed host-order entries for a grouped receive at posting counter `counter`.
 /// `rkeys[i]` are the per-device rkeys of buffer `i`.
 pub fn fill_group(

@@ -29,36 +29,36 @@ const LINK_TRAILER_BYTES: usize = 32;
 mod field {
     use std::ops::Range;
     // the fixed part
-    pub const NONCE: Range<usize> = 0..8;
-    pub const NDEVS: usize = 8;
-    pub const TC: usize = 9;
-    pub const SL: usize = 10;
-    pub const FLAGS: usize = 11;
-    pub const NQPS: Range<usize> = 12..14;
-    pub const ADDR: Range<usize> = 16..24;
+    pub(super) const NONCE: Range<usize> = 0..8;
+    pub(super) const NDEVS: usize = 8;
+    pub(super) const TC: usize = 9;
+    pub(super) const SL: usize = 10;
+    pub(super) const FLAGS: usize = 11;
+    pub(super) const NQPS: Range<usize> = 12..14;
+    pub(super) const ADDR: Range<usize> = 16..24;
     /// Where the device records start (the fixed part's length).
-    pub const DEVS: usize = 24;
+    pub(super) const DEVS: usize = 24;
     // a device record
-    pub const D_GID: Range<usize> = 0..16;
-    pub const D_LID: Range<usize> = 16..18;
-    pub const D_PORT: usize = 18;
-    pub const D_LINK: usize = 19;
-    pub const D_MTU: usize = 20;
-    pub const D_GID_INDEX: usize = 21;
-    pub const D_RKEY: Range<usize> = 24..28;
-    pub const D_NAME: Range<usize> = 28..48;
+    pub(super) const D_GID: Range<usize> = 0..16;
+    pub(super) const D_LID: Range<usize> = 16..18;
+    pub(super) const D_PORT: usize = 18;
+    pub(super) const D_LINK: usize = 19;
+    pub(super) const D_MTU: usize = 20;
+    pub(super) const D_GID_INDEX: usize = 21;
+    pub(super) const D_RKEY: Range<usize> = 24..28;
+    pub(super) const D_NAME: Range<usize> = 28..48;
     // a QP record
-    pub const Q_QPN: Range<usize> = 0..4;
-    pub const Q_DEV: usize = 4;
+    pub(super) const Q_QPN: Range<usize> = 0..4;
+    pub(super) const Q_DEV: usize = 4;
     // the eager trailer (version 5 on), from its start
-    pub const E_LANDING: Range<usize> = 0..8;
-    pub const E_SLOT_BYTES: Range<usize> = 8..12;
-    pub const E_MAX: Range<usize> = 12..16;
+    pub(super) const E_LANDING: Range<usize> = 0..8;
+    pub(super) const E_SLOT_BYTES: Range<usize> = 8..12;
+    pub(super) const E_MAX: Range<usize> = 12..16;
     // the link trailer (version 6 on), from its start
-    pub const L_PROCESS: Range<usize> = 0..8;
-    pub const L_ATTACH: Range<usize> = 8..16;
-    pub const L_FOUND: Range<usize> = 16..24;
-    pub const L_COMM: Range<usize> = 24..32;
+    pub(super) const L_PROCESS: Range<usize> = 0..8;
+    pub(super) const L_ATTACH: Range<usize> = 8..16;
+    pub(super) const L_FOUND: Range<usize> = 16..24;
+    pub(super) const L_COMM: Range<usize> = 24..32;
 }
 const _: () = assert!(field::D_NAME.end == DEV_BYTES && field::E_MAX.end == EAGER_TRAILER_BYTES);
 const _: () = assert!(field::L_COMM.end == LINK_TRAILER_BYTES && field::Q_DEV < QP_BYTES);

@@ -10,27 +10,27 @@ use super::{
 mod field {
     use std::ops::Range;
     // frame header
-    pub const MAGIC: Range<usize> = 0..8;
-    pub const VERSION: Range<usize> = 8..10;
-    pub const KIND: usize = 10;
-    pub const LEN: Range<usize> = 12..16;
+    pub(super) const MAGIC: Range<usize> = 0..8;
+    pub(super) const VERSION: Range<usize> = 8..10;
+    pub(super) const KIND: usize = 10;
+    pub(super) const LEN: Range<usize> = 12..16;
     // `Ready` body
-    pub const READY_NONCE: Range<usize> = 0..8;
+    pub(super) const READY_NONCE: Range<usize> = 0..8;
     // `Reject` body: the code, then the text
-    pub const REJECT_CODE: Range<usize> = 0..4;
-    pub const REJECT_TEXT: usize = 4;
+    pub(super) const REJECT_CODE: Range<usize> = 0..4;
+    pub(super) const REJECT_TEXT: usize = 4;
     // `RecoverHello` body: then `COUNT` u64s from `TAKEN`, then an endpoint
-    pub const HELLO_EPOCH: Range<usize> = 0..4;
-    pub const HELLO_HEAD: Range<usize> = 4..12;
-    pub const HELLO_COUNT: Range<usize> = 12..16;
-    pub const HELLO_TAKEN: usize = 16;
+    pub(super) const HELLO_EPOCH: Range<usize> = 0..4;
+    pub(super) const HELLO_HEAD: Range<usize> = 4..12;
+    pub(super) const HELLO_COUNT: Range<usize> = 12..16;
+    pub(super) const HELLO_TAKEN: usize = 16;
     // `RecoverReady` body
-    pub const READY_EPOCH: Range<usize> = 0..4;
+    pub(super) const READY_EPOCH: Range<usize> = 0..4;
     // route of `OnComm` (then the inner body) and `CommClosed`
-    pub const ROUTE_COMM: Range<usize> = 0..8;
-    pub const ROUTE_TO_RECV: usize = 8;
-    pub const ROUTE_INNER: usize = 9;
-    pub const ROUTE_END: usize = 12;
+    pub(super) const ROUTE_COMM: Range<usize> = 0..8;
+    pub(super) const ROUTE_TO_RECV: usize = 8;
+    pub(super) const ROUTE_INNER: usize = 9;
+    pub(super) const ROUTE_END: usize = 12;
 }
 
 /// The longest `Reject` text sent (bytes; a longer one is cut).

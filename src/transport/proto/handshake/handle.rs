@@ -10,20 +10,20 @@ use super::{
 
 mod field {
     use std::ops::Range;
-    pub const MAGIC: Range<usize> = 0..8;
-    pub const VERSION: Range<usize> = 8..10;
-    pub const FAMILY: usize = 10;
-    pub const NDEVS: usize = 11;
-    pub const PORT: Range<usize> = 12..14;
-    pub const MAX_VERSION: Range<usize> = 14..16;
-    pub const ADDR: Range<usize> = 16..32;
+    pub(super) const MAGIC: Range<usize> = 0..8;
+    pub(super) const VERSION: Range<usize> = 8..10;
+    pub(super) const FAMILY: usize = 10;
+    pub(super) const NDEVS: usize = 11;
+    pub(super) const PORT: Range<usize> = 12..14;
+    pub(super) const MAX_VERSION: Range<usize> = 14..16;
+    pub(super) const ADDR: Range<usize> = 16..32;
     /// The first 4 bytes of `ADDR`: an IPv4 address.
-    pub const ADDR_V4: Range<usize> = 16..20;
-    pub const SCOPE: Range<usize> = 32..36;
-    pub const NONCE: Range<usize> = 40..48;
-    pub const PROCESS: Range<usize> = 48..56;
-    pub const STAGE_MAGIC: Range<usize> = 64..72;
-    pub const STAGE_ID: Range<usize> = 72..80;
+    pub(super) const ADDR_V4: Range<usize> = 16..20;
+    pub(super) const SCOPE: Range<usize> = 32..36;
+    pub(super) const NONCE: Range<usize> = 40..48;
+    pub(super) const PROCESS: Range<usize> = 48..56;
+    pub(super) const STAGE_MAGIC: Range<usize> = 64..72;
+    pub(super) const STAGE_ID: Range<usize> = 72..80;
 }
 
 /// Address family codes of the handle's family byte.

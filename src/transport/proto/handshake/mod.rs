@@ -69,11 +69,14 @@ pub mod handle;
 #[cfg(test)]
 mod tests;
 
-pub use endpoint::{
-    DevRepr, EagerOffer, EndpointPacket, EndpointRepr, LinkLayer, LinkOffer, QpRepr, FLAG_SPLIT, FLAG_STANDBY,
-};
-pub use frame::{Frame, FrameReader, HeaderRepr, Kind, Message, Route};
+pub use endpoint::{DevRepr, EagerOffer, EndpointRepr, LinkLayer, LinkOffer, QpRepr, FLAG_SPLIT, FLAG_STANDBY};
+pub use frame::{FrameReader, Message, Route};
 pub use handle::{read_stage, write_stage, HandleRepr, ListenAddr};
+#[cfg(any(test, feature = "testing"))]
+pub use {
+    endpoint::EndpointPacket,
+    frame::{Frame, HeaderRepr, Kind},
+};
 
 /// "ferroceH" handle magic.
 pub const HANDLE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceH");

@@ -63,6 +63,7 @@ const EAGER_SPARE: usize = SLOTS + 1;
 // Eager groups the sender may not have consumed yet hold ring entries here; a whole group of the
 // most buffers must still fit beside them and the most single receives.
 const _: () = assert!(SLOTS + request::RECVS_IN_FLIGHT + MAX_RECVS <= fifo::RING);
+#[cfg(any(test, feature = "testing"))]
 /// Receive-queue depth of a receiver QP (`max_recv_wr`), and the CQ entries its receives may
 /// take when the QP fails and flushes them all: [`rq_depth`], at most this.
 pub const RQ_DEPTH: usize = request::RECVS_IN_FLIGHT + RQ_BATCH + SLOTS;

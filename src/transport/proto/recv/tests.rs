@@ -89,7 +89,7 @@ fn record(posted: &mut Vec<Posted>, p: Post<'_>) {
 }
 
 impl Bench {
-    pub fn new(o: Opts) -> Bench {
+    pub(super) fn new(o: Opts) -> Bench {
         let cfg = RecvConfig {
             routes: vec![QpRoute::default(); o.qps],
             cts_qps: 1,
@@ -125,7 +125,7 @@ impl Bench {
     }
 
     /// The buffer `i` of a group: host memory, 1 MiB apart.
-    pub fn buf(i: usize, size: usize, tag: i32) -> RecvBuf {
+    pub(super) fn buf(i: usize, size: usize, tag: i32) -> RecvBuf {
         RecvBuf {
             data: RECV_ADDR + (i << 20),
             size,
@@ -136,7 +136,7 @@ impl Bench {
     }
 
     /// Post a receive of `(size, tag)` buffers.
-    pub fn irecv(&mut self, bufs: &[(usize, i32)]) -> crate::error::Result<Irecv> {
+    pub(super) fn irecv(&mut self, bufs: &[(usize, i32)]) -> crate::error::Result<Irecv> {
         let bufs: Vec<RecvBuf> = bufs
             .iter()
             .enumerate()
@@ -149,7 +149,7 @@ impl Bench {
         })
     }
 
-    pub fn started(&mut self, bufs: &[(usize, i32)]) -> u16 {
+    pub(super) fn started(&mut self, bufs: &[(usize, i32)]) -> u16 {
         match self.irecv(bufs) {
             Ok(Irecv::Started(idx)) => idx,
             other => panic!("not started: {other:?}"),
@@ -157,11 +157,11 @@ impl Bench {
     }
 
     /// The sender's write with immediate `imm` completes a receive on QP `qp`.
-    pub fn complete(&mut self, qp: usize, imm: Option<u32>) {
+    pub(super) fn complete(&mut self, qp: usize, imm: Option<u32>) {
         self.core.handle_completion(wr_id(KIND_RECV, qp as u16), imm);
     }
 
-    pub fn flush_cts(&mut self) {
+    pub(super) fn flush_cts(&mut self) {
         let Bench { core, posted, .. } = self;
         core.flush_cts(&mut |p| {
             record(posted, p);
@@ -171,13 +171,13 @@ impl Bench {
     }
 
     /// The sender's eager message `h` lands in its slot and completes on the eager QP.
-    pub fn eager_lands(&mut self, h: Header) {
+    pub(super) fn eager_lands(&mut self, h: Header) {
         let slot = eager::slot_of(u64::from(h.seq));
         self.ring.headers[slot] = h.to_bytes();
         self.complete(EAGER_QP, Some(Imm::Eager { slot }.to_u32()));
     }
 
-    pub fn decide_eager(&mut self) -> crate::error::Result<()> {
+    pub(super) fn decide_eager(&mut self) -> crate::error::Result<()> {
         let Bench { core, ring, posted } = self;
         core.decide_eager(ring, &mut |p| {
             record(posted, p);
@@ -186,7 +186,7 @@ impl Bench {
     }
 
     /// The CTS writes posted so far, as (staging position, entries, signaled).
-    pub fn cts_writes(&self) -> Vec<(u64, u32, bool)> {
+    pub(super) fn cts_writes(&self) -> Vec<(u64, u32, bool)> {
         self.posted
             .iter()
             .filter_map(|p| match p {

@@ -47,6 +47,7 @@ mod replay;
 mod tests;
 
 pub use chains::SQ_DEPTH;
+#[cfg(any(test, feature = "testing"))]
 pub use replay::Replayed;
 
 /// The sender's FIFO ring, registered memory the receiver's NIC writes CTS entries into. The
@@ -209,6 +210,7 @@ impl SendCore {
         }
     }
 
+    #[cfg(any(test, feature = "testing"))]
     /// The eager path's state, for statistics and tests (`None`: off).
     pub fn eager(&self) -> Option<&SenderState> {
         self.eager.as_deref()

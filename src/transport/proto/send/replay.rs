@@ -36,6 +36,7 @@ impl SendCore {
         super::super::plan::reroute(&mut self.cfg.routes, routes, self.nldevs, self.nrdevs)
     }
 
+    #[cfg(any(test, feature = "testing"))]
     pub fn recovering(&self) -> bool {
         self.recovering
     }

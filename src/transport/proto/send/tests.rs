@@ -76,7 +76,7 @@ pub(super) struct Bench {
 fn quiet(_: &crate::error::Error) {}
 
 impl Bench {
-    pub fn new(o: Opts) -> Bench {
+    pub(super) fn new(o: Opts) -> Bench {
         let cfg = SendConfig {
             routes: vec![QpRoute::default(); o.qps],
             local_devs: 1,
@@ -118,7 +118,7 @@ impl Bench {
 
     /// The receiver posts a group of `(size, tag)` buffers (into host memory: eager-ok when
     /// single, with the eager credit when the path is on): its CTS lands in the ring.
-    pub fn cts(&mut self, bufs: &[(u64, i32)]) {
+    pub(super) fn cts(&mut self, bufs: &[(u64, i32)]) {
         let n = bufs.len();
         let eager = self.core.eager().is_some();
         for (i, &(size, tag)) in bufs.iter().enumerate() {
@@ -143,7 +143,7 @@ impl Bench {
         }
     }
 
-    pub fn isend(&mut self, size: usize, tag: i32) -> Result<Isend> {
+    pub(super) fn isend(&mut self, size: usize, tag: i32) -> Result<Isend> {
         let Bench {
             core,
             ring,
@@ -158,7 +158,7 @@ impl Bench {
         })
     }
 
-    pub fn progress(&mut self) -> Result<()> {
+    pub(super) fn progress(&mut self) -> Result<()> {
         let Bench {
             core,
             ring,
@@ -174,7 +174,7 @@ impl Bench {
     }
 
     /// The NIC completes every chain posted so far and not yet completed, in order.
-    pub fn complete_from(&mut self, first: usize) {
+    pub(super) fn complete_from(&mut self, first: usize) {
         let done: Vec<u64> = self.posted[first..]
             .iter()
             .map(|(_, c)| c.last().map_or(0, |w| w.wr_id))
