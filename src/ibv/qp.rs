@@ -50,19 +50,6 @@ pub struct ModifyRetry {
     pub all_errors: bool,
 }
 
-/// softroce's `struct softroce_qp_transport` (softroce/include/softroce_counters.h, version 1):
-/// one QP's transport events since it was created.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
-pub struct QpTransportRepr {
-    pub version: u32,
-    pub size: u32,
-    pub timeouts: u64,
-    pub retransmits: u64,
-    pub rnr_naks_received: u64,
-    pub seq_naks_received: u64,
-}
-
 pub struct QueuePair {
     pub pd: Arc<ProtectionDomain>,
     pub send_cq: Arc<CompletionQueue>,
@@ -265,9 +252,9 @@ impl QueuePair {
     /// per QP (softroce's `softroce_qp_transport_get`); `None` on a NIC that does not.
     pub fn transport_events(&self) -> Option<crate::transport::proto::hang::QpEvents> {
         let get = self.pd.context.verbs.softroce_qp_transport_get?;
-        let mut r = QpTransportRepr::default();
+        let mut r = super::QpTransportRepr::default();
         // SAFETY: live QP of this library; `r` is a writable struct of the size passed.
-        let rc = unsafe { get(self.raw, &mut r, std::mem::size_of::<QpTransportRepr>()) };
+        let rc = unsafe { get(self.raw, &mut r, std::mem::size_of::<super::QpTransportRepr>()) };
         // Fields up to rnr_naks_received filled (version 1 fills them all).
         (rc == 0 && r.size as usize >= 32).then_some(crate::transport::proto::hang::QpEvents {
             timeouts: r.timeouts,

@@ -463,7 +463,7 @@ impl Driver {
         self.conn
             .qps
             .iter()
-            .try_fold(QpEvents::default(), |sum, q| Some(sum.add(q.qp.transport_events()?)))
+            .try_fold(QpEvents::default(), |sum, q| Some(sum.plus(q.qp.transport_events()?)))
     }
 
     /// The hang report: one WARN per FERROCE_HANG_WARN_SEC while nothing completes.

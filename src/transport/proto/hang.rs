@@ -39,7 +39,7 @@ impl QpEvents {
     }
 
     /// The sum of two QPs' events.
-    pub fn add(self, other: QpEvents) -> QpEvents {
+    pub fn plus(self, other: QpEvents) -> QpEvents {
         QpEvents {
             timeouts: self.timeouts + other.timeouts,
             retransmits: self.retransmits + other.retransmits,
@@ -201,7 +201,7 @@ mod tests {
             rnr_naks: 30,
         };
         assert_eq!(
-            a.add(b),
+            a.plus(b),
             QpEvents {
                 timeouts: 11,
                 retransmits: 22,
