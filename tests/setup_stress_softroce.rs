@@ -101,6 +101,27 @@ impl Drop for Ranks {
     }
 }
 
+/// The campaign's addresses (127.0.87.x) for one round: two campaigns at once (85 beside a
+/// longer one) would open the same softroce devices and fail each other's ranks with "Address
+/// already in use"; a lock file serialises their rounds instead (their hogs still add up).
+struct AddressLock {
+    _file: File,
+}
+
+impl AddressLock {
+    fn take() -> AddressLock {
+        let f = File::create("/tmp/ferroce-setup-stress-127.0.87.lock").expect("the campaign's lock file");
+        // SAFETY: a valid descriptor, owned by `f` for the lock's life.
+        if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            println!("(waiting for another campaign's round to end: they share 127.0.87.x)");
+            // SAFETY: as above; blocks until the other campaign's round ends.
+            let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) };
+            assert_eq!(rc, 0, "flock the campaign's lock file");
+        }
+        AddressLock { _file: f }
+    }
+}
+
 /// The plugin's WARN lines (outside NCCL it prints them, and only them, to stderr).
 fn is_warn(line: &str) -> bool {
     line.contains("NET/ferroce")
@@ -109,6 +130,7 @@ fn is_warn(line: &str) -> bool {
 /// One round: `procs` rank processes in `dir`; the failures it saw (empty: the round passed)
 /// and the WARN lines of the ranks that passed (a race the plugin recovered from).
 fn round(dir: &Path, procs: usize, bound: Duration, connect_timeout: usize) -> (Vec<String>, Vec<String>) {
+    let _addresses = AddressLock::take();
     fs::create_dir_all(dir).expect("round directory");
     let mut ranks = Ranks(Vec::new());
     for rank in 0..procs {
@@ -540,7 +562,15 @@ fn setup_stress_rank() {
     let bound = round.saturating_sub(Duration::from_secs(5)).max(round / 2);
     let dir = PathBuf::from(std::env::var("SETUP_STRESS_DIR").expect("SETUP_STRESS_DIR"));
     let failed_flag = dir.join("failed");
-    let ctx = api::init(None, -1, false).expect("init");
+    let ctx = match api::init(None, -1, false) {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            // The other ranks wait for this one: stop them now.
+            println!("FAIL rank {me}: init: {}", e.message);
+            let _ = fs::write(&failed_flag, b"");
+            panic!("init failed");
+        }
+    };
     if std::env::var("SETUP_STRESS_QUIT_RANK").ok() == Some(me.to_string()) {
         // The campaign's own check: a rank that goes away after publishing its handles must
         // fail the others' setup, each failure named by process and thread.
