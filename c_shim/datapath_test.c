@@ -31,6 +31,8 @@
  *             comm 0; the sender must get ncclRemoteError on comm 0 within -t, whatever its
  *             sends wait for, and finish the other comms)
  *       -W TEXT  (with -A, at the sender: the WARN of comm 0 says TEXT)
+ *       -a MS (with -A: the receiver's wait before it closes comm 0, default 500; 0: at once,
+ *             while the acknowledgement of the sender's last write may still be on its way)
  *       -P    (local, v11+: NCCL 2.28.9's call pattern, as FERROCE_CALL_TRACE recorded it on a GPU
  *             host: setNetAttr before every connect, accept, isend and irecv call; three host
  *             buffers (NCCL's LL, LL128 and SIMPLE buffers) registered on each comm as soon as it
@@ -248,7 +250,8 @@ static struct {
   int abort_after;   /* -A: the receiver closes comm 0 after this many groups; the sender expects it */
   const char* want_warn; /* -W: what the WARN of -A's failure says */
   int nccl_pattern;      /* -P: NCCL 2.28.9's call pattern */
-} opt = {200, 32, 1, 0, -1, 0, 8, 0, 0, 0, 64u << 20, 1, 120, NULL, 0, 0, -1, -1, 0, 0, -1, "closed the connection", 0};
+  int abort_wait_ms;     /* -a: the receiver's wait before -A's close */
+} opt = {200, 32, 1, 0, -1, 0, 8, 0, 0, 0, 64u << 20, 1, 120, NULL, 0, 0, -1, -1, 0, 0, -1, "closed the connection", 0, 500};
 static void* g_dl;
 
 /* The comms a run sets up: -c, at most 16. */
@@ -944,7 +947,7 @@ static int run_remote(net_t* n, int sender, const char* file) {
         continue;
       }
       if (!sender && c == 0 && opt.abort_after >= 0 && R[0].done == opt.abort_after) {
-        usleep(500000);
+        usleep(opt.abort_wait_ms * 1000);
         CHECK(n_close_recv(n, comms[0]) == 0, "closeRecv of comm 0 after %d groups", opt.abort_after);
         fprintf(stderr, "receiver: closed comm 0 after %d groups\n", opt.abort_after);
         closed[0] = 1;
@@ -1123,6 +1126,7 @@ int main(int argc, char** argv) {
     else if (!strcmp(a, "-X")) opt.close_after = atoi(v), i++;
     else if (!strcmp(a, "-A")) opt.abort_after = atoi(v), i++;
     else if (!strcmp(a, "-W")) opt.want_warn = v, i++;
+    else if (!strcmp(a, "-a")) opt.abort_wait_ms = atoi(v), i++;
     else if (!strcmp(a, "-L")) opt.shared_link = 1;
     else if (!strcmp(a, "-R")) opt.reconnect = 1;
     else if (!strcmp(a, "-P")) opt.nccl_pattern = opt.hint = opt.singles = 1;

@@ -14,6 +14,8 @@
 #        (one network trip: the eager path, FERROCE_EAGER_MAX)                   target <= 1.30
 #   E1, E2 = sendrecv_perf and all_reduce_perf 8 B time, eager path on / off (FERROCE_EAGER_MAX=0)
 #        in the same round; E2 target <= 0.50 (the 8-byte all_reduce time halved)
+#   I1, I2 = over softroce, one round of the one-way 4 MiB throughput and the 8-byte ping-pong on
+#        InfiniBand ports (SOFTROCE_LINK_LAYER=ib) / the same on RoCE ports; no target
 # and the verbs work per message: post calls, WRs, signaled completions, CQ polls,
 # packets, CTS writes, with the targets <= 1 post call per QP a message uses (each side), <= 1
 # signaled completion per QP per send, <= 1 CTS write per irecv (ci/work-counts.py); and
@@ -26,7 +28,7 @@
 # 127.0.50.x / 127.0.51.x address). Every process is time-bounded and cleaned up.
 # Knobs: BENCH_MAX (largest size, default 64M), BENCH_ITERS (default 20), BENCH_OUT (results
 # folder, default target/bench), BENCH_ROUNDS (7), BENCH_DIAG=0 skips the diagnosis runs,
-# BENCH_SCALE=0 skips the 1024-connection scale benchmark, BENCH_FABRIC=softroce uses softroce
+# BENCH_SCALE=0 skips the 1024-connection scale benchmark, BENCH_IB=0 the InfiniBand round, BENCH_FABRIC=softroce uses softroce
 # even where RDMA devices exist.
 # Exit status: 0 when everything ran and every result was correct (targets missed are reported,
 # not failed); 1 when a part could not run or a result was wrong.
@@ -353,6 +355,37 @@ if [ "${BENCH_DIAG:-1}" != 0 ] && [ "$PLUGIN_OK" = 1 ]; then
     grep -E '^# cpu|^#   rank' "$OUT/d_stats.txt" | tee -a "$SUMMARY"
     hv d_stats_ar 67108864 8 "$H/all_reduce_perf" -N 2 -b 64M -e 64M -n 8 -w 1 -c 0 --stats
     grep -E '^# cpu|^#   rank' "$OUT/d_stats_ar.txt" | sed 's/^# cpu during/# all_reduce: cpu during/' | tee -a "$SUMMARY"
+fi
+
+# ---- 3c. one round on InfiniBand ports (softroce only) --------------------------------------
+# softroce's InfiniBand mode (SOFTROCE_LINK_LAYER=ib, docs/softroce.md#infiniband-mode): a
+# round's one-way 4 MiB and 8-byte ping-pong runs, each right after the same run on RoCE ports;
+# the ratios are for information (no target: the IB carriage is an emulation). An 8-byte exchange
+# at NCCL_DEBUG=INFO first checks that the plugin's connections addressed their peer by LID.
+if [ -z "$real_devs" ] && [ "${BENCH_IB:-1}" != 0 ] && [ "$PLUGIN_OK" = 1 ]; then
+    echo
+    echo "== one round on InfiniBand ports (softroce's IB mode)"
+    # shellcheck disable=SC2086
+    SOFTROCE_LINK_LAYER=ib NCCL_DEBUG=INFO timeout -k 5 60 "$H/sendrecv_perf" $SOFTROCE_FLAG --timeout 55 -N 2 -b 8 -e 8 -n 1 -w 0 >"$OUT/ib_smoke.txt" 2>&1
+    if grep -qE 'connection with .*, InfiniBand LID 0x[0-9a-f]+ -> DLID 0x[0-9a-f]+, no GRH' "$OUT/ib_smoke.txt"; then
+        hv ib_oneway_roce 4194304 8 "$H/sendrecv_perf" -N 2 -O --chunk 4M -b 4M -e 4M -n 256 -w 4 -c 0
+        bw_roce=$HV
+        hv ib_oneway 4194304 8 env SOFTROCE_LINK_LAYER=ib "$H/sendrecv_perf" -N 2 -O --chunk 4M -b 4M -e 4M -n 256 -w 4 -c 0
+        bw_ib=$HV
+        hv ib_pingpong_roce 8 6 "$H/sendrecv_perf" -N 2 -P -b 8 -e 8 -n 2000 -w 100 -c 0
+        lat_roce=$HV
+        hv ib_pingpong 8 6 env SOFTROCE_LINK_LAYER=ib "$H/sendrecv_perf" -N 2 -P -b 8 -e 8 -n 2000 -w 100 -c 0
+        lat_ib=$HV
+        awk -v bi="$bw_ib" -v br="$bw_roce" -v li="$lat_ib" -v lr="$lat_roce" 'BEGIN {
+            n = "^[0-9.]+$"
+            if (bi ~ n && br ~ n && br > 0) printf "I1  %-58s %6.3f  (InfiniBand %s GB/s, RoCE %s GB/s; one round)\n", "one-way 4 MiB throughput, InfiniBand / RoCE ports", bi / br, bi, br
+            else printf "I1  %-58s n/a\n", "one-way 4 MiB throughput, InfiniBand / RoCE ports"
+            if (li ~ n && lr ~ n && lr > 0) printf "I2  %-58s %6.3f  (InfiniBand %s us, RoCE %s us; one round)\n", "ping-pong 8 B half round trip, InfiniBand / RoCE ports", li / lr, li, lr
+            else printf "I2  %-58s n/a\n", "ping-pong 8 B half round trip, InfiniBand / RoCE ports"
+        }' | tee -a "$SUMMARY"
+    else
+        problem "the InfiniBand round: the plugin's connections did not address their peer by LID on softroce's IB ports (see $OUT/ib_smoke.txt)"
+    fi
 fi
 
 # ---- 4. plot ----------------------------------------------------------------------------------

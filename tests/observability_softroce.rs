@@ -1,6 +1,6 @@
 //! What the transport tells a user while a job runs, over softroce: the hang report of a comm
 //! whose peer never posts (sender side) or never sends (receiver side), of a send whose write
-//! gets no ACK from a peer that closed or from a silent one (the cause told apart), and the statistics
+//! gets no ACK from a silent peer (the cause told apart), and the statistics
 //! file's counts against what was really sent. Each case runs in a child process (its own
 //! configuration and stderr, where the plugin logs without NCCL's logger).
 //!
@@ -128,10 +128,10 @@ fn receiver_waits_for_data() {
 }
 
 /// The hang report of a send whose write gets no ACK, in a child: `addr` the device, the path to
-/// itself blackholed once the receiver's CTS has landed; `close_peer`: the receiver closes its
-/// comm then (its side channel closes, its QPs go). ACK timeouts of 268 ms (NCCL_IB_TIMEOUT=16)
+/// itself blackholed once the receiver's CTS has landed (a peer that goes away is
+/// rogue_peer_softroce's case: a comm closed in order fails the send at once). ACK timeouts of 268 ms (NCCL_IB_TIMEOUT=16)
 /// give a few before the report at 1 s and none exhausted (8 tries) before the child ends.
-fn unanswered_send(addr: &str, close_peer: bool) {
+fn unanswered_send(addr: &str) {
     let ctx = api::init(None, -1, false).expect("init");
     let (s, r) = pair_on(&ctx, 0);
     let src = vec![1u8; 4096];
@@ -151,12 +151,6 @@ fn unanswered_send(addr: &str, close_peer: bool) {
     let q = unsafe { api::isend(&s, src.as_ptr() as usize, 4096, 1, &smh) }
         .expect("isend")
         .expect("the receiver's CTS had landed");
-    let r = if close_peer {
-        drop(r);
-        None
-    } else {
-        Some(r)
-    };
     let end = Instant::now() + Duration::from_millis(1700);
     while Instant::now() < end {
         // SAFETY: q is in flight until test says done or fails.
@@ -179,27 +173,6 @@ const UNANSWERED: &[(&str, &str)] = &[
     ("NCCL_IB_RETRY_CNT", "7"),
 ];
 
-/// A send waiting for the ACK of its write to a peer whose comm has closed: the hang report
-/// names the close (the side channel's), not receiver-not-ready or a silent peer.
-#[test]
-#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
-fn a_send_to_a_peer_whose_comm_closed_names_the_close() {
-    const NAME: &str = "a_send_to_a_peer_whose_comm_closed_names_the_close";
-    if child(NAME, || unanswered_send("127.0.42.5", true)) {
-        return;
-    }
-    let text = run_child(NAME, "127.0.42.5", UNANSWERED);
-    let warns = hang_warnings(&text);
-    assert!(!warns.is_empty(), "no hang WARN:\n{text}");
-    for w in &warns {
-        assert!(
-            w.contains("completions of 1 posted send(s). Cause: the peer closed its comm"),
-            "{w}"
-        );
-        assert!(!w.contains("RNR") && !w.contains("does not answer"), "{w}");
-    }
-}
-
 /// A send whose write gets no ACK while the peer's side channel stays up (the path blackholed):
 /// the hang report names a peer alive but not answering, from the QP's ACK timeouts, not
 /// receiver-not-ready.
@@ -207,7 +180,7 @@ fn a_send_to_a_peer_whose_comm_closed_names_the_close() {
 #[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn a_send_to_a_silent_peer_names_the_silence() {
     const NAME: &str = "a_send_to_a_silent_peer_names_the_silence";
-    if child(NAME, || unanswered_send("127.0.42.6", false)) {
+    if child(NAME, || unanswered_send("127.0.42.6")) {
         return;
     }
     let text = run_child(NAME, "127.0.42.6", UNANSWERED);

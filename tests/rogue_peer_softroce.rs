@@ -1007,3 +1007,55 @@ fn a_request_on_a_link_for_an_unknown_listener_is_refused_on_its_route() {
         &[],
     );
 }
+
+/// A send waiting for the ACK of its write (the path blackholed once the CTS landed) to a peer
+/// whose process goes away without a close report (the rogue drops its QPs and its side
+/// channel): the hang report names the closed peer, not receiver-not-ready or a silent peer
+/// (docs/observability.md#hang-reports). (A comm that closes in order sends its close report
+/// and the send fails at once instead.)
+#[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
+fn a_send_to_a_peer_that_went_away_names_the_close() {
+    let w = case_env(
+        "a_send_to_a_peer_that_went_away_names_the_close",
+        "127.0.14.15",
+        &[
+            ("FERROCE_HANG_WARN_SEC", "1"),
+            ("NCCL_IB_TIMEOUT", "16"),
+            ("NCCL_IB_RETRY_CNT", "7"),
+        ],
+        |ctx| {
+            let h = Honest::new(ctx);
+            let (s, rogue) = sender_to_rogue(ctx, &h);
+            let buf = (rogue.block.addr() + RING_BYTES) as u64;
+            rogue
+                .write_cts(0, &CtsEntry::new(buf, 64, [rogue.rkey(); 8], 1, 1, 0))
+                .expect("CTS");
+            std::thread::sleep(Duration::from_millis(200));
+            softroce_common::ctl("127.0.14.15", &["blackhole", "127.0.14.15"]);
+            let src = vec![1u8; 64];
+            let mh = reg(&*s, &src);
+            let q = isend(&s, &src, &mh).expect("the send matches the CTS");
+            drop(rogue);
+            let end = Instant::now() + Duration::from_millis(1700);
+            let mut sz = [0i32];
+            while Instant::now() < end {
+                // SAFETY: q is in flight until test says done or fails.
+                match unsafe { api::test(q, sz.as_mut_ptr()) } {
+                    Ok(done) => assert!(!done, "no ACK can come through the blackhole"),
+                    Err(_) => break,
+                }
+            }
+            drop(s);
+            api::dereg_mr(mh).expect("deregMr");
+            softroce_common::ctl("127.0.14.15", &["heal"]);
+        },
+        &["made no progress for", "Cause: the peer closed its comm"],
+    );
+    let hang: Vec<&String> = w.iter().filter(|l| l.contains("made no progress for")).collect();
+    assert!(
+        hang.iter()
+            .all(|l| !l.contains("RNR") && !l.contains("does not answer")),
+        "{hang:#?}"
+    );
+}

@@ -67,7 +67,9 @@ fn connect_accept(
         }
         assert!(Instant::now() < end, "connection setup did not finish");
     }
-    (s.unwrap(), r.unwrap())
+    let (s, r) = (s.unwrap(), r.unwrap());
+    softroce_common::assert_link_layer(&device_of(&*s));
+    (s, r)
 }
 
 fn device_of<T>(h: &T) -> Arc<nccl_net_ferroce::device::VirtualDevice> {

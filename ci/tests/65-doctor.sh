@@ -6,6 +6,8 @@
 #   * no RDMA device (the system libibverbs without a driver), a missing libibverbs: a clear
 #     fail, exit 1, no crash;
 #   * NCCL_IB_HCA matching nothing: fail, exit != 0; softroce1 also matching softroce10: warn;
+#   * an InfiniBand port (softroce's IB mode): link layer, LID, SM LID, ACTIVE, all ok; without a
+#     subnet manager (SOFTROCE_SM=off: INIT, LID 0) a fail that says to check opensm / the SM;
 #   * memlock and fd limits too low for the job size given: fail with the fix; memlock ok
 #     as root with CAP_IPC_LOCK (the limit does not apply), fail with it dropped;
 #   * the plugin itself under `ulimit -n 512`: scale_bench --conns 1024 at wire version 5 (a socket
@@ -129,6 +131,30 @@ if [ $rc -eq 1 ] && grep -q '^warn  softroce0:1 state  *DOWN: the plugin skips t
     ok "port DOWN: the port is flagged and the plugin has no device, exit 1"
 else
     ko "port DOWN (rc=$rc)" "$tmp/down"
+fi
+
+echo "--- an InfiniBand port (SOFTROCE_LINK_LAYER=ib), with and without a subnet manager"
+SOFTROCE_LINK_LAYER=ib SOFTROCE_ADDR=127.0.65.8 doc "${JOB[@]}" >"$tmp/ib" 2>&1
+rc=$?
+# 127.0.65.8 -> LID 0x4108 (softroce's subnet-manager stand-in: the address's low 16 bits).
+if [ $rc -eq 0 ] && ! grep -q '^fail' "$tmp/ib" &&
+    grep -q '^ok    softroce0:1 state  *ACTIVE' "$tmp/ib" &&
+    grep -q '^ok    softroce0:1 link  *InfiniBand, [0-9]* Gbit/s, LID 0x4108, SM LID 0xbfff' "$tmp/ib" &&
+    grep -q '^ok    softroce0:1 subnet manager  *port ACTIVE, LID 0x4108, SM LID 0xbfff' "$tmp/ib" &&
+    grep -q '^ok    plugin devices  *1: softroce0:1 GID\[0\] fe80::' "$tmp/ib"; then
+    ok "InfiniBand port: link layer, LID, SM LID, state; the plugin uses it"
+else
+    ko "InfiniBand port (rc=$rc)" "$tmp/ib"
+fi
+SOFTROCE_LINK_LAYER=ib SOFTROCE_SM=off SOFTROCE_ADDR=127.0.65.8 doc "${JOB[@]}" >"$tmp/nosm" 2>&1
+rc=$?
+if [ $rc -eq 1 ] &&
+    grep -q '^fail  softroce0:1 subnet manager  *port INIT, LID 0x0, SM LID 0x0: no subnet manager has configured this port .*opensm.*sminfo' "$tmp/nosm" &&
+    grep -q '^warn  softroce0:1 state  *INIT: the plugin skips this port' "$tmp/nosm" &&
+    grep -q '^fail  plugin devices .*port state is INIT (not ACTIVE): no subnet manager' "$tmp/nosm"; then
+    ok "no subnet manager (SOFTROCE_SM=off): a failing check that names opensm and the fabric's SM, exit 1"
+else
+    ko "no subnet manager (rc=$rc)" "$tmp/nosm"
 fi
 
 echo "--- registrations against RLIMIT_MEMLOCK (softroce pins like the kernel: without CAP_IPC_LOCK)"

@@ -19,6 +19,8 @@
 #     member carries only its probes' zero-length writes; the primary's port flaps three times
 #     (the QPs move to the standby and back), then the standby's path is blackholed for 3 s (its
 #     probes fail and say so, the data stays on the primary): the run completes, checked;
+#   * the fused device's failover and failback through 3 flaps again on InfiniBand ports
+#     (SOFTROCE_LINK_LAYER=ib), every connection addressing its peer by LID;
 #   * the flaps, the blackholes and the kill again with 1 % packet loss.
 # Every run is bounded by `timeout`; the launcher kills its ranks, this script whatever is left.
 set -u
@@ -161,6 +163,20 @@ else
 fi
 # Long enough for the 3 flaps (6 s) on a quiet host too (4 MiB takes ~2 ms here then).
 failover_run vnic-all_reduce-flaps env FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/all_reduce_perf" "${VNIC[@]}" -b 4M -e 4M -n 6000
+
+# The same failover with every softroce port InfiniBand (SOFTROCE_LINK_LAYER=ib: LIDs from
+# softroce's subnet-manager stand-in, docs/softroce.md#infiniband-mode): checked as above, and
+# the plugin's INFO lines (NCCL_DEBUG=INFO) must show every connection addressing its peer's
+# member by LID without a GRH, so that the run cannot pass on RoCE ports.
+failover_run vnic-sendrecv-flaps-ib env SOFTROCE_LINK_LAYER=ib NCCL_DEBUG=INFO FERROCE_RECOVERY_TIMEOUT_SEC=30 "$H/sendrecv_perf" "${VNIC[@]}" -b 1M -e 1M -n "$ITERS"
+out=$D/vnic-sendrecv-flaps-ib.out
+conns=$(grep -acE '(send|recv) connection with' "$out")
+by_lid=$(grep -acE '(send|recv) connection with .*, InfiniBand LID 0x[0-9a-f]+ -> DLID 0x[0-9a-f]+, no GRH,' "$out")
+if [ "$conns" -gt 0 ] && [ "$conns" = "$by_lid" ]; then
+    ok "the failover above ran on InfiniBand ports: $by_lid of $conns connections address their peer by LID, no GRH"
+else
+    ko "the InfiniBand failover: $by_lid of $conns connections by LID without a GRH" "$out"
+fi
 
 # A member whose port stays up while its path to the peer's member drops everything (rank 1's
 # .4 to rank 0's .2 blackholed for 3 s, then healed): the QPs of the member that stopped

@@ -13,6 +13,10 @@ use std::sync::Arc;
 
 /// NCCL uses at most this many devices.
 pub const MAX_DEVICES: usize = 32;
+/// `IBV_PORT_DOWN`.
+pub const PORT_DOWN: u32 = 1;
+/// `IBV_PORT_INIT`: on InfiniBand, up but not configured by a subnet manager.
+pub const PORT_INIT: u32 = 2;
 /// `IBV_PORT_ACTIVE`.
 pub const PORT_ACTIVE: u32 = 4;
 /// `IBV_LINK_LAYER_INFINIBAND` / `_ETHERNET` (UNSPECIFIED = 0 is reported by old IB drivers).
@@ -166,7 +170,14 @@ pub fn format_gid(gid: &[u8; 16]) -> String {
 /// link layer.
 pub fn port_is_usable(port: &PortInfo) -> std::result::Result<LinkLayer, String> {
     if port.state != PORT_ACTIVE {
-        return Err(format!("port state is {} (not ACTIVE)", port_state_name(port.state)));
+        let state = port_state_name(port.state);
+        if port.state == PORT_INIT && LinkLayer::from_port(port.link_layer) == Some(LinkLayer::InfiniBand) {
+            return Err(format!(
+                "port state is {state} (not ACTIVE): no subnet manager has configured this InfiniBand port (LID {}) — check that opensm or the fabric's subnet manager runs (`sminfo`, `ibstat`)",
+                port.lid
+            ));
+        }
+        return Err(format!("port state is {state} (not ACTIVE)"));
     }
     LinkLayer::from_port(port.link_layer)
         .ok_or_else(|| format!("link layer {} is neither InfiniBand nor Ethernet", port.link_layer))
@@ -311,6 +322,34 @@ pub fn select_ib_gid(table_len: i32, gid: &dyn Fn(i32) -> Option<[u8; 16]>, cfg:
         }
     }
     0
+}
+
+/// How a QP on an InfiniBand port addresses its peer (docs/nccl-net-abi.md#qp-attributes), as
+/// NCCL's IB transport does: within one subnet (the low 16 bits of the two GIDs' subnet
+/// prefixes agree) by the peer's LID alone, no GRH; across subnets with a GRH to the peer's
+/// GID and, as DLID, the FLID (bytes 4..6 of the peer's GID) that the router answers on, or
+/// the peer's LID when its FLID is 0 (`flid_missing`: worth a WARN, it rarely routes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IbRoute {
+    pub global: bool,
+    pub dlid: u16,
+    pub flid_missing: bool,
+}
+
+pub fn ib_route(local_gid: &[u8; 16], remote_gid: &[u8; 16], remote_lid: u16) -> IbRoute {
+    if local_gid[6..8] == remote_gid[6..8] {
+        return IbRoute {
+            global: false,
+            dlid: remote_lid,
+            flid_missing: false,
+        };
+    }
+    let flid = u16::from_be_bytes([remote_gid[4], remote_gid[5]]);
+    IbRoute {
+        global: true,
+        dlid: if flid == 0 { remote_lid } else { flid },
+        flid_missing: flid == 0,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -162,6 +162,50 @@ fn ib_gid_uses_flid_index_only_when_flid_is_set() {
 }
 
 #[test]
+fn ib_route_by_lid_within_a_subnet_and_by_flid_across() {
+    let gid = |prefix: [u8; 8], guid: u8| {
+        let mut g = [0u8; 16];
+        g[..8].copy_from_slice(&prefix);
+        g[8..].copy_from_slice(&[0x02, 0x53, 0, 0, 0, 0, 0, guid]);
+        g
+    };
+    let link_local = [0xfe, 0x80, 0, 0, 0, 0, 0, 0];
+    // One subnet: the peer's LID, no GRH.
+    assert_eq!(
+        ib_route(&gid(link_local, 1), &gid(link_local, 2), 0x1665),
+        IbRoute {
+            global: false,
+            dlid: 0x1665,
+            flid_missing: false
+        }
+    );
+    // Only the low 16 bits of the subnet prefix name the local subnet (the FLID bytes differ).
+    let a = [0xfe, 0x80, 0, 0, 0x00, 0x11, 0x00, 0x07];
+    let b = [0xfe, 0x80, 0, 0, 0x00, 0x22, 0x00, 0x07];
+    assert!(!ib_route(&gid(a, 1), &gid(b, 2), 5).global);
+    // Another subnet: a GRH, and the peer's FLID as DLID.
+    let c = [0xfe, 0x80, 0, 0, 0x01, 0x23, 0x00, 0x08];
+    assert_eq!(
+        ib_route(&gid(a, 1), &gid(c, 2), 5),
+        IbRoute {
+            global: true,
+            dlid: 0x0123,
+            flid_missing: false
+        }
+    );
+    // Another subnet with no FLID: the LID, and a WARN is due.
+    let d = [0xfe, 0x80, 0, 0, 0, 0, 0x00, 0x08];
+    assert_eq!(
+        ib_route(&gid(a, 1), &gid(d, 2), 5),
+        IbRoute {
+            global: true,
+            dlid: 5,
+            flid_missing: true
+        }
+    );
+}
+
+#[test]
 fn port_filter() {
     let active_eth = PortInfo {
         state: 4,
@@ -169,6 +213,7 @@ fn port_filter() {
         max_msg_sz: 1 << 31,
         gid_tbl_len: 4,
         lid: 0,
+        sm_lid: 0,
         active_width: 2,
         active_speed: 32,
         link_layer: 2,
@@ -184,6 +229,16 @@ fn port_filter() {
     assert!(port_is_usable(&PortInfo { state: 1, ..active_eth })
         .unwrap_err()
         .contains("DOWN"));
+    let no_sm = port_is_usable(&PortInfo {
+        state: 2,
+        link_layer: 1,
+        ..active_eth
+    })
+    .unwrap_err();
+    assert!(no_sm.contains("INIT") && no_sm.contains("subnet manager"), "{no_sm}");
+    assert!(!port_is_usable(&PortInfo { state: 2, ..active_eth })
+        .unwrap_err()
+        .contains("subnet manager"));
     assert!(port_is_usable(&PortInfo {
         link_layer: 9,
         ..active_eth

@@ -38,6 +38,8 @@ pub struct PortInfo {
     pub max_msg_sz: u32,
     pub gid_tbl_len: i32,
     pub lid: u16,
+    /// LID of the subnet manager that configured the port (0: none did; InfiniBand only).
+    pub sm_lid: u16,
     pub active_width: u8,
     pub active_speed: u8,
     pub link_layer: u8,
@@ -223,6 +225,7 @@ impl Context {
             max_msg_sz: attr.max_msg_sz,
             gid_tbl_len: attr.gid_tbl_len,
             lid: attr.lid,
+            sm_lid: attr.sm_lid,
             active_width: attr.active_width,
             active_speed: attr.active_speed,
             link_layer: attr.link_layer,

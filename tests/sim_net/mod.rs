@@ -277,6 +277,9 @@ pub struct Fabric {
     /// The peer of this side stopped answering: its WRs time out.
     pub silent: [bool; 2],
     pub executed: u64,
+    /// While `Some`, the acknowledgements of this side's signaled writes are lost on the way:
+    /// their completions are kept here instead of in the CQ (a test may deliver them late).
+    pub lost_acks: [Option<Vec<Wc>>; 2],
 }
 
 impl Fabric {
@@ -308,6 +311,7 @@ impl Fabric {
             faults,
             silent: [false; 2],
             executed: 0,
+            lost_acks: [None, None],
         }
     }
 
@@ -437,6 +441,15 @@ impl Fabric {
     }
 
     fn complete(&mut self, side: Side, wc: Wc) {
+        if let (Some(lost), WC_SUCCESS, None) = (&mut self.lost_acks[side.index()], wc.status, wc.imm) {
+            lost.push(wc);
+            return;
+        }
+        self.push_completion(side, wc);
+    }
+
+    /// Put `wc` in `side`'s CQ (a test delivers a late acknowledgement or a failure).
+    pub fn push_completion(&mut self, side: Side, wc: Wc) {
         self.cqs[side.index()].push_back(wc);
     }
 

@@ -17,7 +17,7 @@ use nccl_net_ferroce::transport::proto::recv::{
     EagerRecvConfig, Irecv, RecvBuf, RecvConfig, RecvCore, CTS_DEPTH, RQ_BATCH,
 };
 use nccl_net_ferroce::transport::proto::request;
-use nccl_net_ferroce::transport::proto::send::{Isend, SendBuf, SendConfig, SendCore, SQ_DEPTH};
+use nccl_net_ferroce::transport::proto::send::{Isend, PeerClose, SendBuf, SendConfig, SendCore, SQ_DEPTH};
 use nccl_net_ferroce::transport::proto::split;
 use nccl_net_ferroce::transport::proto::time::Time;
 use std::collections::VecDeque;
@@ -614,6 +614,19 @@ impl Run {
         let Fabric { regions, queues, .. } = fab;
         let mut view = RingView { regions, region: fifo };
         send.progress(&mut view, || now, &mut |p| queues.post(Side::Sender, p))
+    }
+
+    /// The receiver closes (wire version 7): its report reaches the sender, which settles its
+    /// sends by it; the chains that landed without their acknowledgement here.
+    pub fn receiver_closes(&mut self) -> Result<usize, Error> {
+        let (receives, in_flight, taken) = self.recv.close_report();
+        let fifo = self.fifo;
+        let Run { fab, send, .. } = self;
+        let view = RingView {
+            regions: &mut fab.regions,
+            region: fifo,
+        };
+        send.handle_peer_close(&view, PeerClose { receives, in_flight }, &taken)
     }
 
     /// The receiver decides the eager messages that arrived, as its driver does after a poll.

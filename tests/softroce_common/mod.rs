@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 use nccl_net_ferroce::api::{self, CommContext, RecvHandle, SendHandle};
+use nccl_net_ferroce::device::{LinkLayer, VirtualDevice};
 use nccl_net_ferroce::error::Error;
 use nccl_net_ferroce::transport::{MemHandle, MemKind};
 use std::ffi::c_void;
@@ -54,6 +55,42 @@ pub fn require_softroce() {
     }
 }
 
+/// The link layer softroce gives its ports in this run: InfiniBand when the run sets
+/// `SOFTROCE_LINK_LAYER=ib` (ci/tests/23-plugin-ib.sh reruns tests so: docs/testing.md), else
+/// RoCE. Children of [`run_child`] inherit it.
+pub fn link_layer() -> LinkLayer {
+    match std::env::var("SOFTROCE_LINK_LAYER").as_deref() {
+        Ok("ib") => LinkLayer::InfiniBand,
+        _ => LinkLayer::Ethernet,
+    }
+}
+
+/// The start of the line [`assert_link_layer`] prints, which [`run_child`] passes on from a
+/// child and ci/tests/23-plugin-ib.sh counts.
+pub const LINK_LINE: &str = "softroce link layer:";
+
+/// Checks that the comms on `dev` really run on ports of [`link_layer`] — on InfiniBand each
+/// with the LID softroce's subnet-manager stand-in gives it, so QPs address their peers by LID
+/// — and prints one line saying so, so that a run meant for InfiniBand cannot pass on RoCE.
+pub fn assert_link_layer(dev: &VirtualDevice) {
+    let want = link_layer();
+    for m in &dev.members {
+        assert_eq!(
+            m.link_layer,
+            want,
+            "{}: SOFTROCE_LINK_LAYER asked for {want:?}",
+            m.label()
+        );
+        match want {
+            LinkLayer::InfiniBand => {
+                assert_ne!(m.lid, 0, "{}: an active InfiniBand port has a LID", m.label());
+                println!("{LINK_LINE} InfiniBand, {} LID {:#x}", m.label(), m.lid);
+            }
+            LinkLayer::Ethernet => println!("{LINK_LINE} Ethernet (RoCE), {}", m.label()),
+        }
+    }
+}
+
 /// Whether this process is the child process [`run_child`] started for `test`.
 pub fn is_child(test: &str) -> bool {
     std::env::var(CHILD).as_deref() == Ok(test)
@@ -90,6 +127,10 @@ pub fn run_child(test: &str, addr: &str, env: &[(&str, &str)]) -> String {
         text.contains(&format!("{test}: done")),
         "the child {test} did not run its checks:\n{text}"
     );
+    // (The child's test harness may print its "test NAME ... " on the same line.)
+    for line in text.lines().filter_map(|l| l.find(LINK_LINE).map(|at| &l[at..])) {
+        println!("{line}");
+    }
     text
 }
 
@@ -149,7 +190,10 @@ pub fn pair(ctx: &CommContext, dev: i32) -> (Box<SendHandle>, Box<RecvHandle>) {
         }
         assert!(Instant::now() < end, "connection setup did not finish");
     }
-    (s.expect("connected"), r.expect("accepted"))
+    let (s, r) = (s.expect("connected"), r.expect("accepted"));
+    // SAFETY: s is a live SendHandle.
+    assert_link_layer(unsafe { api::comm_device(&*s as *const SendHandle as *mut c_void) });
+    (s, r)
 }
 
 /// Register `buf` on the device of comm `h`.

@@ -8,10 +8,11 @@
 #   grep -rhoE '127\.0\.[0-9]+\.' ci tests softroce/tests doctor | sort | uniq -c);
 # a new user takes a free N and adds its line here. TCP ports are always taken free (port 0 or
 # free_port) and netns/veth names carry $$.
-#   127.0.10  10-plugin-abi.sh              127.0.40  40-datapath.sh
+#   127.0.10  10-plugin-abi.sh              127.0.40  40-datapath.sh (.41 too; its IB pass: 127.0.48)
+#                                           127.0.43  41-close-loss.sh
 #   127.0.15  15-packages.sh
 #   127.0.14  tests/rogue_peer_softroce.rs (one last octet per case)
-#   127.0.20  20-softroce-pingpong.sh       127.0.41  tests/transport_softroce.rs (run by 40)
+#   127.0.20  20-softroce-pingpong.sh       127.0.41  tests/transport_softroce.rs (run by 40, 23)
 #   127.0.21  softroce/tests/verbs_*.rs     127.0.42  tests/observability_softroce.rs
 #             (one last octet per file)     127.0.44  tests/events_softroce.rs (two per child)
 #   127.0.22  20-softroce-faults.sh (.1-.15, .250), 22-softroce-ib.sh (.101-.120)

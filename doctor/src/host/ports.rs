@@ -144,11 +144,17 @@ fn roce_name(v: Option<u8>) -> &'static str {
 }
 
 pub(super) fn port_checks(p: &PortFacts, cfg: &Config) -> Vec<Check> {
-    let used = p.info.state == device::PORT_ACTIVE && cfg.hca.accepts(&p.device, u32::from(p.port));
+    let wanted = cfg.hca.accepts(&p.device, u32::from(p.port));
+    let used = p.info.state == device::PORT_ACTIVE && wanted;
     let mut out = port_findings(p, cfg);
     if !used {
-        // The plugin will not use this port: its problems cannot fail a job.
-        for c in out.iter_mut().filter(|c| c.status == Status::Fail) {
+        // The plugin will not use this port: its problems cannot fail a job, except the one
+        // that keeps a port NCCL_IB_HCA asks for out of use (no subnet manager).
+        let why_unused = format!("{} subnet manager", p.label());
+        for c in out
+            .iter_mut()
+            .filter(|c| c.status == Status::Fail && !(wanted && c.name == why_unused))
+        {
             c.status = Status::Warn;
             c.value.push_str(" (port not used by the plugin)");
         }
@@ -159,16 +165,8 @@ pub(super) fn port_checks(p: &PortFacts, cfg: &Config) -> Vec<Check> {
 fn port_findings(p: &PortFacts, cfg: &Config) -> Vec<Check> {
     let l = p.label();
     let mut out = Vec::new();
-    let state = device::port_state_name(p.info.state);
-    out.push(if p.info.state == device::PORT_ACTIVE {
-        Check::ok(format!("{l} state"), state)
-    } else {
-        Check::warn(
-            format!("{l} state"),
-            format!("{state}: the plugin skips this port"),
-            "check the cable and the switch port (`ibv_devinfo`, `ip link`); exclude it with NCCL_IB_HCA=^ if unused",
-        )
-    });
+    let ib = p.link_layer == Some(LinkLayer::InfiniBand);
+    out.push(state_check(p));
     let speed = device::speed_mbps(p.info.active_speed, p.info.active_width);
     out.push(match p.link_layer {
         Some(LinkLayer::Ethernet) => {
@@ -176,7 +174,12 @@ fn port_findings(p: &PortFacts, cfg: &Config) -> Vec<Check> {
         }
         Some(LinkLayer::InfiniBand) => Check::ok(
             format!("{l} link"),
-            format!("InfiniBand, {} Gbit/s, LID {}", speed / 1000, p.info.lid),
+            format!(
+                "InfiniBand, {} Gbit/s, LID {:#x}, SM LID {:#x}",
+                speed / 1000,
+                p.info.lid,
+                p.info.sm_lid
+            ),
         ),
         None => Check::warn(
             format!("{l} link"),
@@ -184,6 +187,9 @@ fn port_findings(p: &PortFacts, cfg: &Config) -> Vec<Check> {
             "",
         ),
     });
+    if ib {
+        out.push(subnet_manager_check(p));
+    }
     out.push(mtu_check(p));
     for g in &p.gids {
         let picked = p.pick.as_ref().ok() == Some(&g.index);
@@ -333,6 +339,51 @@ fn pick_check(p: &PortFacts, cfg: &Config) -> Check {
     Check::ok(name, format!("{what}: {why}"))
 }
 
+/// ACTIVE, or why the plugin skips the port (on InfiniBand INIT: no subnet manager yet).
+fn state_check(p: &PortFacts) -> Check {
+    let l = p.label();
+    let ib = p.link_layer == Some(LinkLayer::InfiniBand);
+    let state = device::port_state_name(p.info.state);
+    if p.info.state == device::PORT_ACTIVE {
+        Check::ok(format!("{l} state"), state)
+    } else if ib && p.info.state == device::PORT_INIT {
+        Check::warn(
+            format!("{l} state"),
+            format!("{state}: the plugin skips this port"),
+            "an InfiniBand port stays INIT until a subnet manager configures it: see the subnet manager line",
+        )
+    } else {
+        Check::warn(
+            format!("{l} state"),
+            format!("{state}: the plugin skips this port"),
+            "check the cable and the switch port (`ibv_devinfo`, `ip link`); exclude it with NCCL_IB_HCA=^ if unused",
+        )
+    }
+}
+
+/// An InfiniBand port works only once a subnet manager gave it a LID and brought it to ACTIVE
+/// (ARMED is on its way there); INIT with LID 0 and SM LID 0 is a fabric without one.
+fn subnet_manager_check(p: &PortFacts) -> Check {
+    let name = format!("{} subnet manager", p.label());
+    let (state, lid, sm) = (p.info.state, p.info.lid, p.info.sm_lid);
+    let found = format!("port {}, LID {lid:#x}, SM LID {sm:#x}", device::port_state_name(state));
+    if lid != 0 && sm != 0 && state >= device::PORT_ACTIVE - 1 {
+        return Check::ok(name, format!("{found}: configured by the subnet manager"));
+    }
+    if state == device::PORT_DOWN {
+        return Check::warn(
+            name,
+            format!("{found}: the link is down, so no subnet manager can reach the port"),
+            "check the cable and the switch port (`ibstat`)",
+        );
+    }
+    Check::fail(
+        name,
+        format!("{found}: no subnet manager has configured this port"),
+        "start a subnet manager (`opensm` on one host of the fabric) or check the fabric's (`sminfo`, `ibstat`: SM lid 0 means none answered)",
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -357,6 +408,7 @@ mod tests {
                 max_msg_sz: 1 << 30,
                 gid_tbl_len: 4,
                 lid: 0,
+                sm_lid: 0,
                 active_width: 2,
                 active_speed: 32,
                 link_layer: device::LINK_LAYER_ETHERNET,
@@ -409,6 +461,54 @@ mod tests {
         assert!(c
             .iter()
             .any(|c| c.name == "mlx5_0:1 gid[3]" && c.value.ends_with("<- ferroce's pick")));
+    }
+
+    /// An InfiniBand port as softroce's IB mode shows it (LID from its address, SM at 0xbfff).
+    fn ib_port() -> PortFacts {
+        let mut p = roce_port();
+        p.info.link_layer = device::LINK_LAYER_INFINIBAND;
+        p.info.lid = 0x1665;
+        p.info.sm_lid = 0xbfff;
+        p.link_layer = Some(LinkLayer::InfiniBand);
+        p.gids.truncate(1);
+        p.gids[0].roce = None;
+        p.pick = Ok(0);
+        p.netdev = None;
+        p.netdev_mtu = None;
+        p
+    }
+
+    fn value<'a>(checks: &'a [Check], suffix: &str) -> &'a str {
+        &checks.iter().find(|c| c.name.ends_with(suffix)).unwrap().value
+    }
+
+    #[test]
+    fn an_ib_port_with_its_subnet_manager_is_all_ok() {
+        let c = port_checks(&ib_port(), &Config::default());
+        assert!(c.iter().all(|c| c.status == Status::Ok), "{c:?}");
+        assert!(value(&c, " link").ends_with("LID 0x1665, SM LID 0xbfff"), "{c:?}");
+        assert!(
+            value(&c, " subnet manager").starts_with("port ACTIVE, LID 0x1665"),
+            "{c:?}"
+        );
+    }
+
+    #[test]
+    fn an_ib_port_without_a_subnet_manager_fails_and_says_what_to_check() {
+        let mut p = ib_port();
+        (p.info.state, p.info.lid, p.info.sm_lid) = (device::PORT_INIT, 0, 0);
+        let c = port_checks(&p, &Config::default());
+        assert_eq!(status(&c, " subnet manager"), Status::Fail, "{c:?}");
+        let sm = c.iter().find(|c| c.name.ends_with(" subnet manager")).unwrap();
+        assert!(sm.value.starts_with("port INIT, LID 0x0, SM LID 0x0"), "{sm:?}");
+        assert!(sm.hint.contains("opensm") && sm.hint.contains("sminfo"), "{sm:?}");
+        assert_eq!(status(&c, " state"), Status::Warn);
+        // A port NCCL_IB_HCA leaves out is only a warning.
+        let cfg = Config {
+            hca: ferroce::config::DeviceFilter::parse("mlx5_1").unwrap(),
+            ..Config::default()
+        };
+        assert_eq!(status(&port_checks(&p, &cfg), " subnet manager"), Status::Warn);
     }
 
     #[test]

@@ -83,6 +83,11 @@ impl Conn {
     /// Active-standby, a standby whose probe failed is probed again (over a new probe QP, which
     /// takes a recovery) once its wait is over. The cause in words, for the recovery's WARN.
     pub fn member_back(&self) -> Option<String> {
+        // Asked on every poll: without a member failed over or a failed probe nothing can be
+        // back, and the clock is not read.
+        if self.devs.iter().all(|d| d.failed_over.is_none()) && !self.probes.iter().any(|p| p.failed) {
+            return None;
+        }
         let now = Instant::now();
         self.devs.iter().enumerate().find_map(|(i, d)| {
             let waited = d.path_retry_at.is_none_or(|t| now >= t);

@@ -61,6 +61,16 @@ impl Conn {
         }
     }
 
+    /// Whether a fatal event may be new: some member's generation moved since
+    /// [`Self::new_fatal_event`] last looked. One load per member device; the data path asks
+    /// this on every poll, inlined, before anything else about events.
+    #[inline]
+    pub fn fatal_generation_moved(&self) -> bool {
+        self.devs
+            .iter()
+            .any(|d| d.dev.context.fatal_generation.load(Ordering::Acquire) != d.seen_generation)
+    }
+
     /// The cheap check the data path makes on every call: whether any device of the comm had
     /// a fatal event since the last look (one load per member device); if so, the full
     /// [`Self::fatal_event`].

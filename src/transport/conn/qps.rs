@@ -4,11 +4,11 @@
 
 use super::devices::LocalDev;
 use crate::config::{self, Config};
-use crate::device::{LinkLayer, NetDevice};
+use crate::device::{IbRoute, LinkLayer, NetDevice};
 use crate::error::{Error, Result};
 use crate::ibv::qp::{ModifyRetry, QpCaps, RtrAttrs};
 use crate::ibv::{CompletionQueue, QueuePair};
-use crate::transport::proto::handshake::EndpointRepr;
+use crate::transport::proto::handshake::{DevRepr, EndpointRepr};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -185,18 +185,55 @@ pub(super) fn connect_qp(
             peer.devs.len()
         )));
     };
-    let global = l.link_layer == LinkLayer::Ethernet || r.gid[..8] != l.gid[..8];
+    let route = peer_route(l, r);
+    if route.flid_missing {
+        crate::log_warn!(
+            "NET/ferroce {}: the peer's GID {} is on another subnet but carries no FLID: addressing its LID {:#x} with a GRH, which only a router that knows that LID forwards — check the fabric's FLID configuration (NCCL_IB_ROUTABLE_FLID_GID_INDEX)",
+            l.label(),
+            crate::device::format_gid(&r.gid),
+            r.lid
+        );
+    }
     qp.to_rtr(&RtrAttrs {
         path_mtu: l.active_mtu.clamp(1, 5).min(u32::from(r.mtu)),
         dest_qpn: rq.qpn,
-        global,
+        global: route.global,
         dgid: r.gid,
         sgid_index: l.gid_index.clamp(0, 255) as u8,
         traffic_class: tc,
-        dlid: r.lid,
+        dlid: route.dlid,
         sl,
         port_num: l.port,
     })?;
     qp.to_rts(cfg.timeout, cfg.retry_cnt)?;
     Ok(rq.dev as usize)
+}
+
+/// How our device `l` addresses the peer's member device `r`: on RoCE always a GRH to its GID
+/// (DLID unused); on InfiniBand by LID within a subnet, a GRH and the FLID across subnets
+/// ([`ib_route`](crate::device::ib_route)).
+pub(crate) fn peer_route(l: &NetDevice, r: &DevRepr) -> IbRoute {
+    match l.link_layer {
+        LinkLayer::Ethernet => IbRoute {
+            global: true,
+            dlid: r.lid,
+            flid_missing: false,
+        },
+        LinkLayer::InfiniBand => crate::device::ib_route(&l.gid, &r.gid, r.lid),
+    }
+}
+
+/// The connection INFO line's account of [`peer_route`]: `RoCE (GRH)`, or on InfiniBand
+/// `InfiniBand LID 0x2c05 -> DLID 0x2c06, no GRH` (with a GRH across subnets).
+pub(crate) fn describe_route(l: &NetDevice, r: &DevRepr) -> String {
+    let route = peer_route(l, r);
+    match l.link_layer {
+        LinkLayer::Ethernet => "RoCE (GRH)".to_string(),
+        LinkLayer::InfiniBand => format!(
+            "InfiniBand LID {:#x} -> DLID {:#x}, {}",
+            l.lid,
+            route.dlid,
+            if route.global { "GRH (another subnet)" } else { "no GRH" }
+        ),
+    }
 }

@@ -8,7 +8,8 @@ use super::sink::{CompletionSink, RecoverySink};
 use crate::error::{Error, Result};
 use crate::ibv::cq::Failed;
 use crate::ibv::{sys, QueuePair, WorkCompletion};
-use crate::transport::conn::{Conn, FatalKind};
+use crate::transport::conn::{qps, Conn, FatalKind};
+use crate::transport::proto::handshake::CLOSE_VERSION;
 use crate::transport::proto::hang::{self, QpEvents};
 use crate::transport::proto::plan::{Op, Post, WorkRequest};
 use crate::transport::proto::recovery::Role;
@@ -19,6 +20,8 @@ use crate::transport::sidechannel::Peek;
 use crate::transport::stats::{self, CommStats};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod hang_report;
 
 /// Completions taken per `ibv_poll_cq` call (NCCL takes 4; the loop goes on while a batch
 /// comes back full). Each comm keeps this many `ibv_wc` (48 bytes each).
@@ -160,8 +163,9 @@ pub struct Driver {
 impl Driver {
     /// The driver of a connection just set up (`kind`: "send" or "recv"): logs the
     /// connection's INFO line, as NCCL's IB transport does.
-    pub fn new(conn: Conn, kind: &'static str) -> Driver {
-        crate::log_info!(crate::log::subsys::NET, "{}", describe_connection(&conn, kind));
+    /// `note` ends that line (the sender's adaptive routing), when not empty.
+    pub fn new(conn: Conn, kind: &'static str, note: &str) -> Driver {
+        crate::log_info!(crate::log::subsys::NET, "{}{note}", describe_connection(&conn, kind));
         let devices = conn.devs.iter().map(|d| d.dev.label()).collect::<Vec<_>>().join("+");
         let qpns: Vec<u32> = conn.qps.iter().map(|q| q.qp.qpn()).collect();
         let stats = stats::for_comm(kind, conn.chan.peer().to_string(), devices, &qpns);
@@ -268,8 +272,17 @@ impl Driver {
     /// exceeded, a flush) starts a recovery when it is on; any other fails the comm.
     pub fn poll(&mut self, core: &mut impl RecoverySink) -> Result<bool> {
         core.state().check()?;
+        // The receiver closed and settled every chain (docs/design/data-path.md#closing): what
+        // its destroyed QPs make of our retransmissions is no news, and a recovery that began
+        // before its report arrived has nothing left to carry over.
+        if core.peer_closed() {
+            return Ok(false);
+        }
         if self.recovery.pending() {
             self.recovery_step(core)?;
+        }
+        if core.peer_closed() {
+            return Ok(false);
         }
         // Busy or idle, a comm notices a fatal event at its next call (one load per device
         // while nothing happened), even while its completions keep coming (a CQ overrun).
@@ -293,6 +306,9 @@ impl Driver {
             lost,
             path_failed,
         } = self.take_completions(core);
+        if (error.is_some() || lost.is_some()) && self.closed_by_peer(core)? {
+            return Ok(true);
+        }
         // Retries that ran out while the peer was already replacing its QPs (its Hello is
         // here, or this end is recovering) say nothing about the path.
         let peer_first =
@@ -458,53 +474,21 @@ impl Driver {
         false
     }
 
-    /// The QPs' transport events summed, where the NIC counts them per QP.
-    fn qp_events(&self) -> Option<QpEvents> {
-        self.conn
-            .qps
-            .iter()
-            .try_fold(QpEvents::default(), |sum, q| Some(sum.plus(q.qp.transport_events()?)))
-    }
-
-    /// The hang report: one WARN per FERROCE_HANG_WARN_SEC while nothing completes.
-    /// `peer_closed`: the side channel says the peer's comm is gone.
-    fn check_hang(&mut self, now: Instant, peer_closed: bool, waiting_for: impl FnOnce(&hang::Facts) -> String) {
-        let every = crate::config::get().hang_warn_sec;
-        if every == 0 {
-            return;
+    /// After a failed completion: whether the receiver closed and said what it took (wire
+    /// version 7), its report waiting on the side channel. It is sent before the receiver's
+    /// QPs go, so it is there before the retries of a write whose acknowledgement was lost run
+    /// out against them; then the failure is the close's consequence, not the comm's.
+    fn closed_by_peer(&mut self, core: &mut impl RecoverySink) -> Result<bool> {
+        if core.peer_closed() {
+            return Ok(true);
         }
-        if self.idle_since.is_none() {
-            self.wait_events = self.qp_events();
+        // Only a sender is told (a receiver's failures are its own).
+        let version = self.conn.chan.version();
+        if self.kind != "send" || version < CLOSE_VERSION || self.conn.chan.peek() != Peek::Data {
+            return Ok(false);
         }
-        let since = *self.idle_since.get_or_insert(now);
-        let interval = Duration::from_secs(every);
-        let stuck = now.duration_since(since);
-        if stuck < interval || self.hang_warned.is_some_and(|t| now.duration_since(t) < interval) {
-            return;
-        }
-        self.hang_warned = Some(now);
-        let facts = hang::Facts {
-            peer_closed,
-            qp: self.qp_events().zip(self.wait_events).map(|(e, w)| e.since(w)),
-        };
-        let c = &self.conn;
-        let qps = c
-            .qps
-            .iter()
-            .map(|q| format!("{:#x}", q.qp.qpn()))
-            .collect::<Vec<_>>()
-            .join(",");
-        let devices = c.devs.iter().map(|d| d.dev.label()).collect::<Vec<_>>().join("+");
-        crate::log_warn!(
-            "{} comm with {} on {} (QPs {qps}) made no progress for {} s: waiting for {}; {} work requests posted, {} completions polled (FERROCE_HANG_WARN_SEC={every} sets this report)",
-            self.kind,
-            c.chan.peer(),
-            devices,
-            stuck.as_secs(),
-            waiting_for(&facts),
-            self.wrs_posted,
-            self.completions,
-        );
+        self.recovery_step(core)?;
+        Ok(core.peer_closed())
     }
 
     /// Fail the comm because the peer closed its side channel.
@@ -524,7 +508,8 @@ impl Drop for Driver {
     }
 }
 
-/// The INFO line of a new connection: peer, QPs both ends, MTU, GID, tc/sl, QP use.
+/// The INFO line of a new connection: peer, QPs both ends, MTU, GID, how the first QP
+/// addresses its peer (LIDs on InfiniBand), tc/sl, QP use.
 fn describe_connection(c: &Conn, kind: &str) -> String {
     let local = c
         .qps
@@ -551,8 +536,13 @@ fn describe_connection(c: &Conn, kind: &str) -> String {
     } else {
         "messages round-robin over the QPs"
     };
+    let route = c
+        .qps
+        .first()
+        .and_then(|q| c.peer.devs.get(q.remote_dev))
+        .map_or_else(String::new, |r| format!(", {}", qps::describe_route(d0, r)));
     format!(
-        "{kind} connection with {}: {} QP(s) on {} (local QPNs {local}; peer QPNs {remote}), MTU {}, GID index {} {}, tc {} sl {}, {mode}",
+        "{kind} connection with {}: {} QP(s) on {} (local QPNs {local}; peer QPNs {remote}), MTU {}, GID index {} {}{route}, tc {} sl {}, {mode}",
         c.chan.peer(),
         c.qps.len(),
         c.devs.iter().map(|d| d.dev.label()).collect::<Vec<_>>().join("+"),
@@ -565,19 +555,29 @@ fn describe_connection(c: &Conn, kind: &str) -> String {
 }
 
 /// The comm's error when a fatal async event hit one of its devices, ports, QPs or CQs since
-/// it last looked (NCCL_IB_RETURN_ASYNC_EVENTS=0: never), and what it hit.
+/// it last looked (NCCL_IB_RETURN_ASYNC_EVENTS=0: never), and what it hit. Asked on every poll:
+/// one inlined load per member device while nothing happened.
+#[inline]
 fn fatal_event_error(conn: &mut Conn) -> Option<(Error, FatalKind)> {
+    if !conn.fatal_generation_moved() {
+        return None;
+    }
+    fatal_event_moved(conn)
+}
+
+/// [`fatal_event_error`] once a generation moved.
+#[cold]
+fn fatal_event_moved(conn: &mut Conn) -> Option<(Error, FatalKind)> {
     if !crate::config::get().return_async_events {
         return None;
     }
-    let peer = conn.chan.peer().to_string();
-    conn.new_fatal_event().map(|(d, kind)| {
-        let e = Error::system(format!(
-            "device {} reported a fatal asynchronous event for this connection, its port or the whole NIC (see the WARN above); the connection to {peer} cannot continue",
-            d.dev.label()
-        ));
-        (e, kind)
-    })
+    // Nothing is formatted (or allocated) unless the event is this comm's.
+    let (device, kind) = conn.new_fatal_event().map(|(d, kind)| (d.dev.label(), kind))?;
+    let e = Error::system(format!(
+        "device {device} reported a fatal asynchronous event for this connection, its port or the whole NIC (see the WARN above); the connection to {} cannot continue",
+        conn.chan.peer()
+    ));
+    Some((e, kind))
 }
 
 /// How long a flushed WR with no error completion (or a refused post) waits for the async

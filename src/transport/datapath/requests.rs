@@ -19,51 +19,62 @@ pub enum Side {
     Recv = 2,
 }
 
-/// What NCCL's request pointer points to (16 bytes).
+/// What NCCL's request pointer points to: 8 bytes, the owner's address with the side in its low
+/// bit (an owner is a boxed `Guarded` data path, aligned to at least 8, so bit 0 is free). The
+/// slot is the request's index in its table. One word per request keeps the two tables of a
+/// connection (64 send and 64 receive slots) at 1 KiB of heap.
 #[derive(Debug)]
 #[repr(C)]
 pub struct Request {
-    /// The comm's `Guarded` data path, of the type `side` names. Set once the comm has its
-    /// final address ([`Requests::set_owner`]).
-    owner: *const (),
-    /// The request's slot in the comm's pool.
-    slot: u16,
-    side: Side,
+    owner_and_side: usize,
 }
 
-const _: () = assert!(std::mem::size_of::<Request>() == 16);
+const _: () = assert!(std::mem::size_of::<Request>() == 8);
+
+/// The low bit of `owner_and_side`: set for a receive comm's request.
+const RECV_TAG: usize = 1;
 
 impl Request {
     /// The comm this request belongs to and what kind of comm that is.
     pub fn owner(&self) -> (*const (), Side) {
-        (self.owner, self.side)
+        let side = if self.owner_and_side & RECV_TAG != 0 {
+            Side::Recv
+        } else {
+            Side::Send
+        };
+        ((self.owner_and_side & !RECV_TAG) as *const (), side)
     }
 }
 
 /// A comm's table of requests, slot `i` at index `i`.
 pub(crate) struct Requests {
     reqs: Box<[Request]>,
+    side: Side,
 }
 
 impl Requests {
     /// The table of a `side` comm with a pool of `capacity` slots (≤ [`MAX_POOL`]). Its
     /// requests have no owner until [`Self::set_owner`].
     pub(crate) fn new(side: Side, capacity: usize) -> Requests {
-        let cap = capacity.clamp(1, MAX_POOL) as u16;
+        let cap = capacity.clamp(1, MAX_POOL);
         let reqs = (0..cap)
-            .map(|slot| Request {
-                owner: std::ptr::null(),
-                slot,
-                side,
+            .map(|_| Request {
+                owner_and_side: Self::tagged(std::ptr::null(), side),
             })
             .collect();
-        Requests { reqs }
+        Requests { reqs, side }
+    }
+
+    fn tagged(owner: *const (), side: Side) -> usize {
+        debug_assert_eq!(owner as usize & RECV_TAG, 0, "an owner is aligned to at least 8");
+        owner as usize | if side == Side::Recv { RECV_TAG } else { 0 }
     }
 
     /// Point every request at `owner` (after the owner got its final address).
     pub(crate) fn set_owner(&mut self, owner: *const ()) {
+        let word = Self::tagged(owner, self.side);
         for r in self.reqs.iter_mut() {
-            r.owner = owner;
+            r.owner_and_side = word;
         }
     }
 
@@ -77,7 +88,8 @@ impl Requests {
         let base = self.reqs.as_ptr() as usize;
         let off = (p as usize).checked_sub(base)?;
         let sz = std::mem::size_of::<Request>();
-        (off % sz == 0 && off / sz < self.reqs.len()).then(|| self.reqs[off / sz].slot)
+        // The table holds at most MAX_POOL (a u16 range) requests.
+        (off % sz == 0 && off / sz < self.reqs.len()).then(|| (off / sz) as u16)
     }
 }
 
@@ -106,7 +118,11 @@ mod tests {
         assert_eq!(t.slot_of((p as usize + 1) as *const Request), None, "inside a request");
         assert_eq!(t.slot_of(p.wrapping_add(MAX_POOL - 3)), None, "past the table");
         assert_eq!(t.slot_of(std::ptr::null()), None);
-        let other = Requests::new(Side::Recv, 4);
+        let mut other = Requests::new(Side::Recv, 4);
         assert_eq!(other.slot_of(p), None, "another comm's request");
+        let owner = 0x2000 as *const ();
+        other.set_owner(owner);
+        // SAFETY: the pointer points into `other`, which is alive.
+        assert_eq!(unsafe { (*other.ptr(3)).owner() }, (owner, Side::Recv));
     }
 }

@@ -184,7 +184,15 @@ impl SendDp {
         };
         // SAFETY: the FIFO block is RING_BYTES, page-aligned, and lives in the same SendDp.
         let ring = unsafe { RingMemory::new(&bufs) };
-        let io = Driver::new(conn, "send");
+        let io = Driver::new(
+            conn,
+            "send",
+            &if ar {
+                format!(", adaptive routing above {ar_threshold} B")
+            } else {
+                String::new()
+            },
+        );
         let started = io.stats.is_some().then(|| Box::new([Time::ZERO; SEND_REQUESTS]));
         Guarded::new(SendDp {
             io,
@@ -267,7 +275,7 @@ impl SendDp {
             self.prof = Some(SendProfiling::new());
         }
         mh.check(data, size, self.io.conn.devs.len())?;
-        if self.core.waiting() {
+        if self.core.waiting() && self.core.peer_closed().is_none() {
             // The group before this send waits for send-queue credits: reap, post, else retry.
             self.poll()?;
             self.progress()?;
@@ -338,12 +346,28 @@ impl SendDp {
         if self.core.state.pool.get(idx).is_none_or(|r| r.kind() == ReqKind::Free) {
             return Err(not_in_flight());
         }
-        self.poll()?;
-        self.progress()?;
+        // A send an earlier call's poll completed is reported without polling again, as NCCL's
+        // IB transport looks at the request before its CQ (docs/design/data-path.md, test()):
+        // an empty poll is not free, least of all on softroce, whose empty polls yield the CPU.
+        if !self.io.recovery.pending() {
+            if let Some(size) = self.core.test(idx)? {
+                // SAFETY: as this function's.
+                unsafe { self.completed(idx, size, sizes) };
+                return Ok(true);
+            }
+        }
+        // A send a closed receiver took is done even if the comm failed since (for the sends
+        // it never took).
+        let progressed = self.poll().and_then(|_| self.progress());
         if let Some(size) = self.core.test(idx)? {
             // SAFETY: as this function's.
             unsafe { self.completed(idx, size, sizes) };
             return Ok(true);
+        }
+        progressed?;
+        if self.core.peer_closed().is_some() {
+            // The receiver closed: what it did not take it never will.
+            self.core.fail_untaken()?;
         }
         // A posted send to a dead peer fails by itself (transport retries exhausted within
         // NCCL_IB_TIMEOUT × NCCL_IB_RETRY_CNT); a closed side channel alone is not an error while

@@ -4,7 +4,7 @@
 use crate::error::Result;
 use crate::transport::proto::plan::{Post, QpRoute};
 use crate::transport::proto::recv::RecvCore;
-use crate::transport::proto::send::{FifoRing, SendCore};
+use crate::transport::proto::send::{FifoRing, PeerClose, SendCore};
 use crate::transport::proto::state::CommState;
 
 /// How the driver hands completions to a core.
@@ -14,6 +14,11 @@ pub trait CompletionSink {
     fn handle_ok(&mut self, wr_id: u64, imm: Option<u32>);
     /// The operation and byte count of `wr_id`, for the WARN of a failed completion.
     fn describe(&self, wr_id: u64) -> (&'static str, usize);
+    /// Whether the peer closed and said what it took ([`RecoverySink::peer_close`]): the
+    /// connection's completions mean nothing from then on.
+    fn peer_closed(&self) -> bool {
+        false
+    }
 }
 
 impl CompletionSink for RecvCore {
@@ -54,6 +59,14 @@ pub trait RecoverySink: CompletionSink {
     /// Whether what [`RecoverySink::resume`] posted that the peer must see first has landed.
     fn landed(&self) -> bool {
         true
+    }
+    /// The receiver closed, having taken `receives` receives (and `in_flight` posted never
+    /// taken) and `taken` completions per QP (a `RecvClosed` message, wire version 7). Only a
+    /// sender is told this: a receiver fails its comm.
+    fn peer_close(&mut self, _receives: u64, _in_flight: u32, _taken: &[u64]) -> Result<()> {
+        Err(self.state().fail(crate::error::Error::remote(
+            "the peer sent a RecvClosed message to a recv comm: a corrupt or incompatible peer",
+        )))
     }
 }
 
@@ -102,6 +115,9 @@ impl<R: FifoRing> CompletionSink for SendSide<'_, R> {
     fn describe(&self, wr_id: u64) -> (&'static str, usize) {
         self.core.describe(wr_id)
     }
+    fn peer_closed(&self) -> bool {
+        self.core.peer_closed().is_some()
+    }
 }
 
 impl<R: FifoRing> RecoverySink for SendSide<'_, R> {
@@ -120,5 +136,9 @@ impl<R: FifoRing> RecoverySink for SendSide<'_, R> {
             "chains posted again: {} ({} bytes); taken by the receiver but not acknowledged: {}",
             r.chains, r.bytes, r.landed
         ))
+    }
+    fn peer_close(&mut self, receives: u64, in_flight: u32, taken: &[u64]) -> Result<()> {
+        let close = PeerClose { receives, in_flight };
+        self.core.handle_peer_close(self.ring, close, taken).map(|_| ())
     }
 }

@@ -50,6 +50,23 @@ impl CommState {
         self.failed = Some(e.clone());
         e
     }
+
+    /// As [`CommState::fail`], but the requests already done stay done: their test still
+    /// reports them (a closed receiver took them; only the rest fail).
+    pub fn fail_undone(&mut self, e: Error) -> Error {
+        if let Some(old) = &self.failed {
+            return old.clone();
+        }
+        (self.report)(&e);
+        let e = e.mark_logged();
+        for r in self.pool.busy_mut() {
+            if !r.is_done() {
+                r.set_failed();
+            }
+        }
+        self.failed = Some(e.clone());
+        e
+    }
 }
 
 #[cfg(test)]

@@ -56,7 +56,11 @@ impl Driver {
     /// receiver's rewrites landing. A closed side channel fails the comm: the peer is gone.
     pub fn recovery_step(&mut self, core: &mut impl RecoverySink) -> Result<()> {
         self.recovery.readable = false;
-        self.flush_channel(core)?;
+        // A channel the peer closed: what it said before (its close report) is read first.
+        let flushed = match self.conn.chan.flush() {
+            Err(ChannelError::Wire(e)) => return Err(self.malformed(core, &e)),
+            other => other,
+        };
         loop {
             let actions = match self.conn.chan.poll_recv() {
                 Ok(None) => break,
@@ -79,6 +83,21 @@ impl Driver {
                     self.recovery.machine.peer_hello(clock::now(), epoch)
                 }
                 Ok(Some(Message::RecoverReady { epoch })) => self.recovery.machine.peer_ready(epoch),
+                // The receiver closed and said what it took: its sends are settled, and the
+                // recovery (if one runs) has nothing left to carry over.
+                Ok(Some(Message::RecvClosed {
+                    receives,
+                    in_flight,
+                    taken,
+                })) => {
+                    crate::log_info!(
+                        crate::log::subsys::NET,
+                        "{} comm with {}: the receiver closed, having taken {receives} receive(s) ({in_flight} posted and never taken), completions per QP {taken:?}",
+                        self.kind,
+                        self.conn.chan.peer()
+                    );
+                    return core.peer_close(receives, in_flight, &taken);
+                }
                 Ok(Some(other)) => {
                     return Err(core.state().fail(Error::remote(format!(
                         "the peer {} sent a {} message after the connection was set up: a corrupt or incompatible peer",
@@ -90,6 +109,9 @@ impl Driver {
                 Err(e) => return Err(self.peer_closed(core, &e)),
             };
             self.act(core, actions)?;
+        }
+        if let Err(e) = flushed {
+            return Err(self.peer_closed(core, &e));
         }
         let actions = self.recovery.machine.tick(clock::now());
         self.act(core, actions)?;

@@ -4,7 +4,8 @@
 
 use super::super::limits::MAX_QPS;
 use super::{
-    speaks, u16_at, u32_at, u64_at, EndpointRepr, WireError, HEADER_BYTES, LINK_VERSION, MAX_BODY, WIRE_MAGIC,
+    speaks, u16_at, u32_at, u64_at, EndpointRepr, WireError, CLOSE_VERSION, HEADER_BYTES, LINK_VERSION, MAX_BODY,
+    WIRE_MAGIC,
 };
 
 mod field {
@@ -31,6 +32,11 @@ mod field {
     pub(super) const ROUTE_TO_RECV: usize = 8;
     pub(super) const ROUTE_INNER: usize = 9;
     pub(super) const ROUTE_END: usize = 12;
+    // `RecvClosed` body: then `COUNT` u64s from `TAKEN`
+    pub(super) const CLOSED_RECEIVES: Range<usize> = 0..8;
+    pub(super) const CLOSED_IN_FLIGHT: Range<usize> = 8..12;
+    pub(super) const CLOSED_COUNT: Range<usize> = 12..16;
+    pub(super) const CLOSED_TAKEN: usize = 16;
 }
 
 /// The longest `Reject` text sent (bytes; a longer one is cut).
@@ -49,11 +55,12 @@ pub enum Kind {
     RecoverReady,
     OnComm,
     CommClosed,
+    RecvClosed,
     Unknown(u8),
 }
 
 /// Each known kind's code on the wire.
-const KIND_CODES: [(Kind, u8); 8] = [
+const KIND_CODES: [(Kind, u8); 9] = [
     (Kind::ConnectReq, 1),
     (Kind::ConnectResp, 2),
     (Kind::Ready, 3),
@@ -62,6 +69,7 @@ const KIND_CODES: [(Kind, u8); 8] = [
     (Kind::RecoverReady, 6),
     (Kind::OnComm, 7),
     (Kind::CommClosed, 8),
+    (Kind::RecvClosed, 9),
 ];
 
 impl From<u8> for Kind {
@@ -115,6 +123,7 @@ impl HeaderRepr {
             Kind::Unknown(k) => return Err(WireError::BadKind(k)),
             // Link frames exist from the version that has links.
             Kind::OnComm | Kind::CommClosed if v < LINK_VERSION => return Err(WireError::BadKind(b[field::KIND])),
+            Kind::RecvClosed if v < CLOSE_VERSION => return Err(WireError::BadKind(b[field::KIND])),
             _ => {}
         }
         let len = u32_at(b, field::LEN);
@@ -177,6 +186,14 @@ pub enum Message {
     /// On a shared link: the sending end closed the comm `route` names.
     CommClosed {
         route: Route,
+    },
+    /// From a closing recv comm (version 7), before its QPs go: the receives it took
+    /// (`receives`), the receives posted it never took (`in_flight`), and per QP the
+    /// write-with-immediate completions it took since the connection was made (`taken`).
+    RecvClosed {
+        receives: u64,
+        in_flight: u32,
+        taken: Vec<u64>,
     },
 }
 
@@ -280,6 +297,19 @@ impl Message {
                 emit_route(route, 0, &mut body);
                 Kind::CommClosed
             }
+            Message::RecvClosed {
+                receives,
+                in_flight,
+                taken,
+            } => {
+                body.extend_from_slice(&receives.to_le_bytes());
+                body.extend_from_slice(&in_flight.to_le_bytes());
+                body.extend_from_slice(&(taken.len() as u32).to_le_bytes());
+                for t in taken {
+                    body.extend_from_slice(&t.to_le_bytes());
+                }
+                Kind::RecvClosed
+            }
         };
         HeaderRepr {
             version,
@@ -292,7 +322,9 @@ impl Message {
 
     /// The body of a frame of `kind` at wire `version`.
     pub fn parse(version: u16, kind: Kind, body: &[u8]) -> Result<Message, WireError> {
-        if matches!(kind, Kind::OnComm | Kind::CommClosed) && version < LINK_VERSION {
+        if matches!(kind, Kind::OnComm | Kind::CommClosed) && version < LINK_VERSION
+            || kind == Kind::RecvClosed && version < CLOSE_VERSION
+        {
             return Err(WireError::BadKind(kind.into()));
         }
         match kind {
@@ -324,8 +356,31 @@ impl Message {
                 let (route, _) = parse_route(body)?;
                 Ok(Message::CommClosed { route })
             }
+            Kind::RecvClosed => Message::parse_recv_closed(body),
             Kind::Unknown(k) => Err(WireError::BadKind(k)),
         }
+    }
+
+    /// A `RecvClosed` body: a completion count no connection has is refused before the counts
+    /// are read.
+    fn parse_recv_closed(body: &[u8]) -> Result<Message, WireError> {
+        at_least(body, field::CLOSED_TAKEN)?;
+        let n = u32_at(body, field::CLOSED_COUNT) as usize;
+        if n > MAX_QPS {
+            return Err(WireError::BadField(
+                "close completion count past the most QPs of a connection",
+            ));
+        }
+        exactly(body, field::CLOSED_TAKEN + n * TAKEN_BYTES)?;
+        let taken = (0..n)
+            .map(|i| field::CLOSED_TAKEN + i * TAKEN_BYTES)
+            .map(|at| u64_at(body, at..at + TAKEN_BYTES))
+            .collect();
+        Ok(Message::RecvClosed {
+            receives: u64_at(body, field::CLOSED_RECEIVES),
+            in_flight: u32_at(body, field::CLOSED_IN_FLIGHT),
+            taken,
+        })
     }
 
     /// A `RecoverHello` body: a completion count no connection has is refused before the

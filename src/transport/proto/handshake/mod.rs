@@ -59,6 +59,10 @@
 //!   link), 2 bytes zero, the inner body.
 //! * `CommClosed` (version 6, on a shared link): the comm id (u64) and direction (u8) as in
 //!   `OnComm`, 3 bytes zero: that end closed its comm.
+//! * `RecvClosed` (version 7, recv comm → send comm, in an `OnComm` frame on a link or alone on
+//!   a connection of its own, before the recv comm's QPs are destroyed): the receives it took
+//!   (u64), the receives posted it never took (u32), the count n (u32) of QPs and, per QP, the
+//!   write-with-immediate completions it took since the connection was made (n u64s).
 //!
 //! Anything else — wrong magic, version, kind, oversize length, inconsistent counts — is a
 //! [`WireError`]; the listener WARNs and drops that TCP connection only.
@@ -91,7 +95,8 @@ pub const STAGE_MAGIC: u64 = u64::from_le_bytes(*b"ferroceS");
 /// * 4: `RecoverHello` and `RecoverReady` frames after setup (the oldest version spoken).
 /// * 5: the handle's newest-version field (negotiation); the eager trailer, bits and writes.
 /// * 6: one link per pair of processes: the handle's process id, the link trailer, `OnComm`, `CommClosed`.
-pub const WIRE_VERSION: u16 = 6;
+/// * 7: `RecvClosed`: a closing receiver says what it took, so the sender completes those sends.
+pub const WIRE_VERSION: u16 = 7;
 /// Oldest wire version this build speaks.
 pub const OLDEST_WIRE_VERSION: u16 = 4;
 /// The first version with the eager path (`proto::eager`): the endpoint's eager trailer, the
@@ -99,6 +104,8 @@ pub const OLDEST_WIRE_VERSION: u16 = 4;
 pub const EAGER_VERSION: u16 = 5;
 /// The first version whose comms share one side-channel link per pair of processes.
 pub const LINK_VERSION: u16 = 6;
+/// The first version whose closing receiver tells the sender what it took (`RecvClosed`).
+pub const CLOSE_VERSION: u16 = 7;
 
 /// The newest version this process speaks when `FERROCE_WIRE_VERSION` is `setting` (0: this
 /// build's newest; else that, within the versions this build speaks).

@@ -392,7 +392,7 @@ fn endpoint_trailers_literal_bytes() {
 fn frame_header_literal() {
     let mut out = Vec::new();
     Message::Ready { nonce: 1 }.emit(WIRE_VERSION, &mut out);
-    assert_eq!(&out[..16], b"ferroceW\x06\x00\x03\x00\x08\x00\x00\x00");
+    assert_eq!(&out[..16], b"ferroceW\x07\x00\x03\x00\x08\x00\x00\x00");
     let mut out = Vec::new();
     Message::Ready { nonce: 1 }.emit(4, &mut out);
     assert_eq!(
@@ -543,4 +543,49 @@ fn fuzz_never_panics() {
         }
         let _ = HandleRepr::parse(&h);
     }
+}
+
+/// `RecvClosed` (version 7): literal bytes, the round trip inside an `OnComm` frame, and the
+/// refusals: an older version, a count past the most QPs, a body of another length.
+#[test]
+fn recv_closed_is_version_7_and_checked() {
+    let m = Message::RecvClosed {
+        receives: 3,
+        in_flight: 2,
+        taken: vec![1, 0x0102],
+    };
+    let mut out = Vec::new();
+    m.emit(CLOSE_VERSION, &mut out);
+    assert_eq!(out[10], 9, "kind");
+    #[rustfmt::skip]
+    let body: [u8; 32] = [
+        3, 0, 0, 0, 0, 0, 0, 0, // receives taken
+        2, 0, 0, 0, // receives never taken
+        2, 0, 0, 0, // QPs
+        1, 0, 0, 0, 0, 0, 0, 0, // QP 0
+        2, 1, 0, 0, 0, 0, 0, 0, // QP 1
+    ];
+    assert_eq!(&out[HEADER_BYTES..], &body);
+    assert_eq!(Message::parse(CLOSE_VERSION, Kind::RecvClosed, &body).unwrap(), m);
+    let on = Message::OnComm {
+        route: Route {
+            comm: 5,
+            to_recv: false,
+        },
+        message: Box::new(m.clone()),
+    };
+    let mut framed = Vec::new();
+    on.emit(CLOSE_VERSION, &mut framed);
+    let mut r = FrameReader::default();
+    r.handle_bytes(&framed);
+    assert_eq!(r.poll_message().unwrap().map(|f| f.message), Some(on));
+    // A version-6 peer never sends it, and a frame that says it did is refused.
+    let mut old = out.clone();
+    old[8..10].copy_from_slice(&LINK_VERSION.to_le_bytes());
+    assert!(HeaderRepr::parse(&old).is_err());
+    assert!(Message::parse(LINK_VERSION, Kind::RecvClosed, &body).is_err());
+    let mut many = body;
+    many[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+    assert!(Message::parse(CLOSE_VERSION, Kind::RecvClosed, &many).is_err());
+    assert!(Message::parse(CLOSE_VERSION, Kind::RecvClosed, &body[..31]).is_err());
 }

@@ -29,6 +29,18 @@ impl RecvCore {
         Ok(marked)
     }
 
+    /// What a closing recv comm tells its sender before its QPs go (wire version 7,
+    /// docs/design/data-path.md#closing): the receives it took, the receives it posted and
+    /// never took, and per QP the write-with-immediate completions it took since the
+    /// connection was made (as a recovery's report). Nothing more is polled for it: a
+    /// message whose completion this side never took was never taken, and its send fails.
+    /// CTS entries staged and not written stay unwritten: a close with receives posted
+    /// abandons them, and the sender fails the sends it would have matched to them.
+    pub fn close_report(&self) -> (u64, u32, Vec<u64>) {
+        let in_flight = self.recvs_in_flight as u64;
+        (self.counter.saturating_sub(in_flight), in_flight as u32, self.taken())
+    }
+
     /// Whether every CTS write posted on the CTS QPs of `marked` was acknowledged.
     pub fn cts_landed(&self, marked: u32) -> bool {
         (0..MAX_DEVS).all(|d| marked & (1 << d) == 0 || self.cts_retired[d] >= self.cts_posted[d])

@@ -49,12 +49,15 @@ pub use rq::RQ_BATCH;
 /// WRs posted on a device's CTS QP and not yet retired ≤ CTS_DEPTH, enforced by `irecv` (which
 /// says "retry later" beyond); a WR is retired when the completion of a signaled one at or
 /// after it shows the queue got that far. Every [`CTS_SIGNAL_EVERY`]-th is signaled, so
-/// whenever `irecv` is refused for credits (≥ CTS_DEPTH − 1 unretired, one irecv posts ≤ 2)
-/// a signaled one is among them and its completion will come.
+/// whenever `irecv` is refused for credits (≥ CTS_DEPTH − 3 unretired: one irecv posts ≤ 2
+/// writes, and may flush ≤ 2 staged ones first) a signaled one is among them and its
+/// completion will come.
 pub const CTS_DEPTH: usize = 32;
-/// One CTS write in this many is signaled.
-pub const CTS_SIGNAL_EVERY: u64 = 8;
-const _: () = assert!(CTS_DEPTH as u64 > CTS_SIGNAL_EVERY && CTS_DEPTH >= 2);
+/// One CTS write in this many is signaled. Each signaled one is a completion the NIC makes and
+/// the receiver polls (on softroce, CPU time of both); half of [`CTS_DEPTH`] keeps the credit
+/// rule above with room to spare (docs/design/data-path.md, transfers).
+pub const CTS_SIGNAL_EVERY: u64 = 16;
+const _: () = assert!(CTS_DEPTH as u64 >= CTS_SIGNAL_EVERY + 3 && CTS_DEPTH >= 4);
 
 /// Receives the eager QP keeps spare before a CTS write grants eager credit: one for every
 /// eager message the credit lets the sender have in flight, and one for the receive the write's

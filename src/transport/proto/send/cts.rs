@@ -26,6 +26,9 @@ impl SendCore {
         post: &mut impl FnMut(Post<'_>) -> Result<()>,
     ) -> Result<Isend> {
         self.state.check()?;
+        if self.peer_closed.is_some() {
+            return self.send_after_close(send.tag, send.size);
+        }
         if self.waiting() || self.recovering {
             return Ok(Isend::Busy);
         }
@@ -75,6 +78,9 @@ impl SendCore {
         self.cur.len[i] = len;
         self.cur.lkeys[i] = send.lkeys;
         self.cur.matched |= 1 << i;
+        if let Some(t) = self.kept_tags.get_mut(usize::from(r)) {
+            *t = send.tag;
+        }
         if let Some(k) = self.kept.get_mut(usize::from(r)) {
             *k = Kept::new(send.data, len, i);
             // The counter the group will be posted with (the current group is posted next,
@@ -115,7 +121,7 @@ impl SendCore {
         ring: &mut impl FifoRing,
         post: &mut impl FnMut(Post<'_>) -> Result<()>,
     ) -> Result<()> {
-        if !self.waiting() || self.recovering {
+        if !self.waiting() || self.recovering || self.peer_closed.is_some() {
             return Ok(());
         }
         let id = self.counter;

@@ -51,6 +51,9 @@ impl SendCore {
             return Ok(Isend::Busy);
         };
         let claim = self.counter + e.claims.len() as u64;
+        if let Some(t) = self.kept_tags.get_mut(usize::from(r)) {
+            *t = send.tag;
+        }
         if let Some(k) = self.kept.get_mut(usize::from(r)) {
             *k = Kept::new(send.data, send.size, 0);
             k.set_counter(claim);

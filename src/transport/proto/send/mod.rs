@@ -37,6 +37,7 @@ use kept::Kept;
 use std::time::Duration;
 
 mod chains;
+mod close;
 mod completion;
 mod cts;
 mod eager_path;
@@ -47,6 +48,7 @@ mod replay;
 mod tests;
 
 pub use chains::SQ_DEPTH;
+pub use close::PeerClose;
 #[cfg(any(test, feature = "testing"))]
 pub use replay::Replayed;
 
@@ -151,6 +153,8 @@ pub struct SendCore {
     consumed_seals: [u32; fifo::RING],
     /// Per request: its buffer (for a replay).
     kept: Box<[Kept]>,
+    /// Per request: its tag (for the error that names a send the receiver never took).
+    kept_tags: Box<[i32]>,
     /// Per request and local member device: its buffer's lkey.
     kept_lkeys: Box<[u32]>,
     nldevs: usize,
@@ -164,6 +168,9 @@ pub struct SendCore {
     recovering: bool,
     /// The eager path's state (`None`: off).
     eager: Option<Box<SenderState>>,
+    /// What the receiver said when it closed ([`SendCore::handle_peer_close`]); from then on
+    /// nothing is posted.
+    peer_closed: Option<PeerClose>,
 }
 
 impl SendCore {
@@ -200,6 +207,7 @@ impl SendCore {
             consumed_stamps: [0; fifo::RING],
             consumed_seals: [0; fifo::RING],
             kept: vec![Kept::default(); request::SEND_REQUESTS].into_boxed_slice(),
+            kept_tags: vec![0; request::SEND_REQUESTS].into_boxed_slice(),
             kept_lkeys: vec![0; request::SEND_REQUESTS * nldevs].into_boxed_slice(),
             nldevs,
             first_rkeys: vec![0; fifo::RING * nrdevs].into_boxed_slice(),
@@ -207,6 +215,7 @@ impl SendCore {
             chains,
             recovering: false,
             eager: cfg_eager.map(|c| Box::new(SenderState::new(c))),
+            peer_closed: None,
         }
     }
 

@@ -61,7 +61,7 @@ impl SendCore {
         post: &mut impl FnMut(Post<'_>) -> Result<()>,
     ) -> Result<Replayed> {
         self.state.check()?;
-        self.check_taken(taken)?;
+        self.check_taken(taken, false)?;
         let mut done = Replayed::default();
         for (q, &t) in taken.iter().enumerate() {
             self.credits[q] = SQ_DEPTH as u16;
@@ -106,19 +106,21 @@ impl SendCore {
         Ok(done)
     }
 
-    /// Fail the comm unless `taken` has one count per QP, each between the chains this side saw
-    /// acknowledged and the chains it posted there.
-    fn check_taken(&mut self, taken: &[u64]) -> Result<()> {
+    /// Fail the comm unless `taken` has one count per QP, each at most the chains this side
+    /// posted there and, unless `acked_may_lead`, at least the chains it saw acknowledged (a
+    /// recovery's counts are final; a close's are what the receiver polled, and an
+    /// acknowledgement may come before the receiver polls the write's completion).
+    pub(super) fn check_taken(&mut self, taken: &[u64], acked_may_lead: bool) -> Result<()> {
         if taken.len() != self.qps() {
             return Err(self.state.fail(Error::remote(format!(
-                "the receiver {} reported completions for {} QPs in its recovery message, the connection has {}: a corrupt or incompatible peer",
+                "the receiver {} reported completions for {} QPs in its recovery or close message, the connection has {}: a corrupt or incompatible peer",
                 self.cfg.peer,
                 taken.len(),
                 self.qps()
             ))));
         }
         for (q, (&t, log)) in taken.iter().zip(self.chains.iter()).enumerate() {
-            if t < log.retired() || t > log.posted {
+            if t < log.retired() && !acked_may_lead || t > log.posted {
                 return Err(self.state.fail(Error::remote(format!(
                     "the receiver {} says it took {t} messages on QP {q}, but this side posted {} there and {} were acknowledged: a corrupt or lying peer",
                     self.cfg.peer,

@@ -84,6 +84,7 @@ pub fn kind_name(m: &Message) -> &'static str {
         Message::RecoverReady { .. } => "RecoverReady",
         Message::OnComm { .. } => "OnComm",
         Message::CommClosed { .. } => "CommClosed",
+        Message::RecvClosed { .. } => "RecvClosed",
     }
 }
 
