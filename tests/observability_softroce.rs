@@ -1,5 +1,6 @@
 //! What the transport tells a user while a job runs, over softroce: the hang report of a comm
-//! whose peer never posts (sender side) or never sends (receiver side), and the statistics
+//! whose peer never posts (sender side) or never sends (receiver side), of a send whose write
+//! gets no ACK from a silent peer (the cause told apart), and the statistics
 //! file's counts against what was really sent. Each case runs in a child process (its own
 //! configuration and stderr, where the plugin logs without NCCL's logger).
 //!
@@ -124,6 +125,78 @@ fn receiver_waits_for_data() {
     drop(r);
     api::dereg_mr(mh).expect("deregMr");
     api::finalize(ctx).expect("finalize");
+}
+
+/// The hang report of a send whose write gets no ACK, in a child: `addr` the device, the path to
+/// itself blackholed once the receiver's CTS has landed (a peer that goes away is
+/// rogue_peer_softroce's case: a comm closed in order fails the send at once). ACK timeouts of 268 ms (NCCL_IB_TIMEOUT=16)
+/// give a few before the report at 1 s and none exhausted (8 tries) before the child ends.
+fn unanswered_send(addr: &str) {
+    let ctx = api::init(None, -1, false).expect("init");
+    let (s, r) = pair_on(&ctx, 0);
+    let src = vec![1u8; 4096];
+    let mut dst = vec![0u8; 4096];
+    let smh = reg(&*s, &src);
+    let rmh = reg(&*r, &dst);
+    // SAFETY: live handle, registered buffer alive until the comms close.
+    let rq = unsafe { api::irecv(&r, &[dst.as_mut_ptr() as usize], &[4096], &[1], &[&rmh], false) }
+        .expect("irecv")
+        .expect("a receive slot");
+    let mut sizes = [0i32];
+    // SAFETY: rq is in flight; a test moves the CTS write on.
+    assert!(!unsafe { api::test(rq, sizes.as_mut_ptr()) }.expect("test"));
+    std::thread::sleep(Duration::from_millis(300));
+    softroce_common::ctl(addr, &["blackhole", addr]);
+    // SAFETY: live handle, registered buffer.
+    let q = unsafe { api::isend(&s, src.as_ptr() as usize, 4096, 1, &smh) }
+        .expect("isend")
+        .expect("the receiver's CTS had landed");
+    let end = Instant::now() + Duration::from_millis(1700);
+    while Instant::now() < end {
+        // SAFETY: q is in flight until test says done or fails.
+        match unsafe { api::test(q, sizes.as_mut_ptr()) } {
+            Ok(done) => assert!(!done, "no ACK can come through the blackhole"),
+            Err(e) => panic!("the send failed before the report's window ended: {}", e.message),
+        }
+    }
+    drop(s);
+    drop(r);
+    api::dereg_mr(smh).expect("deregMr");
+    api::dereg_mr(rmh).expect("deregMr");
+    api::finalize(ctx).expect("finalize");
+}
+
+/// The environment of [`unanswered_send`]'s children.
+const UNANSWERED: &[(&str, &str)] = &[
+    ("FERROCE_HANG_WARN_SEC", "1"),
+    ("NCCL_IB_TIMEOUT", "16"),
+    ("NCCL_IB_RETRY_CNT", "7"),
+];
+
+/// A send whose write gets no ACK while the peer's side channel stays up (the path blackholed):
+/// the hang report names a peer alive but not answering, from the QP's ACK timeouts, not
+/// receiver-not-ready.
+#[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
+fn a_send_to_a_silent_peer_names_the_silence() {
+    const NAME: &str = "a_send_to_a_silent_peer_names_the_silence";
+    if child(NAME, || unanswered_send("127.0.42.6")) {
+        return;
+    }
+    let text = run_child(NAME, "127.0.42.6", UNANSWERED);
+    let warns = hang_warnings(&text);
+    assert!(!warns.is_empty(), "no hang WARN:\n{text}");
+    for w in &warns {
+        assert!(
+            w.contains("Cause: the peer is alive (its side channel is up) but its NIC does not answer")
+                && w.contains("ACK timeout(s) and no RNR NAK"),
+            "{w}"
+        );
+        assert!(
+            !w.contains("receiver-not-ready") && !w.contains("closed its comm"),
+            "{w}"
+        );
+    }
 }
 
 /// The statistics file after a known traffic: bytes and messages of both comms, and per-QP

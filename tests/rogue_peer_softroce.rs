@@ -758,12 +758,14 @@ fn a_connect_to_a_listener_that_never_answers_times_out() {
 /// A rogue receiver that posts no receive: ferroce's write with immediate meets
 /// receiver-not-ready, which the NIC retries without end (rnr_retry 7, as NCCL sets it: an
 /// honest peer posts its receives before its CTS, so RNR lasts only while a peer misbehaves).
-/// The send neither completes nor fails; the hang WARN names RNR as the likely cause; closing
-/// the comm with the send in flight works at once, and the honest comm carries on.
+/// The send neither completes nor fails; the hang WARN names RNR as the cause from the QP's RNR
+/// NAK count (softroce counts them per QP), not a closed or a silent peer
+/// (docs/observability.md#hang-reports); closing the comm with the send in flight works at once,
+/// and the honest comm carries on.
 #[test]
 #[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
 fn a_receiver_that_posts_no_receive_gets_the_rnr_hang_warn_and_closes() {
-    case_env(
+    let w = case_env(
         "a_receiver_that_posts_no_receive_gets_the_rnr_hang_warn_and_closes",
         "127.0.14.8",
         &[("FERROCE_HANG_WARN_SEC", "1")],
@@ -798,7 +800,17 @@ fn a_receiver_that_posts_no_receive_gets_the_rnr_hang_warn_and_closes() {
             drop(rogue);
             h.check("after closing the comm stuck on RNR");
         },
-        &["receiver-not-ready", "127.0.0.1"],
+        &[
+            "Cause: receiver-not-ready (RNR)",
+            "RNR NAK(s) since the wait began",
+            "127.0.0.1",
+        ],
+    );
+    let hang: Vec<&String> = w.iter().filter(|l| l.contains("made no progress for")).collect();
+    assert!(
+        hang.iter()
+            .all(|l| !l.contains("closed its comm") && !l.contains("does not answer")),
+        "{hang:#?}"
     );
 }
 
@@ -993,5 +1005,57 @@ fn a_request_on_a_link_for_an_unknown_listener_is_refused_on_its_route() {
             drop((r, l, l2, rogue));
         },
         &[],
+    );
+}
+
+/// A send waiting for the ACK of its write (the path blackholed once the CTS landed) to a peer
+/// whose process goes away without a close report (the rogue drops its QPs and its side
+/// channel): the hang report names the closed peer, not receiver-not-ready or a silent peer
+/// (docs/observability.md#hang-reports). (A comm that closes in order sends its close report
+/// and the send fails at once instead.)
+#[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
+fn a_send_to_a_peer_that_went_away_names_the_close() {
+    let w = case_env(
+        "a_send_to_a_peer_that_went_away_names_the_close",
+        "127.0.14.15",
+        &[
+            ("FERROCE_HANG_WARN_SEC", "1"),
+            ("NCCL_IB_TIMEOUT", "16"),
+            ("NCCL_IB_RETRY_CNT", "7"),
+        ],
+        |ctx| {
+            let h = Honest::new(ctx);
+            let (s, rogue) = sender_to_rogue(ctx, &h);
+            let buf = (rogue.block.addr() + RING_BYTES) as u64;
+            rogue
+                .write_cts(0, &CtsEntry::new(buf, 64, [rogue.rkey(); 8], 1, 1, 0))
+                .expect("CTS");
+            std::thread::sleep(Duration::from_millis(200));
+            softroce_common::ctl("127.0.14.15", &["blackhole", "127.0.14.15"]);
+            let src = vec![1u8; 64];
+            let mh = reg(&*s, &src);
+            let q = isend(&s, &src, &mh).expect("the send matches the CTS");
+            drop(rogue);
+            let end = Instant::now() + Duration::from_millis(1700);
+            let mut sz = [0i32];
+            while Instant::now() < end {
+                // SAFETY: q is in flight until test says done or fails.
+                match unsafe { api::test(q, sz.as_mut_ptr()) } {
+                    Ok(done) => assert!(!done, "no ACK can come through the blackhole"),
+                    Err(_) => break,
+                }
+            }
+            drop(s);
+            api::dereg_mr(mh).expect("deregMr");
+            softroce_common::ctl("127.0.14.15", &["heal"]);
+        },
+        &["made no progress for", "Cause: the peer closed its comm"],
+    );
+    let hang: Vec<&String> = w.iter().filter(|l| l.contains("made no progress for")).collect();
+    assert!(
+        hang.iter()
+            .all(|l| !l.contains("RNR") && !l.contains("does not answer")),
+        "{hang:#?}"
     );
 }

@@ -48,4 +48,24 @@ struct softroce_counters {
 int softroce_counters_get(struct softroce_counters* out, size_t size);
 typedef int (*softroce_counters_get_fn)(struct softroce_counters* out, size_t size);
 
+/* One QP's transport events since it was created (a real NIC counts them per port only, in
+ * /sys/class/infiniband/DEV/ports/N/hw_counters): look softroce_qp_transport_get up as above
+ * (version node SOFTROCE_3). */
+#define SOFTROCE_QP_TRANSPORT_VERSION 1
+
+struct ibv_qp;
+
+struct softroce_qp_transport {
+  uint32_t version;           /* SOFTROCE_QP_TRANSPORT_VERSION of the library that filled it */
+  uint32_t size;              /* bytes it filled */
+  uint64_t timeouts;          /* local ACK timeouts (each consumes one retry_cnt): no answer */
+  uint64_t retransmits;       /* request packets sent again (timeouts, NAKs, probes) */
+  uint64_t rnr_naks_received; /* RNR NAKs: the responder's receive queue was empty */
+  uint64_t seq_naks_received; /* PSN sequence error NAKs */
+};
+
+/* Fills *out for qp (a QP of this library); 0, or EINVAL (NULL, size < 8). */
+int softroce_qp_transport_get(struct ibv_qp* qp, struct softroce_qp_transport* out, size_t size);
+typedef int (*softroce_qp_transport_get_fn)(struct ibv_qp* qp, struct softroce_qp_transport* out, size_t size);
+
 #endif

@@ -34,6 +34,19 @@ pub use cq::{CompletionQueue, WorkCompletion};
 pub use mr::MemoryRegion;
 pub use qp::QueuePair;
 
+/// softroce's `struct softroce_qp_transport` (softroce/include/softroce_counters.h, version 1):
+/// one QP's transport events since it was created.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QpTransportRepr {
+    pub version: u32,
+    pub size: u32,
+    pub timeouts: u64,
+    pub retransmits: u64,
+    pub rnr_naks_received: u64,
+    pub seq_naks_received: u64,
+}
+
 /// Declares the function table: each entry is `name: fn type = "version node"`.
 macro_rules! verbs_table {
     (
@@ -105,6 +118,9 @@ verbs_table! {
         ibv_set_ece: fn(*mut sys::ibv_qp, *mut sys::ibv_ece) -> c_int = "IBVERBS_1.10";
         // softroce's own: why ibv_get_device_list failed with EINVAL (docs/softroce-variables.md).
         softroce_config_error: fn() -> *const c_char = "SOFTROCE_2";
+        // softroce's own: one QP's ACK timeouts, retransmissions and RNR NAKs (the hang report's
+        // facts, docs/observability.md#hang-reports); a real NIC counts them per port only.
+        softroce_qp_transport_get: fn(*mut sys::ibv_qp, *mut QpTransportRepr, usize) -> c_int = "SOFTROCE_3";
     }
 }
 

@@ -247,6 +247,23 @@ impl QueuePair {
     }
 }
 
+impl QueuePair {
+    /// The QP's ACK timeouts, retransmissions and RNR NAKs received, where the NIC counts them
+    /// per QP (softroce's `softroce_qp_transport_get`); `None` on a NIC that does not.
+    pub fn transport_events(&self) -> Option<crate::transport::proto::hang::QpEvents> {
+        let get = self.pd.context.verbs.softroce_qp_transport_get?;
+        let mut r = super::QpTransportRepr::default();
+        // SAFETY: live QP of this library; `r` is a writable struct of the size passed.
+        let rc = unsafe { get(self.raw, &mut r, std::mem::size_of::<super::QpTransportRepr>()) };
+        // Fields up to rnr_naks_received filled (version 1 fills them all).
+        (rc == 0 && r.size as usize >= 32).then_some(crate::transport::proto::hang::QpEvents {
+            timeouts: r.timeouts,
+            retransmits: r.retransmits,
+            rnr_naks: r.rnr_naks_received,
+        })
+    }
+}
+
 impl Drop for QueuePair {
     fn drop(&mut self) {
         LIVE_QPS.fetch_sub(1, Ordering::Relaxed);

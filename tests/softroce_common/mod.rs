@@ -5,7 +5,7 @@
 //!
 //! Every softroce-backed test is `#[ignore = "needs softroce: ..."]`, so a plain `cargo test`
 //! on a host without softroce built reports it ignored, never passed. `make test` runs them with
-//! `FERROCE_TEST_SOFTROCE=1 cargo test --release --workspace -- --include-ignored --skip bench_`
+//! `FERROCE_TEST_SOFTROCE=1 cargo test --release --workspace -- --include-ignored --skip bench_ --skip setup_stress_campaign`
 //! after `make build` (docs/testing.md); run that way, a missing prerequisite (the gate, the
 //! built library, softroce-ctl) fails the test with what to do ([`require_softroce`]).
 #![allow(dead_code)]
@@ -116,21 +116,7 @@ pub fn child(test: &str, body: impl FnOnce()) -> bool {
 pub fn run_child(test: &str, addr: &str, env: &[(&str, &str)]) -> String {
     require_softroce();
     let dir = std::env::temp_dir().join(format!("ferroce-child-{test}-{}", std::process::id()));
-    let out = Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            test,
-            "--exact",
-            "--include-ignored",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env(CHILD, test)
-        .env("NCCL_IBVERBS_LIB", softroce_lib())
-        .env("SOFTROCE_ADDR", addr)
-        .env("SOFTROCE_CTL_DIR", &dir)
-        .env("NCCL_SOCKET_IFNAME", "lo")
-        .env("FERROCE_CONNECT_TIMEOUT_SEC", "10")
+    let out = child_command(test, addr, &dir)
         .envs(env.iter().copied())
         .output()
         .expect("run the child");
@@ -146,6 +132,29 @@ pub fn run_child(test: &str, addr: &str, env: &[(&str, &str)]) -> String {
         println!("{line}");
     }
     text
+}
+
+/// The command that runs test `test` of this test binary (the caller) as a child process, where
+/// [`child`] runs its body: softroce as the plugin's libibverbs on `addr`, its fault-control
+/// directory `ctl_dir`, the side channel on lo, a 10 s setup timeout. [`run_child`] runs one
+/// and waits; a test that needs several at once (tests/setup_stress_softroce.rs) spawns them.
+pub fn child_command(test: &str, addr: &str, ctl_dir: &std::path::Path) -> Command {
+    let mut c = Command::new(std::env::current_exe().expect("test binary"));
+    c.args([
+        test,
+        "--exact",
+        "--include-ignored",
+        "--nocapture",
+        "--test-threads",
+        "1",
+    ])
+    .env(CHILD, test)
+    .env("NCCL_IBVERBS_LIB", softroce_lib())
+    .env("SOFTROCE_ADDR", addr)
+    .env("SOFTROCE_CTL_DIR", ctl_dir)
+    .env("NCCL_SOCKET_IFNAME", "lo")
+    .env("FERROCE_CONNECT_TIMEOUT_SEC", "10");
+    c
 }
 
 /// `softroce-ctl ADDR ARGS...` (fault control of the softroce device on ADDR), which must

@@ -30,6 +30,7 @@
 #   127.0.70  70-resilience.sh
 #   127.0.78  ci/pyverbs.sh (21-pyverbs.sh)
 #   127.0.81  80-sanitizers.sh              127.0.82  80-sanitizers.sh (ThreadSanitizer)
+#   127.0.87  tests/setup_stress_softroce.rs (85-setup-stress.sh, ci/setup-stress.sh; .rank+1)
 # (20-softroce-netns.sh uses its own namespaces; 127.0.0.1 only for free ports and NCCL's
 # bootstrap.)
 # shellcheck shell=bash

@@ -3,6 +3,11 @@
 //! `dlsym(dlopen("libibverbs.so.1", RTLD_NOLOAD), "softroce_counters_get")` — absent from a real
 //! libibverbs, which is how a caller knows no softroce is there. The struct is declared in
 //! `softroce/include/softroce_counters.h`.
+//!
+//! `softroce_qp_transport_get`: one QP's transport events (ACK timeouts, retransmissions, RNR and
+//! sequence NAKs received), what a real NIC keeps only per port (mlx5's `hw_counters`), for an
+//! application that wants to tell apart a silent peer from one whose receiver is not ready
+//! (ferroce's hang report, docs/observability.md#hang-reports).
 
 use std::ffi::c_int;
 
@@ -33,6 +38,63 @@ pub unsafe extern "C" fn softroce_counters_get(out: *mut CountersRepr, size: usi
     })
 }
 
+/// Version of [`QpTransportRepr`] (fields are only ever appended).
+pub const QP_TRANSPORT_VERSION: u32 = 1;
+
+/// `struct softroce_qp_transport` (`softroce/include/softroce_counters.h`): one QP's transport
+/// events since it was created, from its core's statistics.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct QpTransportRepr {
+    pub version: u32,
+    /// Bytes of the struct the library filled.
+    pub size: u32,
+    /// Local ACK timeouts (each consumes one `retry_cnt`): the responder did not answer.
+    pub timeouts: u64,
+    /// Request packets sent again (timeouts, NAKs, probes).
+    pub retransmits: u64,
+    /// RNR NAKs received: the responder's receive queue was empty.
+    pub rnr_naks_received: u64,
+    /// PSN sequence error NAKs received.
+    pub seq_naks_received: u64,
+}
+
+/// Fills `*out` (of `size` bytes) with the transport events of `qp`, as much of this library's
+/// struct as fits (`version` and `size` say what was filled). 0 on success, `EINVAL` when `qp` or
+/// `out` is NULL or `size` cannot hold the version and size fields.
+///
+/// # Safety
+/// `qp` must be NULL or a live QP of this library; `out` NULL or valid for writing `size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn softroce_qp_transport_get(
+    qp: *mut rdma_sys::ibv_qp,
+    out: *mut QpTransportRepr,
+    size: usize,
+) -> c_int {
+    ffi_guard!(libc::EIO, {
+        // SAFETY: NULL or a live QP of ours, per the contract.
+        let Some(q) = (unsafe { super::qp::Qp::from_ibv(qp) }) else {
+            return libc::EINVAL;
+        };
+        if out.is_null() || size < 8 {
+            return libc::EINVAL;
+        }
+        let st = q.shared.lock_core().stats();
+        let n = size.min(std::mem::size_of::<QpTransportRepr>());
+        let c = QpTransportRepr {
+            version: QP_TRANSPORT_VERSION,
+            size: n as u32,
+            timeouts: st.timeouts,
+            retransmits: st.retransmits,
+            rnr_naks_received: st.rnr_naks_received,
+            seq_naks_received: st.seq_naks_received,
+        };
+        // SAFETY: `out` is valid for `size` >= n bytes per the contract; `c` is on our stack.
+        unsafe { std::ptr::copy_nonoverlapping(&c as *const QpTransportRepr as *const u8, out as *mut u8, n) };
+        0
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -56,5 +118,18 @@ mod tests {
         // SAFETY: as above.
         let rc = unsafe { softroce_counters_get(short.as_mut_ptr() as *mut CountersRepr, 4) };
         assert_eq!(rc, libc::EINVAL);
+    }
+
+    #[test]
+    fn qp_transport_layout_and_a_bad_call_einval() {
+        use std::mem::{offset_of, size_of};
+        assert_eq!(size_of::<QpTransportRepr>(), 40);
+        assert_eq!(offset_of!(QpTransportRepr, timeouts), 8);
+        assert_eq!(offset_of!(QpTransportRepr, seq_naks_received), 32);
+        let mut out = QpTransportRepr::default();
+        // SAFETY: a NULL QP is refused before anything is read or written.
+        let rc = unsafe { softroce_qp_transport_get(std::ptr::null_mut(), &mut out, size_of::<QpTransportRepr>()) };
+        assert_eq!(rc, libc::EINVAL);
+        assert_eq!(out, QpTransportRepr::default());
     }
 }

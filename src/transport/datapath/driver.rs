@@ -10,6 +10,7 @@ use crate::ibv::cq::Failed;
 use crate::ibv::{sys, QueuePair, WorkCompletion};
 use crate::transport::conn::{qps, Conn, FatalKind};
 use crate::transport::proto::handshake::CLOSE_VERSION;
+use crate::transport::proto::hang::{self, QpEvents};
 use crate::transport::proto::plan::{Op, Post, WorkRequest};
 use crate::transport::proto::recovery::Role;
 use crate::transport::proto::recv::RQ_BATCH;
@@ -19,6 +20,8 @@ use crate::transport::sidechannel::Peek;
 use crate::transport::stats::{self, CommStats};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+mod hang_report;
 
 /// Completions taken per `ibv_poll_cq` call (NCCL takes 4; the loop goes on while a batch
 /// comes back full). Each comm keeps this many `ibv_wc` (48 bytes each).
@@ -152,6 +155,8 @@ pub struct Driver {
     idle_since: Option<Instant>,
     /// The last hang WARN of this comm.
     hang_warned: Option<Instant>,
+    /// The QPs' transport events when the wait began (where the NIC counts them).
+    wait_events: Option<QpEvents>,
     pub(crate) wcs: [WorkCompletion; POLL_BATCH],
 }
 
@@ -177,6 +182,7 @@ impl Driver {
             last_probe: Instant::now(),
             idle_since: None,
             hang_warned: None,
+            wait_events: None,
             wcs: std::array::from_fn(|_| WorkCompletion::default()),
         }
     }
@@ -417,8 +423,12 @@ impl Driver {
     /// the peer is gone; the caller polls once more (completions that raced with the peer's
     /// exit still count) and then calls [`Driver::fail_peer_gone`]. When nothing completed
     /// for FERROCE_HANG_WARN_SEC, WARNs (once per interval) what the comm waits for, in the
-    /// words `waiting_for` gives.
-    pub fn idle_probe(&mut self, state: &mut CommState, waiting_for: impl FnOnce() -> String) -> Result<bool> {
+    /// words `waiting_for` gives from the facts gathered ([`hang::Facts`]).
+    pub fn idle_probe(
+        &mut self,
+        state: &mut CommState,
+        waiting_for: impl FnOnce(&hang::Facts) -> String,
+    ) -> Result<bool> {
         state.check()?;
         self.idle = self.idle.wrapping_add(1);
         if !self.idle.is_multiple_of(PROBE_EVERY) {
@@ -429,11 +439,12 @@ impl Driver {
             return Ok(false);
         }
         self.last_probe = now;
-        self.check_hang(now, waiting_for);
+        let peek = self.conn.chan.peek();
+        self.check_hang(now, peek == Peek::Gone, waiting_for);
         // While this comm waits, the process's comms NCCL is not calling move on (their
         // peers' recoveries may be what this one waits for).
         super::watch::step_idle_comms();
-        match self.conn.chan.peek() {
+        match peek {
             Peek::Gone => Ok(true),
             // A recovery message: the next poll reads it.
             Peek::Data => {
@@ -461,39 +472,6 @@ impl Driver {
             return true;
         }
         false
-    }
-
-    /// The hang report: one WARN per FERROCE_HANG_WARN_SEC while nothing completes.
-    fn check_hang(&mut self, now: Instant, waiting_for: impl FnOnce() -> String) {
-        let every = crate::config::get().hang_warn_sec;
-        if every == 0 {
-            return;
-        }
-        let since = *self.idle_since.get_or_insert(now);
-        let interval = Duration::from_secs(every);
-        let stuck = now.duration_since(since);
-        if stuck < interval || self.hang_warned.is_some_and(|t| now.duration_since(t) < interval) {
-            return;
-        }
-        self.hang_warned = Some(now);
-        let c = &self.conn;
-        let qps = c
-            .qps
-            .iter()
-            .map(|q| format!("{:#x}", q.qp.qpn()))
-            .collect::<Vec<_>>()
-            .join(",");
-        let devices = c.devs.iter().map(|d| d.dev.label()).collect::<Vec<_>>().join("+");
-        crate::log_warn!(
-            "{} comm with {} on {} (QPs {qps}) made no progress for {} s: waiting for {}; {} work requests posted, {} completions polled (FERROCE_HANG_WARN_SEC={every} sets this report)",
-            self.kind,
-            c.chan.peer(),
-            devices,
-            stuck.as_secs(),
-            waiting_for(),
-            self.wrs_posted,
-            self.completions,
-        );
     }
 
     /// After a failed completion: whether the receiver closed and said what it took (wire

@@ -437,7 +437,7 @@ impl RecvDp {
         self.poll()?;
         self.flush_cts()?;
         let in_flight = self.in_flight();
-        let waiting = || {
+        let waiting = |_: &_| {
             format!("room for the next receive ({in_flight} in flight): CTS writes to the sender that do not complete, or a recovery of the connection")
         };
         if self.io.idle_probe(&mut self.core.state, waiting)? {
@@ -558,7 +558,7 @@ impl RecvDp {
         if done.is_none() {
             let kind = self.core.kind_of(idx);
             let in_flight = self.in_flight();
-            let waiting = || {
+            let waiting = |_: &_| {
                 if kind == Some(ReqKind::Flush) {
                     "a GPU-flush read on the loopback QP (the local NIC does not answer)".to_string()
                 } else {

@@ -16,6 +16,7 @@ use crate::transport::conn::{Conn, RegBuf};
 use crate::transport::proto::eager::{self, EagerSendConfig, EAGER_QP};
 use crate::transport::proto::fifo;
 use crate::transport::proto::handshake::EAGER_VERSION;
+use crate::transport::proto::hang;
 use crate::transport::proto::limits::MAX_DEVS;
 use crate::transport::proto::plan::{LocalBlock, RemoteBlock};
 use crate::transport::proto::plan::{Op, Post};
@@ -242,7 +243,7 @@ impl SendDp {
         if self.io.stats.is_some() && self.cts_wait_since.is_none() {
             self.cts_wait_since = Some(clock::now());
         }
-        let waiting = || {
+        let waiting = |_: &hang::Facts| {
             "the receiver's CTS for the next message: the peer has posted no matching receive (is its proxy thread stuck, or is it waiting for another peer?)".to_string()
         };
         if self.io.idle_probe(&mut self.core.state, waiting)? {
@@ -374,13 +375,15 @@ impl SendDp {
         // landed, before our ACK. Without one, what the request waits for only the receiver
         // could send (an eager message's verdict in its CTS): it never comes.
         let (waiting, open, in_flight) = (self.core.waiting(), self.core.group_open(), self.in_flight());
-        let gone = self.io.idle_probe(&mut self.core.state, || {
+        // What the writes wait for is told apart by the facts the probe gathered (proto::hang).
+        let gone = self.io.idle_probe(&mut self.core.state, |facts| {
+            let cause = hang::describe(hang::cause(facts));
             if waiting {
-                "send-queue credits: completions of earlier writes (the network or the peer's NIC does not answer)".to_string()
+                format!("send-queue credits: completions of earlier writes. {cause}")
             } else if open {
                 "the other sends of a grouped receive (NCCL has not issued them yet)".to_string()
             } else {
-                format!("completions of {in_flight} posted send(s). Likely cause: receiver-not-ready (RNR) — the peer's NIC answers but the peer posted no receive for the write with immediate, which the NIC retries without end (rnr_retry 7, as NCCL sets it): is the peer a ferroce or NCCL receiver, and alive? Else the network or the peer's NIC does not answer (check the link and the GID; NCCL_IB_TIMEOUT x NCCL_IB_RETRY_CNT bounds that wait, and then the send fails)")
+                format!("completions of {in_flight} posted send(s). {cause}")
             }
         })?;
         if gone && !self.io.recovery.pending() && !self.core.chains_in_flight() {

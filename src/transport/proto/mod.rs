@@ -19,6 +19,8 @@
 //! * [`eager`] — the eager path's formats and the rule both ends decide claims with.
 //! * [`link`] — one side-channel link per pair of processes: routing and the choices of both
 //!   ends.
+//! * [`hang`] — what a send that completes nothing waits for, from the facts the I/O layer
+//!   gathers (the hang report's cause).
 //!
 //! Dependencies point one way: this folder uses only `std` (no `std::net`, no
 //! `std::time::Instant`), `crate::error` and itself; `ci/tests/05-layers.sh` checks it.
@@ -27,6 +29,7 @@
 pub mod eager;
 pub mod fifo;
 pub mod handshake;
+pub mod hang;
 pub mod limits;
 pub mod link;
 pub mod plan;

@@ -398,7 +398,9 @@ fn await_response(mut r: Box<Requested>, plan: &mut LinkPlan, listener_process: 
     let read = r.chan.flush().and_then(|_| r.chan.poll_recv());
     let incoming = match read {
         Ok(None) => {
-            r.state.handle_timeout(now).map_err(|e| setup_error(peer, e))?;
+            if let Err(e) = r.state.handle_timeout(now) {
+                return Err(give_up(&mut r.chan, &r.state, setup_error(peer, e)));
+            }
             return Ok(Awaited::Waiting(r));
         }
         Ok(Some(m)) => Ok(m),
@@ -420,13 +422,15 @@ fn await_response(mut r: Box<Requested>, plan: &mut LinkPlan, listener_process: 
         qps_per_req,
         inline,
     } = *r;
-    conn::check_peer(&devs, qps.len(), !probes.is_empty(), &resp)?;
-    let side = join(plan, listener_process, &resp.link, peer).map_err(|e| {
-        Error::remote(format!(
-            "{peer} answered the side-channel link offer with one that does not fit ({e}): a corrupt or incompatible peer"
-        ))
-    })?;
-    let qps = conn::bring_up(&devs, qps, &placement, &probes, &resp, resp.tc, resp.sl)?;
+    let brought_up = conn::check_peer(&devs, qps.len(), !probes.is_empty(), &resp).and_then(|_| {
+        let side = join(plan, listener_process, &resp.link, peer).map_err(|e| {
+            Error::remote(format!(
+                "{peer} answered the side-channel link offer with one that does not fit ({e}): a corrupt or incompatible peer"
+            ))
+        })?;
+        Ok((side, conn::bring_up(&devs, qps, &placement, &probes, &resp, resp.tc, resp.sl)?))
+    });
+    let (side, qps) = brought_up.map_err(|e| give_up(&mut chan, &state, e))?;
     let (state, ready) = state.handle_brought_up();
     chan.queue(&ready);
     Ok(Awaited::Answered(Box::new(Answered {
@@ -441,6 +445,15 @@ fn await_response(mut r: Box<Requested>, plan: &mut LinkPlan, listener_process: 
         inline,
         side,
     })))
+}
+
+/// The connector gives up with its request out: tell the listener why before the channel
+/// closes (it may have answered and be waiting for `Ready`; without this it would see only a
+/// closed connection), best effort, then fail with `e`.
+fn give_up(chan: &mut SideChannel, state: &AwaitResponse, e: Error) -> Error {
+    chan.queue(&state.handle_failed(&e.message));
+    let _ = chan.flush();
+    e
 }
 
 /// What the listener's link answer `got` means for this comm (the port it joins now).
@@ -531,6 +544,8 @@ fn setup_error(peer: SocketAddr, e: SetupError) -> Error {
             format!("{peer} answered with another nonce: not the listener of this handle")
         }
         SetupError::Rejected { code, text } => format!("{peer} rejected the connection (code {code}): {text}"),
+        // (The listener's error; a connector never sees it.)
+        SetupError::ConnectorFailed { text } => format!("{peer}: the connector gave up: {text}"),
         SetupError::Unexpected { got, .. } => format!("{peer} sent {got} during connection setup"),
         SetupError::TimedOut { after, .. } => timed_out(peer, after),
     })

@@ -17,7 +17,7 @@ use crate::transport::datapath::watch::Guarded;
 use crate::transport::proto::eager;
 use crate::transport::proto::handshake::{self, EndpointRepr, HandleRepr, Message, FLAG_SPLIT};
 use crate::transport::proto::recv as recv_core;
-use crate::transport::proto::setup::{AwaitReady, AwaitRequest, Incoming, Refusal};
+use crate::transport::proto::setup::{AwaitReady, AwaitRequest, Incoming, Refusal, SetupError};
 use crate::transport::proto::split;
 use crate::transport::proto::time::Time;
 use crate::transport::sidechannel::shared_link::{self, Joining, Port, SideChannel};
@@ -132,7 +132,7 @@ impl ListenComm {
         };
         let expired = now.saturating_since(first) > timeout;
         self.take_requests(now, timeout, expired)?;
-        if let Some(comm) = self.progress_accepting(now) {
+        if let Some(comm) = self.progress_accepting(now)? {
             return Ok(Some(comm));
         }
         if matches!(self.slot, Slot::Free) && expired {
@@ -200,15 +200,24 @@ impl ListenComm {
     }
 
     /// The identified connection: send our answer, wait for `Ready`; the comm once it came.
-    fn progress_accepting(&mut self, now: Time) -> Option<Box<RecvComm>> {
+    /// `Err`: its connector gave up and said why (it does not try again: NCCL got its error),
+    /// so this accept fails now with that reason rather than after its whole timeout.
+    fn progress_accepting(&mut self, now: Time) -> Result<Option<Box<RecvComm>>> {
         let Slot::Accepting(mut a) = std::mem::replace(&mut self.slot, Slot::Free) else {
-            return None;
+            return Ok(None);
         };
-        let incoming = match a.chan.flush().and_then(|_| read(&mut a.chan)) {
+        // Read even when the answer cannot be sent: a connector that gave up sent its reason
+        // (a `Reject`) before closing, and that reason is worth more than our write's error.
+        let flushed = a.chan.flush();
+        let incoming = match read(&mut a.chan) {
+            Ok(Some(m)) => Ok(Some(m)),
+            r => flushed.and(r),
+        };
+        let incoming = match incoming {
             Ok(m) => m,
             Err(e) => {
                 crate::log_warn!("listener: {} failed during the handshake: {e}; dropped", a.chan.peer());
-                return None;
+                return Ok(None);
             }
         };
         let verdict = match incoming {
@@ -216,7 +225,7 @@ impl ListenComm {
             None => match a.state.handle_timeout(now) {
                 Ok(()) => {
                     self.slot = Slot::Accepting(a);
-                    return None;
+                    return Ok(None);
                 }
                 Err(e) => Err(Refusal { error: e, reject: None }),
             },
@@ -224,11 +233,21 @@ impl ListenComm {
         match verdict {
             Ok(()) => {
                 let Accepting { chan, parts, .. } = *a;
-                Some(Box::new(RecvComm { dp: parts.finish(chan) }))
+                Ok(Some(Box::new(RecvComm { dp: parts.finish(chan) })))
             }
             Err(r) => {
+                let peer = a.chan.peer();
+                let gave_up = match &r.error {
+                    SetupError::ConnectorFailed { text } => Some(text.clone()),
+                    _ => None,
+                };
                 refuse(a.chan, r);
-                None
+                match gave_up {
+                    Some(text) => Err(Error::remote(format!(
+                        "the connector at {peer} gave up after this listener answered: {text} (see that process's log)"
+                    ))),
+                    None => Ok(None),
+                }
             }
         }
     }

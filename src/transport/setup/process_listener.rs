@@ -224,6 +224,9 @@ pub fn refuse(mut chan: SideChannel, r: Refusal) {
         SetupError::WrongNonce { .. } => {
             crate::log_warn!("listener: {peer} sent Ready with another listener's nonce; dropped")
         }
+        SetupError::ConnectorFailed { text } => {
+            crate::log_warn!("listener: {peer} gave up the handshake after our answer: {text}; dropped")
+        }
         SetupError::Rejected { .. } => crate::log_warn!(
             "listener: second connection attempt from {peer} while one is being accepted; rejected"
         ),

@@ -32,6 +32,10 @@ pub mod reject {
     pub const BUSY: u32 = 2;
     /// The listener could not build its end (verbs resources).
     pub const SETUP_FAILED: u32 = 3;
+    /// (Connector to listener.) The connector gave up after its request went out (the text
+    /// says why): the listener drops the connection at once, naming that reason, instead of
+    /// seeing only a closed connection.
+    pub const CONNECTOR_FAILED: u32 = 4;
 }
 
 /// Why setup failed (or, on the listener, why one connection is dropped).
@@ -45,6 +49,8 @@ pub enum SetupError {
     WrongNonce { got: u64 },
     /// The listener refuses the connection.
     Rejected { code: u32, text: String },
+    /// (Listener.) The connector gave up after our answer and said why.
+    ConnectorFailed { text: String },
     /// The state did not advance within the setup timeout.
     TimedOut { state: &'static str, after: Duration },
 }
@@ -61,6 +67,7 @@ impl fmt::Display for SetupError {
                 )
             }
             SetupError::Rejected { code, text } => write!(f, "rejected the connection (code {code}): {text}"),
+            SetupError::ConnectorFailed { text } => write!(f, "the connector gave up: {text}"),
             SetupError::TimedOut { state, after } => write!(f, "no progress in {state} within {after:?}"),
         }
     }
@@ -178,6 +185,16 @@ impl AwaitResponse {
 
     pub fn handle_timeout(&self, now: Time) -> Result<(), SetupError> {
         self.timer.check(now, "AwaitResponse")
+    }
+
+    /// The connector gives up (`why`: its error) with its request out: the `Reject` to send
+    /// before closing, so the listener, which may have answered already, drops its end at
+    /// once and says why rather than seeing only a closed connection.
+    pub fn handle_failed(&self, why: &str) -> Message {
+        Message::Reject {
+            code: reject::CONNECTOR_FAILED,
+            text: why.into(),
+        }
     }
 }
 
@@ -328,11 +345,15 @@ pub struct AwaitReady {
 }
 
 impl AwaitReady {
-    /// A message from the connector: `Ok` = `Ready` with our nonce, the connection is up.
+    /// A message from the connector: `Ok` = `Ready` with our nonce, the connection is up. A
+    /// `Reject`: the connector gave up (see [`AwaitResponse::handle_failed`]).
     pub fn handle_message(&self, m: Incoming) -> Result<(), Refusal> {
         match m.map_err(|e| Refusal::silent(SetupError::Malformed(e)))? {
             Message::Ready { nonce } if nonce == self.nonce => Ok(()),
             Message::Ready { nonce } => Err(Refusal::silent(SetupError::WrongNonce { got: nonce })),
+            Message::Reject { code, text } => Err(Refusal::silent(SetupError::ConnectorFailed {
+                text: format!("{text} (code {code})"),
+            })),
             other => Err(Refusal::silent(SetupError::Unexpected {
                 state: "AwaitReady",
                 got: kind_name(&other),
@@ -346,293 +367,4 @@ impl AwaitReady {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::super::handshake::{DevRepr, FrameReader, LinkLayer, QpRepr, NAME_BYTES, WIRE_VERSION};
-    use super::*;
-
-    const NONCE: u64 = 0x00c0_ffee_0000_0001;
-    const FOREIGN: u64 = 0x0bad_0000_0000_0003;
-    const TIMEOUT: Duration = Duration::from_secs(5);
-
-    fn endpoint(nonce: u64) -> EndpointRepr {
-        EndpointRepr {
-            nonce,
-            tc: 0,
-            sl: 0,
-            flags: 0,
-            addr: 0x1000,
-            devs: vec![DevRepr {
-                gid: [1; 16],
-                lid: 0,
-                port: 1,
-                link_layer: LinkLayer::Ethernet,
-                mtu: 3,
-                gid_index: 1,
-                rkey: 7,
-                name: [0; NAME_BYTES],
-            }],
-            qps: vec![QpRepr { qpn: 0x11, dev: 0 }],
-            eager: Default::default(),
-            link: Default::default(),
-        }
-    }
-
-    fn req(nonce: u64) -> Incoming {
-        Ok(Message::ConnectReq(endpoint(nonce)))
-    }
-    fn resp(nonce: u64) -> Incoming {
-        Ok(Message::ConnectResp(endpoint(nonce)))
-    }
-    fn ready(nonce: u64) -> Incoming {
-        Ok(Message::Ready { nonce })
-    }
-    fn reject() -> Incoming {
-        Ok(Message::Reject {
-            code: reject::BUSY,
-            text: "busy".into(),
-        })
-    }
-    /// A frame the reader rejects (a valid header with an unknown kind).
-    fn malformed() -> Incoming {
-        let mut bytes = Vec::new();
-        Message::Ready { nonce: NONCE }.emit(WIRE_VERSION, &mut bytes);
-        bytes[10] = 99;
-        let mut r = FrameReader::default();
-        r.handle_bytes(&bytes);
-        let m = r.poll_message();
-        assert!(m.is_err(), "the fixture must be malformed");
-        m.map(|m| m.expect("an error, not a message").message)
-    }
-    fn t(secs: u64) -> Time {
-        Time::ZERO + Duration::from_secs(secs)
-    }
-
-    fn await_response() -> AwaitResponse {
-        Dialing::new(NONCE, t(0), TIMEOUT).handle_dialed()
-    }
-
-    #[test]
-    fn connector_happy_path() {
-        let dialing = Dialing::new(NONCE, t(0), TIMEOUT);
-        assert_eq!(dialing.nonce(), NONCE);
-        let waiting = dialing.handle_dialed();
-        assert_eq!(waiting.handle_message(resp(NONCE)), Ok(endpoint(NONCE)));
-        let (finishing, ready_msg) = waiting.handle_brought_up();
-        assert_eq!(ready_msg, Message::Ready { nonce: NONCE });
-        assert_eq!(finishing.handle_timeout(t(1)), Ok(()));
-    }
-
-    #[test]
-    fn connector_refuses_malformed_reordered_duplicate_and_foreign_messages() {
-        let w = await_response();
-        assert!(matches!(w.handle_message(malformed()), Err(SetupError::Malformed(_))));
-        // The listener's own kinds reflected back, or our Ready before the response.
-        assert_eq!(
-            w.handle_message(req(NONCE)),
-            Err(SetupError::Unexpected {
-                state: "AwaitResponse",
-                got: "ConnectReq"
-            })
-        );
-        assert_eq!(
-            w.handle_message(ready(NONCE)),
-            Err(SetupError::Unexpected {
-                state: "AwaitResponse",
-                got: "Ready"
-            })
-        );
-        assert_eq!(
-            w.handle_message(resp(FOREIGN)),
-            Err(SetupError::WrongNonce { got: FOREIGN })
-        );
-        assert_eq!(
-            w.handle_message(reject()),
-            Err(SetupError::Rejected {
-                code: reject::BUSY,
-                text: "busy".into()
-            })
-        );
-        // Errors leave the state as it was: the right answer still completes it.
-        assert_eq!(w.handle_message(resp(NONCE)), Ok(endpoint(NONCE)));
-        assert_eq!(
-            w.handle_message(resp(NONCE)),
-            Ok(endpoint(NONCE)),
-            "the state decides, not history"
-        );
-    }
-
-    #[test]
-    fn connector_times_out_after_the_request_and_after_bring_up() {
-        // The timer runs from the start of the connect, through every state.
-        let waiting = Dialing::new(NONCE, t(0), TIMEOUT).handle_dialed();
-        let limit = t(5);
-        let past = limit + Duration::from_nanos(1);
-        assert_eq!(waiting.handle_timeout(limit), Ok(()), "at the deadline: still waiting");
-        assert_eq!(
-            waiting.handle_timeout(past),
-            Err(SetupError::TimedOut {
-                state: "AwaitResponse",
-                after: TIMEOUT
-            })
-        );
-        let (finishing, _) = waiting.handle_brought_up();
-        assert_eq!(finishing.handle_timeout(limit), Ok(()));
-        assert!(matches!(
-            finishing.handle_timeout(past),
-            Err(SetupError::TimedOut { state: "Finishing", .. })
-        ));
-    }
-
-    #[test]
-    fn acceptor_happy_path() {
-        let a = AwaitRequest::new(NONCE, t(0), TIMEOUT);
-        assert_eq!(a.handle_message(req(NONCE), false), Ok(endpoint(NONCE)));
-        let r = a.handle_built(t(2));
-        assert_eq!(r.handle_message(ready(NONCE)), Ok(()));
-    }
-
-    #[test]
-    fn acceptor_await_request_refuses_the_wrong_messages() {
-        let a = AwaitRequest::new(NONCE, t(0), TIMEOUT);
-        let r = a.handle_message(malformed(), false).unwrap_err();
-        assert!(matches!(r.error, SetupError::Malformed(_)) && r.reject.is_none());
-        // Reordered: Ready (or a response) before the request; a Reject from the peer.
-        for (m, kind) in [
-            (ready(NONCE), "Ready"),
-            (resp(NONCE), "ConnectResp"),
-            (reject(), "Reject"),
-        ] {
-            let r = a.handle_message(m, false).unwrap_err();
-            assert_eq!(
-                r,
-                Refusal::silent(SetupError::Unexpected {
-                    state: "AwaitRequest",
-                    got: kind
-                })
-            );
-        }
-        // Foreign: another listener's handle is told why.
-        let r = a.handle_message(req(FOREIGN), false).unwrap_err();
-        assert_eq!(r.error, SetupError::WrongNonce { got: FOREIGN });
-        assert!(matches!(
-            r.reject.as_deref(),
-            Some(Message::Reject {
-                code: reject::NONCE_MISMATCH,
-                ..
-            })
-        ));
-        // A second valid request while another connection is being accepted.
-        let r = a.handle_message(req(NONCE), true).unwrap_err();
-        assert!(matches!(
-            r.reject.as_deref(),
-            Some(Message::Reject { code: reject::BUSY, .. })
-        ));
-        // A failed build is reported to the peer.
-        assert!(matches!(
-            a.handle_build_failed("no CQ"),
-            Message::Reject { code: reject::SETUP_FAILED, text } if text.contains("no CQ")
-        ));
-    }
-
-    #[test]
-    fn a_shared_listener_files_a_request_by_its_nonce_and_refuses_the_rest() {
-        let u = Unidentified::new(t(0), TIMEOUT);
-        let listening = |n: u64| n == NONCE || n == NONCE + 1;
-        assert_eq!(u.handle_message(req(NONCE), listening), Ok(endpoint(NONCE)));
-        assert_eq!(u.handle_message(req(NONCE + 1), listening), Ok(endpoint(NONCE + 1)));
-        // A handle no listen comm of this process issued (stale, foreign, or closed) is told why.
-        let r = u.handle_message(req(FOREIGN), listening).unwrap_err();
-        assert_eq!(r.error, SetupError::WrongNonce { got: FOREIGN });
-        assert!(matches!(
-            r.reject.as_deref(),
-            Some(Message::Reject {
-                code: reject::NONCE_MISMATCH,
-                ..
-            })
-        ));
-        let r = u.handle_message(malformed(), listening).unwrap_err();
-        assert!(matches!(r.error, SetupError::Malformed(_)) && r.reject.is_none());
-        for (m, kind) in [
-            (ready(NONCE), "Ready"),
-            (resp(NONCE), "ConnectResp"),
-            (reject(), "Reject"),
-        ] {
-            assert_eq!(
-                u.handle_message(m, listening).unwrap_err(),
-                Refusal::silent(SetupError::Unexpected {
-                    state: "AwaitRequest",
-                    got: kind
-                })
-            );
-        }
-        assert_eq!(u.handle_timeout(t(0) + TIMEOUT), Ok(()));
-        assert!(matches!(
-            u.handle_timeout(t(0) + TIMEOUT + Duration::from_millis(1)),
-            Err(SetupError::TimedOut {
-                state: "AwaitRequest",
-                ..
-            })
-        ));
-    }
-
-    #[test]
-    fn acceptor_await_ready_refuses_the_wrong_messages() {
-        let r = AwaitRequest::new(NONCE, t(0), TIMEOUT).handle_built(t(1));
-        let e = r.handle_message(malformed()).unwrap_err();
-        assert!(matches!(e.error, SetupError::Malformed(_)) && e.reject.is_none());
-        // Duplicate request, reflected response, a Reject.
-        for (m, kind) in [
-            (req(NONCE), "ConnectReq"),
-            (resp(NONCE), "ConnectResp"),
-            (reject(), "Reject"),
-        ] {
-            assert_eq!(
-                r.handle_message(m),
-                Err(Refusal::silent(SetupError::Unexpected {
-                    state: "AwaitReady",
-                    got: kind
-                }))
-            );
-        }
-        // Foreign Ready: just closed.
-        assert_eq!(
-            r.handle_message(ready(FOREIGN)),
-            Err(Refusal::silent(SetupError::WrongNonce { got: FOREIGN }))
-        );
-        assert_eq!(r.handle_message(ready(NONCE)), Ok(()));
-    }
-
-    #[test]
-    fn acceptor_times_out_per_state() {
-        let a = AwaitRequest::new(NONCE, t(0), TIMEOUT);
-        assert_eq!(a.handle_timeout(t(5)), Ok(()));
-        assert!(matches!(
-            a.handle_timeout(t(5) + Duration::from_nanos(1)),
-            Err(SetupError::TimedOut {
-                state: "AwaitRequest",
-                ..
-            })
-        ));
-        // Built at t=1: the wait for Ready has its own full timeout.
-        let r = a.handle_built(t(1));
-        assert_eq!(r.handle_timeout(t(6)), Ok(()));
-        assert!(matches!(
-            r.handle_timeout(t(6) + Duration::from_nanos(1)),
-            Err(SetupError::TimedOut {
-                state: "AwaitReady",
-                ..
-            })
-        ));
-    }
-
-    #[test]
-    fn errors_read_well() {
-        let e = SetupError::WrongNonce { got: 3 };
-        assert!(e.to_string().contains("not this listener's"), "{e}");
-        let e = SetupError::TimedOut {
-            state: "AwaitReady",
-            after: TIMEOUT,
-        };
-        assert_eq!(e.to_string(), "no progress in AwaitReady within 5s");
-    }
-}
+mod tests;
