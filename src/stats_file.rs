@@ -239,32 +239,10 @@ pub(crate) fn finish() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::stats::{Histogram, QpStats};
-    use std::sync::atomic::{AtomicU32, AtomicU64};
     use std::sync::Arc;
 
     fn comm() -> CommStats {
-        CommStats {
-            kind: "send",
-            peer: "127.0.0.1:5\"x".into(),
-            devices: "rxe0".into(),
-            bytes: AtomicU64::new(10),
-            messages: AtomicU64::new(2),
-            post_calls: AtomicU64::new(2),
-            wrs: AtomicU64::new(3),
-            completions: AtomicU64::new(2),
-            errors: AtomicU64::new(0),
-            cts_writes: AtomicU64::new(0),
-            cts_wait_ns: AtomicU64::new(7),
-            eager: AtomicU64::new(0),
-            latency: Histogram::default(),
-            qps: vec![QpStats {
-                qpn: AtomicU32::new(16),
-                ..QpStats::default()
-            }]
-            .into_boxed_slice(),
-            closed: AtomicBool::new(false),
-        }
+        CommStats::sample_send()
     }
 
     /// The file's text, key by key as the hand-written JSON before it had it (the tools that

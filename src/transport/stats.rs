@@ -366,6 +366,36 @@ pub(crate) fn since(start: Time, now: Time) -> u64 {
 }
 
 #[cfg(test)]
+impl CommStats {
+    /// A send comm's statistics with a few counts and one QP (16), for tests here and in
+    /// `stats_file`.
+    pub(crate) fn sample_send() -> CommStats {
+        use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+        CommStats {
+            kind: "send",
+            peer: "127.0.0.1:5\"x".into(),
+            devices: "rxe0".into(),
+            bytes: AtomicU64::new(10),
+            messages: AtomicU64::new(2),
+            post_calls: AtomicU64::new(2),
+            wrs: AtomicU64::new(3),
+            completions: AtomicU64::new(2),
+            errors: AtomicU64::new(0),
+            cts_writes: AtomicU64::new(0),
+            cts_wait_ns: AtomicU64::new(7),
+            eager: AtomicU64::new(0),
+            latency: Histogram::default(),
+            qps: vec![QpStats {
+                qpn: AtomicU32::new(16),
+                ..QpStats::default()
+            }]
+            .into_boxed_slice(),
+            closed: AtomicBool::new(false),
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -391,27 +421,7 @@ mod tests {
 
     #[test]
     fn a_comm_counts_per_comm_and_per_qp() {
-        let s = CommStats {
-            kind: "send",
-            peer: "127.0.0.1:5\"x".into(),
-            devices: "rxe0".into(),
-            bytes: AtomicU64::new(10),
-            messages: AtomicU64::new(2),
-            post_calls: AtomicU64::new(2),
-            wrs: AtomicU64::new(3),
-            completions: AtomicU64::new(2),
-            errors: AtomicU64::new(0),
-            cts_writes: AtomicU64::new(0),
-            cts_wait_ns: AtomicU64::new(7),
-            eager: AtomicU64::new(0),
-            latency: Histogram::default(),
-            qps: vec![QpStats {
-                qpn: AtomicU32::new(16),
-                ..QpStats::default()
-            }]
-            .into_boxed_slice(),
-            closed: AtomicBool::new(false),
-        };
+        let s = CommStats::sample_send();
         s.posted(0, 2, 10);
         s.completed(Some(0), true);
         s.completed(None, false);
