@@ -124,15 +124,8 @@ impl SendCore {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{Bench, Opts, PLAIN};
+    use super::super::tests::{started, Bench, Opts, PLAIN};
     use super::*;
-
-    fn started(got: Isend) -> u16 {
-        match got {
-            Isend::Started { idx, .. } => idx,
-            other => panic!("not started: {other:?}"),
-        }
-    }
 
     fn close(b: &mut Bench, receives: u64, in_flight: u32, taken: &[u64]) -> Result<usize> {
         let Bench { core, ring, .. } = b;

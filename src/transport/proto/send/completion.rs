@@ -100,16 +100,8 @@ impl SendCore {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::{Bench, PLAIN};
-    use super::super::Isend;
+    use super::super::tests::{started, Bench, PLAIN};
     use super::*;
-
-    fn started(got: Isend) -> u16 {
-        match got {
-            Isend::Started { idx, .. } => idx,
-            other => panic!("not started: {other:?}"),
-        }
-    }
 
     /// A request is in flight until its chain's completion; then `test` reports its size once
     /// and frees the slot (a second test of it is an error).

@@ -190,3 +190,11 @@ fn record(posted: &mut Vec<(usize, Vec<WorkRequest>)>, p: Post<'_>) {
         posted.push((qp, chain.to_vec()));
     }
 }
+
+/// The request index of an isend that started; panics on any other outcome.
+pub(super) fn started(got: Isend) -> u16 {
+    match got {
+        Isend::Started { idx, .. } => idx,
+        other => panic!("not started: {other:?}"),
+    }
+}
