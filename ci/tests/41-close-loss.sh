@@ -12,7 +12,7 @@
 #   * last: both ends move 30 messages per comm and the receiver closes as soon as it took the
 #     last one: the sender must finish every send with no error and no WARN (before wire
 #     version 7 a lost last acknowledgement failed it with "transport retry counter exceeded").
-#   CLOSE_RUNS=N    runs of each case at each loss rate (default 8: make test, about 90 s)
+#   CLOSE_RUNS=N    runs of each case at each loss rate (default 8)
 #   CLOSE_LOSSES="0.01 0.05"   the loss rates
 #   CLOSE_CASES="eager cts last"  the cases
 #   CLOSE_BUDGET_SEC=S         stop starting runs after S seconds (default 900); what ran counts
@@ -20,12 +20,16 @@
 #   CLOSE_SLOT=1               the upper half of the addresses (two campaigns at once)
 #   CLOSE_ENV="VAR=x ..."      more settings for both ends (FERROCE_WIRE_VERSION=6: as before
 #                              version 7, where a lost last acknowledgement fails the sender)
+# Each case at each loss rate is one chain of sequential runs, and the chains run at the same
+# time: a run spends its time waiting (the 0.5 s close delay, retransmission timeouts), about
+# 5 s of CPU in the 80 s the chains took one after another, so together they take about as long
+# as the longest chain (make test: about 20 s).
 #
 # The campaign of docs/reliability.md: CLOSE_RUNS=200 CLOSE_BUDGET_SEC=100000 ci/tests/41-close-loss.sh
-# Addresses 127.0.43.x. Prints one line per case and loss rate (runs, failures), then
-# "close-loss: N passed, M failed"; non-zero exit on any failure.
+# Addresses 127.0.43.x, a block of them per chain. Prints one line per case and loss rate (runs,
+# failures), then "close-loss: N passed, M failed"; non-zero exit on any failure.
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 R=target/release
 PLUGIN=$PWD/$R/libnccl-net-ferroce.so
 T=$PWD/$R/c_shim/datapath_test
@@ -40,71 +44,99 @@ fi
 export LD_LIBRARY_PATH="$PWD/$R/softroce${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export NCCL_SOCKET_IFNAME=lo FERROCE_CONNECT_TIMEOUT_SEC=30
 tmp=$(mktemp -d)
-rp=""
+chains=""
 cleanup() {
-    [ -n "$rp" ] && kill -9 "$rp" 2>/dev/null
+    # shellcheck disable=SC2086
+    [ -n "$chains" ] && kill $chains 2>/dev/null
     rm -rf "$tmp"
 }
 trap cleanup EXIT INT TERM
-addr=0
 slot=${CLOSE_SLOT:-0}
-# Sets $A to the next address of 127.0.43.1-124 (CLOSE_SLOT=1: .125-.248, for a second run at
-# the same time); runs are sequential, so reuse is safe.
-next_addr() {
-    addr=$((addr % 124 + 1))
-    A="127.0.43.$((addr + slot * 124))"
-}
+n_chains=0
+for loss in $losses; do for c in ${CLOSE_CASES:-eager cts last}; do n_chains=$((n_chains + 1)); done; done
+# Each chain has a block of 127.0.43.1-124 (CLOSE_SLOT=1: .125-.248) to itself; its runs are
+# sequential, so reusing its block's addresses is safe.
+block=$((124 / n_chains))
+if [ "$block" -lt 2 ]; then
+    echo "FAILED: $n_chains chains leave fewer than 2 addresses each"
+    echo "close-loss: 0 passed, 1 failed"
+    exit 1
+fi
 start=$(date +%s)
-pass=0
-fail=0
-st="FERROCE_STATS=$tmp/stats"
-mkdir -p "$tmp/stats"
 common="-g 100 -S 224 -1 -D -c 2 -t 30"
 
-# one NAME ENVS RECV-OPTS SEND-OPTS: one run of the pair; 0 when both ends passed.
+# one DIR NAME ENVS RECV-OPTS SEND-OPTS: one run of the pair at addresses $a, $b; 0 when both
+# ends passed.
 one() {
-    name=$1 envs=$2 ropts=$3 sopts=$4
-    next_addr; a=$A; next_addr; b=$A
-    h="$tmp/handle"
+    dir=$1 name=$2 envs=$3 ropts=$4 sopts=$5
+    h="$dir/handle"
     rm -f "$h"
-    env $envs SOFTROCE_ADDR=$a timeout 120 "$T" "$PLUGIN" 12 recv "$h" $ropts >"$tmp/recv" 2>&1 &
+    # shellcheck disable=SC2086 # $envs and the options are word lists
+    env $envs SOFTROCE_ADDR=$a timeout 120 "$T" "$PLUGIN" 12 recv "$h" $ropts >"$dir/recv" 2>&1 &
     rp=$!
-    env $envs SOFTROCE_ADDR=$b timeout 120 "$T" "$PLUGIN" 12 send "$h" $sopts >"$tmp/send" 2>&1
+    # shellcheck disable=SC2086
+    env $envs SOFTROCE_ADDR=$b timeout 120 "$T" "$PLUGIN" 12 send "$h" $sopts >"$dir/send" 2>&1
     src=$?
     wait $rp
     rrc=$?
-    rp=""
     [ $src -eq 0 ] && [ $rrc -eq 0 ] && return 0
     echo "    FAILED run ($name): receiver rc $rrc, sender rc $src"
-    grep -h "FAIL\|WARN" "$tmp/send" "$tmp/recv" | head -6 | cut -c1-400
+    grep -h "FAIL\|WARN" "$dir/send" "$dir/recv" | head -6 | cut -c1-400
     if [ -n "${CLOSE_LOGDIR:-}" ]; then
         mkdir -p "$CLOSE_LOGDIR"
         k=$(date +%s%N)
-        cp "$tmp/send" "$CLOSE_LOGDIR/$k.send"
-        cp "$tmp/recv" "$CLOSE_LOGDIR/$k.recv"
+        cp "$dir/send" "$CLOSE_LOGDIR/$k.send"
+        cp "$dir/recv" "$CLOSE_LOGDIR/$k.recv"
     fi
     return 1
 }
 
-for loss in $losses; do
+# chain K LOSS CASE: the runs of one case at one loss rate, in $tmp/K/ with address block K;
+# its report in $tmp/K/report, "ok" or "failed" in $tmp/K/result.
+chain() {
+    k=$1 loss=$2 c=$3
+    dir=$tmp/$k
+    mkdir -p "$dir/stats"
+    first=$((slot * 124 + (k - 1) * block + 1))
     faults="SOFTROCE_LOSS=$loss SOFTROCE_REORDER=$loss SOFTROCE_DUP=$loss NCCL_IB_TIMEOUT=14 ${CLOSE_ENV:-}"
-    for c in ${CLOSE_CASES:-eager cts last}; do
-        n=0 bad=0
-        while [ $n -lt "$runs" ] && [ $(( $(date +%s) - start )) -lt "$budget" ]; do
-            n=$((n + 1))
-            wait_ms=$(( n % 2 == 1 ? 0 : 500 ))
-            case $c in
-                # Closed at once, the receiver's report may come before the sender's next
-                # eager messages go: then the isend fails (no buffer), not their answer.
-                eager) envs="$st $faults" ropts="$common -A 20 -a $wait_ms" sopts="$common -A 20 -w 4 -W $( [ $wait_ms -gt 0 ] && echo answer || echo closed) -E 1" ;;
-                cts) envs="$st $faults FERROCE_EAGER_MAX=0" ropts="$common -A 20 -a $wait_ms" sopts="$common -A 20 -w 4 -W buffer -E 0" ;;
-                *) envs="$st $faults" ropts="-g 30 -S 224 -1 -D -c 2 -t 30" sopts="$ropts" ;;
-            esac
-            one "$c close, loss $loss, run $n" "$envs" "$ropts" "$sopts" || bad=$((bad + 1))
-        done
-        echo "--- $c close, loss/reorder/dup $loss: $n runs, $bad failed ($(( $(date +%s) - start )) s so far)"
-        if [ $bad -eq 0 ] && [ $n -gt 0 ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
+    st="FERROCE_STATS=$dir/stats"
+    n=0 bad=0 pair=0
+    while [ $n -lt "$runs" ] && [ $(($(date +%s) - start)) -lt "$budget" ]; do
+        n=$((n + 1))
+        a=127.0.43.$((first + pair * 2))
+        b=127.0.43.$((first + pair * 2 + 1))
+        pair=$(((pair + 1) % (block / 2)))
+        wait_ms=$((n % 2 == 1 ? 0 : 500))
+        case $c in
+            # Closed at once, the receiver's report may come before the sender's next
+            # eager messages go: then the isend fails (no buffer), not their answer.
+            eager) envs="$st $faults" ropts="$common -A 20 -a $wait_ms" sopts="$common -A 20 -w 4 -W $([ $wait_ms -gt 0 ] && echo answer || echo closed) -E 1" ;;
+            cts) envs="$st $faults FERROCE_EAGER_MAX=0" ropts="$common -A 20 -a $wait_ms" sopts="$common -A 20 -w 4 -W buffer -E 0" ;;
+            *) envs="$st $faults" ropts="-g 30 -S 224 -1 -D -c 2 -t 30" sopts="$ropts" ;;
+        esac
+        one "$dir" "$c close, loss $loss, run $n" "$envs" "$ropts" "$sopts" || bad=$((bad + 1))
     done
+    echo "--- $c close, loss/reorder/dup $loss: $n runs, $bad failed ($(($(date +%s) - start)) s so far)"
+    if [ $bad -eq 0 ] && [ $n -gt 0 ]; then echo ok >"$dir/result"; else echo failed >"$dir/result"; fi
+}
+
+k=0
+for loss in $losses; do
+    for c in ${CLOSE_CASES:-eager cts last}; do
+        k=$((k + 1))
+        mkdir -p "$tmp/$k"
+        chain $k "$loss" "$c" >"$tmp/$k/report" 2>&1 &
+        chains="$chains $!"
+    done
+done
+# shellcheck disable=SC2086
+wait $chains
+chains=""
+pass=0
+fail=0
+for i in $(seq "$n_chains"); do
+    cat "$tmp/$i/report"
+    if [ "$(cat "$tmp/$i/result" 2>/dev/null)" = ok ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
 done
 echo "close-loss: $pass passed, $fail failed"
 [ $fail -eq 0 ]
