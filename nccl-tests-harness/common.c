@@ -1170,11 +1170,12 @@ void h_stats_report(hctx_t* h, const char* what) {
  *    both roles together;
  *  - the plugin's own statistics (ferroce_stats_totals_get; kept when FERROCE_STATS or
  *    NCCL_DEBUG=INFO is set), split by side: the send side's posts and signaled completions per
- *    isend, the receive side's posts and CTS writes per irecv. CTS writes come from here (a CTS
+ *    isend, the receive side's posts and CTS writes per irecv, and each side's CQ polls (empty
+ *    ones too: send_polls per isend, recv_polls per irecv). CTS writes come from here (a CTS
  *    is an RDMA WRITE like the sender's data, so softroce cannot tell them apart). */
 _Static_assert(sizeof(struct softroce_counters) == 160, "struct softroce_counters: 160 bytes (layout_tests.rs)");
 _Static_assert(offsetof(struct softroce_counters, retransmits) == 152, "softroce_counters.retransmits at 152");
-_Static_assert(sizeof(ferroce_rs_FerroceStatsTotals) == 120, "FerroceStatsTotals: 120 bytes (src/abi/stats.rs)");
+_Static_assert(sizeof(ferroce_rs_FerroceStatsTotals) == 136, "FerroceStatsTotals: 136 bytes (src/abi/stats.rs)");
 
 typedef int (*ferroce_stats_totals_get_fn)(ferroce_rs_FerroceStatsTotals*, size_t);
 static softroce_counters_get_fn g_sr_get;
@@ -1221,7 +1222,8 @@ void h_work_begin(hctx_t* h) {
 }
 
 enum { W_MSGS, W_MSG_BYTES, W_SENDS, W_RECVS, W_SR, W_PL, W_POST_SEND, W_WRS, W_SIGNALED, W_INLINE_B, W_POST_RECV, W_POLLS, W_EMPTY, W_CQES,
-       W_PACKETS, W_RESP, W_RETX, W_SEND_POSTS, W_SEND_WRS, W_SEND_SIGNALED, W_RECV_POSTS, W_CTS, W_EAGER, W_DELIVERED, W_N };
+       W_PACKETS, W_RESP, W_RETX, W_SEND_POSTS, W_SEND_WRS, W_SEND_SIGNALED, W_RECV_POSTS, W_CTS, W_EAGER, W_DELIVERED,
+       W_SEND_POLLS, W_RECV_POLLS, W_N };
 
 void h_work_report(hctx_t* h, size_t bytes, double steps) {
   struct softroce_counters c;
@@ -1254,13 +1256,15 @@ void h_work_report(hctx_t* h, size_t bytes, double steps) {
     v[W_CTS] = (double)(t.cts_writes - g_pl0.cts_writes) / nr;
     v[W_EAGER] = (double)(t.eager_sent - g_pl0.eager_sent) / ns;
     v[W_DELIVERED] = (double)(t.eager_delivered - g_pl0.eager_delivered) / nr;
+    v[W_SEND_POLLS] = (double)(t.send_cq_polls - g_pl0.send_cq_polls) / ns;
+    v[W_RECV_POLLS] = (double)(t.recv_cq_polls - g_pl0.recv_cq_polls) / nr;
   }
   double all[W_N * 256];
   h_allgather(h, v, sizeof v, all);
   if (h->rank != 0) return;
   for (int r = 0; r < h->nranks; r++) {
     double* x = all + W_N * r;
-    char sr[320] = "softroce=absent", pl[256] = "plugin=absent";
+    char sr[320] = "softroce=absent", pl[320] = "plugin=absent";
     if (x[W_SR])
       snprintf(sr, sizeof sr,
                "post_send=%.3f wrs=%.3f signaled=%.3f inline_bytes=%.1f post_recv=%.3f polls=%.2f empty_polls=%.2f cqes=%.3f "
@@ -1269,8 +1273,10 @@ void h_work_report(hctx_t* h, size_t bytes, double steps) {
                x[W_PACKETS], x[W_RESP], x[W_RETX]);
     if (x[W_PL])
       snprintf(pl, sizeof pl,
-               "send_posts=%.3f send_wrs=%.3f send_signaled=%.3f recv_posts=%.3f cts=%.3f eager=%.3f eager_delivered=%.3f",
-               x[W_SEND_POSTS], x[W_SEND_WRS], x[W_SEND_SIGNALED], x[W_RECV_POSTS], x[W_CTS], x[W_EAGER], x[W_DELIVERED]);
+               "send_posts=%.3f send_wrs=%.3f send_signaled=%.3f recv_posts=%.3f cts=%.3f eager=%.3f eager_delivered=%.3f "
+               "send_polls=%.2f recv_polls=%.2f",
+               x[W_SEND_POSTS], x[W_SEND_WRS], x[W_SEND_SIGNALED], x[W_RECV_POSTS], x[W_CTS], x[W_EAGER], x[W_DELIVERED],
+               x[W_SEND_POLLS], x[W_RECV_POLLS]);
     printf("#work bytes=%zu rank=%d msgs=%.0f isends=%.0f irecvs=%.0f msg_bytes=%.0f %s %s\n", bytes, r, x[W_MSGS], x[W_SENDS],
            x[W_RECVS], x[W_MSG_BYTES], sr, pl);
     if (steps > 0 && x[W_SR])

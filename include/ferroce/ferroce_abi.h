@@ -42,7 +42,7 @@
 /**
  * Version of [`FerroceStatsTotals`]; fields are only ever appended.
  */
-#define ferroce_rs_FERROCE_STATS_TOTALS_VERSION 1
+#define ferroce_rs_FERROCE_STATS_TOTALS_VERSION 2
 
 /**
  * Totals of the plugin's per-comm counters, by side. `post_calls` and `wrs` count every post
@@ -90,6 +90,12 @@ typedef struct {
    * Eager messages the receivers copied into their buffers.
    */
   uint64_t eager_delivered;
+  /**
+   * Version 2: `ibv_poll_cq` calls (empty ones too) on the send comms' and the receive comms'
+   * CQs. A caller's version-1 struct (120 bytes) gets the fields before these.
+   */
+  uint64_t send_cq_polls;
+  uint64_t recv_cq_polls;
 } ferroce_rs_FerroceStatsTotals;
 
 /**

@@ -7,7 +7,7 @@
 use crate::transport::stats;
 
 /// Version of [`FerroceStatsTotals`]; fields are only ever appended.
-pub const FERROCE_STATS_TOTALS_VERSION: u32 = 1;
+pub const FERROCE_STATS_TOTALS_VERSION: u32 = 2;
 
 /// Totals of the plugin's per-comm counters, by side. `post_calls` and `wrs` count every post
 /// (data writes, receives, CTS writes); `completions` every successful completion polled.
@@ -39,6 +39,10 @@ pub struct FerroceStatsTotals {
     pub eager_sent: u64,
     /// Eager messages the receivers copied into their buffers.
     pub eager_delivered: u64,
+    /// Version 2: `ibv_poll_cq` calls (empty ones too) on the send comms' and the receive comms'
+    /// CQs. A caller's version-1 struct (120 bytes) gets the fields before these.
+    pub send_cq_polls: u64,
+    pub recv_cq_polls: u64,
 }
 
 /// Fills `*out` (`size` = the caller's `sizeof`, at least 8) with the totals now: as much of
@@ -75,6 +79,8 @@ pub unsafe extern "C" fn ferroce_stats_totals_get(out: *mut FerroceStatsTotals, 
             cts_writes: t.recv.cts_writes,
             eager_sent: t.send.eager,
             eager_delivered: t.recv.eager,
+            send_cq_polls: t.send.cq_polls,
+            recv_cq_polls: t.recv.cq_polls,
         };
         let n = size.min(std::mem::size_of::<FerroceStatsTotals>());
         v.size = n as u32;
@@ -91,10 +97,11 @@ mod tests {
 
     #[test]
     fn the_layout_is_the_headers_and_bad_calls_fail() {
-        assert_eq!(std::mem::size_of::<FerroceStatsTotals>(), 120);
+        assert_eq!(std::mem::size_of::<FerroceStatsTotals>(), 136);
         assert_eq!(std::mem::offset_of!(FerroceStatsTotals, send_comms), 16);
         assert_eq!(std::mem::offset_of!(FerroceStatsTotals, cts_writes), 96);
         assert_eq!(std::mem::offset_of!(FerroceStatsTotals, eager_delivered), 112);
+        assert_eq!(std::mem::offset_of!(FerroceStatsTotals, recv_cq_polls), 128);
         let mut t = FerroceStatsTotals::default();
         // SAFETY: a valid struct of its own size.
         let rc = unsafe { ferroce_stats_totals_get(&mut t, std::mem::size_of::<FerroceStatsTotals>()) };
@@ -103,6 +110,11 @@ mod tests {
             (t.version, t.size as usize),
             (FERROCE_STATS_TOTALS_VERSION, std::mem::size_of::<FerroceStatsTotals>())
         );
+        // A version-1 caller's struct (120 bytes) gets the fields before the CQ polls.
+        let mut v1 = FerroceStatsTotals::default();
+        // SAFETY: `v1` is valid for its 136 bytes; 120 are asked for.
+        assert_eq!(unsafe { ferroce_stats_totals_get(&mut v1, 120) }, 0);
+        assert_eq!((v1.size, v1.send_cq_polls, v1.recv_cq_polls), (120, 0, 0));
         // SAFETY: NULL and a short size are refused before any write.
         assert_ne!(unsafe { ferroce_stats_totals_get(std::ptr::null_mut(), 104) }, 0);
         // SAFETY: as above.

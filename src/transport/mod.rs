@@ -119,6 +119,11 @@ impl SendComm {
     pub fn qp_numbers(&self) -> Vec<u32> {
         self.dp.enter().io.conn.qp_numbers()
     }
+
+    /// `ibv_poll_cq` calls this comm's data path made so far, empty ones too (for tests).
+    pub fn cq_polls(&self) -> u64 {
+        self.dp.enter().io.cq_polls
+    }
 }
 
 impl RecvComm {
@@ -165,6 +170,11 @@ impl RecvComm {
     /// Requests in flight (for tests).
     pub fn in_flight(&self) -> usize {
         self.dp.enter().in_flight()
+    }
+
+    /// `ibv_poll_cq` calls on this comm's data CQs so far, empty ones too (for tests).
+    pub fn cq_polls(&self) -> u64 {
+        self.dp.enter().io.cq_polls
     }
 }
 

@@ -97,6 +97,8 @@ pub struct CommStats {
     pub cts_wait_ns: AtomicU64,
     /// Sender: messages sent eagerly; receiver: eager messages copied into their buffers.
     pub eager: AtomicU64,
+    /// `ibv_poll_cq` calls on the comm's CQs (empty ones too).
+    pub cq_polls: AtomicU64,
     /// isend → test done, or irecv → test done.
     pub latency: Histogram,
     pub qps: Box<[QpStats]>,
@@ -155,6 +157,11 @@ impl CommStats {
     /// An eager message of `bytes` copied into its receive buffer.
     pub fn eager_delivered(&self, _bytes: u64) {
         Self::add(&self.eager, 1);
+    }
+
+    /// `n` CQ polls (one sweep of the comm's CQs).
+    pub fn cq_polled(&self, n: u64) {
+        Self::add(&self.cq_polls, n);
     }
 
     pub fn cts_waited(&self, ns: u64) {
@@ -255,6 +262,7 @@ pub(crate) fn for_comm(kind: &'static str, peer: String, devices: String, qpns: 
         cts_writes: AtomicU64::new(0),
         cts_wait_ns: AtomicU64::new(0),
         eager: AtomicU64::new(0),
+        cq_polls: AtomicU64::new(0),
         latency: Histogram::default(),
         qps: qpns
             .iter()
@@ -312,6 +320,7 @@ pub(crate) struct SideTotals {
     pub cts_writes: u64,
     /// Sender: messages sent eagerly; receiver: eager messages delivered.
     pub eager: u64,
+    pub cq_polls: u64,
 }
 
 /// Send and receive sides' sums over every comm the process had, for
@@ -340,6 +349,7 @@ fn add_side(t: &mut BySide, s: &CommStats) {
     side.completions += CommStats::get(&s.completions);
     side.cts_writes += CommStats::get(&s.cts_writes);
     side.eager += CommStats::get(&s.eager);
+    side.cq_polls += CommStats::get(&s.cq_polls);
 }
 
 /// The comms the process lists (live ones, then the last [`KEEP_CLOSED`] closed ones while
@@ -384,6 +394,7 @@ impl CommStats {
             cts_writes: AtomicU64::new(0),
             cts_wait_ns: AtomicU64::new(7),
             eager: AtomicU64::new(0),
+            cq_polls: AtomicU64::new(4),
             latency: Histogram::default(),
             qps: vec![QpStats {
                 qpn: AtomicU32::new(16),

@@ -149,6 +149,9 @@ pub struct Driver {
     /// Work requests posted and completions polled (for hang reports; always counted).
     wrs_posted: u64,
     completions: u64,
+    /// `ibv_poll_cq` calls of the data path's sweeps of the comm's CQs (always counted: tests
+    /// count them).
+    pub(crate) cq_polls: u64,
     idle: u32,
     last_probe: Instant,
     /// Since when nothing completed while the comm was asked for progress (read at probes).
@@ -178,6 +181,7 @@ impl Driver {
             stats,
             wrs_posted: 0,
             completions: 0,
+            cq_polls: 0,
             idle: 0,
             last_probe: Instant::now(),
             idle_since: None,
@@ -364,11 +368,14 @@ impl Driver {
             wcs,
             stats,
             completions,
+            cq_polls,
             recovery: rio,
             ..
         } = self;
+        let polls_before = *cq_polls;
         'devs: for (di, d) in conn.devs.iter().enumerate() {
             loop {
+                *cq_polls += 1;
                 let got = match d.cq.poll(wcs) {
                     Ok(g) => g,
                     Err(e) => {
@@ -414,6 +421,9 @@ impl Driver {
                     break;
                 }
             }
+        }
+        if let Some(s) = stats {
+            s.cq_polled(*cq_polls - polls_before);
         }
         polled
     }

@@ -235,11 +235,17 @@ impl SendDp {
         r
     }
 
-    /// No receive buffer to send into yet. Reaping completions meanwhile returns credits early,
-    /// and lets a NIC whose completion poll can wait for its next event (softroce) put this
-    /// thread to sleep until a CTS lands instead of spinning (the CQ is cheap to poll when empty).
-    fn idle(&mut self) -> Result<Option<*mut Request>> {
-        self.poll()?;
+    /// No receive buffer to send a `size`-byte message into yet. The receiver's CTS lands in
+    /// the FIFO ring's memory, which the next isend reads, so this does not poll the CQ for it
+    /// (NCCL's isend does not either: the sends in flight have their completions reaped by the
+    /// `test` calls NCCL makes on them). It polls only when a poll may let this message go (an
+    /// eager write's completion gives back the slot and credits the eager path waits for), or
+    /// when a fatal event hit a device (the poll turns it into the comm's error or a recovery).
+    /// A recovery, and a group waiting for credits, were polled for before.
+    fn idle(&mut self, size: usize) -> Result<Option<*mut Request>> {
+        if self.core.eager_waits_for_completions(size) || self.io.conn.fatal_generation_moved() {
+            self.poll()?;
+        }
         if self.io.stats.is_some() && self.cts_wait_since.is_none() {
             self.cts_wait_since = Some(clock::now());
         }
@@ -247,7 +253,8 @@ impl SendDp {
             "the receiver's CTS for the next message: the peer has posted no matching receive (is its proxy thread stuck, or is it waiting for another peer?)".to_string()
         };
         if self.io.idle_probe(&mut self.core.state, waiting)? {
-            // Nothing to re-poll for a send that has not started: the receiver is gone.
+            // Completions that raced with the peer's exit count first.
+            self.poll()?;
             return Err(self
                 .io
                 .fail_peer_gone(&mut self.core.state, "a send waiting for the receiver's buffer"));
@@ -330,7 +337,7 @@ impl SendDp {
                 }
                 Ok(Some(self.requests.ptr(idx)))
             }
-            Isend::NoBuffer => self.idle(),
+            Isend::NoBuffer => self.idle(size),
             Isend::Busy => Ok(None),
         }
     }

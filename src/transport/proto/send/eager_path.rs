@@ -36,6 +36,16 @@ impl SendCore {
         }
     }
 
+    /// Whether a send of `len` bytes that found no buffer ([`Isend::NoBuffer`]) may go once
+    /// completions are polled: the eager path would take a message of its size, and a chain on
+    /// the eager QP (an eager write: its slot, the QP's credits) waits for its completion.
+    /// Otherwise only the receiver's CTS lets it go, and that lands in the FIFO ring's memory,
+    /// which the next isend reads: polling the CQ for it moves nothing on.
+    pub fn eager_waits_for_completions(&self, len: usize) -> bool {
+        let small = self.eager.as_deref().is_some_and(|e| len <= e.cfg.max);
+        small && self.chains.get(EAGER_QP).is_some_and(|c| c.len > 0)
+    }
+
     /// Send `send` eagerly, claiming the group after the open claims, if the eager path allows
     /// it now (else "no buffer yet": the CTS path waits for the group's CTS).
     pub(super) fn send_eager(&mut self, send: SendBuf, post: &mut impl FnMut(Post<'_>) -> Result<()>) -> Result<Isend> {
@@ -341,5 +351,26 @@ mod tests {
         );
         b.complete_from(2);
         assert_eq!(b.core.test(idx).unwrap(), Some(50));
+    }
+
+    /// A send that found no buffer may go once completions are polled only while an eager
+    /// write waits for its acknowledgement, and only if it is small enough for the eager path;
+    /// without the eager path, never.
+    #[test]
+    fn only_a_small_send_behind_an_eager_write_waits_for_completions() {
+        let mut b = warmed_up();
+        assert!(!b.core.eager_waits_for_completions(50), "nothing on the eager QP");
+        eager_idx(b.isend(50, 9).unwrap());
+        assert!(b.core.eager_waits_for_completions(50));
+        assert!(
+            !b.core.eager_waits_for_completions(EAGER_MAX + 1),
+            "too large: its CTS alone lets it go"
+        );
+        b.complete_from(1);
+        assert!(!b.core.eager_waits_for_completions(50), "every eager write completed");
+        let mut plain = Bench::new(PLAIN);
+        plain.cts(&[(1000, 7)]);
+        plain.isend(100, 7).unwrap();
+        assert!(!plain.core.eager_waits_for_completions(50), "no eager path");
     }
 }
