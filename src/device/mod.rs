@@ -269,9 +269,11 @@ fn gid_in_range(gid: &[u8; 16], cfg: &Config) -> bool {
 }
 
 /// Chooses the RoCE GID index (docs/nccl-net-abi.md#gid-selection): `NCCL_IB_GID_INDEX` when set,
-/// else the first valid GID
-/// of the wanted family, inside the range, with the wanted RoCE version. `gid(i)` and
-/// `roce_type(i)` read the table; an unreadable GID is skipped.
+/// else the first valid GID of the wanted family, inside the range, with the wanted RoCE version.
+/// `gid(i)` and `roce_type(i)` read the table. The table may be sparse (a container sees only its
+/// own netdev's entries): an unreadable GID counts as an empty (all-zero) entry, and the type of
+/// an empty entry is unknown without being read, so holes anywhere, index 0 included, neither
+/// stop the search nor fail the port.
 pub fn select_roce_gid(
     table_len: i32,
     gid: &dyn Fn(i32) -> Option<[u8; 16]>,
@@ -288,11 +290,16 @@ pub fn select_roce_gid(
         return Ok(cfg.gid_index);
     }
     let want = cfg.addr_family;
+    let entry = |i: i32| gid(i).unwrap_or([0; 16]);
+    let type_of = |i: i32, g: &[u8; 16]| {
+        if g.iter().all(|&b| b == 0) {
+            return Ok(None);
+        }
+        roce_type(i).map_err(|e| format!("reading the type of GID {i}: {e}"))
+    };
     let mut cur = 0;
     for cand in 1..table_len {
-        let (Some(g_cur), Some(g_cand)) = (gid(cur), gid(cand)) else {
-            continue;
-        };
+        let (g_cur, g_cand) = (entry(cur), entry(cand));
         let fam_cand = gid_family(&g_cand);
         let in_range = gid_in_range(&g_cand, cfg);
         if fam_cand != gid_family(&g_cur) && fam_cand == want && in_range {
@@ -300,8 +307,8 @@ pub fn select_roce_gid(
             cur = cand;
         } else if fam_cand == want && gid_valid(&g_cand) && in_range {
             // Rule B: prefer the wanted RoCE version over an entry of another type or an invalid one.
-            let t_cur = roce_type(cur).map_err(|e| format!("reading the type of GID {cur}: {e}"))?;
-            let t_cand = roce_type(cand).map_err(|e| format!("reading the type of GID {cand}: {e}"))?;
+            let t_cur = type_of(cur, &g_cur)?;
+            let t_cand = type_of(cand, &g_cand)?;
             if (t_cur != t_cand || !gid_valid(&g_cur)) && t_cand == Some(cfg.roce_version as u8) {
                 cur = cand;
             }

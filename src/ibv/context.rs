@@ -285,6 +285,11 @@ impl Context {
                     std::mem::size_of::<sys::ibv_gid_entry>(),
                 )
             };
+            if rc == libc::ENODATA || rc == -libc::ENODATA {
+                // An empty entry of a sparse table: it has no type (its sysfs file may be
+                // missing or unreadable, as in a container).
+                return Ok(None);
+            }
             if rc == 0 {
                 // IBV_GID_TYPE_IB = 0, ROCE_V1 = 1, ROCE_V2 = 2.
                 return Ok(match entry.gid_type {

@@ -137,7 +137,7 @@ impl Device {
         if self.link == LinkLayer::Infiniband && index != 0 {
             return None;
         }
-        match index {
+        match self.unholed(index)? {
             0 | 1 => {
                 let mut g = [0u8; 16];
                 g[0] = 0xfe;
@@ -150,12 +150,21 @@ impl Device {
         }
     }
 
+    /// A RoCE table index less the empty entries at its head (`SOFTROCE_GID_HOLES`); None for
+    /// one of them. An IB port has no holes.
+    fn unholed(&self, index: usize) -> Option<usize> {
+        match self.link {
+            LinkLayer::Ethernet => index.checked_sub(crate::config::gid_holes()),
+            LinkLayer::Infiniband => Some(index),
+        }
+    }
+
     /// GID type for `ibv_gid_entry` (0 = IB, 1 = RoCE v1, 2 = RoCE v2).
     pub fn gid_type(&self, index: usize) -> Option<u32> {
         if self.link == LinkLayer::Infiniband {
             return (index == 0).then_some(GID_TYPE_IB);
         }
-        match index {
+        match self.unholed(index)? {
             0 | 2 => Some(GID_TYPE_ROCE_V1),
             1 | 3 => Some(GID_TYPE_ROCE_V2),
             _ => None,
@@ -187,7 +196,7 @@ impl Device {
     }
 
     pub fn gid_index_of(&self, gid: &[u8; 16]) -> Option<usize> {
-        (0..4).find(|&i| self.gid(i).as_ref() == Some(gid))
+        (0..super::limits::GID_TABLE_LEN).find(|&i| self.gid(i).as_ref() == Some(gid))
     }
 
     /// A PD is still used by an MR or a QP (`ibv_dealloc_pd` fails with EBUSY).
