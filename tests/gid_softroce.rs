@@ -4,9 +4,13 @@
 //!
 //! * a sparse GID table (`SOFTROCE_GID_HOLES`: empty entries ahead of the port's own, as a
 //!   container sees its NIC): auto-selection skips the holes, still picks the IPv4-mapped RoCE v2
-//!   entry, and a connection over it moves bytes.
+//!   entry, and a connection over it moves bytes;
+//! * subnet-aware routing (`NCCL_IB_SUBNET_AWARE_ROUTING`): two devices in two /24s, a listener
+//!   on the second, a connect asked for on the first: the connection runs from the device in the
+//!   listener's subnet — unless the routing is off or the prefix (/8) puts both in it.
 //!
-//! Addresses 127.0.36.x (ci/tests/lib/softroce.sh has the table), one range per child.
+//! Addresses 127.0.36.x and 127.0.37.x (ci/tests/lib/softroce.sh has the table), one pair per
+//! test.
 
 mod softroce_common;
 
@@ -14,6 +18,7 @@ use nccl_net_ferroce::api::{self, SendHandle};
 use softroce_common::{child, pair, run_child, transfer};
 use std::ffi::c_void;
 use std::time::Duration;
+use std::time::Instant;
 
 /// The child of [`a_sparse_gid_table_still_gives_the_ipv4_rocev2_gid`].
 fn sparse_child() {
@@ -50,4 +55,72 @@ fn a_sparse_gid_table_still_gives_the_ipv4_rocev2_gid() {
         &[("SOFTROCE_GID_HOLES", "5"), ("SOFTROCE_LINK_LAYER", "roce")],
     );
     assert!(text.contains("sparse table: GID index 8"), "{text}");
+}
+
+/// The child of [`a_connect_runs_from_the_device_in_the_listeners_subnet`]: listens on device 1,
+/// connects asking for device 0, and checks the device the send comm runs on (`WANT_DEVICE`).
+fn subnet_child() {
+    let want = std::env::var("WANT_DEVICE").expect("WANT_DEVICE");
+    let ctx = api::init(None, -1, false).expect("init");
+    let mut handle = [0u8; 128];
+    let mut l = api::listen(&ctx, 1, &mut handle).expect("listen");
+    let (mut s, mut r) = (None, None);
+    let end = Instant::now() + Duration::from_secs(30);
+    while s.is_none() || r.is_none() {
+        if s.is_none() {
+            s = api::connect(&ctx, 0, &mut handle).expect("connect");
+        }
+        if r.is_none() {
+            r = api::accept(&mut l).expect("accept");
+        }
+        assert!(Instant::now() < end, "connection setup did not finish");
+    }
+    let (s, r) = (s.expect("connected"), r.expect("accepted"));
+    // SAFETY: s is a live SendHandle.
+    let dev = unsafe { api::comm_device(&*s as *const SendHandle as *mut c_void) };
+    assert_eq!(dev.name, want, "the device the connection runs from");
+    transfer(
+        &s,
+        &r,
+        1 << 16,
+        0xa5,
+        (std::ptr::null_mut(), std::ptr::null_mut()),
+        Duration::from_secs(20),
+    )
+    .expect("a transfer");
+    println!("subnet routing: connected from {}", dev.name);
+}
+
+#[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build"]
+fn a_connect_runs_from_the_device_in_the_listeners_subnet() {
+    const NAME: &str = "a_connect_runs_from_the_device_in_the_listeners_subnet";
+    if child(NAME, subnet_child) {
+        return;
+    }
+    let cases: [(&[(&str, &str)], &str); 4] = [
+        (&[("NCCL_IB_SUBNET_AWARE_ROUTING", "1")], "softroce1"),
+        (
+            &[
+                ("NCCL_IB_SUBNET_AWARE_ROUTING", "1"),
+                ("NCCL_IB_SUBNET_PREFIX_LEN", "8"),
+            ],
+            "softroce0",
+        ),
+        (&[("NCCL_IB_SUBNET_AWARE_ROUTING", "0")], "softroce0"),
+        (&[], "softroce0"),
+    ];
+    for (vars, want) in cases {
+        let mut env = vec![
+            ("SOFTROCE_DEVICES", "2"),
+            ("SOFTROCE_LINK_LAYER", "roce"),
+            ("WANT_DEVICE", want),
+        ];
+        env.extend_from_slice(vars);
+        let text = run_child(NAME, "127.0.36.10,127.0.37.10", &env);
+        assert!(
+            text.contains(&format!("subnet routing: connected from {want}")),
+            "{vars:?}: {text}"
+        );
+    }
 }

@@ -198,6 +198,11 @@ tunables! {
     merge_vfs: bool = "NCCL_IB_MERGE_VFS" in Devices => flag(true);
     /// Allow NCCL to fuse NICs into one virtual device (makeVDevice).
     merge_nics: bool = "NCCL_IB_MERGE_NICS" in Devices => flag(true);
+    /// Multi-subnet RoCE: the listener puts its RoCE GIDs in the handle and the connector uses
+    /// the local device whose RoCE ports all share a subnet with one of them.
+    subnet_aware_routing: bool = "NCCL_IB_SUBNET_AWARE_ROUTING" in Devices => flag(false);
+    /// Prefix length (bits) of an IPv4 subnet for subnet-aware routing (IPv6: the /64).
+    subnet_prefix_len: u32 = "NCCL_IB_SUBNET_PREFIX_LEN" in Devices => int(24, 1, 32);
     /// Number the devices in PCI path order.
     device_pci_order: bool = "NCCL_IB_DEVICE_PCI_ORDER" in Devices => flag(true);
     /// A fatal asynchronous event of a device fails the later calls on it.
@@ -303,8 +308,6 @@ pub const NCCL_ONLY: &[&str] = &[
     "NCCL_IB_OOO_RQ",
     "NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS",
     "NCCL_IB_RECEIVER_SIDE_MATCHING_SCHEME",
-    "NCCL_IB_SUBNET_AWARE_ROUTING",
-    "NCCL_IB_SUBNET_PREFIX_LEN",
     "NCCL_IB_CUDA_SUPPORT",
     "NCCL_IB_GDR_LEVEL",
 ];

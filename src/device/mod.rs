@@ -594,5 +594,7 @@ pub fn mtu_bytes(mtu: u32) -> u32 {
     }
 }
 
+pub mod subnet;
+
 #[cfg(test)]
 mod tests;
