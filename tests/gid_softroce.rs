@@ -7,7 +7,10 @@
 //!   entry, and a connection over it moves bytes;
 //! * subnet-aware routing (`NCCL_IB_SUBNET_AWARE_ROUTING`): two devices in two /24s, a listener
 //!   on the second, a connect asked for on the first: the connection runs from the device in the
-//!   listener's subnet — unless the routing is off or the prefix (/8) puts both in it.
+//!   listener's subnet — unless the routing is off or the prefix (/8) puts both in it;
+//! * a GID change (`softroce-ctl gid-change`: the IPv4 GIDs go, then come back two entries
+//!   higher): while they are gone a new connection fails saying so; once back, a new connection
+//!   and the recovery of an old one (after a port flap) use the new index.
 //!
 //! Addresses 127.0.36.x and 127.0.37.x (ci/tests/lib/softroce.sh has the table), one pair per
 //! test.
@@ -15,7 +18,8 @@
 mod softroce_common;
 
 use nccl_net_ferroce::api::{self, SendHandle};
-use softroce_common::{child, pair, run_child, transfer};
+use nccl_net_ferroce::device::NetDevice;
+use softroce_common::{child, ctl, pair, run_child, stream, transfer};
 use std::ffi::c_void;
 use std::time::Duration;
 use std::time::Instant;
@@ -123,4 +127,83 @@ fn a_connect_runs_from_the_device_in_the_listeners_subnet() {
             "{vars:?}: {text}"
         );
     }
+}
+
+/// Polls `dev.gid_now()` until `done` says yes (the event thread saw the change), for 5 s.
+fn wait_gid(dev: &NetDevice, what: &str, done: impl Fn(&Result<(i32, [u8; 16]), String>) -> bool) {
+    let end = Instant::now() + Duration::from_secs(5);
+    loop {
+        let now = dev.gid_now().map_err(|e| e.message);
+        if done(&now) {
+            return;
+        }
+        assert!(Instant::now() < end, "{what}: still {now:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The child of [`a_gid_change_is_seen_by_new_connections_and_recoveries`].
+fn gid_change_child() {
+    let addr = std::env::var("SOFTROCE_ADDR").expect("SOFTROCE_ADDR");
+    let ctx = api::init(None, -1, false).expect("init");
+    let (s1, r1) = pair(&ctx, 0);
+    let none = (std::ptr::null_mut(), std::ptr::null_mut());
+    transfer(&s1, &r1, 4096, 1, none, Duration::from_secs(20)).expect("before the change");
+    // SAFETY: s1 is a live SendHandle.
+    let dev = unsafe { api::comm_device(&*s1 as *const SendHandle as *mut c_void) }.members[0].clone();
+    assert_eq!(dev.gid_now().expect("a GID").0, 3);
+    ctl(&addr, &["gid-change"]);
+    wait_gid(&dev, "IPv4 GIDs removed", |g| g.is_err());
+    let err = dev.gid_now().expect_err("no routable GID");
+    assert!(err.message.contains("the GID table changed"), "{}", err.message);
+    let mut handle = [0u8; 128];
+    let mut l = api::listen(&ctx, 0, &mut handle).expect("listen");
+    let end = Instant::now() + Duration::from_secs(10);
+    let refused = loop {
+        match api::connect(&ctx, 0, &mut handle) {
+            Err(e) => break e,
+            Ok(c) => assert!(c.is_none(), "connected with no usable GID"),
+        }
+        let _ = api::accept(&mut l);
+        assert!(Instant::now() < end, "the connect neither failed nor finished");
+    };
+    assert!(refused.message.contains("the GID table changed"), "{}", refused.message);
+    drop(l);
+    ctl(&addr, &["gid-change"]);
+    wait_gid(&dev, "IPv4 GIDs back at 4 and 5", |g| {
+        g.as_ref().is_ok_and(|g| g.0 == 5)
+    });
+    let (s2, r2) = pair(&ctx, 0);
+    transfer(&s2, &r2, 1 << 20, 2, none, Duration::from_secs(20)).expect("a new connection after the change");
+    // The old connection's QPs were connected with GID 3: a port flap under traffic makes it
+    // recover over new QPs, which must use GID 5 (messages are in flight when the port goes
+    // down, as in tests/recovery_softroce.rs).
+    let flap = || {
+        ctl(&addr, &["port-down"]);
+        std::thread::sleep(Duration::from_millis(500));
+        ctl(&addr, &["port-up"]);
+    };
+    let sizes = [8, 4096, 1 << 20];
+    stream(&s1, &r1, 2000, &sizes, 50, &mut { flap }, Duration::from_secs(60)).expect("the old connection, recovered");
+    println!("gid change: new connection and recovery on GID 5");
+}
+
+#[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build"]
+fn a_gid_change_is_seen_by_new_connections_and_recoveries() {
+    const NAME: &str = "a_gid_change_is_seen_by_new_connections_and_recoveries";
+    if child(NAME, gid_change_child) {
+        return;
+    }
+    let env = [
+        ("SOFTROCE_DEVICES", "1"),
+        ("SOFTROCE_LINK_LAYER", "roce"),
+        ("NCCL_IB_TIMEOUT", "12"),
+        ("NCCL_IB_RETRY_CNT", "3"),
+    ];
+    let text = run_child(NAME, "127.0.36.20", &env);
+    assert!(
+        text.contains("gid change: new connection and recovery on GID 5"),
+        "{text}"
+    );
 }

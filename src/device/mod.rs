@@ -71,6 +71,9 @@ pub struct NetDevice {
     pub plane: i16,
     pub dmabuf: bool,
     pub adaptive_routing: bool,
+    /// The GID connections use now (`gid_index`/`gid` are the pick at discovery): selected
+    /// again after a GID change ([`NetDevice::gid_now`]).
+    pub gid_cache: GidCache,
 }
 
 impl NetDevice {
@@ -81,6 +84,17 @@ impl NetDevice {
     /// `name:port` as logs show it.
     pub fn label(&self) -> String {
         format!("{}:{}", self.name, self.port)
+    }
+
+    /// The GID index and GID a new connection or a recovery on this port uses: the port's
+    /// cached pick, made again as at discovery once its GID table changed ([`GidCache`]). `Err`
+    /// when the table now has no usable GID (the interface lost its address).
+    pub fn gid_now(&self) -> Result<(i32, [u8; 16])> {
+        let changes = gid_cache::changes(&self.context, self.port);
+        self.gid_cache.get(changes, &self.label(), || {
+            let info = self.context.query_port(self.port).map_err(|e| e.message)?;
+            port_gid(&self.context, self.port, &info, self.link_layer, crate::config::get())
+        })
     }
 }
 
@@ -498,6 +512,7 @@ fn probe_ports(ctx: &Arc<Context>, cfg: &Config, found: &mut Vec<NetDevice>, ski
             .hca
             .matching_entry(&name, u32::from(port))
             .filter(|_| !cfg.hca.exclude);
+        let gid_changes = gid_cache::changes(ctx, port); // first: a racing change picks again
         let (gid_index, gid) = match port_gid(ctx, port, &info, link_layer, cfg) {
             Ok(g) => g,
             Err(why) => {
@@ -532,6 +547,7 @@ fn probe_ports(ctx: &Arc<Context>, cfg: &Config, found: &mut Vec<NetDevice>, ski
             link_layer,
             gid_index,
             gid,
+            gid_cache: GidCache::new(gid_changes, gid_index, gid),
             lid: info.lid,
             active_mtu: info.active_mtu,
             max_msg_bytes: info.max_msg_sz as usize,
@@ -594,7 +610,10 @@ pub fn mtu_bytes(mtu: u32) -> u32 {
     }
 }
 
+mod gid_cache;
 pub mod subnet;
+
+pub use gid_cache::GidCache;
 
 #[cfg(test)]
 mod tests;

@@ -145,7 +145,9 @@ impl Device {
                 g[8..].copy_from_slice(&self.guid.to_be_bytes());
                 Some(g)
             }
-            2 | 3 if !self.sock.faults.ipv4_gids_gone() => Some(ipv4_mapped_gid(self.addr)),
+            i @ 2..=5 if self.sock.faults.ipv4_gid_slot().is_some_and(|s| i == s || i == s + 1) => {
+                Some(ipv4_mapped_gid(self.addr))
+            }
             _ => None,
         }
     }
@@ -165,8 +167,8 @@ impl Device {
             return (index == 0).then_some(GID_TYPE_IB);
         }
         match self.unholed(index)? {
-            0 | 2 => Some(GID_TYPE_ROCE_V1),
-            1 | 3 => Some(GID_TYPE_ROCE_V2),
+            0 | 2 | 4 => Some(GID_TYPE_ROCE_V1),
+            1 | 3 | 5 => Some(GID_TYPE_ROCE_V2),
             _ => None,
         }
     }
