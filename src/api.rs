@@ -420,7 +420,7 @@ fn route_by_subnet(dev: i32, handle: &[u8; 128]) -> Result<Arc<VirtualDevice>> {
     if transport::read_stage(handle).is_none() {
         log_info!(
             subsys::NET | subsys::INIT,
-            "NET/ferroce subnet-aware routing: connecting from device {chosen} ({}) instead of {dev} ({}), which is not in the subnet (/{}) of the listener's GID {}",
+            "subnet-aware routing: connecting from device {chosen} ({}) instead of {dev} ({}), which is not in the subnet (/{}) of the listener's GID {}",
             to.name,
             asked.name,
             cfg.subnet_prefix_len,

@@ -49,7 +49,7 @@ impl GidCache {
         if (index, gid) != (c.index, c.gid) {
             crate::log_info!(
                 crate::log::subsys::NET | crate::log::subsys::INIT,
-                "NET/ferroce {label}: the GID table changed: new connections use GID[{index}] {} (was GID[{}] {})",
+                "{label}: the GID table changed: new connections use GID[{index}] {} (was GID[{}] {})",
                 Ipv6Addr::from(gid),
                 c.index,
                 Ipv6Addr::from(c.gid)

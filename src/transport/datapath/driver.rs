@@ -5,6 +5,7 @@
 
 use super::completion_errors::{wc_error, WcErrorReport};
 use super::sink::{CompletionSink, RecoverySink};
+use super::wr_monitor::WrMonitor;
 use crate::error::{Error, Result};
 use crate::ibv::cq::Failed;
 use crate::ibv::{sys, QueuePair, WorkCompletion};
@@ -146,6 +147,8 @@ pub struct Driver {
     pub(crate) recovery: RecoveryIo,
     /// Counters and histograms when statistics are on (FERROCE_STATS, NCCL_DEBUG=INFO).
     pub stats: Option<Arc<CommStats>>,
+    /// The work-request latency monitor, when NCCL_IB_WQE_LATENCY_* ask for one.
+    pub(crate) wr_mon: Option<Box<WrMonitor>>,
     /// Work requests posted and completions polled (for hang reports; always counted).
     wrs_posted: u64,
     completions: u64,
@@ -176,6 +179,7 @@ impl Driver {
             kind,
             recovery,
             stats,
+            wr_mon: super::wr_monitor::for_comm(qpns.len()),
             wrs_posted: 0,
             completions: 0,
             idle: 0,
@@ -209,6 +213,9 @@ impl Driver {
                 let mut wrs: [sys::ibv_send_wr; POST_BATCH] = unsafe { std::mem::zeroed() };
                 // SAFETY: as above.
                 let mut sges: [[sys::ibv_sge; 2]; POST_BATCH] = unsafe { std::mem::zeroed() };
+                if let Some(m) = &mut self.wr_mon {
+                    m.posted(qp, chain);
+                }
                 // SAFETY: as the caller guarantees.
                 let posted = unsafe { post_chain(q, chain, &mut wrs, &mut sges) };
                 posted.map_err(|e| self.post_failure(e))
@@ -365,8 +372,11 @@ impl Driver {
             stats,
             completions,
             recovery: rio,
+            wr_mon,
+            kind,
             ..
         } = self;
+        let mut now = None;
         'devs: for (di, d) in conn.devs.iter().enumerate() {
             loop {
                 let got = match d.cq.poll(wcs) {
@@ -389,6 +399,10 @@ impl Driver {
                     }
                     if let Some(s) = stats {
                         s.completed(conn.qp_index(di, wc.qp_num()), wc.result().is_ok());
+                    }
+                    if let Some(m) = wr_mon {
+                        let qp = conn.qp_index(di, wc.qp_num());
+                        m.completed(conn, qp, wc.wr_id(), &mut now, stats.as_deref(), kind);
                     }
                     match wc.result() {
                         Ok(c) => core.handle_ok(wc.wr_id(), c.imm),
@@ -441,6 +455,9 @@ impl Driver {
         self.last_probe = now;
         let peek = self.conn.chan.peek();
         self.check_hang(now, peek == Peek::Gone, waiting_for);
+        if let Some(m) = &mut self.wr_mon {
+            m.check_stalls(&self.conn, self.stats.as_deref(), self.kind);
+        }
         // While this comm waits, the process's comms NCCL is not calling move on (their
         // peers' recoveries may be what this one waits for).
         super::watch::step_idle_comms();

@@ -305,6 +305,9 @@ impl Driver {
         if let Some(s) = &self.stats {
             s.renumber(&self.conn.qp_numbers());
         }
+        if let Some(m) = &mut self.wr_mon {
+            m.reset();
+        }
         self.conn.accept_port_errors();
         // SAFETY: zero-SGE receives name no memory.
         core.after_rebuild(&mut |p| unsafe { self.post(p) })
