@@ -4,12 +4,13 @@
 //! peer or a failed NIC when nothing completes.
 
 use super::completion_errors::{wc_error, WcErrorReport};
+use super::describe::describe_connection;
 use super::sink::{CompletionSink, RecoverySink};
 use super::wr_monitor::WrMonitor;
 use crate::error::{Error, Result};
 use crate::ibv::cq::Failed;
 use crate::ibv::{sys, QueuePair, WorkCompletion};
-use crate::transport::conn::{qps, Conn, FatalKind};
+use crate::transport::conn::{Conn, FatalKind};
 use crate::transport::proto::handshake::CLOSE_VERSION;
 use crate::transport::proto::hang::{self, QpEvents};
 use crate::transport::proto::plan::{Op, Post, WorkRequest};
@@ -523,52 +524,6 @@ impl Drop for Driver {
             stats::close(s);
         }
     }
-}
-
-/// The INFO line of a new connection: peer, QPs both ends, MTU, GID, how the first QP
-/// addresses its peer (LIDs on InfiniBand), tc/sl, QP use.
-fn describe_connection(c: &Conn, kind: &str) -> String {
-    let local = c
-        .qps
-        .iter()
-        .map(|q| format!("{:#x}", q.qp.qpn()))
-        .collect::<Vec<_>>()
-        .join(",");
-    let remote = c
-        .peer
-        .qps
-        .iter()
-        .map(|q| format!("{:#x}", q.qpn))
-        .collect::<Vec<_>>()
-        .join(",");
-    let d0 = &c.devs[0].dev;
-    let mtu_code = c
-        .peer
-        .devs
-        .first()
-        .map_or(d0.active_mtu, |p| d0.active_mtu.min(u32::from(p.mtu)))
-        .clamp(1, 5);
-    let mode = if c.qps_per_req > 1 && c.qps_per_req == c.qps.len() {
-        "each message split over all QPs"
-    } else {
-        "messages round-robin over the QPs"
-    };
-    let route = c
-        .qps
-        .first()
-        .and_then(|q| c.peer.devs.get(q.remote_dev))
-        .map_or_else(String::new, |r| format!(", {}", qps::describe_route(d0, r)));
-    format!(
-        "{kind} connection with {}: {} QP(s) on {} (local QPNs {local}; peer QPNs {remote}), MTU {}, GID index {} {}{route}, tc {} sl {}, {mode}",
-        c.chan.peer(),
-        c.qps.len(),
-        c.devs.iter().map(|d| d.dev.label()).collect::<Vec<_>>().join("+"),
-        128u32 << mtu_code,
-        d0.gid_index,
-        crate::device::format_gid(&d0.gid),
-        c.peer.tc,
-        c.peer.sl,
-    )
 }
 
 /// The comm's error when a fatal async event hit one of its devices, ports, QPs or CQs since

@@ -6,6 +6,7 @@
 //! monitor ([`wr_monitor`]).
 
 pub(crate) mod completion_errors;
+mod describe;
 pub mod driver;
 pub mod recv;
 pub(crate) mod requests;
