@@ -383,11 +383,55 @@ pub struct ListenHandle {
 pub fn listen(_ctx: &CommContext, dev: i32, handle: &mut [u8; 128]) -> Result<Box<ListenHandle>> {
     let device = virtual_device(dev)?;
     let inner = transport::listen(&device, handle)?;
+    if config::get().subnet_aware_routing {
+        transport::write_listen_gids(handle, &roce_gids(&device));
+    }
     Ok(Box::new(ListenHandle { device, inner }))
 }
 
+/// The GIDs of a device's RoCE members (none for InfiniBand ones).
+fn roce_gids(device: &VirtualDevice) -> Vec<[u8; 16]> {
+    device
+        .members
+        .iter()
+        .filter(|m| m.link_layer == device::LinkLayer::Ethernet)
+        .map(|m| m.gid)
+        .collect()
+}
+
+/// Subnet-aware routing (docs/nccl-net-abi.md#subnet-aware-routing): the device a connect to
+/// the listener of `handle` uses — `dev`, or the device in the listener's subnet when `dev` is
+/// not. Says so once per connection (on the first call, before the stage is recorded).
+fn route_by_subnet(dev: i32, handle: &[u8; 128]) -> Result<Arc<VirtualDevice>> {
+    let cfg = config::get();
+    let asked = virtual_device(dev)?;
+    if !cfg.subnet_aware_routing {
+        return Ok(asked);
+    }
+    let remote = transport::read_listen_gids(handle);
+    let all: Vec<Arc<VirtualDevice>> = registry()?.virtual_devices.lock().clone();
+    let gids: Vec<Vec<[u8; 16]>> = all.iter().map(|d| roce_gids(d)).collect();
+    let default = usize::try_from(dev).unwrap_or(0);
+    let chosen = device::subnet::device_by_subnet(default, &gids, &remote, cfg.subnet_prefix_len);
+    if chosen == default {
+        return Ok(asked);
+    }
+    let to = all.get(chosen).cloned().unwrap_or(asked.clone());
+    if transport::read_stage(handle).is_none() {
+        log_info!(
+            subsys::NET | subsys::INIT,
+            "subnet-aware routing: connecting from device {chosen} ({}) instead of {dev} ({}), which is not in the subnet (/{}) of the listener's GID {}",
+            to.name,
+            asked.name,
+            cfg.subnet_prefix_len,
+            device::format_gid(&remote[0])
+        );
+    }
+    Ok(to)
+}
+
 pub fn connect(ctx: &CommContext, dev: i32, handle: &mut [u8; 128]) -> Result<Option<Box<SendHandle>>> {
-    let device = virtual_device(dev)?;
+    let device = route_by_subnet(dev, handle)?;
     let comm = transport::connect(ctx.traffic_class, &device, handle)?;
     if comm.is_some() {
         crate::stats_file::comm_opened();

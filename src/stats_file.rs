@@ -68,6 +68,42 @@ struct Qp {
     bytes: u64,
     completions: u64,
     errors: u64,
+    /// The latency monitor's figures (NCCL_IB_WQE_LATENCY_*), when it measured any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    wr_latency: Option<WrLatency>,
+}
+
+/// A QP's post-to-completion times of signaled send work requests: quantile bounds (the
+/// histogram's bucket edges) and counts.
+#[derive(Serialize)]
+struct WrLatency {
+    count: u64,
+    p50_ns: u64,
+    p90_ns: u64,
+    p99_ns: u64,
+    p999_ns: u64,
+    slow: u64,
+    stalled: u64,
+    /// Bucket `i` counts latencies in [2^i, 2^(i+1)) ns.
+    log2_ns: Vec<u64>,
+}
+
+impl WrLatency {
+    fn of(q: &stats::QpStats) -> Option<WrLatency> {
+        let counts = q.wr_latency.counts();
+        let count: u64 = counts.iter().sum();
+        let [p50_ns, p90_ns, p99_ns, p999_ns] = stats::wr_quantiles(&counts);
+        (count > 0).then(|| WrLatency {
+            count,
+            p50_ns,
+            p90_ns,
+            p99_ns,
+            p999_ns,
+            slow: CommStats::get(&q.slow_wrs),
+            stalled: CommStats::get(&q.stalled_wrs),
+            log2_ns: counts.to_vec(),
+        })
+    }
 }
 
 impl<'a> Comm<'a> {
@@ -98,6 +134,7 @@ impl<'a> Comm<'a> {
                     bytes: get(&q.bytes),
                     completions: get(&q.completions),
                     errors: get(&q.errors),
+                    wr_latency: WrLatency::of(q),
                 })
                 .collect(),
         }

@@ -3,6 +3,7 @@
 # ferroce-doctor over softroce, and the plugin's own diagnostics:
 #
 #   * a healthy host: no fail, exit 0; --json is one valid array with the same checks;
+#   * a sparse GID table (softroce's SOFTROCE_GID_HOLES): the holes skipped, the same GID picked;
 #   * no RDMA device (the system libibverbs without a driver), a missing libibverbs: a clear
 #     fail, exit 1, no crash;
 #   * NCCL_IB_HCA matching nothing: fail, exit != 0; softroce1 also matching softroce10: warn;
@@ -86,6 +87,18 @@ PY
     ok "--json: one array of {name, status, value, hint}, the same checks, python3 -m json.tool parses it"
 else
     ko "--json (rc=$rc)" "$tmp/json"
+fi
+
+echo "--- a sparse GID table (SOFTROCE_GID_HOLES=5: five empty entries first, as in a container)"
+SOFTROCE_GID_HOLES=5 SOFTROCE_ADDR=127.0.65.9 doc "${JOB[@]}" >"$tmp/sparse" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && ! grep -q '^fail' "$tmp/sparse" && ! grep -q 'gid\[[0-4]\] ' "$tmp/sparse" &&
+    grep -q '^ok    softroce0:1 gid\[8\]  *::ffff:127.0.65.9 RoCE v2 AF_INET  <- ferroce.s pick' "$tmp/sparse" &&
+    grep -q '^ok    softroce0:1 gid pick  *GID\[8\] ::ffff:127.0.65.9 RoCE v2 AF_INET' "$tmp/sparse" &&
+    grep -q '^ok    plugin devices  *1: softroce0:1 GID\[8\] ::ffff:127.0.65.9' "$tmp/sparse"; then
+    ok "sparse GID table: the holes are not listed, GID[8] picked by the doctor and the plugin alike"
+else
+    ko "sparse GID table (rc=$rc)" "$tmp/sparse"
 fi
 
 echo "--- no RDMA device"

@@ -423,6 +423,9 @@ variables! {
     "SOFTROCE_LINK_LAYER" => link_ib: Words = Words { no: "roce", yes: "ib" }, default(false) "roce";
     /// `off`: an InfiniBand port has no subnet manager, so it stays `PORT_INIT` with LID 0.
     "SOFTROCE_SM" => subnet_manager: Words = Words { no: "off", yes: "on" }, default(true) "on";
+    /// Empty GID entries at the head of a RoCE port's table (as in a container that sees only its
+    /// own netdev's GIDs): the link-local and IPv4-mapped pairs move up by this many indices.
+    "SOFTROCE_GID_HOLES" => gid_holes: Int<usize> = Int { min: 0, max: 10, unit: NO_UNIT }, default(0) "0";
     /// Where each device's fault-control socket `ADDR.sock` lives (`softroce-ctl`).
     "SOFTROCE_CTL_DIR" => ctl_dir: Path = Path, default(PathBuf::from("/tmp/softroce")) "/tmp/softroce";
     /// Faults scheduled for every device of the process, in seconds from the device's start,
@@ -584,6 +587,7 @@ mod tests {
         ("SOFTROCE_PORT_STATE", "down", &[("UP", "expected ACTIVE or DOWN;")]),
         ("SOFTROCE_LINK_LAYER", "ib", &[("IB", "expected roce or ib;"), ("eth", "expected roce or ib;")]),
         ("SOFTROCE_SM", "off", &[("0", "expected off or on;")]),
+        ("SOFTROCE_GID_HOLES", "10", &[("11", "expected an integer from 0 to 10;"), ("-1", "0 to 10")]),
         ("SOFTROCE_CTL_DIR", "/tmp/x", &[]),
         ("SOFTROCE_FAULTS", "port-down@1.5s", &[("port-down", "expected COMMAND@SECONDS, comma-separated (softroce-ctl's commands) (`port-down`: want COMMAND@SECONDS);"), ("port-up@soon", "is not a time in seconds")]),
         ("SOFTROCE_LOSS", "1", &[("1.5", "expected a number in [0, 1];"), ("-0.1", "[0, 1]"), ("NaN", "[0, 1]"), ("1%", "[0, 1]")]),

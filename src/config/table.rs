@@ -198,6 +198,18 @@ tunables! {
     merge_vfs: bool = "NCCL_IB_MERGE_VFS" in Devices => flag(true);
     /// Allow NCCL to fuse NICs into one virtual device (makeVDevice).
     merge_nics: bool = "NCCL_IB_MERGE_NICS" in Devices => flag(true);
+    /// Multi-subnet RoCE: the listener puts its RoCE GIDs in the handle and the connector uses
+    /// the local device whose RoCE ports all share a subnet with one of them.
+    subnet_aware_routing: bool = "NCCL_IB_SUBNET_AWARE_ROUTING" in Devices => flag(false);
+    /// Prefix length (bits) of an IPv4 subnet for subnet-aware routing (IPv6: the /64).
+    subnet_prefix_len: u32 = "NCCL_IB_SUBNET_PREFIX_LEN" in Devices => int(24, 1, 32);
+    /// Work-request latency monitor: a signaled send work request slower than this (ns, post to
+    /// completion) gets a WARN (the first of each QP; the rest are counted), and one with no
+    /// completion past it a stall WARN; 0: neither.
+    wqe_latency_threshold_ns: u64 = "NCCL_IB_WQE_LATENCY_THRESHOLD_NS" in Diagnostics => int(0, 0, i64::MAX);
+    /// Measure each QP's post-to-completion latency of signaled send work requests: p50, p90,
+    /// p99 and p99.9 in the statistics file and the comm's INFO summary at close.
+    wqe_latency_report: bool = "NCCL_IB_WQE_LATENCY_REPORT" in Diagnostics => flag(false);
     /// Number the devices in PCI path order.
     device_pci_order: bool = "NCCL_IB_DEVICE_PCI_ORDER" in Devices => flag(true);
     /// A fatal asynchronous event of a device fails the later calls on it.
@@ -303,8 +315,6 @@ pub const NCCL_ONLY: &[&str] = &[
     "NCCL_IB_OOO_RQ",
     "NCCL_IB_PREPOST_RECEIVE_WORK_REQUESTS",
     "NCCL_IB_RECEIVER_SIDE_MATCHING_SCHEME",
-    "NCCL_IB_SUBNET_AWARE_ROUTING",
-    "NCCL_IB_SUBNET_PREFIX_LEN",
     "NCCL_IB_CUDA_SUPPORT",
     "NCCL_IB_GDR_LEVEL",
 ];

@@ -71,6 +71,9 @@ pub struct NetDevice {
     pub plane: i16,
     pub dmabuf: bool,
     pub adaptive_routing: bool,
+    /// The GID connections use now (`gid_index`/`gid` are the pick at discovery): selected
+    /// again after a GID change ([`NetDevice::gid_now`]).
+    pub gid_cache: GidCache,
 }
 
 impl NetDevice {
@@ -81,6 +84,17 @@ impl NetDevice {
     /// `name:port` as logs show it.
     pub fn label(&self) -> String {
         format!("{}:{}", self.name, self.port)
+    }
+
+    /// The GID index and GID a new connection or a recovery on this port uses: the port's
+    /// cached pick, made again as at discovery once its GID table changed ([`GidCache`]). `Err`
+    /// when the table now has no usable GID (the interface lost its address).
+    pub fn gid_now(&self) -> Result<(i32, [u8; 16])> {
+        let changes = gid_cache::changes(&self.context, self.port);
+        self.gid_cache.get(changes, &self.label(), || {
+            let info = self.context.query_port(self.port).map_err(|e| e.message)?;
+            port_gid(&self.context, self.port, &info, self.link_layer, crate::config::get())
+        })
     }
 }
 
@@ -269,9 +283,11 @@ fn gid_in_range(gid: &[u8; 16], cfg: &Config) -> bool {
 }
 
 /// Chooses the RoCE GID index (docs/nccl-net-abi.md#gid-selection): `NCCL_IB_GID_INDEX` when set,
-/// else the first valid GID
-/// of the wanted family, inside the range, with the wanted RoCE version. `gid(i)` and
-/// `roce_type(i)` read the table; an unreadable GID is skipped.
+/// else the first valid GID of the wanted family, inside the range, with the wanted RoCE version.
+/// `gid(i)` and `roce_type(i)` read the table. The table may be sparse (a container sees only its
+/// own netdev's entries): an unreadable GID counts as an empty (all-zero) entry, and the type of
+/// an empty entry is unknown without being read, so holes anywhere, index 0 included, neither
+/// stop the search nor fail the port.
 pub fn select_roce_gid(
     table_len: i32,
     gid: &dyn Fn(i32) -> Option<[u8; 16]>,
@@ -288,11 +304,16 @@ pub fn select_roce_gid(
         return Ok(cfg.gid_index);
     }
     let want = cfg.addr_family;
+    let entry = |i: i32| gid(i).unwrap_or([0; 16]);
+    let type_of = |i: i32, g: &[u8; 16]| {
+        if g.iter().all(|&b| b == 0) {
+            return Ok(None);
+        }
+        roce_type(i).map_err(|e| format!("reading the type of GID {i}: {e}"))
+    };
     let mut cur = 0;
     for cand in 1..table_len {
-        let (Some(g_cur), Some(g_cand)) = (gid(cur), gid(cand)) else {
-            continue;
-        };
+        let (g_cur, g_cand) = (entry(cur), entry(cand));
         let fam_cand = gid_family(&g_cand);
         let in_range = gid_in_range(&g_cand, cfg);
         if fam_cand != gid_family(&g_cur) && fam_cand == want && in_range {
@@ -300,8 +321,8 @@ pub fn select_roce_gid(
             cur = cand;
         } else if fam_cand == want && gid_valid(&g_cand) && in_range {
             // Rule B: prefer the wanted RoCE version over an entry of another type or an invalid one.
-            let t_cur = roce_type(cur).map_err(|e| format!("reading the type of GID {cur}: {e}"))?;
-            let t_cand = roce_type(cand).map_err(|e| format!("reading the type of GID {cand}: {e}"))?;
+            let t_cur = type_of(cur, &g_cur)?;
+            let t_cand = type_of(cand, &g_cand)?;
             if (t_cur != t_cand || !gid_valid(&g_cur)) && t_cand == Some(cfg.roce_version as u8) {
                 cur = cand;
             }
@@ -491,6 +512,7 @@ fn probe_ports(ctx: &Arc<Context>, cfg: &Config, found: &mut Vec<NetDevice>, ski
             .hca
             .matching_entry(&name, u32::from(port))
             .filter(|_| !cfg.hca.exclude);
+        let gid_changes = gid_cache::changes(ctx, port); // first: a racing change picks again
         let (gid_index, gid) = match port_gid(ctx, port, &info, link_layer, cfg) {
             Ok(g) => g,
             Err(why) => {
@@ -525,6 +547,7 @@ fn probe_ports(ctx: &Arc<Context>, cfg: &Config, found: &mut Vec<NetDevice>, ski
             link_layer,
             gid_index,
             gid,
+            gid_cache: GidCache::new(gid_changes, gid_index, gid),
             lid: info.lid,
             active_mtu: info.active_mtu,
             max_msg_bytes: info.max_msg_sz as usize,
@@ -586,6 +609,11 @@ pub fn mtu_bytes(mtu: u32) -> u32 {
         _ => 0,
     }
 }
+
+mod gid_cache;
+pub mod subnet;
+
+pub use gid_cache::GidCache;
 
 #[cfg(test)]
 mod tests;

@@ -140,6 +140,57 @@ fn gid_selection_table() {
     }
 }
 
+/// `select` over a sparse table: each row is a GID (None: unreadable) and its RoCE type; reading
+/// the type of an all-zero or unreadable entry fails (ENOENT, as softroce's absent sysfs file and a
+/// container's unmapped one do), so the selection must never ask.
+fn select_sparse(rows: &[(Option<[u8; 16]>, u8)], cfg: &Config) -> std::result::Result<i32, String> {
+    let gid = |i: i32| rows.get(i as usize).and_then(|r| r.0);
+    let ty = |i: i32| match rows.get(i as usize) {
+        Some((Some(g), t)) if g.iter().any(|&b| b != 0) => Ok(Some(*t)),
+        _ => Err(std::io::Error::from_raw_os_error(libc::ENOENT)),
+    };
+    select_roce_gid(rows.len() as i32, &gid, &ty, cfg)
+}
+
+#[test]
+fn sparse_gid_tables_skip_their_holes() {
+    let hole = (Some([0u8; 16]), 0);
+    let ipv6 = Config {
+        addr_family: AddrFamily::Inet6,
+        ..Config::default()
+    };
+    // A pod's table: four holes, then its netdev's link-local and IPv4-mapped pairs.
+    let mut pod = vec![hole; 4];
+    pod.extend([
+        (Some(link_local()), 1),
+        (Some(link_local()), 2),
+        (Some(v4(10, 152, 0, 12)), 1),
+    ]);
+    pod.push((Some(v4(10, 152, 0, 12)), 2));
+    assert_eq!(select_sparse(&pod, &Config::default()), Ok(7));
+    // The IPv4 pair first, the link-local pair after it.
+    let mut first = vec![hole; 6];
+    first.extend([(Some(v4(11, 0, 4, 1)), 1), (Some(v4(11, 0, 4, 1)), 2)]);
+    first.extend([(Some(link_local()), 1), (Some(link_local()), 2)]);
+    assert_eq!(select_sparse(&first, &Config::default()), Ok(7));
+    // IPv6 wanted: the holes are IPv6-family entries, so the first valid one is compared with a
+    // hole, whose type is unknown without being read.
+    let mut v6pod = vec![hole; 4];
+    v6pod.extend([(Some(v6("fd00::5")), 1), (Some(v6("fd00::5")), 2)]);
+    assert_eq!(select_sparse(&v6pod, &ipv6), Ok(5));
+    // GID 0 unreadable, and a hole in the middle.
+    let gap = [
+        (None, 0),
+        (Some(link_local()), 2),
+        hole,
+        (Some(v4(10, 0, 0, 1)), 1),
+        (Some(v4(10, 0, 0, 1)), 2),
+    ];
+    assert_eq!(select_sparse(&gap, &Config::default()), Ok(4));
+    // Nothing but holes: index 0, which the caller refuses as not routable.
+    assert_eq!(select_sparse(&[hole, hole, (None, 0)], &Config::default()), Ok(0));
+}
+
 #[test]
 fn gid_type_read_error_other_than_einval_is_an_error() {
     let rows = usual_table();

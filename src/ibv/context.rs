@@ -95,7 +95,7 @@ fn event_words(kind: sys::ibv_event_type, text: &str) -> String {
     use sys::ibv_event_type::*;
     match kind {
         IBV_EVENT_PORT_ACTIVE => format!("the port is up ('{text}'); new connections can use it"),
-        IBV_EVENT_GID_CHANGE => format!("the GID table changed ('{text}'): an address was added to or removed from the interface; connections made before keep the GIDs they have, new ones pick again"),
+        IBV_EVENT_GID_CHANGE => format!("the GID table changed ('{text}'): an address was added to or removed from the interface; connections made before keep the GID they have; new connections and recoveries select the port's GID again"),
         IBV_EVENT_LID_CHANGE | IBV_EVENT_SM_CHANGE | IBV_EVENT_CLIENT_REREGISTER => format!("the subnet manager changed the port's addressing ('{text}')"),
         _ => format!("async event '{text}'"),
     }
@@ -115,6 +115,9 @@ pub struct Context {
     /// Per port: `IBV_EVENT_PORT_ACTIVE`s seen. A fused comm that moved its QPs off a port
     /// moves them back (fails back) when this count of that port moves.
     pub port_actives: Arc<[AtomicU32; MAX_PORTS + 1]>,
+    /// Per port: `IBV_EVENT_GID_CHANGE`s seen. The port's cached GID is resolved again when this
+    /// count moves (`device::GidCache`).
+    pub gid_changes: Arc<[AtomicU32; MAX_PORTS + 1]>,
     /// QP-level fatal events (QP fatal, request error, access error), attributed to QP numbers.
     pub qp_failures: Arc<ElementFailures>,
     /// `IBV_EVENT_CQ_ERR` (a CQ overran), attributed to the CQ's address.
@@ -184,6 +187,7 @@ impl Context {
             fatal_events: Arc::new(AtomicU32::new(0)),
             port_errors: Arc::new(std::array::from_fn(|_| AtomicU32::new(0))),
             port_actives: Arc::new(std::array::from_fn(|_| AtomicU32::new(0))),
+            gid_changes: Arc::new(std::array::from_fn(|_| AtomicU32::new(0))),
             qp_failures: Arc::new(ElementFailures::default()),
             cq_failures: Arc::new(ElementFailures::default()),
             fatal_generation: Arc::new(AtomicU32::new(0)),
@@ -285,6 +289,11 @@ impl Context {
                     std::mem::size_of::<sys::ibv_gid_entry>(),
                 )
             };
+            if rc == libc::ENODATA || rc == -libc::ENODATA {
+                // An empty entry of a sparse table: it has no type (its sysfs file may be
+                // missing or unreadable, as in a container).
+                return Ok(None);
+            }
             if rc == 0 {
                 // IBV_GID_TYPE_IB = 0, ROCE_V1 = 1, ROCE_V2 = 2.
                 return Ok(match entry.gid_type {
@@ -319,6 +328,7 @@ impl Context {
             fatal: self.fatal_events.clone(),
             port_errors: self.port_errors.clone(),
             port_actives: self.port_actives.clone(),
+            gid_changes: self.gid_changes.clone(),
             qp_failures: self.qp_failures.clone(),
             cq_failures: self.cq_failures.clone(),
             generation: self.fatal_generation.clone(),
@@ -425,6 +435,7 @@ struct EventSink {
     fatal: Arc<AtomicU32>,
     port_errors: Arc<[AtomicU32; MAX_PORTS + 1]>,
     port_actives: Arc<[AtomicU32; MAX_PORTS + 1]>,
+    gid_changes: Arc<[AtomicU32; MAX_PORTS + 1]>,
     qp_failures: Arc<ElementFailures>,
     cq_failures: Arc<ElementFailures>,
     generation: Arc<AtomicU32>,
@@ -443,10 +454,13 @@ impl EventSink {
             port,
             cq,
         } = *facts;
-        if kind == IBV_EVENT_PORT_ACTIVE {
-            if let Some(c) = usize::try_from(port).ok().and_then(|p| self.port_actives.get(p)) {
-                c.fetch_add(1, Ordering::AcqRel);
-            }
+        let counts = match kind {
+            IBV_EVENT_PORT_ACTIVE => Some(&self.port_actives),
+            IBV_EVENT_GID_CHANGE => Some(&self.gid_changes),
+            _ => None,
+        };
+        if let Some(c) = counts.and_then(|c| usize::try_from(port).ok().and_then(|p| c.get(p))) {
+            c.fetch_add(1, Ordering::AcqRel);
         }
         if is_qp_event {
             self.qp_failures.record(u64::from(qpn));

@@ -74,6 +74,9 @@ use datapath::watch::Guarded;
 
 pub(crate) use conn::{FLUSH_CQE, FLUSH_SEND_WR};
 pub use datapath::requests::Request;
+#[cfg(feature = "testing")]
+pub use datapath::wr_monitor::clock_reads as wr_monitor_clock_reads;
+pub(crate) use proto::handshake::{read_listen_gids, read_stage, write_listen_gids};
 pub use proto::limits::MAX_RECVS;
 pub use registration::{dereg_mr, reg_mr, MemHandle, MemKind};
 pub use setup::connect::{connect, forget_pending_connects};

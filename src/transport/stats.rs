@@ -76,6 +76,19 @@ pub struct QpStats {
     pub bytes: AtomicU64,
     pub completions: AtomicU64,
     pub errors: AtomicU64,
+    /// Post-to-completion times of signaled send work requests (the latency monitor, when on).
+    pub wr_latency: Histogram,
+    /// Of those, past `NCCL_IB_WQE_LATENCY_THRESHOLD_NS`, and stalls reported.
+    pub slow_wrs: AtomicU64,
+    pub stalled_wrs: AtomicU64,
+}
+
+/// The quantiles the latency monitor reports: p50, p90, p99, p99.9.
+pub(crate) const WR_QUANTILES: [f64; 4] = [0.5, 0.9, 0.99, 0.999];
+
+/// The four [`WR_QUANTILES`] bounds (ns) of `counts`.
+pub(crate) fn wr_quantiles(counts: &[u64; BUCKETS]) -> [u64; 4] {
+    WR_QUANTILES.map(|q| Histogram::quantile_bound(counts, q))
 }
 
 /// Counters of one comm.
@@ -173,11 +186,33 @@ impl CommStats {
         c.load(Ordering::Relaxed)
     }
 
+    /// The latency monitor's part of the close summary: every QP's histogram together, empty
+    /// when it measured nothing.
+    fn wr_summary(&self) -> String {
+        let mut sum = [0u64; BUCKETS];
+        for q in self.qps.iter() {
+            for (s, c) in sum.iter_mut().zip(q.wr_latency.counts()) {
+                *s += c;
+            }
+        }
+        let n: u64 = sum.iter().sum();
+        if n == 0 {
+            return String::new();
+        }
+        let [p50, p90, p99, p999] = wr_quantiles(&sum).map(|ns| ns as f64 / 1000.0);
+        let total = |f: fn(&QpStats) -> &AtomicU64| self.qps.iter().map(|q| Self::get(f(q))).sum::<u64>();
+        format!(
+            "; work requests post to completion p50/p90/p99/p99.9 < {p50}/{p90}/{p99}/{p999} us over {n}, {} slow, {} stalled",
+            total(|q| &q.slow_wrs),
+            total(|q| &q.stalled_wrs)
+        )
+    }
+
     /// One line for the INFO log at close.
     pub fn summary(&self) -> String {
         let h = self.latency.counts();
         format!(
-            "{} comm with {} on {}: {} messages, {} bytes, {} WRs in {} posts, {} completions, {} errors{}; latency p50 < {} us, p99 < {} us",
+            "{} comm with {} on {}: {} messages, {} bytes, {} WRs in {} posts, {} completions, {} errors{}; latency p50 < {} us, p99 < {} us{}",
             self.kind,
             self.peer,
             self.devices,
@@ -202,6 +237,7 @@ impl CommStats {
             },
             Histogram::quantile_bound(&h, 0.5) / 1000,
             Histogram::quantile_bound(&h, 0.99) / 1000,
+            self.wr_summary(),
         )
     }
 }
@@ -443,5 +479,24 @@ mod tests {
         let per_qp = [&q.wrs, &q.bytes, &q.completions, &q.errors].map(CommStats::get);
         assert_eq!((q.qpn.load(Ordering::Relaxed), per_qp), (17, [2, 10, 1, 0]));
         assert!(s.summary().contains("2 messages, 10 bytes"), "{}", s.summary());
+    }
+
+    #[test]
+    fn the_close_summary_gives_the_monitors_quantiles_only_when_it_measured() {
+        let s = CommStats::sample_send();
+        assert!(!s.summary().contains("work requests"), "{}", s.summary());
+        for ns in [1_000, 1_000, 1_000, 1_000, 1_000, 1_000, 1_000, 1_000, 1_000, 300_000] {
+            s.qps[0].wr_latency.record(ns);
+        }
+        s.qps[0].slow_wrs.fetch_add(1, Ordering::Relaxed);
+        assert_eq!(
+            wr_quantiles(&s.qps[0].wr_latency.counts()),
+            [1024, 1024, 524_288, 524_288]
+        );
+        let line = s.summary();
+        assert!(
+            line.ends_with("work requests post to completion p50/p90/p99/p99.9 < 1.024/1.024/524.288/524.288 us over 10, 1 slow, 0 stalled"),
+            "{line}"
+        );
     }
 }

@@ -165,7 +165,8 @@ pub fn rogue_receiver_answering(
         req.flags,
         block.addr() as u64,
         &rkeys,
-    );
+    )
+    .expect("the rogue's record");
     resp.link = link(&req.link);
     let qps = conn::bring_up(&devs, qps, &placement, &[], &req, req.tc, req.sl).expect("rogue RTS");
     // ferroce's writes with immediate each take a receive (else RNR: they would never end).
@@ -210,7 +211,8 @@ pub fn rogue_sender_offering(
     let (devs, qps, placement, block) = resources(members, members.len());
     let rkeys: Vec<u32> = block.mrs.iter().map(|m| m.rkey()).collect();
     let list = conn::qp_list(qps.iter().map(QueuePair::qpn).zip(placement.iter().copied()), &[]);
-    let mut req = conn::endpoint(&devs, list, h.nonce, 0, 0, 0, block.addr() as u64, &rkeys);
+    let mut req =
+        conn::endpoint(&devs, list, h.nonce, 0, 0, 0, block.addr() as u64, &rkeys).expect("the rogue's record");
     req.link = link;
     send_msg(&mut stream, &Message::ConnectReq(req.clone()));
     let Message::ConnectResp(resp) = read_msg(&mut stream, pump) else {

@@ -266,3 +266,123 @@ pub fn transfer(
     api::dereg_mr(rmh).expect("deregMr");
     result
 }
+
+/// `count` messages from `s` to `r` of sizes cycling through `sizes`, each checked byte for
+/// byte and by its reported size. As NCCL's proxy does, receives are posted up to `DEPTH`
+/// ahead and every outstanding request is tested in turn on one thread (so both comms are
+/// driven); a send goes to the oldest posted receive. `during` runs once after `after`
+/// messages completed. The first error a call returns, or "a hang" past `within`.
+pub fn stream(
+    s: &SendHandle,
+    r: &RecvHandle,
+    count: usize,
+    sizes: &[usize],
+    after: usize,
+    during: &mut dyn FnMut(),
+    within: Duration,
+) -> Result<usize, Error> {
+    const DEPTH: usize = 4;
+    let max = sizes.iter().copied().max().unwrap_or(1);
+    let mut src: Vec<Vec<u8>> = (0..DEPTH).map(|_| vec![0u8; max]).collect();
+    let mut dst: Vec<Vec<u8>> = (0..DEPTH).map(|_| vec![0u8; max]).collect();
+    let smh: Vec<_> = src.iter().map(|b| reg(s, b)).collect();
+    let rmh: Vec<_> = dst.iter().map(|b| reg(r, b)).collect();
+    let end = Instant::now() + within;
+    let size_of = |m: usize| sizes[m % sizes.len()];
+    let byte = |m: usize, i: usize| (m * 131 + i * 7) as u8;
+    // Message m uses receive slot m % DEPTH and send slot m % DEPTH.
+    let mut recvs: Vec<Option<(usize, *mut api::Request)>> = vec![None; DEPTH];
+    let mut sends: Vec<Option<(usize, *mut api::Request)>> = vec![None; DEPTH];
+    let (mut next_recv, mut next_send, mut received, mut sent) = (0usize, 0usize, 0usize, 0usize);
+    let mut fired = false;
+    let result = (|| {
+        while received < count || sent < count {
+            if Instant::now() > end {
+                return Err(Error::internal(format!(
+                    "{received} received and {sent} sent of {count} within the bound (a hang)"
+                )));
+            }
+            if !fired && received >= after {
+                fired = true;
+                during();
+            }
+            let k = next_recv % DEPTH;
+            if next_recv < count && recvs[k].is_none() {
+                let size = size_of(next_recv);
+                dst[k][..size].fill(0);
+                // SAFETY: live handle; the buffer is registered and outlives the request
+                // (this function waits for it, or returns the error of a failed comm, after
+                // which nothing more is written into it).
+                let q = unsafe {
+                    api::irecv_profiled(
+                        r,
+                        &[dst[k].as_mut_ptr() as usize],
+                        &[size],
+                        &[5],
+                        &[&rmh[k]],
+                        false,
+                        &[std::ptr::null_mut()],
+                    )
+                }?;
+                if let Some(q) = q {
+                    recvs[k] = Some((next_recv, q));
+                    next_recv += 1;
+                }
+            }
+            let k = next_send % DEPTH;
+            if next_send < next_recv && sends[k].is_none() {
+                let size = size_of(next_send);
+                for (i, b) in src[k][..size].iter_mut().enumerate() {
+                    *b = byte(next_send, i);
+                }
+                // SAFETY: as above.
+                let q = unsafe {
+                    api::isend_profiled(s, src[k].as_ptr() as usize, size, 5, &smh[k], std::ptr::null_mut())
+                }?;
+                if let Some(q) = q {
+                    sends[k] = Some((next_send, q));
+                    next_send += 1;
+                }
+            }
+            for k in 0..DEPTH {
+                let mut sz = [0i32];
+                if let Some((m, q)) = recvs[k] {
+                    // SAFETY: in flight until test says done.
+                    if unsafe { api::test(q, sz.as_mut_ptr()) }? {
+                        let size = size_of(m);
+                        if sz[0] as usize != size {
+                            return Err(Error::internal(format!(
+                                "message {m}: received {} of {size} bytes",
+                                sz[0]
+                            )));
+                        }
+                        if let Some(i) = (0..size).find(|&i| dst[k][i] != byte(m, i)) {
+                            return Err(Error::internal(format!("message {m}: byte {i} of {size} differs")));
+                        }
+                        recvs[k] = None;
+                        received += 1;
+                    }
+                }
+                if let Some((m, q)) = sends[k] {
+                    // SAFETY: as above.
+                    if unsafe { api::test(q, sz.as_mut_ptr()) }? {
+                        if sz[0] as usize != size_of(m) {
+                            return Err(Error::internal(format!(
+                                "message {m}: sent {} of {} bytes",
+                                sz[0],
+                                size_of(m)
+                            )));
+                        }
+                        sends[k] = None;
+                        sent += 1;
+                    }
+                }
+            }
+        }
+        Ok(received)
+    })();
+    for mh in smh.into_iter().chain(rmh) {
+        api::dereg_mr(mh).expect("deregMr");
+    }
+    result
+}

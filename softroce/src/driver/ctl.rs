@@ -201,7 +201,10 @@ pub fn apply(dev: &Device, cmd: Command) -> Result<String, String> {
             format!(
                 "{} GID table changed: IPv4 GIDs {}",
                 dev.name,
-                if f.ipv4_gids_gone() { "removed" } else { "restored" }
+                match f.ipv4_gid_slot() {
+                    Some(i) => format!("restored at {i} and {}", i + 1),
+                    None => "removed".to_string(),
+                }
             )
         }
         Command::Blackhole(peer) => {

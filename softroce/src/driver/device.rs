@@ -137,7 +137,7 @@ impl Device {
         if self.link == LinkLayer::Infiniband && index != 0 {
             return None;
         }
-        match index {
+        match self.unholed(index)? {
             0 | 1 => {
                 let mut g = [0u8; 16];
                 g[0] = 0xfe;
@@ -145,8 +145,19 @@ impl Device {
                 g[8..].copy_from_slice(&self.guid.to_be_bytes());
                 Some(g)
             }
-            2 | 3 if !self.sock.faults.ipv4_gids_gone() => Some(ipv4_mapped_gid(self.addr)),
+            i @ 2..=5 if self.sock.faults.ipv4_gid_slot().is_some_and(|s| i == s || i == s + 1) => {
+                Some(ipv4_mapped_gid(self.addr))
+            }
             _ => None,
+        }
+    }
+
+    /// A RoCE table index less the empty entries at its head (`SOFTROCE_GID_HOLES`); None for
+    /// one of them. An IB port has no holes.
+    fn unholed(&self, index: usize) -> Option<usize> {
+        match self.link {
+            LinkLayer::Ethernet => index.checked_sub(crate::config::gid_holes()),
+            LinkLayer::Infiniband => Some(index),
         }
     }
 
@@ -155,9 +166,9 @@ impl Device {
         if self.link == LinkLayer::Infiniband {
             return (index == 0).then_some(GID_TYPE_IB);
         }
-        match index {
-            0 | 2 => Some(GID_TYPE_ROCE_V1),
-            1 | 3 => Some(GID_TYPE_ROCE_V2),
+        match self.unholed(index)? {
+            0 | 2 | 4 => Some(GID_TYPE_ROCE_V1),
+            1 | 3 | 5 => Some(GID_TYPE_ROCE_V2),
             _ => None,
         }
     }
@@ -187,7 +198,7 @@ impl Device {
     }
 
     pub fn gid_index_of(&self, gid: &[u8; 16]) -> Option<usize> {
-        (0..4).find(|&i| self.gid(i).as_ref() == Some(gid))
+        (0..super::limits::GID_TABLE_LEN).find(|&i| self.gid(i).as_ref() == Some(gid))
     }
 
     /// A PD is still used by an MR or a QP (`ibv_dealloc_pd` fails with EBUSY).

@@ -8,7 +8,9 @@
 //!   `IBV_WC_RETRY_EXC_ERR`, moving their QP to the error state, as on hardware.
 //! * `port-up`: traffic flows again; `IBV_EVENT_PORT_ACTIVE`.
 //! * `gid-change`: the IPv4-mapped GIDs (indices 2 and 3) disappear, as when the interface loses
-//!   its address, or come back on the next one; `IBV_EVENT_GID_CHANGE` each time.
+//!   its address, or come back on the next one — every other time two entries higher (4 and 5),
+//!   as when the address is added again while other entries took its old slots, so a GID index
+//!   picked before no longer holds it; `IBV_EVENT_GID_CHANGE` each time.
 //! * `blackhole PEER`: packets to and from that IPv4 address vanish, with no event; `heal`
 //!   ends every blackhole.
 //! * `device-fatal`: the NIC dies (a firmware or PCIe failure): `IBV_EVENT_DEVICE_FATAL` to every
@@ -187,7 +189,17 @@ impl PortFaults {
 
     /// Whether the IPv4-mapped GIDs are absent now.
     pub fn ipv4_gids_gone(&self) -> bool {
-        self.gid_generation.load(Ordering::Relaxed) % 2 == 1
+        self.ipv4_gid_slot().is_none()
+    }
+
+    /// The index of the IPv4-mapped RoCE v1 GID (v2 is the next one), None while absent: 2 at
+    /// first, 4 after the first restore, 2 after the next, and so on.
+    pub fn ipv4_gid_slot(&self) -> Option<usize> {
+        match self.gid_generation.load(Ordering::Relaxed) % 4 {
+            0 => Some(2),
+            2 => Some(4),
+            _ => None,
+        }
     }
 
     /// One line for `softroce-ctl status`.
@@ -201,7 +213,10 @@ impl PortFaults {
                 ""
             },
             if self.is_down() { "DOWN" } else { "ACTIVE" },
-            if self.ipv4_gids_gone() { "absent" } else { "present" },
+            match self.ipv4_gid_slot() {
+                Some(i) => format!("at {i} and {}", i + 1),
+                None => "absent".to_string(),
+            },
             if holes.is_empty() {
                 "none".to_string()
             } else {
@@ -283,7 +298,10 @@ mod tests {
         f.change_gids();
         assert!(f.ipv4_gids_gone());
         f.change_gids();
-        assert!(!f.ipv4_gids_gone());
+        assert_eq!(f.ipv4_gid_slot(), Some(4));
+        f.change_gids();
+        f.change_gids();
+        assert_eq!(f.ipv4_gid_slot(), Some(2));
         assert!(f.kill() && !f.kill());
         assert!(f.is_dead() && f.is_down() && f.drops(a));
         assert!(f.describe().contains("DEAD"));

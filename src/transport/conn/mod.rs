@@ -144,7 +144,7 @@ impl Conn {
     }
 
     /// Our new QPs (data, then probes) and member devices as a recovery's Hello tells the peer.
-    pub fn qps_record(&self) -> EndpointRepr {
+    pub fn qps_record(&self) -> Result<EndpointRepr> {
         let list = qp_list(self.qps.iter().map(|q| (q.qp.qpn(), q.dev)), &self.probes);
         let flags = if self.spec.standby { FLAG_STANDBY } else { 0 };
         endpoint(&self.devs, list, 0, self.spec.tc, self.spec.sl, flags, 0, &[])

@@ -186,6 +186,8 @@ pub(super) fn connect_qp(
         )));
     };
     let route = peer_route(l, r);
+    // The GID our record advertised (the port's current pick: it moves after a GID change).
+    let (sgid_index, _) = l.gid_now()?;
     if route.flid_missing {
         crate::log_warn!(
             "NET/ferroce {}: the peer's GID {} is on another subnet but carries no FLID: addressing its LID {:#x} with a GRH, which only a router that knows that LID forwards — check the fabric's FLID configuration (NCCL_IB_ROUTABLE_FLID_GID_INDEX)",
@@ -199,7 +201,7 @@ pub(super) fn connect_qp(
         dest_qpn: rq.qpn,
         global: route.global,
         dgid: r.gid,
-        sgid_index: l.gid_index.clamp(0, 255) as u8,
+        sgid_index: sgid_index.clamp(0, 255) as u8,
         traffic_class: tc,
         dlid: route.dlid,
         sl,

@@ -19,7 +19,8 @@ fn wire_ll(l: LinkLayer) -> WireLinkLayer {
 
 #[allow(clippy::too_many_arguments)]
 /// This side's handshake record. `rkeys[d]` is the rkey of the buffer at `addr` on device d;
-/// `qps` as [`qp_list`] makes it.
+/// `qps` as [`qp_list`] makes it. Each member's GID is the one it uses now
+/// ([`NetDevice::gid_now`](crate::device::NetDevice::gid_now)); `Err` when one has none.
 pub fn endpoint(
     devs: &[LocalDev],
     qps: Vec<QpRepr>,
@@ -29,8 +30,9 @@ pub fn endpoint(
     flags: u8,
     addr: u64,
     rkeys: &[u32],
-) -> EndpointRepr {
-    EndpointRepr {
+) -> Result<EndpointRepr> {
+    let gids = devs.iter().map(|d| d.dev.gid_now()).collect::<Result<Vec<_>>>()?;
+    Ok(EndpointRepr {
         nonce,
         tc,
         sl,
@@ -40,13 +42,14 @@ pub fn endpoint(
             .iter()
             .enumerate()
             .map(|(i, d)| {
+                let (gid_index, gid) = gids[i];
                 let mut r = DevRepr {
-                    gid: d.dev.gid,
+                    gid,
                     lid: d.dev.lid,
                     port: d.dev.port,
                     link_layer: wire_ll(d.dev.link_layer),
                     mtu: d.dev.active_mtu.clamp(1, 5) as u8,
-                    gid_index: d.dev.gid_index.clamp(0, 255) as u8,
+                    gid_index: gid_index.clamp(0, 255) as u8,
                     rkey: rkeys.get(i).copied().unwrap_or(0),
                     name: [0; handshake::NAME_BYTES],
                 };
@@ -57,7 +60,7 @@ pub fn endpoint(
         qps,
         eager: handshake::EagerOffer::default(),
         link: handshake::LinkOffer::default(),
-    }
+    })
 }
 
 /// The QP list of a handshake record: the data QPs (number and member, in QP order), then the

@@ -4,11 +4,13 @@
 //! peer or a failed NIC when nothing completes.
 
 use super::completion_errors::{wc_error, WcErrorReport};
+use super::describe::describe_connection;
 use super::sink::{CompletionSink, RecoverySink};
+use super::wr_monitor::WrMonitor;
 use crate::error::{Error, Result};
 use crate::ibv::cq::Failed;
 use crate::ibv::{sys, QueuePair, WorkCompletion};
-use crate::transport::conn::{qps, Conn, FatalKind};
+use crate::transport::conn::{Conn, FatalKind};
 use crate::transport::proto::handshake::CLOSE_VERSION;
 use crate::transport::proto::hang::{self, QpEvents};
 use crate::transport::proto::plan::{Op, Post, WorkRequest};
@@ -146,6 +148,8 @@ pub struct Driver {
     pub(crate) recovery: RecoveryIo,
     /// Counters and histograms when statistics are on (FERROCE_STATS, NCCL_DEBUG=INFO).
     pub stats: Option<Arc<CommStats>>,
+    /// The work-request latency monitor, when NCCL_IB_WQE_LATENCY_* ask for one.
+    pub(crate) wr_mon: Option<Box<WrMonitor>>,
     /// Work requests posted and completions polled (for hang reports; always counted).
     wrs_posted: u64,
     completions: u64,
@@ -179,6 +183,7 @@ impl Driver {
             kind,
             recovery,
             stats,
+            wr_mon: super::wr_monitor::for_comm(qpns.len()),
             wrs_posted: 0,
             completions: 0,
             cq_polls: 0,
@@ -213,6 +218,9 @@ impl Driver {
                 let mut wrs: [sys::ibv_send_wr; POST_BATCH] = unsafe { std::mem::zeroed() };
                 // SAFETY: as above.
                 let mut sges: [[sys::ibv_sge; 2]; POST_BATCH] = unsafe { std::mem::zeroed() };
+                if let Some(m) = &mut self.wr_mon {
+                    m.posted(qp, chain);
+                }
                 // SAFETY: as the caller guarantees.
                 let posted = unsafe { post_chain(q, chain, &mut wrs, &mut sges) };
                 posted.map_err(|e| self.post_failure(e))
@@ -370,9 +378,12 @@ impl Driver {
             completions,
             cq_polls,
             recovery: rio,
+            wr_mon,
+            kind,
             ..
         } = self;
         let polls_before = *cq_polls;
+        let mut now = None;
         'devs: for (di, d) in conn.devs.iter().enumerate() {
             loop {
                 *cq_polls += 1;
@@ -396,6 +407,10 @@ impl Driver {
                     }
                     if let Some(s) = stats {
                         s.completed(conn.qp_index(di, wc.qp_num()), wc.result().is_ok());
+                    }
+                    if let Some(m) = wr_mon {
+                        let qp = conn.qp_index(di, wc.qp_num());
+                        m.completed(conn, qp, wc.wr_id(), &mut now, stats.as_deref(), kind);
                     }
                     match wc.result() {
                         Ok(c) => core.handle_ok(wc.wr_id(), c.imm),
@@ -451,6 +466,9 @@ impl Driver {
         self.last_probe = now;
         let peek = self.conn.chan.peek();
         self.check_hang(now, peek == Peek::Gone, waiting_for);
+        if let Some(m) = &mut self.wr_mon {
+            m.check_stalls(&self.conn, self.stats.as_deref(), self.kind);
+        }
         // While this comm waits, the process's comms NCCL is not calling move on (their
         // peers' recoveries may be what this one waits for).
         super::watch::step_idle_comms();
@@ -516,52 +534,6 @@ impl Drop for Driver {
             stats::close(s);
         }
     }
-}
-
-/// The INFO line of a new connection: peer, QPs both ends, MTU, GID, how the first QP
-/// addresses its peer (LIDs on InfiniBand), tc/sl, QP use.
-fn describe_connection(c: &Conn, kind: &str) -> String {
-    let local = c
-        .qps
-        .iter()
-        .map(|q| format!("{:#x}", q.qp.qpn()))
-        .collect::<Vec<_>>()
-        .join(",");
-    let remote = c
-        .peer
-        .qps
-        .iter()
-        .map(|q| format!("{:#x}", q.qpn))
-        .collect::<Vec<_>>()
-        .join(",");
-    let d0 = &c.devs[0].dev;
-    let mtu_code = c
-        .peer
-        .devs
-        .first()
-        .map_or(d0.active_mtu, |p| d0.active_mtu.min(u32::from(p.mtu)))
-        .clamp(1, 5);
-    let mode = if c.qps_per_req > 1 && c.qps_per_req == c.qps.len() {
-        "each message split over all QPs"
-    } else {
-        "messages round-robin over the QPs"
-    };
-    let route = c
-        .qps
-        .first()
-        .and_then(|q| c.peer.devs.get(q.remote_dev))
-        .map_or_else(String::new, |r| format!(", {}", qps::describe_route(d0, r)));
-    format!(
-        "{kind} connection with {}: {} QP(s) on {} (local QPNs {local}; peer QPNs {remote}), MTU {}, GID index {} {}{route}, tc {} sl {}, {mode}",
-        c.chan.peer(),
-        c.qps.len(),
-        c.devs.iter().map(|d| d.dev.label()).collect::<Vec<_>>().join("+"),
-        128u32 << mtu_code,
-        d0.gid_index,
-        crate::device::format_gid(&d0.gid),
-        c.peer.tc,
-        c.peer.sl,
-    )
 }
 
 /// The comm's error when a fatal async event hit one of its devices, ports, QPs or CQs since

@@ -2,9 +2,11 @@
 //! ([`send`], [`recv`]) over one [`driver`] each, the requests NCCL holds ([`requests`]) (posts, polls, completion errors
 //! ([`completion_errors`])), the cores' side of the driver ([`sink`]), the registered ring
 //! blocks the peer's NIC writes into ([`ring_memory`]), and the lock around each comm's data
-//! path with the progress of comms NCCL is not calling ([`watch`]).
+//! path with the progress of comms NCCL is not calling ([`watch`]), and the work-request latency
+//! monitor ([`wr_monitor`]).
 
 pub(crate) mod completion_errors;
+mod describe;
 pub mod driver;
 pub mod recv;
 pub(crate) mod requests;
@@ -12,3 +14,4 @@ pub(crate) mod ring_memory;
 pub(crate) mod send;
 pub(crate) mod sink;
 pub(crate) mod watch;
+pub(crate) mod wr_monitor;

@@ -201,12 +201,13 @@ impl FlushDev {
             cfg.pkey_index,
             sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0,
         )?;
+        let (gid_index, gid) = dev.gid_now()?;
         qp.to_rtr(&RtrAttrs {
             path_mtu: dev.active_mtu.clamp(1, 5),
             dest_qpn: qp.qpn(),
             global: dev.link_layer == crate::device::LinkLayer::Ethernet,
-            dgid: dev.gid,
-            sgid_index: dev.gid_index.clamp(0, 255) as u8,
+            dgid: gid,
+            sgid_index: gid_index.clamp(0, 255) as u8,
             traffic_class: tc,
             dlid: dev.lid,
             sl,

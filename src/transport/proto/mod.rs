@@ -41,3 +41,4 @@ pub mod setup;
 pub mod split;
 pub mod state;
 pub mod time;
+pub mod wr_latency;

@@ -169,7 +169,7 @@ impl Driver {
                 }
                 Action::SendHello { epoch } => {
                     let (head, taken) = core.report();
-                    let qps = Box::new(self.conn.qps_record());
+                    let qps = Box::new(self.conn.qps_record()?);
                     self.conn.chan.queue(&Message::RecoverHello {
                         epoch,
                         head,
@@ -249,6 +249,11 @@ impl Driver {
     /// every completion they hold (until each posted receive completed or flushed, bounded): a
     /// message the sender saw acknowledged must be one it reports taken.
     fn rebuild(&mut self, core: &mut impl RecoverySink) -> Result<()> {
+        // The GIDs the new QPs use: a port whose GID table changed picks again, and one left with
+        // no usable GID fails this attempt (the next one tries again).
+        for d in &self.conn.devs {
+            d.dev.gid_now()?;
+        }
         let receives: Vec<usize> = (0..self.conn.qps.len()).map(|q| core.posted_receives(q)).collect();
         // Receives the data path already saw end (flushed) count as ended.
         let mut ended = std::mem::take(&mut self.recovery.receives_ended);
@@ -299,6 +304,9 @@ impl Driver {
         self.conn.create_qps_again(remote)?;
         if let Some(s) = &self.stats {
             s.renumber(&self.conn.qp_numbers());
+        }
+        if let Some(m) = &mut self.wr_mon {
+            m.reset();
         }
         self.conn.accept_port_errors();
         // SAFETY: zero-SGE receives name no memory.

@@ -375,7 +375,7 @@ fn request(c: &Target, mut chan: SideChannel, state: Dialing) -> Result<Box<Requ
         flags |= FLAG_STANDBY;
     }
     let list = conn::qp_list(qps.iter().map(QueuePair::qpn).zip(placement.iter().copied()), &probes);
-    let mut req = conn::endpoint(&devs, list, state.nonce(), tc, sl, flags, bufs.addr() as u64, &rkeys);
+    let mut req = conn::endpoint(&devs, list, state.nonce(), tc, sl, flags, bufs.addr() as u64, &rkeys)?;
     req.link = c.link.offer;
     chan.set_version(c.version);
     chan.queue(&Message::ConnectReq(req));

@@ -400,7 +400,7 @@ fn build_recv(
         req.flags,
         (bufs.addr() + recv::CMPL_OFF) as u64,
         &rkeys,
-    );
+    )?;
     if eager_max > 0 {
         resp.eager = handshake::EagerOffer {
             landing: (bufs.addr() + recv::RECV_BLOCK_BYTES) as u64,

@@ -24,6 +24,8 @@ mod field {
     pub(super) const PROCESS: Range<usize> = 48..56;
     pub(super) const STAGE_MAGIC: Range<usize> = 64..72;
     pub(super) const STAGE_ID: Range<usize> = 72..80;
+    /// The listener's RoCE GIDs for subnet-aware routing, two of 16 bytes.
+    pub(super) const LISTEN_GIDS: Range<usize> = 80..112;
 }
 
 /// Address family codes of the handle's family byte.
@@ -162,4 +164,24 @@ pub fn write_stage(h: &mut [u8; HANDLE_BYTES], id: Option<u64>) {
     };
     h[field::STAGE_MAGIC].copy_from_slice(&m.to_le_bytes());
     h[field::STAGE_ID].copy_from_slice(&i.to_le_bytes());
+}
+
+/// The listener's RoCE GIDs in the handle (subnet-aware routing): two slots, all-zero when empty
+/// (a listener without subnet-aware routing, on InfiniBand, or of an older build writes none).
+pub fn read_listen_gids(h: &[u8; HANDLE_BYTES]) -> [[u8; 16]; 2] {
+    let mut g = [[0u8; 16]; 2];
+    for (i, slot) in g.iter_mut().enumerate() {
+        let at = field::LISTEN_GIDS.start + 16 * i;
+        slot.copy_from_slice(&h[at..at + 16]);
+    }
+    g
+}
+
+/// Write the first two of `gids` into the handle's GID slots (the rest stay zero).
+pub fn write_listen_gids(h: &mut [u8; HANDLE_BYTES], gids: &[[u8; 16]]) {
+    h[field::LISTEN_GIDS].fill(0);
+    for (i, g) in gids.iter().take(2).enumerate() {
+        let at = field::LISTEN_GIDS.start + 16 * i;
+        h[at..at + 16].copy_from_slice(g);
+    }
 }

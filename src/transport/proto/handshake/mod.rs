@@ -24,6 +24,7 @@
 //! | 48 | 8 | the listener's process id (version 6 on; 0: none), to share a link with it |
 //! | 64 | 8 | connect stage magic (0 as written by `listen`) |
 //! | 72 | 8 | connect stage id (the connector's in-progress record) |
+//! | 80 | 32 | the listener's RoCE GIDs, two slots (zero: none; written with `NCCL_IB_SUBNET_AWARE_ROUTING`) |
 //!
 //! # Side-channel frames
 //!
@@ -75,7 +76,7 @@ mod tests;
 
 pub use endpoint::{DevRepr, EagerOffer, EndpointRepr, LinkLayer, LinkOffer, QpRepr, FLAG_SPLIT, FLAG_STANDBY};
 pub use frame::{FrameReader, Message, Route};
-pub use handle::{read_stage, write_stage, HandleRepr, ListenAddr};
+pub use handle::{read_listen_gids, read_stage, write_listen_gids, write_stage, HandleRepr, ListenAddr};
 #[cfg(any(test, feature = "testing"))]
 pub use {
     endpoint::EndpointPacket,

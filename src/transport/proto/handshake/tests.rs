@@ -128,6 +128,14 @@ fn handle_round_trip_v4_v6() {
         );
         write_stage(&mut h, None);
         assert_eq!(read_stage(&h), None);
+        // The GID slots: empty as emitted, two at most, apart from the rest.
+        assert_eq!(read_listen_gids(&h), [[0; 16]; 2]);
+        write_listen_gids(&mut h, &[[1; 16], [2; 16], [3; 16]]);
+        write_stage(&mut h, Some(9));
+        assert_eq!(read_listen_gids(&h), [[1; 16], [2; 16]]);
+        assert_eq!((HandleRepr::parse(&h), read_stage(&h)), (Ok(r), Some(9)));
+        write_listen_gids(&mut h, &[[4; 16]]);
+        assert_eq!(read_listen_gids(&h), [[4; 16], [0; 16]]);
     }
 }
 
