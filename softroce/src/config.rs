@@ -20,6 +20,9 @@ use std::time::Duration;
 
 use crate::wire;
 
+mod pkeys;
+pub use pkeys::Pkeys;
+
 /// How the text of one kind of variable becomes its value, and how the docs name that kind.
 pub trait Kind {
     type Value: Clone;
@@ -423,6 +426,12 @@ variables! {
     "SOFTROCE_LINK_LAYER" => link_ib: Words = Words { no: "roce", yes: "ib" }, default(false) "roce";
     /// `off`: an InfiniBand port has no subnet manager, so it stays `PORT_INIT` with LID 0.
     "SOFTROCE_SM" => subnet_manager: Words = Words { no: "off", yes: "on" }, default(true) "on";
+    /// `on`: a router serves the subnet, so GID 1 of an InfiniBand port is its routable GID: prefix
+    /// fec0::/16 with the port's FLID (its LID) in bytes 4 and 5 (docs/softroce.md#infiniband-mode).
+    "SOFTROCE_IB_ROUTER" => ib_router: Words = Words { no: "off", yes: "on" }, default(false) "off";
+    /// The P_Key table of every port, entry i at index i (`ibv_query_pkey`); a QP's `pkey_index`
+    /// must name an entry. Packets carry 0xFFFF whatever the entry: P_Keys are not enforced.
+    "SOFTROCE_PKEYS" => pkeys: Pkeys = Pkeys, default(vec![wire::DEFAULT_PKEY]) "0xffff";
     /// Where each device's fault-control socket `ADDR.sock` lives (`softroce-ctl`).
     "SOFTROCE_CTL_DIR" => ctl_dir: Path = Path, default(PathBuf::from("/tmp/softroce")) "/tmp/softroce";
     /// Faults scheduled for every device of the process, in seconds from the device's start,
@@ -584,6 +593,8 @@ mod tests {
         ("SOFTROCE_PORT_STATE", "down", &[("UP", "expected ACTIVE or DOWN;")]),
         ("SOFTROCE_LINK_LAYER", "ib", &[("IB", "expected roce or ib;"), ("eth", "expected roce or ib;")]),
         ("SOFTROCE_SM", "off", &[("0", "expected off or on;")]),
+        ("SOFTROCE_IB_ROUTER", "on", &[("1", "expected off or on;")]),
+        ("SOFTROCE_PKEYS", "0xffff, 0x8001", &[("0", "(`0` is not one)"), ("0x1ffff", "(`0x1ffff` is not one)"), ("1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", "at most 16 (17 entries)")]),
         ("SOFTROCE_CTL_DIR", "/tmp/x", &[]),
         ("SOFTROCE_FAULTS", "port-down@1.5s", &[("port-down", "expected COMMAND@SECONDS, comma-separated (softroce-ctl's commands) (`port-down`: want COMMAND@SECONDS);"), ("port-up@soon", "is not a time in seconds")]),
         ("SOFTROCE_LOSS", "1", &[("1.5", "expected a number in [0, 1];"), ("-0.1", "[0, 1]"), ("NaN", "[0, 1]"), ("1%", "[0, 1]")]),

@@ -31,6 +31,8 @@ pub struct LinkConfig {
     /// A subnet manager runs (`SOFTROCE_SM`, default on): without one an IB port stays in INIT
     /// with LID 0, as a real port does.
     pub sm: bool,
+    /// A router serves the subnet (`SOFTROCE_IB_ROUTER`): an IB port's GID 1 carries its FLID.
+    pub router: bool,
 }
 
 /// The link-layer settings of the process: `SOFTROCE_LINK_LAYER` and `SOFTROCE_SM` (declared,
@@ -43,6 +45,7 @@ pub fn link_config() -> LinkConfig {
             LinkLayer::Ethernet
         },
         sm: config::subnet_manager(),
+        router: config::ib_router(),
     }
 }
 

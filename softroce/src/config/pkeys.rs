@@ -1,0 +1,37 @@
+//! The kind of `SOFTROCE_PKEYS`: a P_Key table.
+
+use super::Kind;
+use crate::proto::limits::MAX_PKEYS;
+
+/// P_Keys, comma-separated (`0x` hex or decimal), 1 to [`MAX_PKEYS`] of them, none 0 (an empty
+/// entry).
+pub struct Pkeys;
+
+impl Kind for Pkeys {
+    type Value = Vec<u16>;
+    fn type_name(&self) -> &'static str {
+        "P_Key list"
+    }
+    fn expected(&self) -> String {
+        format!("16-bit P_Keys (0x hex or decimal, not 0), comma-separated, at most {MAX_PKEYS}")
+    }
+    fn parse(&self, text: &str) -> Result<Vec<u16>, Option<String>> {
+        let keys = text
+            .split(',')
+            .map(|x| {
+                let x = x.trim();
+                let v = match x.strip_prefix("0x").or_else(|| x.strip_prefix("0X")) {
+                    Some(hex) => u16::from_str_radix(hex, 16),
+                    None => x.parse::<u16>(),
+                };
+                v.ok()
+                    .filter(|&k| k != 0)
+                    .ok_or_else(|| Some(format!("`{x}` is not one")))
+            })
+            .collect::<Result<Vec<u16>, _>>()?;
+        if keys.len() > usize::from(MAX_PKEYS) {
+            return Err(Some(format!("{} entries", keys.len())));
+        }
+        Ok(keys)
+    }
+}
