@@ -370,7 +370,8 @@ pub fn pkey_index_check(
     let var = crate::config::var::pkey_index;
     if index >= table_len {
         return Err(format!(
-            "{var}={index} is outside the port's P_Key table ({table_len} entries, indices 0 to {}) — choose an index `ibv_devinfo -v` / `ferroce-doctor` lists, or unset {var}",
+            "{var}={index} is outside the port's P_Key table ({table_len} entr{}, indices 0 to {}) — choose an index `ferroce-doctor` lists, or unset {var}",
+            if table_len == 1 { "y" } else { "ies" },
             table_len.saturating_sub(1)
         ));
     }
@@ -549,16 +550,8 @@ fn probe_ports(ctx: &Arc<Context>, cfg: &Config, found: &mut Vec<NetDevice>, ski
             .hca
             .matching_entry(&name, u32::from(port))
             .filter(|_| !cfg.hca.exclude);
-        let (gid_index, gid) = match port_gid(ctx, port, &info, link_layer, cfg) {
+        let (gid_index, gid, pkey) = match port_gid(ctx, port, &info, link_layer, cfg) {
             Ok(g) => g,
-            Err(why) => {
-                skipped.push(format!("{name} port {port}: {why}"));
-                continue;
-            }
-        };
-        let pkey_at = |i: u16| ctx.query_pkey(port, i).map_err(|e| e.message);
-        let pkey = match pkey_index_check(cfg.pkey_index, info.pkey_tbl_len, &pkey_at) {
-            Ok(k) => k,
             Err(why) => {
                 skipped.push(format!("{name} port {port}: {why}"));
                 continue;
@@ -609,15 +602,17 @@ fn probe_ports(ctx: &Arc<Context>, cfg: &Config, found: &mut Vec<NetDevice>, ski
 }
 
 /// The GID a port's connections use and its index: on InfiniBand as NCCL's IB transport picks
-/// it, on RoCE the configured or auto-selected RoCE GID, which must be routable. `Err` says why
-/// the port is skipped.
+/// it, on RoCE the configured or auto-selected RoCE GID, which must be routable; and the P_Key
+/// at `NCCL_IB_PKEY` ([`pkey_index_check`]). `Err` says why the port is skipped.
 fn port_gid(
     ctx: &Context,
     port: u8,
     info: &PortInfo,
     link_layer: LinkLayer,
     cfg: &Config,
-) -> std::result::Result<(i32, [u8; 16]), String> {
+) -> std::result::Result<(i32, [u8; 16], u16), String> {
+    let pkey_at = |i: u16| ctx.query_pkey(port, i).map_err(|e| e.message);
+    let pkey = pkey_index_check(cfg.pkey_index, info.pkey_tbl_len, &pkey_at)?;
     let gid_at = |i: i32| ctx.query_gid(port, i).ok();
     let gid_index = match link_layer {
         LinkLayer::InfiniBand => select_ib_gid(info.gid_tbl_len, &gid_at, cfg),
@@ -636,7 +631,7 @@ fn port_gid(
             format_gid(&gid)
         ));
     }
-    Ok((gid_index, gid))
+    Ok((gid_index, gid, pkey))
 }
 
 /// The `guid` NCCL's IB transport reports for a device: `ibv_device_attr.sys_image_guid` copied

@@ -362,7 +362,7 @@ fn pkey_index_against_the_port_table() {
     );
     assert!(pkey_index_check(1, 1, &pkey)
         .unwrap_err()
-        .contains("(1 entries, indices 0 to 0)"));
+        .contains("(1 entry, indices 0 to 0)"));
     assert!(pkey_index_check(2, 3, &pkey)
         .unwrap_err()
         .contains("empty P_Key table entry"));
