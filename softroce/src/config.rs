@@ -20,8 +20,8 @@ use std::time::Duration;
 
 use crate::wire;
 
-mod pkeys;
-pub use pkeys::Pkeys;
+mod ib;
+pub use ib::{LinkLayers, Pkeys};
 
 /// How the text of one kind of variable becomes its value, and how the docs name that kind.
 pub trait Kind {
@@ -420,10 +420,10 @@ variables! {
     /// as a NIC whose link is down, for tests of what applications say about it; traffic is not
     /// affected.
     "SOFTROCE_PORT_STATE" => port_down: PortState = PortState, default(false) "ACTIVE";
-    /// The link layer of every port: `roce` (RoCEv2 over UDP) or `ib` (InfiniBand packets, LID
+    /// The link layer of the ports: `roce` (RoCEv2 over UDP) or `ib` (InfiniBand packets, LID
     /// addressing; their UDP carriage between softroce processes is an emulation,
-    /// docs/softroce.md#infiniband-mode).
-    "SOFTROCE_LINK_LAYER" => link_ib: Words = Words { no: "roce", yes: "ib" }, default(false) "roce";
+    /// docs/softroce.md#infiniband-mode); a list gives each device its own (`ib,roce`).
+    "SOFTROCE_LINK_LAYER" => link_ib: LinkLayers = LinkLayers, default(vec![false]) "roce";
     /// `off`: an InfiniBand port has no subnet manager, so it stays `PORT_INIT` with LID 0.
     "SOFTROCE_SM" => subnet_manager: Words = Words { no: "off", yes: "on" }, default(true) "on";
     /// `on`: a router serves the subnet, so GID 1 of an InfiniBand port is its routable GID: prefix
@@ -591,7 +591,7 @@ mod tests {
         ("SOFTROCE_MTU", "1024", &[("1500", "expected an IB MTU: 256, 512, 1024, 2048 or 4096 bytes, or the ibv_mtu enum 1 to 5;"), ("0", "IB MTU"), ("6", "IB MTU"), ("4k", "IB MTU")]),
         ("SOFTROCE_ICRC_CHECK", "0", &[("no", "expected 0 or 1;"), ("2", "0 or 1")]),
         ("SOFTROCE_PORT_STATE", "down", &[("UP", "expected ACTIVE or DOWN;")]),
-        ("SOFTROCE_LINK_LAYER", "ib", &[("IB", "expected roce or ib;"), ("eth", "expected roce or ib;")]),
+        ("SOFTROCE_LINK_LAYER", "ib, roce", &[("IB", "expected roce or ib, or a comma-separated list"), ("ib,eth", "(`eth` is not one);")]),
         ("SOFTROCE_SM", "off", &[("0", "expected off or on;")]),
         ("SOFTROCE_IB_ROUTER", "on", &[("1", "expected off or on;")]),
         ("SOFTROCE_PKEYS", "0xffff, 0x8001", &[("0", "(`0` is not one)"), ("0x1ffff", "(`0x1ffff` is not one)"), ("1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17", "at most 16 (17 entries)")]),

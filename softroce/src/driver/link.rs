@@ -24,7 +24,7 @@ pub enum LinkLayer {
     Infiniband,
 }
 
-/// The link-layer settings of the process (every device shares them).
+/// The link-layer settings of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinkConfig {
     pub layer: LinkLayer,
@@ -35,11 +35,13 @@ pub struct LinkConfig {
     pub router: bool,
 }
 
-/// The link-layer settings of the process: `SOFTROCE_LINK_LAYER` and `SOFTROCE_SM` (declared,
-/// parsed and checked in `config`).
-pub fn link_config() -> LinkConfig {
+/// The link-layer settings of device `index`: its entry of `SOFTROCE_LINK_LAYER` (the last entry
+/// for a device past the list), `SOFTROCE_SM` and `SOFTROCE_IB_ROUTER` (declared, parsed and
+/// checked in `config`).
+pub fn link_config(index: usize) -> LinkConfig {
+    let layers = config::link_ib();
     LinkConfig {
-        layer: if config::link_ib() {
+        layer: if layers.get(index).or(layers.last()).copied().unwrap_or(false) {
             LinkLayer::Infiniband
         } else {
             LinkLayer::Ethernet

@@ -1,4 +1,5 @@
-//! The kind of `SOFTROCE_PKEYS`: a P_Key table.
+//! The kinds of softroce's InfiniBand variables: `SOFTROCE_LINK_LAYER` (one link layer, or one
+//! per device) and `SOFTROCE_PKEYS` (a P_Key table).
 
 use super::Kind;
 use crate::proto::limits::MAX_PKEYS;
@@ -33,5 +34,28 @@ impl Kind for Pkeys {
             return Err(Some(format!("{} entries", keys.len())));
         }
         Ok(keys)
+    }
+}
+
+/// `roce` or `ib`, or several comma-separated, entry i for device i (the last for the devices
+/// past the list); the value is, per entry, whether it is `ib`.
+pub struct LinkLayers;
+
+impl Kind for LinkLayers {
+    type Value = Vec<bool>;
+    fn type_name(&self) -> &'static str {
+        "word list"
+    }
+    fn expected(&self) -> String {
+        "roce or ib, or a comma-separated list of them: entry i for device i, the last for the rest".into()
+    }
+    fn parse(&self, text: &str) -> Result<Vec<bool>, Option<String>> {
+        text.split(',')
+            .map(|x| match x.trim() {
+                "ib" => Ok(true),
+                "roce" => Ok(false),
+                x => Err(Some(format!("`{x}` is not one"))),
+            })
+            .collect()
     }
 }
