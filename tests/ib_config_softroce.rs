@@ -7,7 +7,8 @@
 //! * `NCCL_IB_PKEY`: an index into the port's P_Key table (`SOFTROCE_PKEYS`) that the
 //!   connections use, and an index past the table a clear error of `init`;
 //! * a peer on the other link layer (an InfiniBand process and a RoCE process): refused on both
-//!   ends with one line naming both link layers.
+//!   ends with one line naming both link layers;
+//! * a fused device of an InfiniBand and a RoCE port (`SOFTROCE_LINK_LAYER=ib,roce`): refused.
 //!
 //! Addresses 127.0.36.x (ci/tests/lib/softroce.sh has the table), one or two per case.
 
@@ -225,4 +226,31 @@ fn a_peer_on_the_other_link_layer_is_refused_naming_both() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
+fn a_fused_device_of_an_infiniband_and_a_roce_port_is_refused() {
+    let name = "a_fused_device_of_an_infiniband_and_a_roce_port_is_refused";
+    if child(name, || {
+        let ctx = api::init(None, -1, false).expect("init");
+        assert_eq!(api::devices().expect("devices"), 2);
+        let e = api::make_vdevice(&[0, 1], 4).expect_err("no fusion across link layers");
+        assert_eq!(e.result_code(), code::INVALID_USAGE, "{e}");
+        assert!(
+            e.message.starts_with(
+                "cannot fuse softroce0:1 (InfiniBand) with softroce1:1 (RoCE): the members of a fused device must share one link layer"
+            ),
+            "{e}"
+        );
+        println!("refused: {e}");
+        api::finalize(ctx).expect("finalize");
+    }) {
+        return;
+    }
+    run_child(
+        name,
+        "127.0.36.8,127.0.36.9",
+        &[("SOFTROCE_DEVICES", "2"), ("SOFTROCE_LINK_LAYER", "ib,roce")],
+    );
 }
