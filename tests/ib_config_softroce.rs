@@ -10,7 +10,7 @@
 //!   ends with one line naming both link layers;
 //! * a fused device of an InfiniBand and a RoCE port (`SOFTROCE_LINK_LAYER=ib,roce`): refused.
 //!
-//! Addresses 127.0.36.x (ci/tests/lib/softroce.sh has the table), one or two per case.
+//! Addresses 127.0.38.x (ci/tests/lib/softroce.sh has the table), one or two per case.
 
 mod softroce_common;
 
@@ -65,7 +65,7 @@ fn ib_uses_the_flid_gid_when_the_port_has_one_whatever_nccl_ib_gid_index_says() 
     }
     run_child(
         name,
-        "127.0.36.1",
+        "127.0.38.1",
         &[IB, ("SOFTROCE_IB_ROUTER", "on"), ("NCCL_IB_GID_INDEX", "3")],
     );
 }
@@ -82,11 +82,11 @@ fn ib_uses_gid_0_without_a_flid_whatever_nccl_ib_gid_index_says() {
     }) {
         return;
     }
-    run_child(name, "127.0.36.2", &[IB, ("NCCL_IB_GID_INDEX", "3")]);
+    run_child(name, "127.0.38.2", &[IB, ("NCCL_IB_GID_INDEX", "3")]);
     // The router's GID at an index NCCL_IB_ROUTABLE_FLID_GID_INDEX does not name is not taken.
     run_child(
         name,
-        "127.0.36.3",
+        "127.0.38.3",
         &[
             IB,
             ("SOFTROCE_IB_ROUTER", "on"),
@@ -110,7 +110,7 @@ fn nccl_ib_pkey_picks_the_p_key_the_connections_use() {
     ] {
         let mut env = env.to_vec();
         env.push(("NCCL_IB_PKEY", "1"));
-        run_child(name, "127.0.36.4", &env);
+        run_child(name, "127.0.38.4", &env);
     }
 }
 
@@ -132,7 +132,7 @@ fn nccl_ib_pkey_past_the_table_fails_init_saying_so() {
     }
     run_child(
         name,
-        "127.0.36.5",
+        "127.0.38.5",
         &[IB, ("SOFTROCE_PKEYS", "0xffff,0x8001"), ("NCCL_IB_PKEY", "2")],
     );
 }
@@ -213,7 +213,7 @@ fn a_peer_on_the_other_link_layer_is_refused_naming_both() {
             .spawn()
             .expect("start a child")
     };
-    let children = [start("127.0.36.6", "ib"), start("127.0.36.7", "roce")];
+    let children = [start("127.0.38.6", "ib"), start("127.0.38.7", "roce")];
     for c in children {
         let out = c.wait_with_output().expect("wait for the child");
         let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
@@ -250,7 +250,7 @@ fn a_fused_device_of_an_infiniband_and_a_roce_port_is_refused() {
     }
     run_child(
         name,
-        "127.0.36.8,127.0.36.9",
+        "127.0.38.8,127.0.38.9",
         &[("SOFTROCE_DEVICES", "2"), ("SOFTROCE_LINK_LAYER", "ib,roce")],
     );
 }
