@@ -88,18 +88,29 @@ pub fn init(logger: NcclLogger, traffic_class: i32, once_per_load: bool) -> Resu
         for d in &found.devices {
             log_info!(
                 subsys::INIT | subsys::NET,
-                "device {} {} port {} {:?} GID[{}] {} speed {} Mbps MTU {} pci {} dmabuf {}",
+                "device {} {} port {} {:?} GID[{}] {} P_Key[{}] {:#06x} speed {} Mbps MTU {} pci {} dmabuf {}",
                 d.index,
                 d.name,
                 d.port,
                 d.link_layer,
                 d.gid_index,
                 device::format_gid(&d.gid),
+                cfg.pkey_index,
+                d.pkey,
                 d.speed_mbps,
                 device::mtu_bytes(d.active_mtu),
                 d.pci_path.as_deref().unwrap_or("(none)"),
                 d.dmabuf
             );
+        }
+        let ib_ports: Vec<String> = found
+            .devices
+            .iter()
+            .filter(|d| d.link_layer == device::LinkLayer::InfiniBand)
+            .map(|d| d.label())
+            .collect();
+        if let Some(line) = device::ib_gid_index_ignored(cfg.gid_index, &ib_ports) {
+            log_info!(subsys::INIT | subsys::NET, "{line}");
         }
         let virtual_devices = found
             .devices

@@ -43,6 +43,13 @@ if $L $S timeout "$T" ibv_devinfo -v >"$D/onegid.out" 2>&1 && ! grep -q 'GID\[ *
 else
     ko devinfo-ib-one-gid "$D/onegid.out"
 fi
+# A router serves the subnet: GID 1 carries the port's FLID (its LID) in bytes 4-5; a P_Key table
+# of two entries.
+check devinfo-ib-router-pkeys 'GID\[ *1\]:\s+fec0:0000:1665:0000:0253:7fff:fe00:1665$' 'pkey_tbl_len:\s+2$' \
+    'max_pkeys:\s+2$' -- $L $S SOFTROCE_IB_ROUTER=on SOFTROCE_PKEYS=0xffff,0x8001 ibv_devinfo -v
+# A link layer per device: softroce0 InfiniBand, softroce1 RoCE.
+check devinfo-ib-roce-per-device 'link_layer:\s+InfiniBand' 'link_layer:\s+Ethernet' 'hca_id:\s+softroce1' \
+    -- $L SOFTROCE_DEVICES=2 SOFTROCE_LINK_LAYER=ib,roce SOFTROCE_ADDR=127.0.22.103,127.0.22.104 ibv_devinfo
 # No subnet manager: the port stays INIT with LID 0, as a real one.
 check devinfo-ib-no-sm 'state:\s+PORT_INIT \(2\)' 'port_lid:\s+0$' 'sm_lid:\s+0$' 'link_layer:\s+InfiniBand' \
     -- $L $S SOFTROCE_SM=off ibv_devinfo -v

@@ -351,6 +351,14 @@ local_case "IB: fused device of 2, 2 QPs split" "SOFTROCE_DEVICES=2 SOFTROCE_ADD
 fused_pair "IB: fused vs fused" 2 2 "NCCL_IB_QPS_PER_CONNECTION=2"
 local_case "IB: NCCL_IB_SL=5" "NCCL_IB_SL=5" 12 -g 40
 grep -aq 'connection with .* tc 0 sl 5,' "$tmp/out" || ko "IB: NCCL_IB_SL=5 is not the connection's service level"
+# A router's FLID GID (softroce: GID 1, FLID = the LID) is taken and NCCL_IB_GID_INDEX ignored,
+# with its INFO line; NCCL_IB_PKEY=1 names the second entry of a two-entry P_Key table.
+local_case "IB: FLID GID, NCCL_IB_GID_INDEX=3 ignored, NCCL_IB_PKEY=1" \
+    "SOFTROCE_IB_ROUTER=on NCCL_IB_GID_INDEX=3 SOFTROCE_PKEYS=0xffff,0x8001 NCCL_IB_PKEY=1" 12 -g 40
+if ! grep -aq 'NCCL_IB_GID_INDEX=3 ignored on InfiniBand port(s) softroce0:1: ' "$tmp/out" ||
+    ! grep -aqE 'device 0 softroce0 port 1 InfiniBand GID\[1\] fec0:0:[0-9a-f]+:0:[0-9a-f:]+ P_Key\[1\] 0x8001 ' "$tmp/out"; then
+    ko "IB: no INFO line for the ignored NCCL_IB_GID_INDEX, or the device is not on GID[1] with P_Key[1] 0x8001"
+fi
 large_case 12 2684354560
 IB=0
 unset SOFTROCE_LINK_LAYER DATAPATH_VERBOSE

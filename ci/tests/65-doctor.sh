@@ -7,14 +7,16 @@
 #   * no RDMA device (the system libibverbs without a driver), a missing libibverbs: a clear
 #     fail, exit 1, no crash;
 #   * NCCL_IB_HCA matching nothing: fail, exit != 0; softroce1 also matching softroce10: warn;
-#   * an InfiniBand port (softroce's IB mode): link layer, LID, SM LID, ACTIVE, all ok; without a
-#     subnet manager (SOFTROCE_SM=off: INIT, LID 0) a fail that says to check opensm / the SM;
+#   * an InfiniBand port (softroce's IB mode): link layer, width and lane speed, LID, SM LID,
+#     ACTIVE, the P_Key table, all ok; without a subnet manager (SOFTROCE_SM=off: INIT, LID 0) a
+#     fail that says to check opensm / the SM; NCCL_IB_PKEY past the P_Key table: a fail;
 #   * memlock and fd limits too low for the job size given: fail with the fix; memlock ok
 #     as root with CAP_IPC_LOCK (the limit does not apply), fail with it dropped;
 #   * the plugin itself under `ulimit -n 512`: scale_bench --conns 1024 at wire version 5 (a socket
 #     per comm) fails with the limit, the need and the fix instead of a bare "Too many open files";
 #   * a pair: findings compared, 4 MiB bandwidth and 8-byte latency printed next to the link
-#     speed; SOFTROCE_MTU differing between the two: flagged;
+#     speed; SOFTROCE_MTU differing between the two: flagged; two InfiniBand ports: one subnet,
+#     by LID; an InfiniBand and a RoCE port: the link layers flagged, the plugin refuses;
 #   * an unreachable and a silent peer: a clear error within the --timeout bound;
 #   * the plugin's config INFO line in NCCL's spelling, the whole table only with
 #     NCCL_DEBUG_SUBSYS=ENV; the properties guid equal to ibv_devinfo's sys_image_guid bytes.
@@ -154,8 +156,10 @@ if [ $rc -eq 0 ] && ! grep -q '^fail' "$tmp/ib" &&
     grep -q '^ok    softroce0:1 state  *ACTIVE' "$tmp/ib" &&
     grep -q '^ok    softroce0:1 link  *InfiniBand, [0-9]* Gbit/s, LID 0x4108, SM LID 0xbfff' "$tmp/ib" &&
     grep -q '^ok    softroce0:1 subnet manager  *port ACTIVE, LID 0x4108, SM LID 0xbfff' "$tmp/ib" &&
+    grep -q '^ok    softroce0:1 link width  *4X at 25 Gb/s (EDR) per lane = 100 Gbit/s' "$tmp/ib" &&
+    grep -q '^ok    softroce0:1 P_Key  *1 entry: \[0\] 0xffff full; NCCL_IB_PKEY=0 → 0xffff' "$tmp/ib" &&
     grep -q '^ok    plugin devices  *1: softroce0:1 GID\[0\] fe80::' "$tmp/ib"; then
-    ok "InfiniBand port: link layer, LID, SM LID, state; the plugin uses it"
+    ok "InfiniBand port: link layer, width and speed, LID, SM LID, state, P_Key table; the plugin uses it"
 else
     ko "InfiniBand port (rc=$rc)" "$tmp/ib"
 fi
@@ -168,6 +172,16 @@ if [ $rc -eq 1 ] &&
     ok "no subnet manager (SOFTROCE_SM=off): a failing check that names opensm and the fabric's SM, exit 1"
 else
     ko "no subnet manager (rc=$rc)" "$tmp/nosm"
+fi
+
+SOFTROCE_LINK_LAYER=ib SOFTROCE_PKEYS=0xffff,0x8001 NCCL_IB_PKEY=2 SOFTROCE_ADDR=127.0.65.8 doc "${JOB[@]}" >"$tmp/pkey" 2>&1
+rc=$?
+if [ $rc -eq 1 ] &&
+    grep -q '^fail  softroce0:1 P_Key  *2 entries: \[0\] 0xffff full, \[1\] 0x8001 full; NCCL_IB_PKEY=2 is outside the port.s P_Key table (2 entries, indices 0 to 1)' "$tmp/pkey" &&
+    grep -q '^fail  plugin devices .*NCCL_IB_PKEY=2 is outside' "$tmp/pkey"; then
+    ok "NCCL_IB_PKEY=2 with a P_Key table of 2: the port's P_Key check and the plugin's discovery fail, exit 1"
+else
+    ko "NCCL_IB_PKEY past the P_Key table (rc=$rc)" "$tmp/pkey"
 fi
 
 echo "--- registrations against RLIMIT_MEMLOCK (softroce pins like the kernel: without CAP_IPC_LOCK)"
@@ -288,6 +302,25 @@ if [ "$prc" = 0 ] && grep -q '^warn  pair mtu  *4096 (netdev 65536) here, 1024 (
     ok "SOFTROCE_MTU=1024 on one side: pair mtu flagged on both ends, the measurement still runs"
 else
     ko "mismatched MTU (peer rc=$prc)" "$tmp/mtu.peer"
+fi
+
+prc=x src=x
+pair ib "SOFTROCE_LINK_LAYER=ib SOFTROCE_ADDR=127.0.65.1" "SOFTROCE_LINK_LAYER=ib SOFTROCE_ADDR=127.0.65.2"
+if [ "$prc" = 0 ] && [ "$src" = 0 ] && ! grep -q '^fail' "$tmp/ib.peer" &&
+    grep -q '^ok    pair subnet  *GID fe80::.* here, fe80::.* on .*: one subnet (0x0000), the peer by its LID 0x4101, no GRH' "$tmp/ib.peer" &&
+    grep -Eq "$bw_re" "$tmp/ib.peer"; then
+    ok "two InfiniBand ports: one subnet, the peer by its LID; the measurement runs"
+else
+    ko "InfiniBand pair (peer rc=$prc, serve rc=$src)" "$tmp/ib.peer"
+fi
+prc=x src=x
+pair mixed "SOFTROCE_LINK_LAYER=ib SOFTROCE_ADDR=127.0.65.1" SOFTROCE_ADDR=127.0.65.2
+if [ "$prc" = 1 ] && grep -q '^fail  pair link layer  *Ethernet here, InfiniBand on .*InfiniBand and RoCE ports cannot talk' "$tmp/mixed.peer" &&
+    grep -Eq "^fail  pair  +(connect|accept): .*link layer mismatch: the receiver's softroce0:1 is (InfiniBand|RoCE), the sender's softroce0:1 is (InfiniBand|RoCE): " "$tmp/mixed.peer"; then
+    ok "an InfiniBand and a RoCE port: pair link layer fails on the peer, and the plugin refuses the connection saying why, exit 1"
+else
+    ko "InfiniBand against RoCE (peer rc=$prc, serve rc=$src)" "$tmp/mixed.peer"
+    [ -e "$tmp/mixed.serve" ] && tail -n 12 "$tmp/mixed.serve" | sed 's/^/    s| /'
 fi
 
 echo "--- unreachable and silent peers"

@@ -111,6 +111,8 @@ pub fn compare(mine: &Value, theirs: &Value) -> Vec<Check> {
             )
         });
         out.push(gid_check(d1, d2, peer));
+    } else {
+        out.push(crate::host::ib_subnet_check(d1, d2, peer));
     }
     let (q1, q2) = (&mine["qps_per_connection"], &theirs["qps_per_connection"]);
     out.push(if q1 == q2 {
@@ -609,6 +611,26 @@ mod tests {
         let mut old = b;
         old["version"] = json!("0.0.9");
         assert_eq!(status_of(&compare(&a, &old), "pair ferroce version"), Status::Warn);
+    }
+
+    #[test]
+    fn infiniband_pairs_check_their_subnet_and_link_layers() {
+        let mut a = side(4096, 0, 0, "", 1, json!({}));
+        a["device"] = json!({"port": "mlx5_0:1", "link_layer": "InfiniBand", "active_mtu": 4096,
+                             "gid": "fe80::253:7fff:fe00:1", "lid": 0x1665});
+        let mut b = a.clone();
+        b["device"]["gid"] = json!("fe80::253:7fff:fe00:2");
+        let c = compare(&a, &b);
+        assert!(c.iter().all(|c| c.status == Status::Ok), "{c:?}");
+        assert!(c.iter().any(|c| c.name == "pair subnet"), "{c:?}");
+        // InfiniBand against RoCE: a failure naming both, and nothing compared after it.
+        let c = compare(&a, &side(4096, 65536, 2, "::ffff:10.0.0.2", 1, json!({})));
+        let ll = c.iter().find(|c| c.name == "pair link layer").expect("pair link layer");
+        assert_eq!(
+            (ll.status, ll.value.as_str()),
+            (Status::Fail, "InfiniBand here, Ethernet on h")
+        );
+        assert!(!c.iter().any(|c| c.name == "pair subnet" || c.name == "pair mtu"));
     }
 
     #[test]

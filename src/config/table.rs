@@ -155,7 +155,8 @@ tunables! {
     hca: DeviceFilter = "NCCL_IB_HCA" in Devices
         => lenient("device list", LIST_SYNTAX, DeviceFilter::default(), DeviceFilter::parse_lenient,
                    DeviceFilter::to_string).decides();
-    /// Fixed RoCE GID index; -1 selects one by address family, range and RoCE version.
+    /// Fixed RoCE GID index; -1 selects one by address family, range and RoCE version. Ignored
+    /// on InfiniBand ports (one INFO line says so).
     gid_index: i32 = "NCCL_IB_GID_INDEX" in Devices => int(-1, -1, 65535).special(-1, "(auto)").decides();
     /// The address family of the automatically selected RoCE GID.
     addr_family: AddrFamily = "NCCL_IB_ADDR_FAMILY" in Devices
@@ -172,7 +173,8 @@ tunables! {
     timeout: u8 = "NCCL_IB_TIMEOUT" in Qps => int(20, 0, 31);
     /// Transport retries before a send fails.
     retry_cnt: u8 = "NCCL_IB_RETRY_CNT" in Qps => int(7, 0, 7);
-    /// P_Key index.
+    /// Index into the port's P_Key table that the QPs use; a port whose table has no filled entry
+    /// there is not used.
     pkey_index: u16 = "NCCL_IB_PKEY" in Qps => int(0, 0, 65535);
     /// Service level; -1 takes the communicator's traffic class, else 0.
     sl: i32 = "NCCL_IB_SL" in Qps => int(-1, -1, 15).special(-1, "(auto)");

@@ -31,6 +31,29 @@ pub enum LinkLayer {
     Ethernet,
 }
 
+impl std::fmt::Display for LinkLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LinkLayer::InfiniBand => "InfiniBand",
+            LinkLayer::Ethernet => "RoCE",
+        })
+    }
+}
+
+/// The members of a fused device (label, link layer) share one link layer, or the one line
+/// that says which two do not: NCCL's IB transport refuses such a device too.
+pub fn fusable_link_layers(members: &[(String, LinkLayer)]) -> std::result::Result<(), String> {
+    let Some((first, ll)) = members.first() else {
+        return Ok(());
+    };
+    match members.iter().find(|(_, l)| l != ll) {
+        None => Ok(()),
+        Some((odd, l)) => Err(format!(
+            "cannot fuse {first} ({ll}) with {odd} ({l}): the members of a fused device must share one link layer, InfiniBand or RoCE — fuse ports of one link layer (NCCL_IB_HCA selects them)"
+        )),
+    }
+}
+
 impl LinkLayer {
     pub fn from_port(link_layer: u8) -> Option<LinkLayer> {
         match link_layer {
@@ -55,6 +78,8 @@ pub struct NetDevice {
     pub gid_index: i32,
     pub gid: [u8; 16],
     pub lid: u16,
+    /// The P_Key at `NCCL_IB_PKEY`'s index, which the QPs' INIT names (see [`pkey_index_check`]).
+    pub pkey: u16,
     /// `ibv_mtu` enum value of the port's active MTU.
     pub active_mtu: u32,
     /// The port's `max_msg_sz`: the most bytes one WR carries (longer chunks go in pieces).
@@ -94,6 +119,7 @@ impl NetDevice {
         self.gid_cache.get(changes, &self.label(), || {
             let info = self.context.query_port(self.port).map_err(|e| e.message)?;
             port_gid(&self.context, self.port, &info, self.link_layer, crate::config::get())
+                .map(|(index, gid, _pkey)| (index, gid))
         })
     }
 }
@@ -136,12 +162,8 @@ impl VirtualDevice {
         let first = members
             .first()
             .ok_or_else(|| Error::internal("makeVDevice with no devices"))?;
-        if let Some(odd) = members.iter().find(|d| d.link_layer != first.link_layer) {
-            return Err(Error::usage(format!(
-                "cannot fuse {} ({:?}) with {} ({:?}): all members of a fused device must have the same link layer",
-                first.name, first.link_layer, odd.name, odd.link_layer
-            )));
-        }
+        let layers: Vec<(String, LinkLayer)> = members.iter().map(|d| (d.label(), d.link_layer)).collect();
+        fusable_link_layers(&layers).map_err(Error::usage)?;
         let name = members.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join("+");
         let rail = if members.iter().all(|d| d.rail == first.rail) {
             first.rail
@@ -345,6 +367,44 @@ pub fn select_ib_gid(table_len: i32, gid: &dyn Fn(i32) -> Option<[u8; 16]>, cfg:
     0
 }
 
+/// The INFO line saying that `NCCL_IB_GID_INDEX` (`gid_index`, -1 unset) does not apply to the
+/// InfiniBand ports `ib_ports` (NCCL's IB transport reads it on RoCE only); `None` when it is
+/// unset or no port is InfiniBand.
+pub fn ib_gid_index_ignored(gid_index: i32, ib_ports: &[String]) -> Option<String> {
+    (gid_index >= 0 && !ib_ports.is_empty()).then(|| {
+        format!(
+            "{}={gid_index} ignored on InfiniBand port(s) {}: their GID is {} when it carries a FLID, else GID 0",
+            crate::config::var::gid_index,
+            ib_ports.join(", "),
+            crate::config::var::routable_flid_gid_index
+        )
+    })
+}
+
+/// `NCCL_IB_PKEY` (`index`) against a port's P_Key table of `table_len` entries, whose entry at
+/// `index` is `pkey(index)`: the P_Key the QPs will use, or why the port cannot use it (an index
+/// past the table, an empty entry, an unreadable one).
+pub fn pkey_index_check(
+    index: u16,
+    table_len: u16,
+    pkey: &dyn Fn(u16) -> std::result::Result<u16, String>,
+) -> std::result::Result<u16, String> {
+    let var = crate::config::var::pkey_index;
+    if index >= table_len {
+        return Err(format!(
+            "{var}={index} is outside the port's P_Key table ({table_len} entr{}, indices 0 to {}) — choose an index `ferroce-doctor` lists, or unset {var}",
+            if table_len == 1 { "y" } else { "ies" },
+            table_len.saturating_sub(1)
+        ));
+    }
+    match pkey(index)? {
+        0 => Err(format!(
+            "{var}={index} names an empty P_Key table entry (0x0000) — ask the subnet manager for the partition, or choose another index"
+        )),
+        key => Ok(key),
+    }
+}
+
 /// How a QP on an InfiniBand port addresses its peer (docs/nccl-net-abi.md#qp-attributes), as
 /// NCCL's IB transport does: within one subnet (the low 16 bits of the two GIDs' subnet
 /// prefixes agree) by the peer's LID alone, no GRH; across subnets with a GRH to the peer's
@@ -513,25 +573,19 @@ fn probe_ports(ctx: &Arc<Context>, cfg: &Config, found: &mut Vec<NetDevice>, ski
             .matching_entry(&name, u32::from(port))
             .filter(|_| !cfg.hca.exclude);
         let gid_changes = gid_cache::changes(ctx, port); // first: a racing change picks again
-        let (gid_index, gid) = match port_gid(ctx, port, &info, link_layer, cfg) {
+        let (gid_index, gid, pkey) = match port_gid(ctx, port, &info, link_layer, cfg) {
             Ok(g) => g,
             Err(why) => {
                 skipped.push(format!("{name} port {port}: {why}"));
                 continue;
             }
         };
-        let pd = match &pd {
-            Some(pd) => Arc::clone(pd),
-            None => match ProtectionDomain::new(ctx.clone()) {
-                Ok(p) => {
-                    pd = Some(p.clone());
-                    p
-                }
-                Err(e) => {
-                    skipped.push(e.to_string());
-                    continue;
-                }
-            },
+        let pd = match shared_pd(ctx, &mut pd) {
+            Ok(p) => p,
+            Err(e) => {
+                skipped.push(e.to_string());
+                continue;
+            }
         };
         let dmabuf = cfg.dmabuf_enable && pd.probe_dmabuf();
         let adaptive_routing = match cfg.adaptive_routing {
@@ -549,6 +603,7 @@ fn probe_ports(ctx: &Arc<Context>, cfg: &Config, found: &mut Vec<NetDevice>, ski
             gid,
             gid_cache: GidCache::new(gid_changes, gid_index, gid),
             lid: info.lid,
+            pkey,
             active_mtu: info.active_mtu,
             max_msg_bytes: info.max_msg_sz as usize,
             speed_mbps: speed_mbps(info.active_speed, info.active_width),
@@ -564,16 +619,28 @@ fn probe_ports(ctx: &Arc<Context>, cfg: &Config, found: &mut Vec<NetDevice>, ski
     }
 }
 
+/// The protection domain every port of one context shares: `pd`, made on first use.
+fn shared_pd(ctx: &Arc<Context>, pd: &mut Option<Arc<ProtectionDomain>>) -> Result<Arc<ProtectionDomain>> {
+    if let Some(pd) = pd {
+        return Ok(Arc::clone(pd));
+    }
+    let made = ProtectionDomain::new(ctx.clone())?;
+    *pd = Some(Arc::clone(&made));
+    Ok(made)
+}
+
 /// The GID a port's connections use and its index: on InfiniBand as NCCL's IB transport picks
-/// it, on RoCE the configured or auto-selected RoCE GID, which must be routable. `Err` says why
-/// the port is skipped.
+/// it, on RoCE the configured or auto-selected RoCE GID, which must be routable; and the P_Key
+/// at `NCCL_IB_PKEY` ([`pkey_index_check`]). `Err` says why the port is skipped.
 fn port_gid(
     ctx: &Context,
     port: u8,
     info: &PortInfo,
     link_layer: LinkLayer,
     cfg: &Config,
-) -> std::result::Result<(i32, [u8; 16]), String> {
+) -> std::result::Result<(i32, [u8; 16], u16), String> {
+    let pkey_at = |i: u16| ctx.query_pkey(port, i).map_err(|e| e.message);
+    let pkey = pkey_index_check(cfg.pkey_index, info.pkey_tbl_len, &pkey_at)?;
     let gid_at = |i: i32| ctx.query_gid(port, i).ok();
     let gid_index = match link_layer {
         LinkLayer::InfiniBand => select_ib_gid(info.gid_tbl_len, &gid_at, cfg),
@@ -592,7 +659,7 @@ fn port_gid(
             format_gid(&gid)
         ));
     }
-    Ok((gid_index, gid))
+    Ok((gid_index, gid, pkey))
 }
 
 /// The `guid` NCCL's IB transport reports for a device: `ibv_device_attr.sys_image_guid` copied

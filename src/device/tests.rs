@@ -263,6 +263,7 @@ fn port_filter() {
         active_mtu: 5,
         max_msg_sz: 1 << 31,
         gid_tbl_len: 4,
+        pkey_tbl_len: 1,
         lid: 0,
         sm_lid: 0,
         active_width: 2,
@@ -359,4 +360,85 @@ fn mtus() {
     assert_eq!(mtu_bytes(1), 256);
     assert_eq!(mtu_bytes(5), 4096);
     assert_eq!(mtu_bytes(0), 0);
+}
+
+#[test]
+fn ib_ignores_nccl_ib_gid_index_and_says_so_once() {
+    // NCCL_IB_GID_INDEX does not move an InfiniBand port's GID.
+    let mut link_local = [0u8; 16];
+    link_local[..2].copy_from_slice(&[0xfe, 0x80]);
+    link_local[15] = 1;
+    let mut with_flid = link_local;
+    with_flid[..2].copy_from_slice(&[0xfe, 0xc0]);
+    with_flid[5] = 0x07;
+    let table = [link_local, with_flid, link_local, link_local];
+    let gid = |i: i32| table.get(i as usize).copied();
+    let fixed = Config {
+        gid_index: 3,
+        ..Config::default()
+    };
+    assert_eq!(select_ib_gid(4, &gid, &fixed), 1);
+    let no_flid = |i: i32| Some(if i == 0 { link_local } else { [0; 16] });
+    assert_eq!(select_ib_gid(4, &no_flid, &fixed), 0);
+    // Another routable index is honoured only when its GID carries a FLID.
+    let at2 = Config {
+        routable_flid_gid_index: 2,
+        ..Config::default()
+    };
+    assert_eq!(select_ib_gid(4, &gid, &at2), 0, "GID 2 carries no FLID");
+    let at1 = Config {
+        routable_flid_gid_index: 1,
+        ..Config::default()
+    };
+    assert_eq!(select_ib_gid(4, &gid, &at1), 1);
+    let line = ib_gid_index_ignored(3, &["mlx5_0:1".into(), "mlx5_1:1".into()]).unwrap();
+    assert_eq!(
+        line,
+        "NCCL_IB_GID_INDEX=3 ignored on InfiniBand port(s) mlx5_0:1, mlx5_1:1: their GID is NCCL_IB_ROUTABLE_FLID_GID_INDEX when it carries a FLID, else GID 0"
+    );
+    assert_eq!(ib_gid_index_ignored(-1, &["mlx5_0:1".into()]), None, "unset");
+    assert_eq!(ib_gid_index_ignored(3, &[]), None, "RoCE only");
+}
+
+#[test]
+fn pkey_index_against_the_port_table() {
+    let table = [0xffffu16, 0x8001, 0];
+    let pkey = |i: u16| table.get(usize::from(i)).copied().ok_or_else(|| "EINVAL".to_string());
+    assert_eq!(pkey_index_check(0, 3, &pkey), Ok(0xffff));
+    assert_eq!(pkey_index_check(1, 3, &pkey), Ok(0x8001));
+    let past = pkey_index_check(3, 3, &pkey).unwrap_err();
+    assert!(
+        past.starts_with("NCCL_IB_PKEY=3 is outside the port's P_Key table (3 entries, indices 0 to 2)"),
+        "{past}"
+    );
+    assert!(pkey_index_check(1, 1, &pkey)
+        .unwrap_err()
+        .contains("(1 entry, indices 0 to 0)"));
+    assert!(pkey_index_check(2, 3, &pkey)
+        .unwrap_err()
+        .contains("empty P_Key table entry"));
+    let unreadable = |_: u16| Err("ibv_query_pkey failed".to_string());
+    assert_eq!(pkey_index_check(0, 1, &unreadable), Err("ibv_query_pkey failed".into()));
+}
+
+#[test]
+fn a_fused_device_mixing_infiniband_and_roce_is_refused_in_one_line() {
+    let m = |name: &str, l| (name.to_string(), l);
+    let ib = [
+        m("mlx5_0:1", LinkLayer::InfiniBand),
+        m("mlx5_1:1", LinkLayer::InfiniBand),
+    ];
+    assert_eq!(fusable_link_layers(&ib), Ok(()));
+    assert_eq!(fusable_link_layers(&[]), Ok(()));
+    let mixed = [
+        m("mlx5_0:1", LinkLayer::InfiniBand),
+        m("mlx5_1:1", LinkLayer::InfiniBand),
+        m("mlx5_2:1", LinkLayer::Ethernet),
+    ];
+    let e = fusable_link_layers(&mixed).unwrap_err();
+    assert!(
+        e.starts_with("cannot fuse mlx5_0:1 (InfiniBand) with mlx5_2:1 (RoCE): the members of a fused device must share one link layer"),
+        "{e}"
+    );
+    assert!(!e.contains('\n'));
 }

@@ -37,6 +37,7 @@ pub struct PortInfo {
     /// Largest message one WR carries on this port.
     pub max_msg_sz: u32,
     pub gid_tbl_len: i32,
+    pub pkey_tbl_len: u16,
     pub lid: u16,
     /// LID of the subnet manager that configured the port (0: none did; InfiniBand only).
     pub sm_lid: u16,
@@ -228,6 +229,7 @@ impl Context {
             active_mtu: attr.active_mtu,
             max_msg_sz: attr.max_msg_sz,
             gid_tbl_len: attr.gid_tbl_len,
+            pkey_tbl_len: attr.pkey_tbl_len,
             lid: attr.lid,
             sm_lid: attr.sm_lid,
             active_width: attr.active_width,
@@ -253,6 +255,20 @@ impl Context {
             }
             (*vctx).query_port
         }
+    }
+
+    /// P_Key `index` of `port` (host order; bit 15 set: full member).
+    pub fn query_pkey(&self, port: u8, index: u16) -> Result<u16> {
+        let mut pkey: u16 = 0;
+        // SAFETY: live context, valid out-pointer.
+        let rc = unsafe { (self.verbs.ibv_query_pkey)(self.raw, port, c_int::from(index), &mut pkey) };
+        if rc != 0 {
+            return Err(Error::last_os(&format!(
+                "ibv_query_pkey({}, port {port}, index {index})",
+                self.info.name
+            )));
+        }
+        Ok(u16::from_be(pkey))
     }
 
     /// GID `index` of `port`.

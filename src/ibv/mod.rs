@@ -95,6 +95,7 @@ verbs_table! {
         ibv_query_device: fn(*mut sys::ibv_context, *mut sys::ibv_device_attr) -> c_int = "IBVERBS_1.1";
         ibv_query_port: fn(*mut sys::ibv_context, u8, *mut sys::_compat_ibv_port_attr) -> c_int = "IBVERBS_1.1";
         ibv_query_gid: fn(*mut sys::ibv_context, u8, c_int, *mut sys::ibv_gid) -> c_int = "IBVERBS_1.1";
+        ibv_query_pkey: fn(*mut sys::ibv_context, u8, c_int, *mut u16) -> c_int = "IBVERBS_1.1";
         ibv_alloc_pd: fn(*mut sys::ibv_context) -> *mut sys::ibv_pd = "IBVERBS_1.1";
         ibv_dealloc_pd: fn(*mut sys::ibv_pd) -> c_int = "IBVERBS_1.1";
         ibv_reg_mr: fn(*mut sys::ibv_pd, *mut c_void, usize, c_int) -> *mut sys::ibv_mr = "IBVERBS_1.1";

@@ -23,6 +23,7 @@
 #   127.0.24  20-softroce-tshark.sh         127.0.53  52-bench-compare.sh
 #   127.0.25  20-softroce-perftest.sh       127.0.54  55-memory.sh
 #   127.0.26  20-softroce-config.sh, softroce/tests/config_stop.rs
+#   127.0.38  tests/ib_config_softroce.rs (one or two per case)
 #   127.0.29  ci/bench-softroce.sh          127.0.55-59  50-harness.sh
 #   127.0.36-37  tests/gid_softroce.rs, tests/wr_latency_softroce.rs (.4x)
 #   127.0.61  doctor (its own tests)        127.0.65  65-doctor.sh

@@ -4,7 +4,10 @@
 //! permissions, GPUDirect, the CPU governor).
 
 mod devices;
+mod ib;
 mod ports;
+
+pub use ib::subnet_check as ib_subnet_check;
 mod system;
 
 pub use ports::{gid_ip, PortFacts};

@@ -30,6 +30,8 @@ pub struct PortFacts {
     pub pick: Result<i32, String>,
     pub netdev: Option<IfAddr>,
     pub netdev_mtu: Option<u32>,
+    /// The first entries of the P_Key table (`None`: unreadable).
+    pub pkeys: Vec<Option<u16>>,
 }
 
 impl PortFacts {
@@ -54,6 +56,7 @@ impl PortFacts {
                 None => "unknown",
             },
             "speed_mbps": device::speed_mbps(self.info.active_speed, self.info.active_width),
+            "lid": self.info.lid,
             "active_mtu": device::mtu_bytes(self.info.active_mtu),
             "netdev_mtu": self.netdev_mtu,
             "gid": picked.map(|g| Ipv6Addr::from(g.gid).to_string()),
@@ -114,6 +117,9 @@ pub(super) fn port_facts(ctx: &Context, port: u8, cfg: &Config, ifaddrs: &[IfAdd
         }
     });
     let netdev_mtu = netdev.as_ref().and_then(|n| sysinfo::netdev_mtu(&n.name));
+    let pkeys = (0..info.pkey_tbl_len.min(super::ib::PKEYS_SHOWN))
+        .map(|i| ctx.query_pkey(port, i).ok())
+        .collect();
     Ok(PortFacts {
         device: ctx.info.name.clone(),
         port,
@@ -123,6 +129,7 @@ pub(super) fn port_facts(ctx: &Context, port: u8, cfg: &Config, ifaddrs: &[IfAdd
         pick,
         netdev,
         netdev_mtu,
+        pkeys,
     })
 }
 
@@ -188,9 +195,11 @@ fn port_findings(p: &PortFacts, cfg: &Config) -> Vec<Check> {
         ),
     });
     if ib {
+        out.push(super::ib::link_width_check(&l, &p.info));
         out.push(subnet_manager_check(p));
     }
     out.push(mtu_check(p));
+    out.push(super::ib::pkey_check(&l, &p.info, &p.pkeys, cfg));
     for g in &p.gids {
         let picked = p.pick.as_ref().ok() == Some(&g.index);
         let kind = if p.link_layer == Some(LinkLayer::Ethernet) {
@@ -407,6 +416,7 @@ mod tests {
                 active_mtu: 5,
                 max_msg_sz: 1 << 30,
                 gid_tbl_len: 4,
+                pkey_tbl_len: 1,
                 lid: 0,
                 sm_lid: 0,
                 active_width: 2,
@@ -443,6 +453,7 @@ mod tests {
                 prefix_len: 24,
             }),
             netdev_mtu: Some(9000),
+            pkeys: vec![Some(0xffff)],
         }
     }
 

@@ -42,6 +42,8 @@ pub struct Device {
     pub lid: u16,
     /// A subnet manager runs (IB).
     pub sm: bool,
+    /// A router serves the subnet (IB, `SOFTROCE_IB_ROUTER`): GID 1 is the routable FLID GID.
+    pub router: bool,
     /// Received packets the link layer dropped, by reason.
     pub link_drops: LinkDrops,
     pub sock: UdpSocket,
@@ -75,6 +77,7 @@ impl Device {
                 0
             },
             sm: ib && link.sm,
+            router: ib && link.router,
             link_drops: LinkDrops::default(),
             index,
             name: format!("softroce{index}"),
@@ -131,9 +134,18 @@ impl Device {
         }
     }
 
-    /// The GID at `index`, or None for an empty slot. An IB port has one: the default subnet
-    /// prefix fe80::/64 with the port GUID (which is the node GUID).
+    /// The GID at `index`, or None for an empty slot. An IB port has GID 0: the default subnet
+    /// prefix fe80::/64 with the port GUID (which is the node GUID); with a router, GID 1: the
+    /// prefix fec0:0:FLID:0 (the FLID, here the port's LID, in bytes 4 and 5; the subnet bits,
+    /// bytes 6 and 7, as GID 0's) with the GUID, as NCCL's `NCCL_IB_ROUTABLE_FLID_GID_INDEX` finds.
     pub fn gid(&self, index: usize) -> Option<[u8; 16]> {
+        if self.link == LinkLayer::Infiniband && index == 1 && self.router && self.lid != 0 {
+            let mut g = [0u8; 16];
+            g[..2].copy_from_slice(&[0xfe, 0xc0]);
+            g[4..6].copy_from_slice(&self.lid.to_be_bytes());
+            g[8..].copy_from_slice(&self.guid.to_be_bytes());
+            return Some(g);
+        }
         if self.link == LinkLayer::Infiniband && index != 0 {
             return None;
         }
@@ -164,7 +176,7 @@ impl Device {
     /// GID type for `ibv_gid_entry` (0 = IB, 1 = RoCE v1, 2 = RoCE v2).
     pub fn gid_type(&self, index: usize) -> Option<u32> {
         if self.link == LinkLayer::Infiniband {
-            return (index == 0).then_some(GID_TYPE_IB);
+            return self.gid(index).map(|_| GID_TYPE_IB);
         }
         match self.unholed(index)? {
             0 | 2 | 4 => Some(GID_TYPE_ROCE_V1),

@@ -38,7 +38,7 @@ pub fn instance(index: usize) -> std::io::Result<Arc<Device>> {
     }
     // Never bind or run with settings other than those asked for (see `config`).
     check_config().map_err(|bad| std::io::Error::new(std::io::ErrorKind::InvalidInput, bad.line()))?;
-    let link = super::link::link_config();
+    let link = super::link::link_config(index);
     let (addr, sock) = bind_for(index)?;
     let link_mtu = link_mtu_of(addr);
     let active_mtu = config::mtu_override().unwrap_or_else(|| mtu_enum_for_link(link_mtu));

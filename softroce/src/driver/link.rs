@@ -24,25 +24,30 @@ pub enum LinkLayer {
     Infiniband,
 }
 
-/// The link-layer settings of the process (every device shares them).
+/// The link-layer settings of a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LinkConfig {
     pub layer: LinkLayer,
     /// A subnet manager runs (`SOFTROCE_SM`, default on): without one an IB port stays in INIT
     /// with LID 0, as a real port does.
     pub sm: bool,
+    /// A router serves the subnet (`SOFTROCE_IB_ROUTER`): an IB port's GID 1 carries its FLID.
+    pub router: bool,
 }
 
-/// The link-layer settings of the process: `SOFTROCE_LINK_LAYER` and `SOFTROCE_SM` (declared,
-/// parsed and checked in `config`).
-pub fn link_config() -> LinkConfig {
+/// The link-layer settings of device `index`: its entry of `SOFTROCE_LINK_LAYER` (the last entry
+/// for a device past the list), `SOFTROCE_SM` and `SOFTROCE_IB_ROUTER` (declared, parsed and
+/// checked in `config`).
+pub fn link_config(index: usize) -> LinkConfig {
+    let layers = config::link_ib();
     LinkConfig {
-        layer: if config::link_ib() {
+        layer: if layers.get(index).or(layers.last()).copied().unwrap_or(false) {
             LinkLayer::Infiniband
         } else {
             LinkLayer::Ethernet
         },
         sm: config::subnet_manager(),
+        router: config::ib_router(),
     }
 }
 

@@ -182,7 +182,7 @@ fn check_values(a: &ModifyAttrs) -> Result<(), Errno> {
     if mask & m::PORT != 0 && a.port_num != 1 {
         return Err(Errno::EINVAL);
     }
-    if mask & m::PKEY_INDEX != 0 && a.pkey_index != 0 {
+    if mask & m::PKEY_INDEX != 0 && a.pkey_index >= super::limits::MAX_PKEYS {
         return Err(Errno::EINVAL);
     }
     if mask & m::DEST_QPN != 0 && a.dest_qp_num > Psn::MASK {

@@ -300,7 +300,7 @@ pub fn fill_device_attr(dev: &Device, a: &mut ibv_device_attr) {
     a.max_srq = limits::MAX_SRQ as c_int;
     a.max_srq_wr = limits::MAX_SRQ_WR as c_int;
     a.max_srq_sge = limits::MAX_SGE as c_int;
-    a.max_pkeys = 1;
+    a.max_pkeys = crate::config::pkeys().len() as u16;
     a.local_ca_ack_delay = 15;
     a.phys_port_cnt = 1;
 }

@@ -32,7 +32,7 @@ fn fill_port_attr(dev: &Device, a: &mut ibv_port_attr) {
     // the kernel's /dev/infiniband/rdma_cm), so connections are set up out of band.
     a.port_cap_flags = 0;
     a.max_msg_sz = limits::MAX_MSG_SZ;
-    a.pkey_tbl_len = 1;
+    a.pkey_tbl_len = crate::config::pkeys().len() as u16;
     a.lid = dev.lid;
     a.sm_lid = if dev.sm { SM_LID } else { 0 };
     a.lmc = 0;
@@ -247,11 +247,14 @@ pub unsafe extern "C" fn ibv_query_pkey(ctx: *mut ibv_context, port: u8, index: 
         if unsafe { Context::from_ibv(ctx) }.is_none() || pkey.is_null() || port != 1 {
             return minus_one(libc::EINVAL);
         }
-        if index != 0 {
+        let Some(key) = usize::try_from(index)
+            .ok()
+            .and_then(|i| crate::config::pkeys().get(i).copied())
+        else {
             return minus_one(libc::EINVAL);
-        }
+        };
         // SAFETY: valid out-pointer.
-        unsafe { *pkey = crate::wire::DEFAULT_PKEY.to_be() };
+        unsafe { *pkey = key.to_be() };
         0
     })
 }
@@ -265,10 +268,11 @@ pub unsafe extern "C" fn ibv_get_pkey_index(ctx: *mut ibv_context, port: u8, pke
         if unsafe { Context::from_ibv(ctx) }.is_none() || port != 1 {
             return -libc::EINVAL;
         }
-        if u16::from_be(pkey) & 0x7fff == 0x7fff {
-            0
-        } else {
-            -libc::ENOENT
+        // As the kernel's table lookup: the key's partition (its low 15 bits) decides.
+        let want = u16::from_be(pkey) & 0x7fff;
+        match crate::config::pkeys().iter().position(|k| k & 0x7fff == want) {
+            Some(i) => i as c_int,
+            None => -libc::ENOENT,
         }
     })
 }

@@ -265,7 +265,7 @@ fn to_modify_attrs(dev: &Device, a: &ibv_qp_attr, mask: u32) -> Result<ModifyAtt
     if mask & attr_mask::PORT != 0 && a.port_num != 1 {
         return Err(libc::EINVAL);
     }
-    if mask & attr_mask::PKEY_INDEX != 0 && a.pkey_index != 0 {
+    if mask & attr_mask::PKEY_INDEX != 0 && usize::from(a.pkey_index) >= crate::config::pkeys().len() {
         return Err(libc::EINVAL);
     }
     if mask & attr_mask::AV != 0 {

@@ -74,21 +74,42 @@ pub fn qp_list(data: impl Iterator<Item = (u32, usize)>, probes: &[Probe]) -> Ve
     data.chain(probes).collect()
 }
 
-/// Check the peer's record against ours: both in active-standby or neither (`standby`, with
-/// as many probes), every QP paired, link layers equal.
-pub fn check_peer(devs: &[LocalDev], nqps: usize, standby: bool, peer: &EndpointRepr) -> Result<()> {
+/// Check the peer's record against ours (`sender`: we are the connecting, sending end): both in
+/// active-standby or neither (`standby`, with as many probes), every QP paired, link layers
+/// equal.
+pub fn check_peer(devs: &[LocalDev], nqps: usize, standby: bool, peer: &EndpointRepr, sender: bool) -> Result<()> {
     check_mode(devs.len(), nqps, standby, peer)?;
-    let ours = wire_ll(devs[0].dev.link_layer);
-    if let Some(d) = peer.devs.iter().find(|d| d.link_layer != ours) {
-        return Err(Error::remote(format!(
-            "link layer mismatch: local {} is {:?}, peer {} is {:?} — RoCE and InfiniBand ports cannot talk to each other",
-            devs[0].dev.name,
-            ours,
-            d.name_str(),
-            d.link_layer
-        )));
+    check_link_layer(&devs[0].dev.label(), wire_ll(devs[0].dev.link_layer), peer, sender)
+}
+
+fn link_layer_name(l: WireLinkLayer) -> String {
+    match l {
+        WireLinkLayer::InfiniBand => "InfiniBand".into(),
+        WireLinkLayer::Ethernet => "RoCE".into(),
+        WireLinkLayer::Unknown(x) => format!("link layer {x}"),
     }
-    Ok(())
+}
+
+/// Every member of the peer's device on our link layer (`ours`, of our first member `local`;
+/// `sender`: we connect): an InfiniBand port and a RoCE port never talk, so the connection is
+/// refused, a usage error (ncclInvalidUsage) that names both link layers, each end by its role
+/// (the line also reaches the other end, in the refusal), and what to change.
+fn check_link_layer(local: &str, ours: WireLinkLayer, peer: &EndpointRepr, sender: bool) -> Result<()> {
+    let Some(d) = peer.devs.iter().find(|d| d.link_layer != ours) else {
+        return Ok(());
+    };
+    let (we, they) = if sender {
+        ("sender", "receiver")
+    } else {
+        ("receiver", "sender")
+    };
+    Err(Error::usage(format!(
+        "link layer mismatch: the {we}'s {local} is {}, the {they}'s {}:{} is {}: InfiniBand and RoCE ports cannot talk to each other — select ports of one link layer on both ends (NCCL_IB_HCA)",
+        link_layer_name(ours),
+        d.name_str(),
+        d.port,
+        link_layer_name(d.link_layer)
+    )))
 }
 
 /// Both ends in active-standby or neither, with as many members, and as many data QPs.
@@ -136,6 +157,8 @@ mod tests {
             rkey: 1,
             name: [0; handshake::NAME_BYTES],
         };
+        let mut dev = dev;
+        dev.set_name("mlx5_0");
         let probes = if standby { ndevs - 1 } else { 0 };
         EndpointRepr {
             nonce: 0,
@@ -153,6 +176,33 @@ mod tests {
             eager: handshake::EagerOffer::default(),
             link: handshake::LinkOffer::default(),
         }
+    }
+
+    #[test]
+    fn a_peer_on_the_other_link_layer_is_refused_naming_both() {
+        let roce = record(2, 2, false);
+        assert!(check_link_layer("softroce0:1", WireLinkLayer::Ethernet, &roce, false).is_ok());
+        let e = check_link_layer("softroce0:1", WireLinkLayer::InfiniBand, &roce, false).unwrap_err();
+        assert_eq!(e.kind, crate::error::ErrorKind::InvalidUsage);
+        assert_eq!(e.result_code(), crate::error::code::INVALID_USAGE);
+        assert!(
+            e.message.starts_with(
+                "link layer mismatch: the receiver's softroce0:1 is InfiniBand, the sender's mlx5_0:1 is RoCE: "
+            ),
+            "{}",
+            e.message
+        );
+        assert!(e.message.ends_with("(NCCL_IB_HCA)"), "{}", e.message);
+        // One member of a fused peer device on the other link layer is enough.
+        let mut mixed = record(2, 2, false);
+        mixed.devs[1].link_layer = WireLinkLayer::InfiniBand;
+        let e = check_link_layer("mlx5_0:1", WireLinkLayer::InfiniBand, &mixed, true).unwrap_err();
+        assert!(
+            e.message
+                .contains("the sender's mlx5_0:1 is InfiniBand, the receiver's mlx5_0:1 is RoCE"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

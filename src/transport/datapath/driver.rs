@@ -126,6 +126,7 @@ pub unsafe fn post_chain(
 }
 
 /// What one sweep of a comm's CQs found.
+#[derive(Default)]
 struct Polled {
     progressed: bool,
     /// The comm's failure (a completion error a recovery cannot cure, a failed poll).
@@ -362,13 +363,7 @@ impl Driver {
 
     /// Poll every CQ until empty (or the first failure that is not the link's).
     fn take_completions(&mut self, core: &mut impl RecoverySink) -> Polled {
-        let mut polled = Polled {
-            progressed: false,
-            error: None,
-            only_flushed: false,
-            lost: None,
-            path_failed: Vec::new(),
-        };
+        let mut polled = Polled::default();
         let replaced = self.recovery.replaced();
         let recovering = self.recovery.enabled();
         let Driver {

@@ -422,7 +422,7 @@ fn await_response(mut r: Box<Requested>, plan: &mut LinkPlan, listener_process: 
         qps_per_req,
         inline,
     } = *r;
-    let brought_up = conn::check_peer(&devs, qps.len(), !probes.is_empty(), &resp).and_then(|_| {
+    let brought_up = conn::check_peer(&devs, qps.len(), !probes.is_empty(), &resp, true).and_then(|_| {
         let side = join(plan, listener_process, &resp.link, peer).map_err(|e| {
             Error::remote(format!(
                 "{peer} answered the side-channel link offer with one that does not fit ({e}): a corrupt or incompatible peer"

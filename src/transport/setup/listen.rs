@@ -374,7 +374,7 @@ fn build_recv(
     let rq_depth = recv_core::rq_depth(eager_max > 0);
     let devs = conn::local_devs(members, &placement, rq_depth, RECEIVER_CQE_CTS)?;
     let spec = receiver_spec(req, rq_depth, standby);
-    conn::check_peer(&devs, nqps, standby, req)?;
+    conn::check_peer(&devs, nqps, standby, req, false)?;
     if nqps < ndata {
         return Err(Error::remote(format!(
             "the sender offers {nqps} QPs for {ndata} device pairs"
