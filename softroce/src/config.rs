@@ -468,6 +468,10 @@ variables! {
     /// many empty polls, so spinning applications do not starve the engine threads; 0 never
     /// yields.
     "SOFTROCE_POLL_YIELD" => poll_yield: Int<u32> = Int { min: 0, max: 1_000_000, unit: NO_UNIT }, default(64) "64";
+    /// Shortest delay of the adaptive retransmission probe, which goes back N when an answer is
+    /// overdue (max(4 × smoothed RTT + 100 µs, this), doubled per unanswered probe, never past
+    /// the QP's local ACK timeout); 0 turns the probe off, leaving the ACK timeout alone (IBA).
+    "SOFTROCE_PROBE_FLOOR_US" => probe_floor: Micros = Micros { max: 10_000_000 }, default(Duration::from_nanos(crate::proto::DEFAULT_ADAPTIVE_RETRANSMIT_FLOOR.as_nanos())) "2000";
     /// Log engine events to stderr: dropped packets (bad ICRC, send errors), each QP's counters
     /// at `ibv_destroy_qp`, injected faults.
     "SOFTROCE_DEBUG" => debug: Flag = Flag, default(false) "0";
@@ -599,6 +603,7 @@ mod tests {
         ("SOFTROCE_ENGINE_RX", "0", &[("01", "expected 0 or 1;")]),
         ("SOFTROCE_POLL_SLEEP_AFTER_US", "0", &[("-5", "expected an integer from 0 to 1000000 (µs);")]),
         ("SOFTROCE_POLL_YIELD", "1000000", &[("1000001", "expected an integer from 0 to 1000000;")]),
+        ("SOFTROCE_PROBE_FLOOR_US", "0", &[("10000001", "expected an integer from 0 to 10000000 (µs);"), ("2ms", "(µs)")]),
         ("SOFTROCE_DEBUG", "1", &[("verbose", "expected 0 or 1;")]),
     ];
 

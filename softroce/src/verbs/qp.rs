@@ -121,6 +121,11 @@ pub(crate) fn create_rc_qp(pd: *mut rdma_sys::ibv_pd, a: &mut ibv_qp_init_attr, 
     let qpn = dev.alloc_qpn();
     let mut core = QpCore::new(qpn, caps);
     core.set_srq(srq.is_some());
+    let floor = crate::config::probe_floor();
+    core.set_adaptive_retransmit(
+        (!floor.is_zero())
+            .then(|| crate::proto::Duration::from_nanos(u64::try_from(floor.as_nanos()).unwrap_or(u64::MAX))),
+    );
     let shared = Arc::new(QpShared::new(
         core,
         p.ibv.handle,
