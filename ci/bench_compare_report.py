@@ -59,6 +59,13 @@ def parse_run(path):
     work = [key_values(l) for l in text.splitlines() if l.startswith("#work ") and " rank=0 " in l]
     if work and "wrs" in work[-1]:
         run["work"] = {k: float(work[-1][k]) for k in WORK_KEYS}
+    # Request packets sent again per message: each rank process's softroce counter (every QP of
+    # the process, both roles), averaged over the ranks. Whole messages resent by a probe or a
+    # timeout show here (a 256 KiB message is 64 packets), rarely in a median: reported as means.
+    retx = [float(kv["retransmits"]) for kv in (key_values(l) for l in text.splitlines() if l.startswith("#work "))
+            if "retransmits" in kv]
+    if retx:
+        run["retransmits_per_msg"] = statistics.mean(retx)
     return run
 
 
@@ -97,7 +104,7 @@ def compare(d, rounds, colls, sizes, rng, report):
         print("#   process; [95 % bootstrap interval over rounds]; per-call us = inside isend / irecv / test")
         print(f"{'size':>6} {'ferroce us':>10} {'base us':>9}  {'speed [95% CI]':<24} {'cpu/msg us':>10} {'base':>8}  "
               f"{'cpu ratio [95% CI]':<24} {'ferroce isend/irecv/test':>25} {'base isend/irecv/test':>22}  "
-              f"{'work/msg wrs,signaled,polls,packets: ferroce | base'}")
+              f"{'work/msg wrs,signaled,polls,packets (medians),retransmits (mean): ferroce | base'}")
         for s in sizes:
             pairs = runs_of(d, f"{coll}.{s}", rounds)
             if not pairs:
@@ -128,6 +135,9 @@ def compare(d, rounds, colls, sizes, rng, report):
                 work = [x["work"] for x in runs if "work" in x]
                 if work:
                     row[f"{who}_work_per_msg"] = {k: median([w[k] for w in work]) for k in WORK_KEYS}
+                retx = [x["retransmits_per_msg"] for x in runs if "retransmits_per_msg" in x]
+                if retx:
+                    row[f"{who}_retransmits_per_msg"] = statistics.mean(retx)
             report["rows"].append(row)
 
             def calls(who):
@@ -137,7 +147,10 @@ def compare(d, rounds, colls, sizes, rng, report):
 
             def work(who):
                 w = row.get(f"{who}_work_per_msg")
-                return ",".join(f"{w[k]:.2f}" for k in WORK_KEYS) if w else "absent"
+                r = row.get(f"{who}_retransmits_per_msg")
+                if not w:
+                    return "absent"
+                return ",".join(f"{w[k]:.2f}" for k in WORK_KEYS) + (f",{r:.3f}" if r is not None else ",n/a")
 
             cpu_cols = (f"{row['ferroce_cpu_us_per_msg']:>10.2f} {row['baseline_cpu_us_per_msg']:>8.2f}  "
                         f"{fmt_ci(row['cpu_ratio'], *row['cpu_ratio_ci95']):<24}") if have_cpu else f"{'n/a':>10} {'n/a':>8}  {'':<24}"

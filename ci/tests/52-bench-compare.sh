@@ -36,8 +36,8 @@ for coll, body in tables.items():
         assert t > 0 and bt > 0 and cpu > 0 and bcpu > 0, l
         assert lo <= speed <= hi and clo <= cratio <= chi, l
         assert all(x > 0 for x in f[10:16]), l
-        wrs, signaled, polls, packets = (float(x) for x in m.group(17).split(","))
-        assert wrs >= 1 and signaled > 0 and packets >= 1, l
+        wrs, signaled, polls, packets, retx = (float(x) for x in m.group(17).split(","))
+        assert wrs >= 1 and signaled > 0 and packets >= 1 and retx >= 0, l
 json_rows = {(r["collective"], r["size"]) for r in report["rows"]}
 assert json_rows == {(c, s) for c in ("sendrecv", "all_reduce") for s in ("64K", "1M")}, json_rows
 from statistics import median

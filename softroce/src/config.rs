@@ -480,6 +480,10 @@ variables! {
     /// many empty polls, so spinning applications do not starve the engine threads; 0 never
     /// yields.
     "SOFTROCE_POLL_YIELD" => poll_yield: Int<u32> = Int { min: 0, max: 1_000_000, unit: NO_UNIT }, default(64) "64";
+    /// Shortest delay of the adaptive retransmission probe, which goes back N when an answer is
+    /// overdue (max(4 × smoothed RTT + 100 µs, this), doubled per unanswered probe, never past
+    /// the QP's local ACK timeout); 0 turns the probe off, leaving the ACK timeout alone (IBA).
+    "SOFTROCE_PROBE_FLOOR_US" => probe_floor: Micros = Micros { max: 10_000_000 }, default(Duration::from_nanos(crate::proto::DEFAULT_ADAPTIVE_RETRANSMIT_FLOOR.as_nanos())) "2000";
     /// Log engine events to stderr: dropped packets (bad ICRC, send errors), each QP's counters
     /// at `ibv_destroy_qp`, injected faults.
     "SOFTROCE_DEBUG" => debug: Flag = Flag, default(false) "0";

@@ -55,6 +55,7 @@ const CASES: &[Case] = &[
     ("SOFTROCE_ENGINE_RX", "0", &[("01", "expected 0 or 1;")]),
     ("SOFTROCE_POLL_SLEEP_AFTER_US", "0", &[("-5", "expected an integer from 0 to 1000000 (µs);")]),
     ("SOFTROCE_POLL_YIELD", "1000000", &[("1000001", "expected an integer from 0 to 1000000;")]),
+    ("SOFTROCE_PROBE_FLOOR_US", "0", &[("10000001", "expected an integer from 0 to 10000000 (µs);"), ("2ms", "(µs)")]),
     ("SOFTROCE_DEBUG", "1", &[("verbose", "expected 0 or 1;")]),
 ];
 

@@ -72,7 +72,10 @@ pub fn drain_locked(dev: &Device, qp: &QpShared, core: &mut QpCore, now: Instant
     let mut mem = memory_of(dev, qp);
     loop {
         let mut scratch = std::mem::take(&mut tx.scratch);
-        let meta = core.poll_transmit(now, &mut mem, &mut scratch);
+        // The time each packet leaves, not `now` (when the caller began): the core counts its
+        // probe from the packet that asks for the ACK, and a long burst, or a thread
+        // descheduled halfway through one, takes milliseconds.
+        let meta = core.poll_transmit(super::clock::now(), &mut mem, &mut scratch);
         tx.scratch = scratch;
         let Some(meta) = meta else { break };
         let len = meta.len.min(tx.scratch.len());

@@ -39,7 +39,8 @@
 //!   encoded time and count against `rnr_retry` (7 = infinite).
 //!   Like ConnectX "adaptive retransmission", a probe timer derived from the
 //!   measured RTT (max(4·SRTT + 100 µs, floor [`DEFAULT_ADAPTIVE_RETRANSMIT_FLOOR`]),
-//!   doubled per unanswered probe and never past the ACK timeout) also goes
+//!   doubled per unanswered probe, never past the ACK timeout, and counted
+//!   from the last AckReq packet sent) also goes
 //!   back N when an answer is overdue, so a lost tail packet or NAK costs a
 //!   few milliseconds instead of the full timeout (67 ms at timeout 14);
 //!   probes do not consume `retry_cnt`, so RETRY_EXC_ERR still comes after

@@ -388,6 +388,14 @@ impl QpCore {
         }
         if self.timers.get(Timer::Retransmit).is_none() {
             self.arm_retransmit(now);
+        } else if req.bth.ack_req {
+            // The probe says an answer is overdue, and no answer to this packet can come before
+            // it left: count from here, not from the first packet of the burst. A driver that
+            // takes long to send a burst (a 256 KiB WRITE is 64 packets copied and sent in
+            // software, or its thread is descheduled halfway) would otherwise see the probe
+            // expire before the last packet is out and resend the whole message. The local ACK
+            // timeout (IBA) still runs from the first packet, so a silent peer ends as before.
+            self.arm_probe(now);
         }
     }
 }

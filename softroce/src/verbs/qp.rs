@@ -78,6 +78,19 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut rdma_sys::ibv_pd, attr: *mut ibv
     })
 }
 
+/// A new QP's core: whether it takes receives from an SRQ, and the adaptive retransmission floor
+/// of `SOFTROCE_PROBE_FLOOR_US` (0: no probe).
+fn new_core(qpn: u32, caps: QpCaps, has_srq: bool) -> QpCore {
+    let mut core = QpCore::new(qpn, caps);
+    core.set_srq(has_srq);
+    let floor = crate::config::probe_floor();
+    core.set_adaptive_retransmit(
+        (!floor.is_zero())
+            .then(|| crate::proto::Duration::from_nanos(u64::try_from(floor.as_nanos()).unwrap_or(u64::MAX))),
+    );
+    core
+}
+
 /// Creates an RC QP; `is_ex`: created by `ibv_create_qp_ex` with
 /// send_ops_flags (the caller fills the builder slots of the `ibv_qp_ex`
 /// extension). Writes the granted caps back.
@@ -119,8 +132,7 @@ pub(crate) fn create_rc_qp(pd: *mut rdma_sys::ibv_pd, a: &mut ibv_qp_init_attr, 
     // SAFETY: the PD's context pointer is our live context.
     let ctx = unsafe { Context::from_ibv(p.ibv.context) }.ok_or(libc::EINVAL)?;
     let qpn = dev.alloc_qpn();
-    let mut core = QpCore::new(qpn, caps);
-    core.set_srq(srq.is_some());
+    let core = new_core(qpn, caps, srq.is_some());
     let shared = Arc::new(QpShared::new(
         core,
         p.ibv.handle,

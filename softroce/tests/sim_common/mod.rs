@@ -254,42 +254,56 @@ impl Pair {
 
     fn transmit_all(&mut self) {
         for i in 0..2 {
-            loop {
-                let ep = &mut self.ep[i];
-                let Some(meta) = ep.qp.poll_transmit(self.now, &mut ep.mem, &mut self.buf) else {
-                    break;
-                };
-                assert_eq!(meta.len, self.buf.len());
-                assert_eq!(meta.dgid, gid(self.ep[1 - i].ip));
-                self.sent[i] += 1;
-                // Driver: append the ICRC (IPv4, ID 0, DF, sport 4791).
-                let ip = Ipv4Fields::new(self.ep[i].ip, self.ep[1 - i].ip, 0);
-                let mut dgram = self.buf.clone();
-                dgram.extend_from_slice(&icrc_ipv4(&ip, 4791, 4791, &self.buf).to_le_bytes());
-                if !self.link_up[i] || self.rng.chance(self.faults.loss) {
-                    continue;
-                }
-                if self.rng.chance(self.faults.bitflip) {
-                    let bit = self.rng.below(dgram.len() as u64 * 8);
-                    dgram[(bit / 8) as usize] ^= 1 << (bit % 8);
-                }
-                let copies = if self.rng.chance(self.faults.dup) { 2 } else { 1 };
-                for _ in 0..copies {
-                    let mut at = self.now + self.latency;
-                    if self.rng.chance(self.faults.reorder) {
-                        at += Duration::from_micros(1 + self.rng.below(30));
-                    }
-                    self.seq += 1;
-                    self.net.push(InFlight {
-                        at,
-                        seq: self.seq,
-                        to: 1 - i,
-                        bytes: dgram.clone(),
-                    });
-                }
-            }
+            while self.transmit_one(i) {}
             self.ep[i].collect();
         }
+    }
+
+    /// Everything endpoint `i` has to send, the virtual clock advancing by `gap` after each
+    /// packet, as a driver's does while it copies and sends a long burst in software (its
+    /// thread holds the QP, so no timer of the QP fires in between).
+    pub fn transmit_paced(&mut self, i: usize, gap: Duration) {
+        while self.transmit_one(i) {
+            self.now += gap;
+        }
+        self.ep[i].collect();
+    }
+
+    /// One packet of endpoint `i` onto the network, if it has one.
+    fn transmit_one(&mut self, i: usize) -> bool {
+        let ep = &mut self.ep[i];
+        let Some(meta) = ep.qp.poll_transmit(self.now, &mut ep.mem, &mut self.buf) else {
+            return false;
+        };
+        assert_eq!(meta.len, self.buf.len());
+        assert_eq!(meta.dgid, gid(self.ep[1 - i].ip));
+        self.sent[i] += 1;
+        // Driver: append the ICRC (IPv4, ID 0, DF, sport 4791).
+        let ip = Ipv4Fields::new(self.ep[i].ip, self.ep[1 - i].ip, 0);
+        let mut dgram = self.buf.clone();
+        dgram.extend_from_slice(&icrc_ipv4(&ip, 4791, 4791, &self.buf).to_le_bytes());
+        if !self.link_up[i] || self.rng.chance(self.faults.loss) {
+            return true;
+        }
+        if self.rng.chance(self.faults.bitflip) {
+            let bit = self.rng.below(dgram.len() as u64 * 8);
+            dgram[(bit / 8) as usize] ^= 1 << (bit % 8);
+        }
+        let copies = if self.rng.chance(self.faults.dup) { 2 } else { 1 };
+        for _ in 0..copies {
+            let mut at = self.now + self.latency;
+            if self.rng.chance(self.faults.reorder) {
+                at += Duration::from_micros(1 + self.rng.below(30));
+            }
+            self.seq += 1;
+            self.net.push(InFlight {
+                at,
+                seq: self.seq,
+                to: 1 - i,
+                bytes: dgram.clone(),
+            });
+        }
+        true
     }
 
     fn deliver_due(&mut self) {
