@@ -38,13 +38,21 @@ tar --exclude=./.git --exclude=./target --exclude=./fuzz/target -cf - . | (cd "$
 # The simulations of each package: sans-IO, virtual time, no network, no softroce library.
 sims_for() {
     case $1 in
-    softroce/*) echo "--test sim_transfer --test sim_errors --test sim_faults --test sim_chaos" ;;
-    *) echo "--test sim_transport --test sim_recovery --test sim_close" ;;
+    softroce/*) echo "--lib --test sim_transfer --test sim_errors --test sim_faults --test sim_chaos" ;;
+    *) echo "--lib --test sim_transport --test sim_recovery --test sim_close" ;;
     esac
 }
 count() { if [ -f "$1" ]; then grep -c . "$1"; else echo 0; fi; }
-# mutants [OPTIONS] -- [CARGO TEST ARGS]: cargo-mutants in the scratch tree.
-mutants() { (cd "$scratch" && nice -n "$nice_n" cargo mutants --in-place --workspace --timeout "$timeout" "$@"); }
+# mutants TARGETS [OPTIONS]: cargo-mutants in the scratch tree, building and running only the
+# test targets TARGETS (one word each, "--lib --test NAME ..."). They go as --cargo-arg, not
+# after --: cargo-mutants passes the words after -- to the test run only, and its build step
+# would build every test target of the package (softroce's verbs tests too) for each mutant.
+mutants() {
+    local t a=()
+    for t in $1; do a+=("--cargo-arg=$t"); done
+    shift
+    (cd "$scratch" && nice -n "$nice_n" cargo mutants --in-place --workspace --timeout "$timeout" "${a[@]}" "$@")
+}
 
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(softroce/src/wire softroce/src/proto src/transport/proto)
@@ -57,7 +65,7 @@ for t in "${targets[@]}"; do
         rm -rf "$dir"
         mkdir -p "$dir/pass1" "$dir/pass2"
         echo "== $f: $n mutants (pass 1 from $(date -u +%T))"
-        mutants -f "$f" -o "$dir/pass1" -- --lib >"$dir/pass1.log" 2>&1
+        mutants --lib -f "$f" -o "$dir/pass1" >"$dir/pass1.log" 2>&1
         p1=$dir/pass1/mutants.out
         p2=$dir/pass2/mutants.out
         # Pass 2: what pass 1 neither caught nor found unviable (missed, timeout).
@@ -68,8 +76,7 @@ for t in "${targets[@]}"; do
             mapfile -t res < <(sed 's/[][\\.^$*+?(){}|]/\\&/g; s/^/^/; s/$/$/' "$dir/retest.txt")
             args=()
             for r in "${res[@]}"; do args+=(-F "$r"); done
-            # shellcheck disable=SC2046 # the test targets are words
-            mutants --baseline "$baseline2" -f "$f" "${args[@]}" -o "$dir/pass2" -- --lib $(sims_for "$f") >"$dir/pass2.log" 2>&1
+            mutants "$(sims_for "$f")" --baseline "$baseline2" -f "$f" "${args[@]}" -o "$dir/pass2" >"$dir/pass2.log" 2>&1
         fi
         line="$f: $n mutants, caught $(($(count "$p1/caught.txt") + $(count "$p2/caught.txt"))), missed $(count "$p2/missed.txt"), timeout $(count "$p2/timeout.txt"), unviable $(count "$p1/unviable.txt")"
         echo "$line" | tee -a "$out/scores.txt"
