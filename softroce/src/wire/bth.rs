@@ -201,6 +201,7 @@ mod tests {
 
     #[test]
     fn emit_literal() {
+        assert_eq!(repr().buffer_len(), BYTES.len());
         let mut buf = [0xAAu8; 12];
         repr().emit(&mut Packet::new_unchecked(&mut buf[..]));
         assert_eq!(buf, BYTES);
