@@ -183,6 +183,7 @@ mod tests {
 
     #[test]
     fn round_trip() {
+        assert_eq!(REPR.buffer_len(), BYTES.len());
         let p = Packet::new_checked(&BYTES[..]).unwrap();
         assert_eq!(Repr::parse(&p), Ok(REPR));
         let mut buf = [0xAAu8; 8];
