@@ -42,7 +42,9 @@ sims_for() {
     *) echo "--lib --test sim_transport --test sim_recovery --test sim_close" ;;
     esac
 }
-count() { if [ -f "$1" ]; then grep -c . "$1"; else echo 0; fi; }
+# Distinct lines: cargo-mutants lists every mutant of the plugin twice (the package is its own
+# dev-dependency, for the `testing` feature) and tests both copies; a score counts it once.
+count() { if [ -f "$1" ]; then sort -u "$1" | grep -c .; else echo 0; fi; }
 # mutants TARGETS [OPTIONS]: cargo-mutants in the scratch tree, building and running only the
 # test targets TARGETS (one word each, "--lib --test NAME ..."). They go as --cargo-arg, not
 # after --: cargo-mutants passes the words after -- to the test run only, and its build step
@@ -59,7 +61,7 @@ targets=("$@")
 for t in "${targets[@]}"; do
     if [ -d "$t" ]; then mapfile -t files < <(find "$t" -name '*.rs' | sort); else files=("$t"); fi
     for f in "${files[@]}"; do
-        n=$(cd "$scratch" && cargo mutants --list --workspace -f "$f" 2>/dev/null | grep -c .)
+        n=$(cd "$scratch" && cargo mutants --list --workspace -f "$f" 2>/dev/null | sort -u | grep -c .)
         [ "$n" -gt 0 ] || continue
         dir=$out/${f//\//__}
         rm -rf "$dir"
