@@ -26,7 +26,7 @@ INSTALL_FILES = $(PLUGIN):644:$(LIBDIR) \
 	$(RELEASE)/softroce/softroce-ctl:755:$(SOFTROCEDIR) \
 	$(foreach h,$(HEADERS),$(h):644:$(INCLUDEDIR)/ferroce)
 
-.PHONY: all deps build binaries plugin softroce c_shim harness doctor lint test bench clean \
+.PHONY: all deps build binaries plugin softroce c_shim harness doctor lint test bench mutants clean \
 	install uninstall deb wheel packages package-binaries
 
 all: build
@@ -93,6 +93,12 @@ test:
 	ci/stage.sh scripts -- ci/run-tests.sh || rc=$$?; \
 	echo "make test: total $$(($$(date +%s) - start)) s"; \
 	exit $$rc
+
+# The mutation campaign over the sans-IO cores (docs/mutation.md): cargo-mutants, hours on 2 cores,
+# not part of `make test`. MUTANTS_FILES narrows it (module directories or files).
+MUTANTS_FILES ?=
+mutants:
+	ci/mutants.sh $(MUTANTS_FILES)
 
 # BASELINE_PLUGIN=/path/to/libnccl-net-X.so: also the side-by-side tables against that plugin.
 bench:

@@ -466,3 +466,101 @@ pub struct QpStats {
     /// (a replayed READ is NAKed, an original one is fatal).
     pub read_resp_failed: u64,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The numbers the verbs layer passes through, as `<infiniband/verbs.h>` defines them:
+    /// `enum ibv_wr_opcode` (LOCAL_INV = 7 and above unsupported), `enum ibv_qp_attr_mask`,
+    /// `enum ibv_event_type`, and the errno of each refused post.
+    #[test]
+    fn verbs_numbers_are_the_abi_literals() {
+        use WrOpcode as W;
+        let ops = [
+            W::RdmaWrite,
+            W::RdmaWriteWithImm,
+            W::Send,
+            W::SendWithImm,
+            W::RdmaRead,
+            W::AtomicCmpSwp,
+            W::AtomicFetchAdd,
+        ];
+        for (v, op) in ops.iter().enumerate() {
+            assert_eq!(WrOpcode::from_ibv(v as u32), Some(*op));
+            assert_eq!(op.is_read_or_atomic(), v >= 4, "{op:?}");
+            assert_eq!(op.is_atomic(), v >= 5, "{op:?}");
+        }
+        assert_eq!(WrOpcode::from_ibv(7), None);
+
+        use attr_mask as m;
+        let masks = [
+            m::STATE,
+            m::CUR_STATE,
+            m::EN_SQD_ASYNC_NOTIFY,
+            m::ACCESS_FLAGS,
+            m::PKEY_INDEX,
+            m::PORT,
+            m::QKEY,
+            m::AV,
+            m::PATH_MTU,
+            m::TIMEOUT,
+            m::RETRY_CNT,
+            m::RNR_RETRY,
+            m::RQ_PSN,
+            m::MAX_QP_RD_ATOMIC,
+            m::ALT_PATH,
+            m::MIN_RNR_TIMER,
+            m::SQ_PSN,
+            m::MAX_DEST_RD_ATOMIC,
+            m::PATH_MIG_STATE,
+            m::CAP,
+            m::DEST_QPN,
+        ];
+        for (bit, mask) in masks.iter().enumerate() {
+            assert_eq!(*mask, 1 << bit, "IBV_QP_* bit {bit}");
+        }
+
+        let events = [
+            (AsyncEvent::QpFatal, 1),
+            (AsyncEvent::QpRequestError, 2),
+            (AsyncEvent::QpAccessError, 3),
+            (AsyncEvent::CommEstablished, 4),
+            (AsyncEvent::SqDrained, 5),
+            (AsyncEvent::LastWqeReached, 16),
+        ];
+        for (e, n) in events {
+            assert_eq!(e.ibv_event_type(), n, "{e:?}");
+        }
+
+        assert_eq!(PostError::QueueFull.errno(), Errno::ENOMEM);
+        assert_eq!(PostError::InvalidState.errno(), Errno::EINVAL);
+        assert_eq!(PostError::InvalidWr.errno(), Errno::EINVAL);
+    }
+
+    /// A send WR's length: the inline bytes, else the sum of its SGEs; 8 for an atomic whatever
+    /// its SGE says.
+    #[test]
+    fn send_wr_length_inline_sges_atomic() {
+        let sge = |length| Sge {
+            addr: 0,
+            length,
+            lkey: 1,
+        };
+        let wr = SendWr {
+            sges: vec![sge(3), sge(4)],
+            ..SendWr::new(1, WrOpcode::Send)
+        };
+        assert_eq!(wr.length(), 7);
+        let wr = SendWr {
+            inline_data: Some(vec![0; 11]),
+            ..wr
+        };
+        assert_eq!(wr.length(), 11);
+        let wr = SendWr {
+            sges: vec![sge(64)],
+            ..SendWr::new(1, WrOpcode::AtomicFetchAdd)
+        };
+        assert_eq!(wr.length(), 8);
+    }
+}

@@ -89,3 +89,57 @@ impl From<Duration> for core::time::Duration {
         core::time::Duration::from_nanos(d.0)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Units, arithmetic and the conversions to and from `core::time::Duration`, with their
+    /// saturation: a deadline far in the future stays far in the future, never wraps to the past.
+    #[test]
+    fn units_arithmetic_and_conversions_saturate() {
+        assert_eq!(Instant::from_micros(3).as_nanos(), 3_000);
+        assert_eq!(Instant::from_millis(3).as_nanos(), 3_000_000);
+        assert_eq!(Instant::from_millis(u64::MAX).as_nanos(), u64::MAX);
+        assert_eq!(Duration::from_micros(5).as_nanos(), 5_000);
+        assert_eq!(Duration::from_millis(5).as_nanos(), 5_000_000);
+        assert_eq!(Duration::from_micros(u64::MAX).as_nanos(), u64::MAX);
+
+        let (a, b) = (Instant::from_nanos(10), Instant::from_nanos(25));
+        assert_eq!(b.saturating_duration_since(a), Duration::from_nanos(15));
+        assert_eq!(a.saturating_duration_since(b), Duration::ZERO);
+        assert_eq!(b - a, Duration::from_nanos(15));
+        assert_eq!(a - b, Duration::ZERO);
+        assert_eq!(a + Duration::from_nanos(15), b);
+        assert_eq!(
+            Instant::from_nanos(u64::MAX - 1) + Duration::from_nanos(5),
+            Instant::from_nanos(u64::MAX)
+        );
+        let mut c = a;
+        c += Duration::from_nanos(15);
+        assert_eq!(c, b);
+        c += Duration::from_nanos(u64::MAX);
+        assert_eq!(c, Instant::from_nanos(u64::MAX));
+        assert_eq!(
+            Duration::from_nanos(2) + Duration::from_nanos(3),
+            Duration::from_nanos(5)
+        );
+        assert_eq!(
+            Duration::from_nanos(u64::MAX) + Duration::from_nanos(3),
+            Duration::from_nanos(u64::MAX)
+        );
+
+        assert_eq!(
+            Duration::from(core::time::Duration::from_micros(7)),
+            Duration::from_nanos(7_000)
+        );
+        assert_eq!(
+            Duration::from(core::time::Duration::MAX),
+            Duration::from_nanos(u64::MAX)
+        );
+        assert_eq!(
+            core::time::Duration::from(Duration::from_nanos(7_000)),
+            core::time::Duration::from_micros(7)
+        );
+    }
+}

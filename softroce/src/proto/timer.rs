@@ -92,5 +92,10 @@ mod tests {
         assert!(!t.is_expired(Timer::Rnr, Instant(20)));
         t.stop(Timer::Retransmit);
         assert_eq!(t.next_timeout(), Some(Instant(50)));
+        assert_eq!((t.get(Timer::Retransmit), t.get(Timer::Rnr)), (None, Some(Instant(50))));
+        t.set(Timer::Probe, Instant(70));
+        t.clear();
+        assert_eq!(t, TimerTable::default());
+        assert_eq!(t.next_timeout(), None);
     }
 }

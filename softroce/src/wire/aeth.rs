@@ -183,6 +183,7 @@ mod tests {
             ),
         ];
         for (bytes, repr) in cases {
+            assert_eq!(repr.buffer_len(), bytes.len());
             assert_eq!(Repr::parse(&Packet::new_checked(&bytes[..]).unwrap()), Ok(repr));
             let mut out = [0u8; 4];
             repr.emit(&mut Packet::new_unchecked(&mut out[..]));

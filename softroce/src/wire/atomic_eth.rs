@@ -128,6 +128,7 @@ mod tests {
 
     #[test]
     fn round_trip() {
+        assert_eq!(REPR.buffer_len(), BYTES.len());
         assert_eq!(Repr::parse(&Packet::new_checked(&BYTES[..]).unwrap()), Ok(REPR));
         let mut out = [0u8; 28];
         REPR.emit(&mut Packet::new_unchecked(&mut out[..]));

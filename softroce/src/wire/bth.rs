@@ -201,6 +201,7 @@ mod tests {
 
     #[test]
     fn emit_literal() {
+        assert_eq!(repr().buffer_len(), BYTES.len());
         let mut buf = [0xAAu8; 12];
         repr().emit(&mut Packet::new_unchecked(&mut buf[..]));
         assert_eq!(buf, BYTES);
@@ -223,6 +224,47 @@ mod tests {
             [0x0a, 0xb0, 0xff, 0xff, 0x80, 0xab, 0xcd, 0xef, 0x00, 0x12, 0x34, 0x56]
         );
         assert_eq!(Repr::parse(&Packet::new_checked(&buf[..]).unwrap()).unwrap(), r);
+    }
+
+    /// Each one-bit field alone, at its literal position (byte 1 bit 7 SE, bit 6 M; byte 4
+    /// bit 7 FECN, bit 6 BECN; byte 8 bit 7 AckReq): emitted there and parsed back alone.
+    #[test]
+    fn each_flag_bit_alone_at_its_literal_position() {
+        let none = Repr {
+            ack_req: false,
+            ..repr()
+        };
+        let cases: [(Repr, usize, u8); 5] = [
+            (
+                Repr {
+                    solicited: true,
+                    ..none
+                },
+                1,
+                0x80,
+            ),
+            (Repr { mig_req: true, ..none }, 1, 0x40),
+            (Repr { fecn: true, ..none }, 4, 0x80),
+            (Repr { becn: true, ..none }, 4, 0x40),
+            (Repr { ack_req: true, ..none }, 8, 0x80),
+        ];
+        for (r, at, bit) in cases {
+            let mut want = BYTES;
+            want[8] = 0;
+            want[at] = bit;
+            let mut buf = [0xAAu8; 12];
+            r.emit(&mut Packet::new_unchecked(&mut buf[..]));
+            assert_eq!(buf, want, "{r:?}");
+            assert_eq!(Repr::parse(&Packet::new_checked(&buf[..]).unwrap()).unwrap(), r);
+        }
+    }
+
+    #[test]
+    fn payload_is_the_bytes_after_the_header() {
+        let mut buf = BYTES.to_vec();
+        buf.extend_from_slice(&[1, 2, 3]);
+        assert_eq!(Packet::new_checked(&buf[..]).unwrap().payload(), &[1, 2, 3]);
+        assert_eq!(Packet::new_checked(&BYTES[..]).unwrap().payload(), &[] as &[u8]);
     }
 
     #[test]

@@ -195,6 +195,7 @@ mod tests {
 
     #[test]
     fn round_trip() {
+        assert_eq!(repr().buffer_len(), BYTES.len());
         assert_eq!(Repr::parse(&Packet::new_checked(&BYTES[..]).unwrap()), Ok(repr()));
         let mut buf = [0u8; 40];
         repr().emit(&mut Packet::new_unchecked(&mut buf[..]));

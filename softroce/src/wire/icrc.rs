@@ -438,6 +438,25 @@ mod tests {
         assert_eq!(verify_ipv4(&ip(), 0xc001, 4791, &[1, 2, 3]), None);
     }
 
+    /// The IPv6 ICRC against its CRC input spelled out (IBTA Vol 1 Annex A17: 8 bytes of 1s for
+    /// the LRH, the IPv6 header with TClass, FlowLabel and HopLimit as 1s, the UDP header with
+    /// its checksum as 1s, the BTH with its reserved byte as 1s), not only against itself: the
+    /// payload length and UDP length are 8 + 44 transport bytes + 4 (the ICRC) = 0x38.
+    #[test]
+    fn ipv6_matches_spec_crc_input() {
+        let s = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+        let d = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2];
+        let mut input = vec![0xFFu8; 8];
+        input.extend_from_slice(&[0x6f, 0xff, 0xff, 0xff, 0x00, 0x38, 0x11, 0xff]);
+        input.extend_from_slice(&s);
+        input.extend_from_slice(&d);
+        input.extend_from_slice(&[0xc0, 0x01, 0x12, 0xb7, 0x00, 0x38, 0xff, 0xff]);
+        input.extend_from_slice(&[0x0a, 0x00, 0xff, 0xff, 0xff, 0x00, 0x00, 0x11, 0x80, 0x12, 0x34, 0x56]);
+        input.extend_from_slice(&FRAME[40..72]);
+        assert_eq!(input.len(), 8 + 40 + 8 + 44);
+        assert_eq!(icrc_ipv6_parts(&s, &d, 0xc001, 4791, &[&FRAME[28..72]]), crc32(&input));
+    }
+
     #[test]
     fn ipv6_round_trip() {
         let s = [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];

@@ -183,6 +183,7 @@ mod tests {
 
     #[test]
     fn round_trip() {
+        assert_eq!(REPR.buffer_len(), BYTES.len());
         let p = Packet::new_checked(&BYTES[..]).unwrap();
         assert_eq!(Repr::parse(&p), Ok(REPR));
         let mut buf = [0xAAu8; 8];
@@ -199,6 +200,10 @@ mod tests {
             (r.vl, r.sl, r.lnh, r.dlid, r.pkt_len, r.slid),
             (15, 0, Lnh::IbaGlobal, 0xBFFF, 0x7FF, 1)
         );
+        // And back: VL in the high nibble of byte 0, every other field at its place.
+        let mut out = [0xAAu8; 8];
+        r.emit(&mut Packet::new_unchecked(&mut out[..]));
+        assert_eq!(out, b);
     }
 
     #[test]

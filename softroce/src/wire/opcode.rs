@@ -160,3 +160,21 @@ impl OpCode {
         n
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every byte: the RC opcodes 0x0D..=0x12 (READ responses, ACK, atomic ACK) are responses,
+    /// the other named ones requests, and `Unknown` (UC, UD, CNP, reserved) is neither.
+    #[test]
+    fn is_request_and_is_response_split_the_rc_opcodes() {
+        for b in 0..=u8::MAX {
+            let op = OpCode::from(b);
+            let named = !matches!(op, OpCode::Unknown(_));
+            let response = (0x0D..=0x12).contains(&b);
+            assert_eq!(op.is_response(), named && response, "{b:#04x} is_response");
+            assert_eq!(op.is_request(), named && !response, "{b:#04x} is_request");
+        }
+    }
+}

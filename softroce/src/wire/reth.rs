@@ -109,6 +109,7 @@ mod tests {
 
     #[test]
     fn round_trip() {
+        assert_eq!(REPR.buffer_len(), BYTES.len());
         assert_eq!(Repr::parse(&Packet::new_checked(&BYTES[..]).unwrap()), Ok(REPR));
         let mut buf = [0u8; 16];
         REPR.emit(&mut Packet::new_unchecked(&mut buf[..]));

@@ -85,8 +85,9 @@ mod tests {
     fn the_first_failure_wins_is_reported_once_and_marks_requests() {
         let mut s = CommState::new(RequestPool::with_capacity(4), count);
         let i = s.pool.alloc(ReqKind::Send).unwrap();
-        assert!(s.check().is_ok());
+        assert!(s.check().is_ok() && !s.failed());
         let e = s.fail(Error::remote("first"));
+        assert!(s.failed());
         assert!(e.logged && e.message == "first");
         let e = s.fail(Error::system("second"));
         assert_eq!(e.message, "first");
