@@ -12,14 +12,18 @@
 //! * the port flaps under a send while its receiver is never called (its receive was posted
 //!   before, as NCCL leaves a comm it has nothing more for): the receiver answers the
 //!   sender's recovery anyway (the waiting send steps the comms NCCL is not calling), and the
-//!   send completes.
+//!   send completes;
+//! * the port flaps while the comm pair is idle (nothing posted), on both ends, the sender's
+//!   only or the receiver's only (the pair runs between two devices), and the sender's isend
+//!   is the first call after it: every later message arrives; a port that goes down while
+//!   idle and stays down fails the next message with an error within the bound, no hang.
 //!
-//! Addresses 127.0.46.x (ci/tests/lib/softroce.sh has the table), one per child.
+//! Addresses 127.0.46.x (ci/tests/lib/softroce.sh has the table), one or two per child.
 
 mod softroce_common;
 
-use nccl_net_ferroce::api;
-use softroce_common::{child, ctl, pair, reg, run_child, stream};
+use nccl_net_ferroce::api::{self, RecvHandle, SendHandle};
+use softroce_common::{child, ctl, is_child, pair, reg, run_child, stream};
 use std::time::{Duration, Instant};
 
 /// A child's environment on top of [`run_child`]'s: one softroce device, transport retries
@@ -225,4 +229,146 @@ fn idle_receiver_child() {
     api::dereg_mr(rmh).expect("deregMr");
     drop((s, r));
     api::finalize(ctx).expect("finalize");
+}
+
+/// The idle flaps' tests: which ports go down while the comm pair is idle, and whether they come
+/// back. The pair runs between two devices (`SOFTROCE_DEVICES=2`), the sender on the first.
+#[derive(Clone, Copy, Debug)]
+enum IdleFlap {
+    /// Both ends' ports go down for a second.
+    Both,
+    /// Only the sender's port.
+    Sender,
+    /// Only the receiver's port.
+    Receiver,
+    /// Both ends' ports go down and stay down: the next message fails within the bound.
+    ForGood,
+}
+
+/// Runs `test`'s idle-flap child on the two addresses `addrs`, recovery bounded by `bound` s.
+fn idle_flap_test(test: &str, addrs: &str, flap: IdleFlap, bound: &'static str) -> String {
+    if child(test, || idle_flap_child(addrs, flap)) {
+        return String::new();
+    }
+    run_child(
+        test,
+        addrs,
+        &[
+            ("SOFTROCE_DEVICES", "2"),
+            ("NCCL_IB_TIMEOUT", "12"),
+            ("NCCL_IB_RETRY_CNT", "3"),
+            ("FERROCE_RECOVERY_TIMEOUT_SEC", bound),
+        ],
+    )
+}
+
+#[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
+fn a_port_flap_while_idle_costs_no_later_message() {
+    let test = "a_port_flap_while_idle_costs_no_later_message";
+    let text = idle_flap_test(test, "127.0.46.5,127.0.46.6", IdleFlap::Both, "30");
+    assert!(is_child(test) || text.contains("recovered over new QPs"), "{text}");
+}
+
+#[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
+fn a_senders_port_flap_while_idle_costs_no_message() {
+    let test = "a_senders_port_flap_while_idle_costs_no_message";
+    idle_flap_test(test, "127.0.46.7,127.0.46.8", IdleFlap::Sender, "30");
+}
+
+#[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
+fn a_receivers_port_flap_while_idle_costs_no_message() {
+    let test = "a_receivers_port_flap_while_idle_costs_no_message";
+    idle_flap_test(test, "127.0.46.9,127.0.46.10", IdleFlap::Receiver, "30");
+}
+
+#[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
+fn a_port_down_while_idle_fails_the_next_message() {
+    let test = "a_port_down_while_idle_fails_the_next_message";
+    let text = idle_flap_test(test, "127.0.46.11,127.0.46.12", IdleFlap::ForGood, "2");
+    assert!(
+        is_child(test) || text.contains("could not be recovered within"),
+        "{text}"
+    );
+}
+
+/// A send/recv pair from device `from` (the sender) to device `to` (the receiver).
+fn pair_across(ctx: &api::CommContext, from: i32, to: i32) -> (Box<SendHandle>, Box<RecvHandle>) {
+    let mut handle = [0u8; 128];
+    let mut l = api::listen(ctx, to, &mut handle).expect("listen");
+    let (mut s, mut r) = (None, None);
+    let end = Instant::now() + Duration::from_secs(30);
+    while s.is_none() || r.is_none() {
+        if s.is_none() {
+            s = api::connect(ctx, from, &mut handle).expect("connect");
+        }
+        if r.is_none() {
+            r = api::accept(&mut l).expect("accept");
+        }
+        assert!(Instant::now() < end, "connection setup did not finish");
+    }
+    (s.expect("connected"), r.expect("accepted"))
+}
+
+/// The child of the idle-flap tests: the pair (sender on the first of `addrs`, receiver on the
+/// second) moves 20 messages, goes idle (nothing posted on either comm), `flap` happens, the
+/// sender is called first ([`sender_calls_first`]), then every message of sizes [`SIZES`] one by one ([`softroce_common::transfer`], as the report
+/// that found this did) and a stream of 200 must arrive with their bytes — or, the port down
+/// for good, the next message must fail with an error, no hang.
+fn idle_flap_child(addrs: &str, flap: IdleFlap) {
+    let (a, b) = addrs.split_once(',').expect("two addresses");
+    let ctx = api::init(None, -1, false).expect("init");
+    let (s, r) = pair_across(&ctx, 0, 1);
+    let done = stream(&s, &r, 20, &SIZES, 0, &mut || {}, Duration::from_secs(30)).expect("before the flap");
+    assert_eq!(done, 20);
+    let down: &[&str] = match flap {
+        IdleFlap::Both | IdleFlap::ForGood => &[a, b],
+        IdleFlap::Sender => &[a],
+        IdleFlap::Receiver => &[b],
+    };
+    for addr in down {
+        ctl(addr, &["port-down"]);
+    }
+    let t0 = Instant::now();
+    let none = (std::ptr::null_mut(), std::ptr::null_mut());
+    if let IdleFlap::ForGood = flap {
+        sender_calls_first(&s);
+        let err =
+            softroce_common::transfer(&s, &r, 4096, 1, none, Duration::from_secs(30)).expect_err("the comm fails");
+        assert!(!err.message.contains("a hang"), "{}", err.message);
+        println!("idle_flap_child: failed in {:?}: {}", t0.elapsed(), err.message);
+    } else {
+        std::thread::sleep(Duration::from_secs(1));
+        for addr in down {
+            ctl(addr, &["port-up"]);
+        }
+        sender_calls_first(&s);
+        for (i, size) in SIZES.iter().enumerate() {
+            softroce_common::transfer(&s, &r, *size, i as u8 + 1, none, Duration::from_secs(40))
+                .unwrap_or_else(|e| panic!("message {i} ({size} B) after the idle flap: {}", e.message));
+        }
+        let done = stream(&s, &r, 200, &SIZES, 0, &mut || {}, Duration::from_secs(40)).expect("after the flap");
+        assert_eq!(done, 200);
+        println!("idle_flap_child: {flap:?}: through in {:?}", t0.elapsed());
+    }
+    drop((s, r));
+    api::finalize(ctx).expect("finalize");
+}
+
+/// The first call after an idle flap is the sender's isend, before the receiver posted its
+/// buffer (NCCL's proxies post the send and the receive in either order): it finds no CTS, so
+/// it notices the port event and starts the recovery; the receiver joins it by the Hello only
+/// if something steps it (NCCL does not call a receive comm with nothing posted, and
+/// [`softroce_common::transfer`] calls only isend until that matches).
+fn sender_calls_first(s: &SendHandle) {
+    let buf = vec![0u8; 4096];
+    let mh = reg(s, &buf);
+    // SAFETY: live handle; the buffer is registered; the send is refused (no receive posted
+    // yet, beyond the eager size), so nothing reads the buffer after this call.
+    let q = unsafe { api::isend(s, buf.as_ptr() as usize, buf.len(), 9, &mh) }.expect("isend");
+    assert!(q.is_none(), "a send with no receive posted is refused");
+    api::dereg_mr(mh).expect("deregMr");
 }

@@ -221,20 +221,28 @@ pub fn transfer(
     let (smh, rmh) = (reg(s, &src), reg(r, &dst));
     let end = Instant::now() + within;
     let result = (|| {
-        // SAFETY: live handles; buffers registered and alive until both requests are done or
-        // the comm failed.
-        let rq = unsafe {
-            api::irecv_profiled(
-                r,
-                &[dst.as_mut_ptr() as usize],
-                &[size],
-                &[3],
-                &[&rmh],
-                false,
-                &[phandles.1],
-            )
-        }?
-        .ok_or_else(|| Error::internal("no receive slot"))?;
+        let rq = loop {
+            // SAFETY: live handles; buffers registered and alive until both requests are done
+            // or the comm failed.
+            let q = unsafe {
+                api::irecv_profiled(
+                    r,
+                    &[dst.as_mut_ptr() as usize],
+                    &[size],
+                    &[3],
+                    &[&rmh],
+                    false,
+                    &[phandles.1],
+                )
+            };
+            // None: no room now (a recovery, say); NCCL calls again.
+            if let Some(q) = q? {
+                break q;
+            }
+            if Instant::now() > end {
+                return Err(Error::internal("irecv never took the receive (a hang)"));
+            }
+        };
         let sq = loop {
             // SAFETY: as above.
             let q = unsafe { api::isend_profiled(s, src.as_ptr() as usize, size, 3, &smh, phandles.0) };

@@ -17,7 +17,7 @@
 #             (one last octet per file)     127.0.44  tests/events_softroce.rs (two per child)
 #   127.0.22  20-softroce-faults.sh (.1-.15, .250), 22-softroce-ib.sh (.101-.120)
 #                                           127.0.45  tests/concurrency_softroce.rs
-#                                           127.0.46  tests/recovery_softroce.rs (one per child)
+#                                           127.0.46  tests/recovery_softroce.rs (1-2 per child)
 #                                           127.0.47  tests/foreign_peer_softroce.rs (one per case)
 #   127.0.23  20-softroce-devinfo.sh        127.0.50-51  ci/bench.sh
 #   127.0.24  20-softroce-tshark.sh         127.0.53  52-bench-compare.sh

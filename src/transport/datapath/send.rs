@@ -287,7 +287,7 @@ impl SendDp {
             self.poll()?;
             self.progress()?;
             if self.core.waiting() {
-                return Ok(None);
+                return self.busy();
             }
         }
         let send = SendBuf {
@@ -338,8 +338,33 @@ impl SendDp {
                 Ok(Some(self.requests.ptr(idx)))
             }
             Isend::NoBuffer => self.idle(size),
-            Isend::Busy => Ok(None),
+            Isend::Busy => self.busy(),
         }
+    }
+
+    /// Every request slot in flight, the group before waiting for send-queue credits (NCCL
+    /// tests the sends in flight, whose polls move those on), or a recovery of the connection.
+    /// A send refused for a recovery waits on the peer's answer (its Hello, its Ready), which
+    /// may have to come through a comm of this process NCCL is not calling now: after a port
+    /// flap while the pair was idle, the first call to notice it may be this isend, and the
+    /// receive comm of the pair (in this process or in the peer's, for the peer's own
+    /// connection) may see no call until this send matched. So it waits as every waiting call
+    /// does ([`Driver::idle_probe`]: the process's idle comms are stepped, a hang is WARNed,
+    /// a closed peer noticed). Before, it returned at once, and a recovery whose only caller
+    /// was this isend never got the peer's Hello: a hang until the recovery bound.
+    fn busy(&mut self) -> Result<Option<*mut Request>> {
+        if !self.io.recovery.active() {
+            return Ok(None);
+        }
+        let waiting = |_: &hang::Facts| {
+            "the recovery of the connection: the peer's Hello or Ready over the side channel".to_string()
+        };
+        if self.io.idle_probe(&mut self.core.state, waiting)? {
+            // The side channel closed: the poll reads what the peer said last and fails the
+            // comm (a closed peer is an error at once, never a recovery).
+            self.poll()?;
+        }
+        Ok(None)
     }
 
     /// Progress the comm; report whether send request `req` is done (and reclaim it).
