@@ -52,18 +52,7 @@ pub fn device_by_subnet(default: usize, devices: &[Vec<[u8; 16]>], remote: &[[u8
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn v4(a: u8, b: u8, c: u8, d: u8) -> [u8; 16] {
-        let mut g = [0u8; 16];
-        g[10] = 0xff;
-        g[11] = 0xff;
-        g[12..].copy_from_slice(&[a, b, c, d]);
-        g
-    }
-
-    fn v6(s: &str) -> [u8; 16] {
-        s.parse::<std::net::Ipv6Addr>().expect("an IPv6 address").octets()
-    }
+    use crate::device::tests::{v4, v6};
 
     #[test]
     fn subnets_by_prefix_length_and_family() {

@@ -3,15 +3,17 @@
 use super::*;
 use crate::config::AddrRange;
 
-fn v4(a: u8, b: u8, c: u8, d: u8) -> [u8; 16] {
+/// The IPv4-mapped GID of `a.b.c.d` (also for `subnet`'s tests).
+pub(super) fn v4(a: u8, b: u8, c: u8, d: u8) -> [u8; 16] {
     let mut g = [0u8; 16];
     g[10] = 0xff;
     g[11] = 0xff;
     g[12..].copy_from_slice(&[a, b, c, d]);
     g
 }
-fn v6(s: &str) -> [u8; 16] {
-    s.parse::<Ipv6Addr>().unwrap().octets()
+/// The GID of an IPv6 address written out.
+pub(super) fn v6(s: &str) -> [u8; 16] {
+    s.parse::<Ipv6Addr>().expect("an IPv6 address").octets()
 }
 fn link_local() -> [u8; 16] {
     v6("fe80::1234:56ff:fe78:9abc")
