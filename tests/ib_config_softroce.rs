@@ -14,7 +14,7 @@
 
 mod softroce_common;
 
-use nccl_net_ferroce::api::{self, SendHandle};
+use nccl_net_ferroce::api::{self, RecvHandle, SendHandle};
 use nccl_net_ferroce::device::NetDevice;
 use nccl_net_ferroce::error::{code, Error};
 use softroce_common::{child, child_command, pair, run_child, transfer};
@@ -31,11 +31,12 @@ fn member(s: &SendHandle) -> &NetDevice {
     &dev.members[0]
 }
 
-/// A pair on device 0 that moves one message: `check` sees the port's device first.
-fn connect_and_check(check: impl FnOnce(&NetDevice)) {
+/// A pair on device 0 that moves one message: `check` sees the port's device and the two comms
+/// first.
+fn connect_and_check(check: impl FnOnce(&NetDevice, &SendHandle, &RecvHandle)) {
     let ctx = api::init(None, -1, false).expect("init");
     let (s, r) = pair(&ctx, 0);
-    check(member(&s));
+    check(member(&s), &s, &r);
     transfer(
         &s,
         &r,
@@ -54,7 +55,7 @@ fn connect_and_check(check: impl FnOnce(&NetDevice)) {
 fn ib_uses_the_flid_gid_when_the_port_has_one_whatever_nccl_ib_gid_index_says() {
     let name = "ib_uses_the_flid_gid_when_the_port_has_one_whatever_nccl_ib_gid_index_says";
     if child(name, || {
-        connect_and_check(|d| {
+        connect_and_check(|d, _, _| {
             assert_eq!(d.gid_index, 1, "NCCL_IB_ROUTABLE_FLID_GID_INDEX's GID: {d:?}");
             assert_eq!(d.gid[..2], [0xfe, 0xc0], "{d:?}");
             assert_eq!(d.gid[4..6], d.lid.to_be_bytes(), "softroce's FLID is the LID: {d:?}");
@@ -75,7 +76,7 @@ fn ib_uses_the_flid_gid_when_the_port_has_one_whatever_nccl_ib_gid_index_says() 
 fn ib_uses_gid_0_without_a_flid_whatever_nccl_ib_gid_index_says() {
     let name = "ib_uses_gid_0_without_a_flid_whatever_nccl_ib_gid_index_says";
     if child(name, || {
-        connect_and_check(|d| {
+        connect_and_check(|d, _, _| {
             assert_eq!(d.gid_index, 0, "no FLID GID: GID 0 ({d:?})");
             assert_eq!(d.gid[..2], [0xfe, 0x80], "{d:?}");
         })
@@ -100,7 +101,20 @@ fn ib_uses_gid_0_without_a_flid_whatever_nccl_ib_gid_index_says() {
 fn nccl_ib_pkey_picks_the_p_key_the_connections_use() {
     let name = "nccl_ib_pkey_picks_the_p_key_the_connections_use";
     if child(name, || {
-        connect_and_check(|d| assert_eq!(d.pkey, 0x8001, "P_Key[1]: {d:?}"));
+        connect_and_check(|d, s, r| {
+            assert_eq!(d.pkey, 0x8001, "P_Key[1]: {d:?}");
+            // SAFETY: this thread alone runs both comms' data paths.
+            let (sq, rq) = unsafe { (s.data_path().qp_pkey_indices(), r.data_path().qp_pkey_indices()) };
+            let (sq, rq) = (sq.expect("query the send QPs"), rq.expect("query the receive QPs"));
+            assert!(
+                !sq.is_empty() && sq.iter().all(|&i| i == 1),
+                "send QPs' P_Key indices {sq:?}"
+            );
+            assert!(
+                !rq.is_empty() && rq.iter().all(|&i| i == 1),
+                "receive QPs' P_Key indices {rq:?}"
+            );
+        });
     }) {
         return;
     }

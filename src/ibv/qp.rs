@@ -209,6 +209,27 @@ impl QueuePair {
         self.modify(&mut a, mask, "RTS")
     }
 
+    /// The P_Key index the QP uses, as the device reports it (`ibv_query_qp`).
+    pub fn pkey_index(&self) -> Result<u16> {
+        use sys::ibv_qp_attr_mask as M;
+        // SAFETY: zeroed ibv_qp_attr and ibv_qp_init_attr are valid out-parameters.
+        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut init: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: raw is a live QP owned by self; both out-parameters outlive the call.
+        let rc =
+            unsafe { (self.pd.context.verbs.ibv_query_qp)(self.raw, &mut a, M::IBV_QP_PKEY_INDEX.0 as i32, &mut init) };
+        if rc != 0 {
+            return Err(Error::system(format!(
+                "ibv_query_qp({}, QP {:#x}, P_Key index) failed: {}",
+                self.pd.context.info.name,
+                self.qpn(),
+                std::io::Error::from_raw_os_error(rc.abs())
+            )));
+        }
+        Ok(a.pkey_index)
+    }
+
     /// Any state → ERR, flushing outstanding work (used at close).
     pub fn to_error(&self) -> Result<()> {
         // SAFETY: zeroed ibv_qp_attr is valid.

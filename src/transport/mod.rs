@@ -123,6 +123,11 @@ impl SendComm {
         self.dp.enter().io.conn.qp_numbers()
     }
 
+    /// The P_Key index of each of the connection's QPs, read back from the device (for tests).
+    pub fn qp_pkey_indices(&self) -> Result<Vec<u16>> {
+        self.dp.enter().io.conn.qp_pkey_indices()
+    }
+
     /// `ibv_poll_cq` calls this comm's data path made so far, empty ones too (for tests).
     pub fn cq_polls(&self) -> u64 {
         self.dp.enter().io.cq_polls
@@ -152,6 +157,11 @@ impl RecvComm {
     /// The connection's local data QP numbers, as its INFO line prints them (for tests and tools).
     pub fn qp_numbers(&self) -> Vec<u32> {
         self.dp.enter().io.conn.qp_numbers()
+    }
+
+    /// The P_Key index of each of the connection's data QPs, read back from the device (for tests).
+    pub fn qp_pkey_indices(&self) -> Result<Vec<u16>> {
+        self.dp.enter().io.conn.qp_pkey_indices()
     }
 
     /// Whether iflush issues RDMA reads (peer memory / DMA-BUF and NCCL_GDR_FLUSH_DISABLE=0).

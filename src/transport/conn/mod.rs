@@ -197,6 +197,11 @@ impl Conn {
         self.qps.iter().map(|q| q.qp.qpn()).collect()
     }
 
+    /// The P_Key index of each local QP, in QP order, as the device reports it.
+    pub fn qp_pkey_indices(&self) -> Result<Vec<u16>> {
+        self.qps.iter().map(|q| q.qp.pkey_index()).collect()
+    }
+
     /// The QP with this number on local member `dev` (QP numbers are per device: two
     /// members may each have a QP of the same number).
     pub fn qp_by_num(&self, dev: usize, qpn: u32) -> Option<&ConnQp> {
