@@ -190,7 +190,7 @@ pub(super) fn connect_qp(
     let (sgid_index, _) = l.gid_now()?;
     if route.flid_missing {
         crate::log_warn!(
-            "NET/ferroce {}: the peer's GID {} is on another subnet but carries no FLID: addressing its LID {:#x} with a GRH, which only a router that knows that LID forwards — check the fabric's FLID configuration (NCCL_IB_ROUTABLE_FLID_GID_INDEX)",
+            "{}: the peer's GID {} is on another subnet but carries no FLID: addressing its LID {:#x} with a GRH, which only a router that knows that LID forwards — check the fabric's FLID configuration (NCCL_IB_ROUTABLE_FLID_GID_INDEX)",
             l.label(),
             crate::device::format_gid(&r.gid),
             r.lid
