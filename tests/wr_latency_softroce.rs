@@ -7,7 +7,8 @@
 //!   statistics file; unset, it reads no clock at all (the monitor's clock reads are counted) and
 //!   the file has no such figures;
 //! * a write blackholed after the receiver's CTS landed (`softroce-ctl blackhole`): a stall WARN
-//!   naming both ends (QPN and GID) while nothing completes, then, healed, a slow WARN.
+//!   naming both ends (QPN and GID on RoCE, LID on InfiniBand) while nothing completes, then,
+//!   healed, a slow WARN; once on a RoCE port and once on an InfiniBand one.
 //!
 //! Addresses 127.0.36.4x (ci/tests/lib/softroce.sh has the table), one per child.
 
@@ -140,27 +141,42 @@ fn a_blackholed_write_warns_stalled_then_slow() {
     if child(NAME, stalled_send) {
         return;
     }
-    let env = [
-        ("SOFTROCE_LINK_LAYER", "roce"),
-        ("NCCL_IB_WQE_LATENCY_THRESHOLD_NS", "100000000"),
-        ("NCCL_IB_TIMEOUT", "16"),
-        ("NCCL_IB_RETRY_CNT", "7"),
-    ];
-    let text = run_child(NAME, "127.0.36.42", &env);
-    let gid = "GID ::ffff:127.0.36.42";
-    let ends = |l: &&str| {
-        l.contains("on QP 0x") && l.contains(&format!("(softroce0:1 {gid}) -> QP 0x")) && l.matches(gid).count() == 2
-    };
-    let stall: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("has had no completion for"))
-        .collect();
-    assert_eq!(stall.len(), 1, "one stall WARN:\n{text}");
-    assert!(
-        stall.iter().all(ends) && stall[0].contains("NCCL_IB_WQE_LATENCY_THRESHOLD_NS=100000000"),
-        "{stall:?}"
-    );
-    let slow: Vec<&str> = text.lines().filter(|l| l.contains("us after its post")).collect();
-    assert_eq!(slow.len(), 1, "one slow WARN:\n{text}");
-    assert!(slow.iter().all(ends), "{slow:?}");
+    // The ends are named by GID on RoCE and by LID on InfiniBand; both ends are on the one port.
+    for (link_layer, addr) in [("roce", "127.0.36.42"), ("ib", "127.0.36.43")] {
+        let env = [
+            ("SOFTROCE_LINK_LAYER", link_layer),
+            ("NCCL_IB_WQE_LATENCY_THRESHOLD_NS", "100000000"),
+            ("NCCL_IB_TIMEOUT", "16"),
+            ("NCCL_IB_RETRY_CNT", "7"),
+        ];
+        let text = run_child(NAME, addr, &env);
+        let port = |l: &str| -> Option<String> {
+            let at = l.split("(softroce0:1 ").nth(1)?;
+            Some(at[..at.find(')')?].to_string())
+        };
+        let ends = |l: &&str| {
+            let Some(me) = port(l) else { return false };
+            let form_ok = if link_layer == "ib" {
+                me.starts_with("LID 0x") && !l.contains("GID")
+            } else {
+                me == format!("GID ::ffff:{addr}")
+            };
+            form_ok
+                && l.contains("on QP 0x")
+                && l.contains(&format!("(softroce0:1 {me}) -> QP 0x"))
+                && l.matches(&me).count() == 2
+        };
+        let stall: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("has had no completion for"))
+            .collect();
+        assert_eq!(stall.len(), 1, "{link_layer}: one stall WARN:\n{text}");
+        assert!(
+            stall.iter().all(ends) && stall[0].contains("NCCL_IB_WQE_LATENCY_THRESHOLD_NS=100000000"),
+            "{link_layer}: {stall:?}"
+        );
+        let slow: Vec<&str> = text.lines().filter(|l| l.contains("us after its post")).collect();
+        assert_eq!(slow.len(), 1, "{link_layer}: one slow WARN:\n{text}");
+        assert!(slow.iter().all(ends), "{link_layer}: {slow:?}");
+    }
 }
