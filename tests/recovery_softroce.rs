@@ -22,7 +22,7 @@
 
 mod softroce_common;
 
-use nccl_net_ferroce::api::{self, RecvHandle, SendHandle};
+use nccl_net_ferroce::api::{self, SendHandle};
 use softroce_common::{child, ctl, is_child, pair, reg, run_child, stream};
 use std::time::{Duration, Instant};
 
@@ -295,24 +295,6 @@ fn a_port_down_while_idle_fails_the_next_message() {
     );
 }
 
-/// A send/recv pair from device `from` (the sender) to device `to` (the receiver).
-fn pair_across(ctx: &api::CommContext, from: i32, to: i32) -> (Box<SendHandle>, Box<RecvHandle>) {
-    let mut handle = [0u8; 128];
-    let mut l = api::listen(ctx, to, &mut handle).expect("listen");
-    let (mut s, mut r) = (None, None);
-    let end = Instant::now() + Duration::from_secs(30);
-    while s.is_none() || r.is_none() {
-        if s.is_none() {
-            s = api::connect(ctx, from, &mut handle).expect("connect");
-        }
-        if r.is_none() {
-            r = api::accept(&mut l).expect("accept");
-        }
-        assert!(Instant::now() < end, "connection setup did not finish");
-    }
-    (s.expect("connected"), r.expect("accepted"))
-}
-
 /// The child of the idle-flap tests: the pair (sender on the first of `addrs`, receiver on the
 /// second) moves 20 messages, goes idle (nothing posted on either comm), `flap` happens, the
 /// sender is called first ([`sender_calls_first`]), then every message of sizes [`SIZES`] one by one ([`softroce_common::transfer`], as the report
@@ -321,7 +303,7 @@ fn pair_across(ctx: &api::CommContext, from: i32, to: i32) -> (Box<SendHandle>, 
 fn idle_flap_child(addrs: &str, flap: IdleFlap) {
     let (a, b) = addrs.split_once(',').expect("two addresses");
     let ctx = api::init(None, -1, false).expect("init");
-    let (s, r) = pair_across(&ctx, 0, 1);
+    let (s, r) = softroce_common::pair_between(&ctx, 0, 1);
     let done = stream(&s, &r, 20, &SIZES, 0, &mut || {}, Duration::from_secs(30)).expect("before the flap");
     assert_eq!(done, 20);
     let down: &[&str] = match flap {

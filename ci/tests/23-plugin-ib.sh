@@ -7,7 +7,9 @@
 #   * tests/transport_softroce.rs: transfers of every size class, grouped receives with shuffled
 #     tags and 32 in flight, the CTS ring filled by groups of 8, 32 single receives, flush, a
 #     send larger than its receive, closing with requests in flight on both sides;
-#   * tests/recovery_softroce.rs: the port down for a second under traffic, nothing lost;
+#   * tests/recovery_softroce.rs: the port down for a second under traffic, nothing lost; a
+#     port flap on an idle pair (both ends, the sender's, the receiver's) costs no later
+#     message, a port down for good fails the next one;
 #   * tests/events_softroce.rs: a port going down fails only the comms on that port (two devices).
 #
 # Each test's connected pair checks that its ports are InfiniBand with a LID
@@ -25,6 +27,8 @@ fi
 TESTS="connect_and_transfer_sizes grouped_shuffled_and_32_in_flight groups_of_8_until_the_ring_is_full
 thirty_two_single_receives_in_flight flush_reads_back send_larger_than_the_posted_receive_is_truncated
 close_with_requests_in_flight_on_both_sides a_port_down_for_a_second_costs_no_message
+a_port_flap_while_idle_costs_no_later_message a_senders_port_flap_while_idle_costs_no_message
+a_receivers_port_flap_while_idle_costs_no_message a_port_down_while_idle_fails_the_next_message
 a_port_down_fails_only_the_comms_on_that_port"
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT

@@ -177,13 +177,19 @@ pub fn ctl(addr: &str, args: &[&str]) {
 /// Connect a send/recv pair on device `dev`, driving connect and accept alternately on one
 /// thread (as NCCL's bootstrap does; any blocking would deadlock here).
 pub fn pair(ctx: &CommContext, dev: i32) -> (Box<SendHandle>, Box<RecvHandle>) {
+    pair_between(ctx, dev, dev)
+}
+
+/// A send/recv pair from device `from` (the sender) to device `to` (the receiver), connected as
+/// [`pair`] does; both devices' link layers are checked and printed.
+pub fn pair_between(ctx: &CommContext, from: i32, to: i32) -> (Box<SendHandle>, Box<RecvHandle>) {
     let mut handle = [0u8; 128];
-    let mut l = api::listen(ctx, dev, &mut handle).expect("listen");
+    let mut l = api::listen(ctx, to, &mut handle).expect("listen");
     let (mut s, mut r) = (None, None);
     let end = Instant::now() + Duration::from_secs(30);
     while s.is_none() || r.is_none() {
         if s.is_none() {
-            s = api::connect(ctx, dev, &mut handle).expect("connect");
+            s = api::connect(ctx, from, &mut handle).expect("connect");
         }
         if r.is_none() {
             r = api::accept(&mut l).expect("accept");
@@ -193,6 +199,10 @@ pub fn pair(ctx: &CommContext, dev: i32) -> (Box<SendHandle>, Box<RecvHandle>) {
     let (s, r) = (s.expect("connected"), r.expect("accepted"));
     // SAFETY: s is a live SendHandle.
     assert_link_layer(unsafe { api::comm_device(&*s as *const SendHandle as *mut c_void) });
+    if from != to {
+        // SAFETY: r is a live RecvHandle.
+        assert_link_layer(unsafe { api::comm_device(&*r as *const RecvHandle as *mut c_void) });
+    }
     (s, r)
 }
 
