@@ -315,7 +315,7 @@ else
 fi
 prc=x src=x
 pair mixed "SOFTROCE_LINK_LAYER=ib SOFTROCE_ADDR=127.0.65.1" SOFTROCE_ADDR=127.0.65.2
-if [ "$prc" = 1 ] && grep -q '^fail  pair link layer  *Ethernet here, InfiniBand on .*InfiniBand and RoCE ports cannot talk' "$tmp/mixed.peer" &&
+if [ "$prc" = 1 ] && grep -q '^fail  pair link layer  *Ethernet (RoCE) here, InfiniBand on .*InfiniBand and RoCE ports cannot talk' "$tmp/mixed.peer" &&
     grep -Eq "^fail  pair  +(connect|accept): .*link layer mismatch: the receiver's softroce0:1 is (InfiniBand|RoCE), the sender's softroce0:1 is (InfiniBand|RoCE): " "$tmp/mixed.peer"; then
     ok "an InfiniBand and a RoCE port: pair link layer fails on the peer, and the plugin refuses the connection saying why, exit 1"
 else

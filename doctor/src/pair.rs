@@ -85,8 +85,8 @@ pub fn compare(mine: &Value, theirs: &Value) -> Vec<Check> {
             "pair link layer",
             format!(
                 "{} here, {} on {peer}",
-                text(&d1["link_layer"]),
-                text(&d2["link_layer"])
+                link_layer_text(&d1["link_layer"]),
+                link_layer_text(&d2["link_layer"])
             ),
             "InfiniBand and RoCE ports cannot talk: select matching ports with NCCL_IB_HCA",
         ));
@@ -130,6 +130,14 @@ pub fn compare(mine: &Value, theirs: &Value) -> Vec<Check> {
     });
     out.extend(env_differences(&mine["env"], &theirs["env"], peer));
     out
+}
+
+/// A link layer as the port lines name it: "Ethernet (RoCE)" or "InfiniBand".
+fn link_layer_text(v: &Value) -> String {
+    match v.as_str() {
+        Some("Ethernet") => "Ethernet (RoCE)".to_string(),
+        _ => text(v),
+    }
 }
 
 fn text(v: &Value) -> String {
@@ -628,7 +636,7 @@ mod tests {
         let ll = c.iter().find(|c| c.name == "pair link layer").expect("pair link layer");
         assert_eq!(
             (ll.status, ll.value.as_str()),
-            (Status::Fail, "InfiniBand here, Ethernet on h")
+            (Status::Fail, "InfiniBand here, Ethernet (RoCE) on h")
         );
         assert!(!c.iter().any(|c| c.name == "pair subnet" || c.name == "pair mtu"));
     }
