@@ -342,16 +342,13 @@ impl SendDp {
         }
     }
 
-    /// Every request slot in flight, the group before waiting for send-queue credits (NCCL
-    /// tests the sends in flight, whose polls move those on), or a recovery of the connection.
-    /// A send refused for a recovery waits on the peer's answer (its Hello, its Ready), which
-    /// may have to come through a comm of this process NCCL is not calling now: after a port
-    /// flap while the pair was idle, the first call to notice it may be this isend, and the
-    /// receive comm of the pair (in this process or in the peer's, for the peer's own
-    /// connection) may see no call until this send matched. So it waits as every waiting call
-    /// does ([`Driver::idle_probe`]: the process's idle comms are stepped, a hang is WARNed,
-    /// a closed peer noticed). Before, it returned at once, and a recovery whose only caller
-    /// was this isend never got the peer's Hello: a hang until the recovery bound.
+    /// Every request slot in flight, the group before waiting for send-queue credits, or a
+    /// recovery of the connection. The first two need nothing from this call: NCCL tests the
+    /// sends in flight, whose polls move them on. A recovery waits on the peer's Hello or Ready,
+    /// which may come through a comm of this process NCCL is not calling now (after a port
+    /// flap on an idle pair this isend may be the only call made), so it waits as every waiting
+    /// call does ([`Driver::idle_probe`]: the process's idle comms are stepped, a hang is
+    /// WARNed, a closed peer noticed).
     fn busy(&mut self) -> Result<Option<*mut Request>> {
         if !self.io.recovery.active() {
             return Ok(None);
