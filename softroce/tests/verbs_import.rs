@@ -158,8 +158,20 @@ fn only_handles_of_the_shared_command_file_import() {
         let pd3_orig = ibv_import_pd(c.ctx, (*pd3).handle);
         assert!(!pd3_orig.is_null(), "import_pd: errno {}", errno());
         ibv_unimport_pd(pd3_orig);
-        // Deallocated through one pointer, the PD is gone for every context of the file.
+        // Deallocated through one pointer, the PD is gone for every context of the file: a
+        // pointer imported before is refused by every verb (as the kernel refuses its handle)
+        // and freed by ibv_unimport_pd alone.
+        let pd3_stale = ibv_import_pd(c.ctx, (*pd3).handle);
+        assert!(!pd3_stale.is_null(), "import_pd: errno {}", errno());
         assert_eq!(ibv_dealloc_pd(pd3), 0);
+        let mut buf = vec![0u8; 64];
+        assert!(
+            ibv_reg_mr(pd3_stale, buf.as_mut_ptr().cast(), buf.len(), ACCESS_ALL).is_null(),
+            "an MR on a deallocated PD"
+        );
+        assert_eq!(errno(), libc::EINVAL);
+        assert_eq!(ibv_dealloc_pd(pd3_stale), libc::EINVAL, "deallocated already");
+        ibv_unimport_pd(pd3_stale);
         let h3 = {
             let pd = ibv_alloc_pd(ctx2);
             let h = (*pd).handle;

@@ -142,6 +142,12 @@ pub(crate) fn file_has_pd(id: FileId, handle: u32) -> bool {
     files().get(&id).is_some_and(|f| f.pds.contains(&handle))
 }
 
+/// Whether PD `handle` was deallocated while the command file `id` lives on (a PD of a file
+/// that is gone, or was never listed, is not reported: its context closed first).
+pub(crate) fn file_dropped_pd(id: FileId, handle: u32) -> bool {
+    files().get(&id).is_some_and(|f| !f.pds.contains(&handle))
+}
+
 pub(crate) fn file_mr(id: FileId, handle: u32) -> Option<Arc<SharedMr>> {
     files().get(&id).and_then(|f| f.mrs.get(&handle).cloned())
 }

@@ -25,11 +25,16 @@ pub struct Pd {
 }
 
 impl Pd {
+    /// The PD behind `pd`; `None` for NULL, and for a pointer whose PD was deallocated through
+    /// another pointer to it (`ibv_import_pd`): as with a kernel's PD, every use of it then
+    /// fails (EINVAL), and only `ibv_unimport_pd` frees it.
+    ///
     /// # Safety
     /// `pd` must be NULL or a live PD returned by our `ibv_alloc_pd` or `ibv_import_pd`.
     pub unsafe fn from_ibv<'a>(pd: *mut ibv_pd) -> Option<&'a Pd> {
         // SAFETY: per the contract.
-        unsafe { (pd as *const Pd).as_ref() }
+        let p = unsafe { (pd as *const Pd).as_ref() }?;
+        (!cmdfile::file_dropped_pd(p.file, p.ibv.handle)).then_some(p)
     }
 
     /// A new `ibv_pd` of `ctx` (whose context is `c`) for PD `handle`.
@@ -70,7 +75,10 @@ pub unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
             return int_err(libc::EINVAL);
         }
         // SAFETY: pd came from ibv_alloc_pd or ibv_import_pd.
-        let p = unsafe { &*(pd as *const Pd) };
+        let Some(p) = (unsafe { Pd::from_ibv(pd) }) else {
+            // Deallocated through another pointer already: this one stays for ibv_unimport_pd.
+            return int_err(libc::EINVAL);
+        };
         let h = p.ibv.handle;
         if p.dev.pd_in_use(h) {
             return int_err(libc::EBUSY);
