@@ -646,3 +646,75 @@ fn shared_receive_queue() {
     assert_eq!((last.wr_id, last.status), (103, wc_status::IBV_WC_WR_FLUSH_ERR));
     assert!(p.ep[1].events.contains(&AsyncEvent::LastWqeReached));
 }
+
+/// The packets endpoint `i` has to send now (without the driver's ICRC: `handle_packet` takes
+/// verified packets), and their opcodes.
+fn send_now(p: &mut Pair, i: usize) -> Vec<(softroce::wire::opcode::OpCode, Vec<u8>)> {
+    let (now, mut buf, mut out) = (p.now, Vec::new(), Vec::new());
+    let ep = &mut p.ep[i];
+    while ep.qp.poll_transmit(now, &mut ep.mem, &mut buf).is_some() {
+        let op = softroce::wire::RocePacketRepr::parse(&buf)
+            .expect("a packet")
+            .bth
+            .opcode;
+        out.push((op, buf.clone()));
+    }
+    out
+}
+
+/// With one READ outstanding allowed (`max_rd_atomic` 1), a WRITE before two READs is
+/// acknowledged while the first READ's response is still on its way: that ACK completes the
+/// WRITE and frees no READ slot, so the second READ request leaves only after the first READ's
+/// response came.
+#[test]
+fn an_acknowledged_write_frees_no_read_slot() {
+    use softroce::wire::opcode::OpCode;
+    let mut p = Pair::new(
+        &Setup {
+            max_rd_atomic: 1,
+            ..Setup::default()
+        },
+        11,
+    );
+    let (sl, dl, rk, srk) = (p.ep[0].src_lkey, p.ep[0].dst_lkey, p.ep[1].dst_rkey, p.ep[1].src_rkey);
+    let mut wr = SendWr::new(1, WrOpcode::RdmaWrite);
+    wr.sges = sge(SRC, 100, sl);
+    wr.remote_addr = DST;
+    wr.rkey = rk;
+    let now = p.now;
+    p.a().qp.post_send(now, wr).unwrap();
+    for k in 0..2u64 {
+        let mut rd = SendWr::new(2 + k, WrOpcode::RdmaRead);
+        rd.sges = sge(DST + 4096 * k, 100, dl);
+        rd.remote_addr = SRC + 4096 * k;
+        rd.rkey = srk;
+        p.a().qp.post_send(now, rd).unwrap();
+    }
+    let reads = |pkts: &[(OpCode, Vec<u8>)]| pkts.iter().filter(|(op, _)| *op == OpCode::ReadRequest).count();
+    let first = send_now(&mut p, 0);
+    assert_eq!(reads(&first), 1, "one READ outstanding at most: {first:?}");
+    for (_, pkt) in &first {
+        let ep = &mut p.ep[1];
+        ep.qp.handle_packet(now, pkt, &mut ep.mem);
+    }
+    let answers = send_now(&mut p, 1);
+    let (acks, responses): (Vec<_>, Vec<_>) = answers.into_iter().partition(|(op, _)| *op == OpCode::Acknowledge);
+    assert!(
+        !acks.is_empty() && !responses.is_empty(),
+        "the WRITE's ACK and the READ's response"
+    );
+    for (_, pkt) in &acks {
+        let ep = &mut p.ep[0];
+        ep.qp.handle_packet(now, pkt, &mut ep.mem);
+    }
+    assert_eq!(reads(&send_now(&mut p, 0)), 0, "the first READ is still unanswered");
+    for (_, pkt) in &responses {
+        let ep = &mut p.ep[0];
+        ep.qp.handle_packet(now, pkt, &mut ep.mem);
+    }
+    assert_eq!(
+        reads(&send_now(&mut p, 0)),
+        1,
+        "the second READ, once the first was answered"
+    );
+}
