@@ -557,7 +557,7 @@ fn srq_shared_by_two_qps() {
 #[test]
 fn dmabuf_registrations_softroce_cannot_serve_fail_with_the_kernels_errno() {
     let c = open(ADDR);
-    // SAFETY: test code: a fresh memfd, an eventfd and a closed fd number, closed here.
+    // SAFETY: test code: a fresh memfd and an eventfd, closed here, and an fd number never open.
     unsafe {
         let errno = || *libc::__errno_location();
         let fd = libc::memfd_create(c"softroce-test".as_ptr(), 0);
@@ -571,8 +571,10 @@ fn dmabuf_registrations_softroce_cannot_serve_fail_with_the_kernels_errno() {
         assert!(!mr.is_null(), "the last page fits: errno {}", errno());
         assert_eq!(ibv_dereg_mr(mr), 0);
         libc::close(fd);
-        assert!(ibv_reg_dmabuf_mr(c.pd, 0, 4096, 0x9000_0000, fd, ACCESS_ALL).is_null());
-        assert_eq!(errno(), libc::EBADF, "a closed fd");
+        // Not the number just closed: another test thread's open may take it at once.
+        let not_open = i32::MAX;
+        assert!(ibv_reg_dmabuf_mr(c.pd, 0, 4096, 0x9000_0000, not_open, ACCESS_ALL).is_null());
+        assert_eq!(errno(), libc::EBADF, "an fd that is not open");
         // A file the CPU cannot map, as a GPU's dma-buf.
         let efd = libc::eventfd(0, 0);
         assert!(efd >= 0);
