@@ -718,3 +718,146 @@ fn an_acknowledged_write_frees_no_read_slot() {
         "the second READ, once the first was answered"
     );
 }
+
+/// An ACK that covers less than was sent (the first of two messages, the second's packets still
+/// on their way) opens the window without moving the transmit cursor back: the next packet is
+/// the first never sent, not one of the unacknowledged ones.
+#[test]
+fn an_ack_short_of_what_was_sent_resends_nothing() {
+    let mut p = Pair::new(
+        &Setup {
+            mtu: MTU_4096,
+            ..Setup::default()
+        },
+        9,
+    );
+    p.a().qp.set_max_inflight_psns(20);
+    let (sl, rk) = (p.ep[0].src_lkey, p.ep[1].dst_rkey);
+    for k in 0..2u64 {
+        let mut wr = SendWr::new(k, WrOpcode::RdmaWrite);
+        wr.sges = sge(SRC + k * 65536, 65536, sl);
+        wr.remote_addr = DST + k * 65536;
+        wr.rkey = rk;
+        let now = p.now;
+        p.a().qp.post_send(now, wr).unwrap();
+    }
+    let psn = |pkt: &[u8]| softroce::wire::RocePacketRepr::parse(pkt).expect("a packet").bth.psn;
+    let window = send_now(&mut p, 0);
+    assert_eq!(
+        window.len(),
+        20,
+        "the window: the first message and 4 packets of the second"
+    );
+    let now = p.now;
+    // Only the first message reaches the responder (its last packet asks for the ACK).
+    for (_, pkt) in &window[..16] {
+        let ep = &mut p.ep[1];
+        ep.qp.handle_packet(now, pkt, &mut ep.mem);
+    }
+    let acks = send_now(&mut p, 1);
+    assert_eq!(acks.len(), 1, "one ACK for the first message");
+    let ep = &mut p.ep[0];
+    ep.qp.handle_packet(now, &acks[0].1, &mut ep.mem);
+    let next = send_now(&mut p, 0);
+    assert_eq!(next.len(), 12, "the rest of the second message, the window open by 16");
+    assert_eq!(
+        psn(&next[0].1),
+        psn(&window[19].1) + 1,
+        "the first packet never sent comes next"
+    );
+}
+
+/// An ACK that arrives late, after a timeout moved the transmit cursor back to the oldest
+/// unacknowledged packet, moves it forward again past what the ACK covers: packets the peer
+/// acknowledged are not sent again.
+#[test]
+fn a_late_ack_after_a_timeout_moves_the_cursor_past_what_it_covers() {
+    let mut p = Pair::new(
+        &Setup {
+            mtu: MTU_4096,
+            ..Setup::default()
+        },
+        9,
+    );
+    p.a().qp.set_max_inflight_psns(20);
+    let (sl, rk) = (p.ep[0].src_lkey, p.ep[1].dst_rkey);
+    for k in 0..2u64 {
+        let mut wr = SendWr::new(k, WrOpcode::RdmaWrite);
+        wr.sges = sge(SRC + k * 65536, 65536, sl);
+        wr.remote_addr = DST + k * 65536;
+        wr.rkey = rk;
+        let now = p.now;
+        p.a().qp.post_send(now, wr).unwrap();
+    }
+    let psn = |pkt: &[u8]| softroce::wire::RocePacketRepr::parse(pkt).expect("a packet").bth.psn;
+    let window = send_now(&mut p, 0);
+    assert_eq!(
+        window.len(),
+        20,
+        "the window: the first message and 4 packets of the second"
+    );
+    let now = p.now;
+    for (_, pkt) in &window {
+        let ep = &mut p.ep[1];
+        ep.qp.handle_packet(now, pkt, &mut ep.mem);
+    }
+    let acks = send_now(&mut p, 1);
+    assert_eq!(
+        acks.len(),
+        1,
+        "one ACK, for the window's last packet (in the second message)"
+    );
+    assert_eq!(psn(&acks[0].1), psn(&window[19].1));
+    // The ACK is late: the requester's timer fires first and goes back to the first packet.
+    let late = p.ep[0]
+        .qp
+        .poll_timeout()
+        .expect("a timer armed while packets are unacknowledged");
+    p.now = late;
+    p.ep[0].qp.handle_timeout(late);
+    let ep = &mut p.ep[0];
+    ep.qp.handle_packet(late, &acks[0].1, &mut ep.mem);
+    let next = send_now(&mut p, 0);
+    assert_eq!(
+        psn(&next[0].1),
+        psn(&window[19].1) + 1,
+        "nothing the ACK covered is sent again"
+    );
+    assert_eq!(next.len(), 12, "the rest of the second message");
+}
+
+/// Writes longer than the in-flight window on a lossless, in-order network: every ACK that
+/// opens the window lets new packets go, none is sent twice (an ACK never moves the transmit
+/// cursor back while it is past the acknowledged PSN).
+#[test]
+fn acks_that_open_the_window_resend_nothing() {
+    let mut p = Pair::new(
+        &Setup {
+            mtu: MTU_4096,
+            ..Setup::default()
+        },
+        9,
+    );
+    p.a().qp.set_max_inflight_psns(20);
+    let (sl, rk) = (p.ep[0].src_lkey, p.ep[1].dst_rkey);
+    let n = 12;
+    for k in 0..n {
+        let mut wr = SendWr::new(k, WrOpcode::RdmaWrite);
+        wr.sges = sge(SRC + k * 65536, 65536, sl);
+        wr.remote_addr = DST + k * 65536;
+        wr.rkey = rk;
+        let now = p.now;
+        p.a().qp.post_send(now, wr).unwrap();
+    }
+    p.run();
+    assert_eq!(p.ep[0].send_cq.iter().filter(|c| c.status == 0).count(), n as usize);
+    assert_eq!(
+        p.sent[0],
+        16 * n,
+        "192 packets of 4 KiB through a 20-packet window, each once"
+    );
+    assert_eq!(
+        p.ep[1].peek(DST, 65536 * n as usize),
+        p.ep[0].peek(SRC, 65536 * n as usize)
+    );
+}
