@@ -647,21 +647,6 @@ fn shared_receive_queue() {
     assert!(p.ep[1].events.contains(&AsyncEvent::LastWqeReached));
 }
 
-/// The packets endpoint `i` has to send now (without the driver's ICRC: `handle_packet` takes
-/// verified packets), and their opcodes.
-fn send_now(p: &mut Pair, i: usize) -> Vec<(softroce::wire::opcode::OpCode, Vec<u8>)> {
-    let (now, mut buf, mut out) = (p.now, Vec::new(), Vec::new());
-    let ep = &mut p.ep[i];
-    while ep.qp.poll_transmit(now, &mut ep.mem, &mut buf).is_some() {
-        let op = softroce::wire::RocePacketRepr::parse(&buf)
-            .expect("a packet")
-            .bth
-            .opcode;
-        out.push((op, buf.clone()));
-    }
-    out
-}
-
 /// With one READ outstanding allowed (`max_rd_atomic` 1), a WRITE before two READs is
 /// acknowledged while the first READ's response is still on its way: that ACK completes the
 /// WRITE and frees no READ slot, so the second READ request leaves only after the first READ's
@@ -691,32 +676,19 @@ fn an_acknowledged_write_frees_no_read_slot() {
         p.a().qp.post_send(now, rd).unwrap();
     }
     let reads = |pkts: &[(OpCode, Vec<u8>)]| pkts.iter().filter(|(op, _)| *op == OpCode::ReadRequest).count();
-    let first = send_now(&mut p, 0);
+    let first = p.send_now(0);
     assert_eq!(reads(&first), 1, "one READ outstanding at most: {first:?}");
-    for (_, pkt) in &first {
-        let ep = &mut p.ep[1];
-        ep.qp.handle_packet(now, pkt, &mut ep.mem);
-    }
-    let answers = send_now(&mut p, 1);
+    p.hand(1, &first);
+    let answers = p.send_now(1);
     let (acks, responses): (Vec<_>, Vec<_>) = answers.into_iter().partition(|(op, _)| *op == OpCode::Acknowledge);
     assert!(
         !acks.is_empty() && !responses.is_empty(),
         "the WRITE's ACK and the READ's response"
     );
-    for (_, pkt) in &acks {
-        let ep = &mut p.ep[0];
-        ep.qp.handle_packet(now, pkt, &mut ep.mem);
-    }
-    assert_eq!(reads(&send_now(&mut p, 0)), 0, "the first READ is still unanswered");
-    for (_, pkt) in &responses {
-        let ep = &mut p.ep[0];
-        ep.qp.handle_packet(now, pkt, &mut ep.mem);
-    }
-    assert_eq!(
-        reads(&send_now(&mut p, 0)),
-        1,
-        "the second READ, once the first was answered"
-    );
+    p.hand(0, &acks);
+    assert_eq!(reads(&p.send_now(0)), 0, "the first READ is still unanswered");
+    p.hand(0, &responses);
+    assert_eq!(reads(&p.send_now(0)), 1, "the second READ, once the first was answered");
 }
 
 /// An ACK that covers less than was sent (the first of two messages, the second's packets still
@@ -742,23 +714,18 @@ fn an_ack_short_of_what_was_sent_resends_nothing() {
         p.a().qp.post_send(now, wr).unwrap();
     }
     let psn = |pkt: &[u8]| softroce::wire::RocePacketRepr::parse(pkt).expect("a packet").bth.psn;
-    let window = send_now(&mut p, 0);
+    let window = p.send_now(0);
     assert_eq!(
         window.len(),
         20,
         "the window: the first message and 4 packets of the second"
     );
-    let now = p.now;
     // Only the first message reaches the responder (its last packet asks for the ACK).
-    for (_, pkt) in &window[..16] {
-        let ep = &mut p.ep[1];
-        ep.qp.handle_packet(now, pkt, &mut ep.mem);
-    }
-    let acks = send_now(&mut p, 1);
+    p.hand(1, &window[..16]);
+    let acks = p.send_now(1);
     assert_eq!(acks.len(), 1, "one ACK for the first message");
-    let ep = &mut p.ep[0];
-    ep.qp.handle_packet(now, &acks[0].1, &mut ep.mem);
-    let next = send_now(&mut p, 0);
+    p.hand(0, &acks);
+    let next = p.send_now(0);
     assert_eq!(next.len(), 12, "the rest of the second message, the window open by 16");
     assert_eq!(
         psn(&next[0].1),
@@ -790,18 +757,14 @@ fn a_late_ack_after_a_timeout_moves_the_cursor_past_what_it_covers() {
         p.a().qp.post_send(now, wr).unwrap();
     }
     let psn = |pkt: &[u8]| softroce::wire::RocePacketRepr::parse(pkt).expect("a packet").bth.psn;
-    let window = send_now(&mut p, 0);
+    let window = p.send_now(0);
     assert_eq!(
         window.len(),
         20,
         "the window: the first message and 4 packets of the second"
     );
-    let now = p.now;
-    for (_, pkt) in &window {
-        let ep = &mut p.ep[1];
-        ep.qp.handle_packet(now, pkt, &mut ep.mem);
-    }
-    let acks = send_now(&mut p, 1);
+    p.hand(1, &window);
+    let acks = p.send_now(1);
     assert_eq!(
         acks.len(),
         1,
@@ -815,9 +778,8 @@ fn a_late_ack_after_a_timeout_moves_the_cursor_past_what_it_covers() {
         .expect("a timer armed while packets are unacknowledged");
     p.now = late;
     p.ep[0].qp.handle_timeout(late);
-    let ep = &mut p.ep[0];
-    ep.qp.handle_packet(late, &acks[0].1, &mut ep.mem);
-    let next = send_now(&mut p, 0);
+    p.hand(0, &acks);
+    let next = p.send_now(0);
     assert_eq!(
         psn(&next[0].1),
         psn(&window[19].1) + 1,

@@ -386,6 +386,33 @@ impl Pair {
         }
     }
 
+    /// The packets endpoint `i` has to send now, with their opcodes, taken from it but not put
+    /// on the network (without the driver's ICRC: `handle_packet` takes verified packets): for
+    /// tests that deliver, hold back or drop each one by hand.
+    pub fn send_now(&mut self, i: usize) -> Vec<(softroce::wire::opcode::OpCode, Vec<u8>)> {
+        let (now, mut buf, mut out) = (self.now, Vec::new(), Vec::new());
+        let ep = &mut self.ep[i];
+        while ep.qp.poll_transmit(now, &mut ep.mem, &mut buf).is_some() {
+            let op = softroce::wire::RocePacketRepr::parse(&buf)
+                .expect("a packet")
+                .bth
+                .opcode;
+            out.push((op, buf.clone()));
+        }
+        ep.collect();
+        out
+    }
+
+    /// Hands `packets` (as [`Pair::send_now`] gives them) to endpoint `i` now, in order.
+    pub fn hand(&mut self, i: usize, packets: &[(softroce::wire::opcode::OpCode, Vec<u8>)]) {
+        let now = self.now;
+        let ep = &mut self.ep[i];
+        for (_, pkt) in packets {
+            ep.qp.handle_packet(now, pkt, &mut ep.mem);
+        }
+        ep.collect();
+    }
+
     /// Run until idle (bounded by one virtual hour).
     pub fn run(&mut self) -> usize {
         self.run_for(Duration::from_millis(3_600_000))
