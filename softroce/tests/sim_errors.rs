@@ -1117,3 +1117,60 @@ fn read_target_deregistered_before_the_response() {
         .collect();
     assert_eq!(rest, vec![wc_status::IBV_WC_WR_FLUSH_ERR; 15]);
 }
+
+/// A NAK (PSN sequence error) that reports the responder where it was — its expected PSN is
+/// still the oldest unacknowledged one — is a retry without progress, as a timeout is: both
+/// count against `retry_cnt`. Two such NAKs (the first and its duplicate), then a dead path: the
+/// WR fails after `retry_cnt` − 2 + 1 timeouts. The same when a READ's response, which carries
+/// no ACK, moved the oldest unacknowledged PSN up to the hole first.
+#[test]
+fn naks_without_progress_count_as_retries() {
+    let retry_cnt = 4;
+    for read_first in [false, true] {
+        let mut p = Pair::new(
+            &Setup {
+                retry_cnt,
+                ..Setup::default()
+            },
+            21,
+        );
+        p.a().qp.set_adaptive_retransmit(None);
+        let now = p.now;
+        if read_first {
+            let mut rd = SendWr::new(0, WrOpcode::RdmaRead);
+            rd.sges = sge(DST, 100, p.ep[0].dst_lkey);
+            rd.remote_addr = SRC;
+            rd.rkey = p.ep[1].src_rkey;
+            rd.signaled = false;
+            p.a().qp.post_send(now, rd).unwrap();
+        }
+        let w = write_wr(&p, 1, 0, 3000, p.ep[1].dst_rkey, DST + 4096);
+        p.a().qp.post_send(now, w).unwrap();
+        let sent = p.send_now(0);
+        let first_write = usize::from(read_first);
+        assert_eq!(sent.len(), first_write + 3, "the READ, and 3000 bytes at MTU 1024");
+        // The WRITE's first packet is lost: the responder answers the READ, NAKs the hole once.
+        p.hand(1, &sent[..first_write]);
+        p.hand(1, &sent[first_write + 1..]);
+        let answers = p.send_now(1);
+        assert_eq!(
+            answers.len(),
+            first_write + 1,
+            "the READ's response and one NAK: {answers:?}"
+        );
+        let nak = &answers[first_write..];
+        p.hand(0, &answers[..first_write]);
+        p.hand(0, nak);
+        p.hand(0, nak);
+        assert_eq!(p.ep[0].qp.stats().seq_naks_received, 2);
+        // From here on the path is dead.
+        p.link_up = [false, false];
+        p.run();
+        assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::IBV_WC_RETRY_EXC_ERR)]);
+        assert_eq!(
+            p.ep[0].qp.stats().timeouts,
+            u64::from(retry_cnt) - 1,
+            "read first: {read_first}; the two NAKs took two of the {retry_cnt} retries"
+        );
+    }
+}
