@@ -1174,3 +1174,83 @@ fn naks_without_progress_count_as_retries() {
         );
     }
 }
+
+/// A NAK (PSN sequence error) past the oldest unacknowledged PSN — the responder took a WRITE
+/// whose ACK was lost, then found a hole — is progress: it acknowledges that WRITE and the
+/// retries start over. With the path then dead, the WR behind the hole fails after
+/// `retry_cnt` + 1 timeouts.
+#[test]
+fn a_nak_past_the_oldest_unacknowledged_psn_is_progress() {
+    let retry_cnt = 4;
+    let mut p = Pair::new(
+        &Setup {
+            retry_cnt,
+            ..Setup::default()
+        },
+        22,
+    );
+    p.a().qp.set_adaptive_retransmit(None);
+    let now = p.now;
+    let w1 = write_wr(&p, 1, 0, 100, p.ep[1].dst_rkey, DST);
+    let w2 = write_wr(&p, 2, 0, 3000, p.ep[1].dst_rkey, DST + 4096);
+    p.a().qp.post_send(now, w1).unwrap();
+    p.a().qp.post_send(now, w2).unwrap();
+    let sent = p.send_now(0);
+    assert_eq!(sent.len(), 4, "1 packet, then 3");
+    // The second WRITE's first packet is lost; the first WRITE's ACK is lost on the way back.
+    p.hand(1, &sent[..1]);
+    p.hand(1, &sent[2..]);
+    let answers = p.send_now(1);
+    assert_eq!(
+        answers.len(),
+        2,
+        "the first WRITE's ACK and the NAK of the hole: {answers:?}"
+    );
+    p.hand(0, &answers[1..]);
+    assert_eq!(p.ep[0].qp.stats().seq_naks_received, 1);
+    assert_eq!(
+        statuses(&p.ep[0].send_cq),
+        vec![(1, wc_status::IBV_WC_SUCCESS)],
+        "the NAK acknowledged it"
+    );
+    p.link_up = [false, false];
+    p.run();
+    assert_eq!(
+        statuses(&p.ep[0].send_cq),
+        vec![(1, wc_status::IBV_WC_SUCCESS), (2, wc_status::IBV_WC_RETRY_EXC_ERR)]
+    );
+    assert_eq!(
+        p.ep[0].qp.stats().timeouts,
+        u64::from(retry_cnt) + 1,
+        "no retry spent on the NAK"
+    );
+}
+
+/// A NAK (PSN sequence error) makes the requester send again from the hole at once, without
+/// waiting for a timer; so does a duplicate of it (a retry, counted as one:
+/// [`naks_without_progress_count_as_retries`]).
+#[test]
+fn a_nak_resends_from_the_hole_at_once() {
+    let mut p = Pair::new(&Setup::default(), 23);
+    let now = p.now;
+    let w = write_wr(&p, 1, 0, 3000, p.ep[1].dst_rkey, DST);
+    p.a().qp.post_send(now, w).unwrap();
+    let psn = |pkt: &[u8]| softroce::wire::RocePacketRepr::parse(pkt).expect("a packet").bth.psn;
+    let sent = p.send_now(0);
+    assert_eq!(sent.len(), 3);
+    p.hand(1, &sent[1..]);
+    let nak = p.send_now(1);
+    assert_eq!(nak.len(), 1);
+    p.hand(0, &nak);
+    let again = p.send_now(0);
+    assert_eq!(again.len(), 3, "the whole WRITE again, from the hole");
+    assert_eq!(psn(&again[0].1), psn(&sent[0].1));
+    p.hand(0, &nak);
+    let retry = p.send_now(0);
+    assert_eq!(retry.len(), 3, "the duplicate NAK: a retry from the hole");
+    assert_eq!(psn(&retry[0].1), psn(&sent[0].1));
+    p.hand(1, &again);
+    p.run();
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::IBV_WC_SUCCESS)]);
+    assert_eq!(p.ep[1].peek(DST, 3000), p.ep[0].peek(SRC, 3000));
+}
