@@ -1254,3 +1254,43 @@ fn a_nak_resends_from_the_hole_at_once() {
     assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::IBV_WC_SUCCESS)]);
     assert_eq!(p.ep[1].peek(DST, 3000), p.ep[0].peek(SRC, 3000));
 }
+
+/// Responses the requester cannot have asked for are dropped and counted: an ACK for a PSN never
+/// sent completes nothing, and an ACK far behind the oldest unacknowledged PSN (overtaken by a
+/// later one) is stale. A duplicate of the last ACK is taken as an ACK (it acknowledges nothing
+/// new) and not counted.
+#[test]
+fn acks_for_psns_never_sent_or_long_acknowledged_are_dropped() {
+    let mut p = Pair::new(&Setup::default(), 24);
+    let now = p.now;
+    let w1 = write_wr(&p, 1, 0, 100, p.ep[1].dst_rkey, DST);
+    let w2 = write_wr(&p, 2, 0, 100, p.ep[1].dst_rkey, DST + 4096);
+    p.a().qp.post_send(now, w1).unwrap();
+    p.a().qp.post_send(now, w2).unwrap();
+    let sent = p.send_now(0);
+    assert_eq!(sent.len(), 2);
+    p.hand(1, &sent[..1]);
+    let ack1 = p.send_now(1);
+    p.hand(1, &sent[1..]);
+    let ack2 = p.send_now(1);
+    assert_eq!((ack1.len(), ack2.len()), (1, 1), "one ACK per WRITE");
+    // ack2 with its 24-bit PSN (BTH bytes 9..12) moved 10 past the last PSN sent.
+    let mut bogus = ack2.clone();
+    let b = &mut bogus[0].1;
+    let psn = softroce::wire::Psn::new(u32::from_be_bytes([0, b[9], b[10], b[11]])) + 10;
+    b[9..12].copy_from_slice(&psn.value().to_be_bytes()[1..]);
+    let dropped = |p: &Pair| p.ep[0].qp.stats().rx_dropped;
+    p.hand(0, &bogus);
+    assert_eq!(dropped(&p), 1, "an ACK for a PSN never sent");
+    assert!(p.ep[0].send_cq.is_empty(), "it completes nothing");
+    p.hand(0, &ack2);
+    assert_eq!(
+        statuses(&p.ep[0].send_cq),
+        vec![(1, 0), (2, 0)],
+        "the real ACK covers both"
+    );
+    p.hand(0, &ack2);
+    assert_eq!(dropped(&p), 1, "the duplicate of the last ACK is taken");
+    p.hand(0, &ack1);
+    assert_eq!(dropped(&p), 2, "an ACK overtaken by a later one is stale");
+}
