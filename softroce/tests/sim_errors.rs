@@ -1294,3 +1294,72 @@ fn acks_for_psns_never_sent_or_long_acknowledged_are_dropped() {
     p.hand(0, &ack1);
     assert_eq!(dropped(&p), 2, "an ACK overtaken by a later one is stale");
 }
+
+/// READ responses, one by one: one of the wrong length is dropped and counted; a response after
+/// a lost one asks again at once for the rest (no timer); a response seen before is a counted
+/// duplicate; the READ completes with every byte.
+#[test]
+fn read_responses_lost_and_duplicated() {
+    use softroce::wire::opcode::OpCode;
+    let mut p = Pair::new(&Setup::default(), 25);
+    let now = p.now;
+    let mut rd = SendWr::new(1, WrOpcode::RdmaRead);
+    rd.sges = sge(DST, 3000, p.ep[0].dst_lkey);
+    rd.remote_addr = SRC;
+    rd.rkey = p.ep[1].src_rkey;
+    p.a().qp.post_send(now, rd).unwrap();
+    let request = p.send_now(0);
+    assert_eq!(request.len(), 1);
+    p.hand(1, &request);
+    let responses = p.send_now(1);
+    assert_eq!(responses.len(), 3, "3000 bytes at MTU 1024");
+    let stats = |p: &Pair| {
+        let s = p.ep[0].qp.stats();
+        (s.rx_duplicates, s.rx_dropped)
+    };
+    // A response cut short (4 bytes of payload missing) is dropped and counted.
+    let mut short = responses[..1].to_vec();
+    let cut = short[0].1.len() - 4;
+    short[0].1.truncate(cut);
+    p.hand(0, &short);
+    assert_eq!(stats(&p), (0, 1), "a response of the wrong length");
+    // The first response is lost: the second makes the requester ask again at once.
+    p.hand(0, &responses[1..2]);
+    let again = p.send_now(0);
+    assert_eq!(again.len(), 1, "the READ asked again without a timer");
+    assert_eq!(again[0].0, OpCode::ReadRequest);
+    p.hand(0, &responses[..1]);
+    assert_eq!(stats(&p), (0, 1));
+    p.hand(0, &responses[..1]);
+    assert_eq!(stats(&p), (1, 1), "the first response again: a duplicate");
+    p.hand(0, &responses[1..]);
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::IBV_WC_SUCCESS)]);
+    assert_eq!(p.ep[0].peek(DST, 3000), p.ep[1].peek(SRC, 3000));
+}
+
+/// A READ response for a PSN of a WRITE (from a peer that never got a READ) is dropped and
+/// counted, and writes nothing into the WRITE's buffer.
+#[test]
+fn a_read_response_for_a_write_is_dropped() {
+    let mut p = Pair::new(&Setup::default(), 26);
+    let now = p.now;
+    let w = write_wr(&p, 1, 0, 3000, p.ep[1].dst_rkey, DST);
+    p.a().qp.post_send(now, w).unwrap();
+    assert_eq!(p.send_now(0).len(), 3, "the WRITE is out, unacknowledged");
+    // A READ response of the same QP numbers and first PSN: from another pair, made alike.
+    let mut other = Pair::new(&Setup::default(), 27);
+    let mut rd = SendWr::new(9, WrOpcode::RdmaRead);
+    rd.sges = sge(DST, 1024, other.ep[0].dst_lkey);
+    rd.remote_addr = SRC;
+    rd.rkey = other.ep[1].src_rkey;
+    other.a().qp.post_send(now, rd).unwrap();
+    let request = other.send_now(0);
+    other.hand(1, &request);
+    let response = other.send_now(1);
+    assert_eq!(response.len(), 1);
+    let src = p.ep[0].peek(SRC, 3000);
+    p.hand(0, &response);
+    assert_eq!(p.ep[0].qp.stats().rx_dropped, 1);
+    assert_eq!(p.ep[0].peek(SRC, 3000), src, "nothing written into the WRITE's buffer");
+    assert!(p.ep[0].send_cq.is_empty());
+}
