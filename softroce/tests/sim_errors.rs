@@ -1363,3 +1363,52 @@ fn a_read_response_for_a_write_is_dropped() {
     assert_eq!(p.ep[0].peek(SRC, 3000), src, "nothing written into the WRITE's buffer");
     assert!(p.ep[0].send_cq.is_empty());
 }
+
+/// Atomic ACKs, one by one: a duplicate of one already taken is counted and writes no second
+/// original value into the local buffer; one for a WRITE's PSN (from a peer that never got the
+/// atomic) is dropped and counted, and writes nothing into the WRITE's buffer.
+#[test]
+fn atomic_acks_duplicated_or_for_a_write() {
+    let fetch_add = |p: &Pair, id: u64| {
+        let mut fa = SendWr::new(id, WrOpcode::AtomicFetchAdd);
+        fa.sges = sge(ATOM, 8, p.ep[0].atom_lkey);
+        fa.remote_addr = ATOM;
+        fa.rkey = p.ep[1].atom_rkey;
+        fa.compare_add = 5;
+        fa
+    };
+    let mut p = Pair::new(&Setup::default(), 28);
+    p.b().mem.poke(ATOM, &100u64.to_ne_bytes());
+    let now = p.now;
+    let fa = fetch_add(&p, 1);
+    p.a().qp.post_send(now, fa).unwrap();
+    let request = p.send_now(0);
+    p.hand(1, &request);
+    let ack = p.send_now(1);
+    assert_eq!(ack.len(), 1);
+    p.hand(0, &ack);
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::IBV_WC_SUCCESS)]);
+    assert_eq!(p.ep[0].peek(ATOM, 8), 100u64.to_ne_bytes());
+    p.a().mem.poke(ATOM, &0u64.to_ne_bytes());
+    p.hand(0, &ack);
+    let s = p.ep[0].qp.stats();
+    assert_eq!((s.rx_duplicates, s.rx_dropped), (1, 0), "the same atomic ACK again");
+    assert_eq!(p.ep[0].peek(ATOM, 8), 0u64.to_ne_bytes(), "no second original value");
+
+    // An atomic ACK of the same QP numbers and first PSN as a WRITE's, from another pair.
+    let mut q = Pair::new(&Setup::default(), 29);
+    let w = write_wr(&q, 1, 0, 3000, q.ep[1].dst_rkey, DST);
+    q.a().qp.post_send(now, w).unwrap();
+    assert_eq!(q.send_now(0).len(), 3, "the WRITE is out, unacknowledged");
+    let mut other = Pair::new(&Setup::default(), 30);
+    let fa = fetch_add(&other, 9);
+    other.a().qp.post_send(now, fa).unwrap();
+    let request = other.send_now(0);
+    other.hand(1, &request);
+    let foreign = other.send_now(1);
+    let src = q.ep[0].peek(SRC, 3000);
+    q.hand(0, &foreign);
+    assert_eq!(q.ep[0].qp.stats().rx_dropped, 1);
+    assert_eq!(q.ep[0].peek(SRC, 3000), src, "nothing written into the WRITE's buffer");
+    assert!(q.ep[0].send_cq.is_empty());
+}
