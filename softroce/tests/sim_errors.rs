@@ -1235,7 +1235,6 @@ fn a_nak_resends_from_the_hole_at_once() {
     let now = p.now;
     let w = write_wr(&p, 1, 0, 3000, p.ep[1].dst_rkey, DST);
     p.a().qp.post_send(now, w).unwrap();
-    let psn = |pkt: &[u8]| softroce::wire::RocePacketRepr::parse(pkt).expect("a packet").bth.psn;
     let sent = p.send_now(0);
     assert_eq!(sent.len(), 3);
     p.hand(1, &sent[1..]);
@@ -1244,11 +1243,11 @@ fn a_nak_resends_from_the_hole_at_once() {
     p.hand(0, &nak);
     let again = p.send_now(0);
     assert_eq!(again.len(), 3, "the whole WRITE again, from the hole");
-    assert_eq!(psn(&again[0].1), psn(&sent[0].1));
+    assert_eq!(psn_of(&again[0].1), psn_of(&sent[0].1));
     p.hand(0, &nak);
     let retry = p.send_now(0);
     assert_eq!(retry.len(), 3, "the duplicate NAK: a retry from the hole");
-    assert_eq!(psn(&retry[0].1), psn(&sent[0].1));
+    assert_eq!(psn_of(&retry[0].1), psn_of(&sent[0].1));
     p.hand(1, &again);
     p.run();
     assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::IBV_WC_SUCCESS)]);

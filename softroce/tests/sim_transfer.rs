@@ -691,11 +691,10 @@ fn an_acknowledged_write_frees_no_read_slot() {
     assert_eq!(reads(&p.send_now(0)), 1, "the second READ, once the first was answered");
 }
 
-/// An ACK that covers less than was sent (the first of two messages, the second's packets still
-/// on their way) opens the window without moving the transmit cursor back: the next packet is
-/// the first never sent, not one of the unacknowledged ones.
-#[test]
-fn an_ack_short_of_what_was_sent_resends_nothing() {
+/// Two 64 KiB WRITEs (16 packets each at MTU 4096) posted on a pair whose requester may have 20
+/// PSNs in flight, and the 20 packets it sends at once: the first WRITE and 4 packets of the
+/// second (the last of them asks for an ACK: the window is full).
+fn two_writes_into_a_20_packet_window() -> (Pair, Vec<(softroce::wire::opcode::OpCode, Vec<u8>)>) {
     let mut p = Pair::new(
         &Setup {
             mtu: MTU_4096,
@@ -713,13 +712,17 @@ fn an_ack_short_of_what_was_sent_resends_nothing() {
         let now = p.now;
         p.a().qp.post_send(now, wr).unwrap();
     }
-    let psn = |pkt: &[u8]| softroce::wire::RocePacketRepr::parse(pkt).expect("a packet").bth.psn;
     let window = p.send_now(0);
-    assert_eq!(
-        window.len(),
-        20,
-        "the window: the first message and 4 packets of the second"
-    );
+    assert_eq!(window.len(), 20, "the first WRITE and 4 packets of the second");
+    (p, window)
+}
+
+/// An ACK that covers less than was sent (the first of two messages, the second's packets still
+/// on their way) opens the window without moving the transmit cursor back: the next packet is
+/// the first never sent, not one of the unacknowledged ones.
+#[test]
+fn an_ack_short_of_what_was_sent_resends_nothing() {
+    let (mut p, window) = two_writes_into_a_20_packet_window();
     // Only the first message reaches the responder (its last packet asks for the ACK).
     p.hand(1, &window[..16]);
     let acks = p.send_now(1);
@@ -728,8 +731,8 @@ fn an_ack_short_of_what_was_sent_resends_nothing() {
     let next = p.send_now(0);
     assert_eq!(next.len(), 12, "the rest of the second message, the window open by 16");
     assert_eq!(
-        psn(&next[0].1),
-        psn(&window[19].1) + 1,
+        psn_of(&next[0].1),
+        psn_of(&window[19].1) + 1,
         "the first packet never sent comes next"
     );
 }
@@ -739,30 +742,7 @@ fn an_ack_short_of_what_was_sent_resends_nothing() {
 /// acknowledged are not sent again.
 #[test]
 fn a_late_ack_after_a_timeout_moves_the_cursor_past_what_it_covers() {
-    let mut p = Pair::new(
-        &Setup {
-            mtu: MTU_4096,
-            ..Setup::default()
-        },
-        9,
-    );
-    p.a().qp.set_max_inflight_psns(20);
-    let (sl, rk) = (p.ep[0].src_lkey, p.ep[1].dst_rkey);
-    for k in 0..2u64 {
-        let mut wr = SendWr::new(k, WrOpcode::RdmaWrite);
-        wr.sges = sge(SRC + k * 65536, 65536, sl);
-        wr.remote_addr = DST + k * 65536;
-        wr.rkey = rk;
-        let now = p.now;
-        p.a().qp.post_send(now, wr).unwrap();
-    }
-    let psn = |pkt: &[u8]| softroce::wire::RocePacketRepr::parse(pkt).expect("a packet").bth.psn;
-    let window = p.send_now(0);
-    assert_eq!(
-        window.len(),
-        20,
-        "the window: the first message and 4 packets of the second"
-    );
+    let (mut p, window) = two_writes_into_a_20_packet_window();
     p.hand(1, &window);
     let acks = p.send_now(1);
     assert_eq!(
@@ -770,7 +750,7 @@ fn a_late_ack_after_a_timeout_moves_the_cursor_past_what_it_covers() {
         1,
         "one ACK, for the window's last packet (in the second message)"
     );
-    assert_eq!(psn(&acks[0].1), psn(&window[19].1));
+    assert_eq!(psn_of(&acks[0].1), psn_of(&window[19].1));
     // The ACK is late: the requester's timer fires first and goes back to the first packet.
     let late = p.ep[0]
         .qp
@@ -781,8 +761,8 @@ fn a_late_ack_after_a_timeout_moves_the_cursor_past_what_it_covers() {
     p.hand(0, &acks);
     let next = p.send_now(0);
     assert_eq!(
-        psn(&next[0].1),
-        psn(&window[19].1) + 1,
+        psn_of(&next[0].1),
+        psn_of(&window[19].1) + 1,
         "nothing the ACK covered is sent again"
     );
     assert_eq!(next.len(), 12, "the rest of the second message");

@@ -419,6 +419,11 @@ impl Pair {
     }
 }
 
+/// The PSN of a packet [`Pair::send_now`] gave.
+pub fn psn_of(packet: &[u8]) -> softroce::wire::Psn {
+    softroce::wire::RocePacketRepr::parse(packet).expect("a packet").bth.psn
+}
+
 pub fn sge(addr: u64, len: u32, lkey: u32) -> Vec<Sge> {
     vec![Sge {
         addr,
