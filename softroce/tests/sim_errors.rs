@@ -476,6 +476,27 @@ fn send_larger_than_recv_buffer() {
     assert_eq!(statuses(&p.ep[1].recv_cq), vec![(1, wc_status::IBV_WC_LOC_LEN_ERR)]);
 }
 
+/// A SEND into a receive WQE whose buffer the responder cannot write (an unknown lkey): the
+/// receive completes with the protection error, the sender with a remote operational error.
+#[test]
+fn send_into_a_receive_buffer_of_a_bad_lkey() {
+    let mut p = Pair::new(&Setup::default(), 31);
+    p.b()
+        .qp
+        .post_recv(RecvWr {
+            wr_id: 1,
+            sges: sge(DST, 100, 999),
+        })
+        .unwrap();
+    let mut wr = SendWr::new(1, WrOpcode::Send);
+    wr.sges = sge(SRC, 50, p.ep[0].src_lkey);
+    let now = p.now;
+    p.a().qp.post_send(now, wr).unwrap();
+    p.run();
+    assert_eq!(statuses(&p.ep[0].send_cq), vec![(1, wc_status::IBV_WC_REM_OP_ERR)]);
+    assert_eq!(statuses(&p.ep[1].recv_cq), vec![(1, wc_status::IBV_WC_LOC_PROT_ERR)]);
+}
+
 #[test]
 fn post_errors() {
     let caps = QpCaps {
