@@ -95,7 +95,7 @@ pub fn init(logger: NcclLogger, traffic_class: i32, once_per_load: bool) -> Resu
                 d.link_layer,
                 d.gid_index,
                 device::format_gid(&d.gid),
-                cfg.pkey_index,
+                d.pkey_index,
                 d.pkey,
                 d.speed_mbps,
                 device::mtu_bytes(d.active_mtu),

@@ -5,7 +5,9 @@
 //! * the GID: the routable FLID GID at `NCCL_IB_ROUTABLE_FLID_GID_INDEX` when softroce's router
 //!   gives the port one (`SOFTROCE_IB_ROUTER=on`), else GID 0, whatever `NCCL_IB_GID_INDEX` says;
 //! * `NCCL_IB_PKEY`: an index into the port's P_Key table (`SOFTROCE_PKEYS`) that the
-//!   connections use, and an index past the table a clear error of `init`;
+//!   connections use, and an index past the table a clear error of `init`; `NCCL_IB_PKEY_VALUE`:
+//!   the P_Key by value (or by its partition), looked up in the table, and one not there a clear
+//!   error of `init`;
 //! * a peer on the other link layer (an InfiniBand process and a RoCE process): refused on both
 //!   ends with one line naming both link layers;
 //! * a fused device of an InfiniBand and a RoCE port (`SOFTROCE_LINK_LAYER=ib,roce`): refused.
@@ -118,13 +120,20 @@ fn nccl_ib_pkey_picks_the_p_key_the_connections_use() {
     }) {
         return;
     }
-    for env in [
-        [IB, ("SOFTROCE_PKEYS", "0xffff,0x8001")],
-        [("SOFTROCE_LINK_LAYER", "roce"), ("SOFTROCE_PKEYS", "0xffff,0x8001")],
-    ] {
-        let mut env = env.to_vec();
-        env.push(("NCCL_IB_PKEY", "1"));
-        run_child(name, "127.0.38.4", &env);
+    // By index, by value, by the partition alone (the membership bit differs); InfiniBand and
+    // RoCE ports alike.
+    for link_layer in [IB, ("SOFTROCE_LINK_LAYER", "roce")] {
+        for pick in [
+            ("NCCL_IB_PKEY", "1"),
+            ("NCCL_IB_PKEY_VALUE", "0x8001"),
+            ("NCCL_IB_PKEY_VALUE", "1"),
+        ] {
+            run_child(
+                name,
+                "127.0.38.4",
+                &[link_layer, ("SOFTROCE_PKEYS", "0xffff,0x8001"), pick],
+            );
+        }
     }
 }
 
@@ -148,6 +157,33 @@ fn nccl_ib_pkey_past_the_table_fails_init_saying_so() {
         name,
         "127.0.38.5",
         &[IB, ("SOFTROCE_PKEYS", "0xffff,0x8001"), ("NCCL_IB_PKEY", "2")],
+    );
+}
+
+#[test]
+#[ignore = "needs softroce: FERROCE_TEST_SOFTROCE=1 after make build, run with --include-ignored (make test)"]
+fn nccl_ib_pkey_value_not_in_the_table_fails_init_saying_so() {
+    let name = "nccl_ib_pkey_value_not_in_the_table_fails_init_saying_so";
+    if child(name, || {
+        let e = api::init(None, -1, false).map(|_| ()).expect_err("no usable port");
+        assert_eq!(e.result_code(), code::SYSTEM_ERROR, "{e}");
+        assert!(
+            e.message.contains(
+                "softroce0 port 1: NCCL_IB_PKEY_VALUE=0x8002 is not in the port's P_Key table (0xffff, 0x8001)"
+            ),
+            "{e}"
+        );
+    }) {
+        return;
+    }
+    run_child(
+        name,
+        "127.0.38.5",
+        &[
+            IB,
+            ("SOFTROCE_PKEYS", "0xffff,0x8001"),
+            ("NCCL_IB_PKEY_VALUE", "0x8002"),
+        ],
     );
 }
 

@@ -10,6 +10,7 @@
 #   * an InfiniBand port (softroce's IB mode): link layer, width and lane speed, LID, SM LID,
 #     ACTIVE, the P_Key table, all ok; without a subnet manager (SOFTROCE_SM=off: INIT, LID 0) a
 #     fail that says to check opensm / the SM; NCCL_IB_PKEY past the P_Key table: a fail;
+#     NCCL_IB_PKEY_VALUE: the entry of its partition shown, one not in the table a fail;
 #   * memlock and fd limits too low for the job size given: fail with the fix; memlock ok
 #     as root with CAP_IPC_LOCK (the limit does not apply), fail with it dropped;
 #   * the plugin itself under `ulimit -n 512`: scale_bench --conns 1024 at wire version 5 (a socket
@@ -182,6 +183,23 @@ if [ $rc -eq 1 ] &&
     ok "NCCL_IB_PKEY=2 with a P_Key table of 2: the port's P_Key check and the plugin's discovery fail, exit 1"
 else
     ko "NCCL_IB_PKEY past the P_Key table (rc=$rc)" "$tmp/pkey"
+fi
+SOFTROCE_LINK_LAYER=ib SOFTROCE_PKEYS=0xffff,0x8001 NCCL_IB_PKEY_VALUE=0x0001 SOFTROCE_ADDR=127.0.65.8 doc "${JOB[@]}" >"$tmp/pkeyvalue" 2>&1
+rc=$?
+if [ $rc -eq 0 ] &&
+    grep -q '^ok    softroce0:1 P_Key  *2 entries: \[0\] 0xffff full, \[1\] 0x8001 full; NCCL_IB_PKEY_VALUE=0x0001 → \[1\] 0x8001' "$tmp/pkeyvalue"; then
+    ok "NCCL_IB_PKEY_VALUE=0x0001 (a limited member's P_Key): the full member's entry of its partition, [1] 0x8001"
+else
+    ko "NCCL_IB_PKEY_VALUE by partition (rc=$rc)" "$tmp/pkeyvalue"
+fi
+SOFTROCE_LINK_LAYER=ib SOFTROCE_PKEYS=0xffff,0x8001 NCCL_IB_PKEY_VALUE=0x8002 SOFTROCE_ADDR=127.0.65.8 doc "${JOB[@]}" >"$tmp/pkeyvalue" 2>&1
+rc=$?
+if [ $rc -eq 1 ] &&
+    grep -q '^fail  softroce0:1 P_Key  .*NCCL_IB_PKEY_VALUE=0x8002 is not in the port.s P_Key table (0xffff, 0x8001)' "$tmp/pkeyvalue" &&
+    grep -q '^fail  plugin devices .*NCCL_IB_PKEY_VALUE=0x8002 is not in' "$tmp/pkeyvalue"; then
+    ok "NCCL_IB_PKEY_VALUE=0x8002, not in the P_Key table: the port's P_Key check and the plugin's discovery fail, exit 1"
+else
+    ko "NCCL_IB_PKEY_VALUE not in the P_Key table (rc=$rc)" "$tmp/pkeyvalue"
 fi
 
 echo "--- registrations against RLIMIT_MEMLOCK (softroce pins like the kernel: without CAP_IPC_LOCK)"

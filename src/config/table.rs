@@ -176,6 +176,9 @@ tunables! {
     /// Index into the port's P_Key table that the QPs use; a port whose table has no filled entry
     /// there is not used.
     pkey_index: u16 = "NCCL_IB_PKEY" in Qps => int(0, 0, 65535);
+    /// The P_Key the QPs use, by value (or by its partition, the low 15 bits): its index in each
+    /// port's P_Key table replaces NCCL_IB_PKEY; a port whose table lacks it is not used.
+    pkey_value: i32 = "NCCL_IB_PKEY_VALUE" in Qps => int(-1, -1, 65535).special(-1, "(unset)");
     /// Service level; -1 takes the communicator's traffic class, else 0.
     sl: i32 = "NCCL_IB_SL" in Qps => int(-1, -1, 15).special(-1, "(auto)");
     /// RoCE traffic class; -1 takes the communicator's traffic class, else 0.

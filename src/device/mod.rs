@@ -78,8 +78,10 @@ pub struct NetDevice {
     pub gid_index: i32,
     pub gid: [u8; 16],
     pub lid: u16,
-    /// The P_Key at `NCCL_IB_PKEY`'s index, which the QPs' INIT names (see [`pkey_index_check`]).
+    /// The P_Key the QPs use and its index in the port's table, which their INIT names: from
+    /// `NCCL_IB_PKEY_VALUE` when set, else `NCCL_IB_PKEY` ([`port_pkey`]).
     pub pkey: u16,
+    pub pkey_index: u16,
     /// `ibv_mtu` enum value of the port's active MTU.
     pub active_mtu: u32,
     /// The port's `max_msg_sz`: the most bytes one WR carries (longer chunks go in pieces).
@@ -119,7 +121,7 @@ impl NetDevice {
         self.gid_cache.get(changes, &self.label(), || {
             let info = self.context.query_port(self.port).map_err(|e| e.message)?;
             port_gid(&self.context, self.port, &info, self.link_layer, crate::config::get())
-                .map(|(index, gid, _pkey)| (index, gid))
+                .map(|a| (a.gid_index, a.gid))
         })
     }
 }
@@ -381,6 +383,54 @@ pub fn ib_gid_index_ignored(gid_index: i32, ib_ports: &[String]) -> Option<Strin
     })
 }
 
+/// The P_Key a port's QPs use and its index, from a port's P_Key table of `table_len` entries
+/// whose entry at `i` is `pkey(i)`: the entry `NCCL_IB_PKEY_VALUE` (`value`) names when set
+/// ([`pkey_value_index`]), else the one at `NCCL_IB_PKEY` (`index`, [`pkey_index_check`]); or
+/// why the port cannot use it.
+pub fn port_pkey(
+    index: u16,
+    value: Option<u16>,
+    table_len: u16,
+    pkey: &dyn Fn(u16) -> std::result::Result<u16, String>,
+) -> std::result::Result<(u16, u16), String> {
+    match value {
+        Some(v) => pkey_value_index(v, table_len, pkey),
+        None => pkey_index_check(index, table_len, pkey).map(|key| (index, key)),
+    }
+}
+
+/// Bits of a P_Key naming the partition; the top bit is the membership (full or limited).
+const PKEY_PARTITION: u16 = 0x7fff;
+
+/// `NCCL_IB_PKEY_VALUE` (`value`) looked up in a port's P_Key table: the index of the entry
+/// equal to it, else of the first entry of the same partition (the low 15 bits; the membership
+/// bit may differ), with that entry; or why the port cannot use it (no such entry, an unreadable
+/// one). Empty entries (0x0000) never match.
+pub fn pkey_value_index(
+    value: u16,
+    table_len: u16,
+    pkey: &dyn Fn(u16) -> std::result::Result<u16, String>,
+) -> std::result::Result<(u16, u16), String> {
+    let var = crate::config::var::pkey_value;
+    let mut table = Vec::with_capacity(usize::from(table_len));
+    for i in 0..table_len {
+        table.push(pkey(i)?);
+    }
+    let exact = table.iter().position(|&k| k == value);
+    let same_partition = || {
+        table
+            .iter()
+            .position(|&k| k != 0 && k & PKEY_PARTITION == value & PKEY_PARTITION)
+    };
+    match exact.filter(|_| value != 0).or_else(same_partition) {
+        Some(i) => Ok((i as u16, table[i])),
+        None => Err(format!(
+            "{var}={value:#06x} is not in the port's P_Key table ({}) — ask the subnet manager for the partition, or choose a P_Key `ferroce-doctor` lists",
+            table.iter().map(|k| format!("{k:#06x}")).collect::<Vec<_>>().join(", ")
+        )),
+    }
+}
+
 /// `NCCL_IB_PKEY` (`index`) against a port's P_Key table of `table_len` entries, whose entry at
 /// `index` is `pkey(index)`: the P_Key the QPs will use, or why the port cannot use it (an index
 /// past the table, an empty entry, an unreadable one).
@@ -573,7 +623,12 @@ fn probe_ports(ctx: &Arc<Context>, cfg: &Config, found: &mut Vec<NetDevice>, ski
             .matching_entry(&name, u32::from(port))
             .filter(|_| !cfg.hca.exclude);
         let gid_changes = gid_cache::changes(ctx, port); // first: a racing change picks again
-        let (gid_index, gid, pkey) = match port_gid(ctx, port, &info, link_layer, cfg) {
+        let PortAddress {
+            gid_index,
+            gid,
+            pkey_index,
+            pkey,
+        } = match port_gid(ctx, port, &info, link_layer, cfg) {
             Ok(g) => g,
             Err(why) => {
                 skipped.push(format!("{name} port {port}: {why}"));
@@ -604,6 +659,7 @@ fn probe_ports(ctx: &Arc<Context>, cfg: &Config, found: &mut Vec<NetDevice>, ski
             gid_cache: GidCache::new(gid_changes, gid_index, gid),
             lid: info.lid,
             pkey,
+            pkey_index,
             active_mtu: info.active_mtu,
             max_msg_bytes: info.max_msg_sz as usize,
             speed_mbps: speed_mbps(info.active_speed, info.active_width),
@@ -631,16 +687,17 @@ fn shared_pd(ctx: &Arc<Context>, pd: &mut Option<Arc<ProtectionDomain>>) -> Resu
 
 /// The GID a port's connections use and its index: on InfiniBand as NCCL's IB transport picks
 /// it, on RoCE the configured or auto-selected RoCE GID, which must be routable; and the P_Key
-/// at `NCCL_IB_PKEY` ([`pkey_index_check`]). `Err` says why the port is skipped.
+/// and index the QPs use ([`port_pkey`]). `Err` says why the port is skipped.
 fn port_gid(
     ctx: &Context,
     port: u8,
     info: &PortInfo,
     link_layer: LinkLayer,
     cfg: &Config,
-) -> std::result::Result<(i32, [u8; 16], u16), String> {
+) -> std::result::Result<PortAddress, String> {
     let pkey_at = |i: u16| ctx.query_pkey(port, i).map_err(|e| e.message);
-    let pkey = pkey_index_check(cfg.pkey_index, info.pkey_tbl_len, &pkey_at)?;
+    let value = u16::try_from(cfg.pkey_value).ok();
+    let pkey = port_pkey(cfg.pkey_index, value, info.pkey_tbl_len, &pkey_at)?;
     let gid_at = |i: i32| ctx.query_gid(port, i).ok();
     let gid_index = match link_layer {
         LinkLayer::InfiniBand => select_ib_gid(info.gid_tbl_len, &gid_at, cfg),
@@ -659,7 +716,21 @@ fn port_gid(
             format_gid(&gid)
         ));
     }
-    Ok((gid_index, gid, pkey))
+    let (pkey_index, pkey) = pkey;
+    Ok(PortAddress {
+        gid_index,
+        gid,
+        pkey_index,
+        pkey,
+    })
+}
+
+/// What a port's connections are addressed by: [`port_gid`]'s pick.
+struct PortAddress {
+    gid_index: i32,
+    gid: [u8; 16],
+    pkey_index: u16,
+    pkey: u16,
 }
 
 /// The `guid` NCCL's IB transport reports for a device: `ibv_device_attr.sys_image_guid` copied

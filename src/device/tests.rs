@@ -444,3 +444,35 @@ fn a_fused_device_mixing_infiniband_and_roce_is_refused_in_one_line() {
     );
     assert!(!e.contains('\n'));
 }
+
+#[test]
+fn pkey_value_looked_up_in_the_port_table() {
+    let table = [0xffffu16, 0x0002, 0, 0x8002, 0x8003];
+    let pkey = |i: u16| table.get(usize::from(i)).copied().ok_or_else(|| "EINVAL".to_string());
+    let len = table.len() as u16;
+    assert_eq!(pkey_value_index(0xffff, len, &pkey), Ok((0, 0xffff)));
+    assert_eq!(
+        pkey_value_index(0x8002, len, &pkey),
+        Ok((3, 0x8002)),
+        "the exact entry first"
+    );
+    assert_eq!(
+        pkey_value_index(0x0003, len, &pkey),
+        Ok((4, 0x8003)),
+        "else the same partition"
+    );
+    assert_eq!(pkey_value_index(0x7fff, len, &pkey), Ok((0, 0xffff)));
+    let absent = pkey_value_index(0x8004, len, &pkey).unwrap_err();
+    assert!(
+        absent.starts_with(
+            "NCCL_IB_PKEY_VALUE=0x8004 is not in the port's P_Key table (0xffff, 0x0002, 0x0000, 0x8002, 0x8003)"
+        ),
+        "{absent}"
+    );
+    assert!(pkey_value_index(0, len, &pkey).is_err(), "an empty entry is no P_Key");
+    let unreadable = |_: u16| Err("ibv_query_pkey failed".to_string());
+    assert_eq!(pkey_value_index(1, 1, &unreadable), Err("ibv_query_pkey failed".into()));
+    // NCCL_IB_PKEY_VALUE, when set, decides; else NCCL_IB_PKEY's index.
+    assert_eq!(port_pkey(0, Some(0x8003), len, &pkey), Ok((4, 0x8003)));
+    assert_eq!(port_pkey(3, None, len, &pkey), Ok((3, 0x8002)));
+}

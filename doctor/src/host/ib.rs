@@ -1,7 +1,7 @@
 //! What InfiniBand adds to the checks: a port's link width and per-lane speed (as `ibstat`
-//! names them), the P_Key table with the entry `NCCL_IB_PKEY` picks (that check runs on every
-//! port: the plugin's QPs name that index on RoCE too), and, for the pair checks, whether two
-//! InfiniBand ports share a subnet.
+//! names them), the P_Key table with the entry `NCCL_IB_PKEY_VALUE` or `NCCL_IB_PKEY` picks
+//! (that check runs on every port: the plugin's QPs name that index on RoCE too), and, for the
+//! pair checks, whether two InfiniBand ports share a subnet.
 
 use crate::check::Check;
 use ferroce::config::{var, Config};
@@ -60,13 +60,15 @@ pub fn link_width_check(label: &str, info: &PortInfo) -> Check {
     }
 }
 
-/// The first entries of the P_Key table (`pkeys`, `None`: unreadable) and the one `NCCL_IB_PKEY`
-/// names, which must exist and not be empty (else the plugin skips the port,
-/// `device::pkey_index_check`).
+/// The P_Key table (`pkeys`, the whole table, `None`: unreadable; the first [`PKEYS_SHOWN`]
+/// entries shown) and the entry the plugin's QPs will use: the one `NCCL_IB_PKEY_VALUE` names
+/// when set, else the one at `NCCL_IB_PKEY`, which must exist and not be empty (else the plugin
+/// skips the port, `device::port_pkey`).
 pub fn pkey_check(label: &str, info: &PortInfo, pkeys: &[Option<u16>], cfg: &Config) -> Check {
     let name = format!("{label} P_Key");
     let shown: Vec<String> = pkeys
         .iter()
+        .take(usize::from(PKEYS_SHOWN))
         .enumerate()
         .map(|(i, k)| match k {
             Some(k) => format!("[{i}] {k:#06x}{}", if k & 0x8000 != 0 { " full" } else { " limited" }),
@@ -81,17 +83,24 @@ pub fn pkey_check(label: &str, info: &PortInfo, pkeys: &[Option<u16>], cfg: &Con
         shown.join(", ")
     );
     let idx = cfg.pkey_index;
+    let value = u16::try_from(cfg.pkey_value).ok();
     let entry = |i: u16| match pkeys.get(usize::from(i)) {
         Some(Some(k)) => Ok(*k),
         Some(None) => Err(format!("P_Key[{i}] cannot be read")),
-        None => Err(format!("P_Key[{i}] is past the entries read here")),
+        None => Err(format!("P_Key[{i}] was not read")),
     };
-    match device::pkey_index_check(idx, info.pkey_tbl_len, &entry) {
-        Ok(k) => Check::ok(name, format!("{table}; {}={idx} → {k:#06x}", var::pkey_index)),
-        Err(why) => Check::fail(
+    match (device::port_pkey(idx, value, info.pkey_tbl_len, &entry), value) {
+        (Ok((_, k)), None) => Check::ok(name, format!("{table}; {}={idx} → {k:#06x}", var::pkey_index)),
+        (Ok((i, k)), Some(v)) => Check::ok(name, format!("{table}; {}={v:#06x} → [{i}] {k:#06x}", var::pkey_value)),
+        (Err(why), None) => Check::fail(
             name,
             format!("{table}; {why}"),
             format!("set {} to an index of a filled entry (usually 0), or ask the fabric's subnet manager for the partition", var::pkey_index),
+        ),
+        (Err(why), Some(_)) => Check::fail(
+            name,
+            format!("{table}; {why}"),
+            format!("set {} to a P_Key of the table, or unset it, or ask the fabric's subnet manager for the partition", var::pkey_value),
         ),
     }
 }
@@ -227,6 +236,40 @@ mod tests {
             "{}",
             c.value
         );
+    }
+
+    #[test]
+    fn the_p_key_check_looks_nccl_ib_pkey_value_up_in_the_whole_table() {
+        let mut info = ib_info();
+        info.pkey_tbl_len = 6;
+        let mut pkeys = [Some(0xffff), Some(0), Some(0x8001), Some(0), Some(0), Some(0x8005)];
+        let by_value = |v: i32| Config {
+            pkey_value: v,
+            ..Config::default()
+        };
+        let c = pkey_check("mlx5_0:1", &info, &pkeys, &by_value(0x8005));
+        assert_eq!(c.status, Status::Ok, "{}", c.value);
+        assert!(
+            c.value.ends_with(", …; NCCL_IB_PKEY_VALUE=0x8005 → [5] 0x8005"),
+            "past the entries shown: {}",
+            c.value
+        );
+        let c = pkey_check("mlx5_0:1", &info, &pkeys, &by_value(0x8002));
+        assert_eq!(c.status, Status::Fail);
+        assert!(
+            c.value.contains("NCCL_IB_PKEY_VALUE=0x8002 is not in the port's P_Key table (0xffff, 0x0000, 0x8001, 0x0000, 0x0000, 0x8005)"),
+            "{}",
+            c.value
+        );
+        assert!(
+            c.hint.starts_with("set NCCL_IB_PKEY_VALUE to a P_Key of the table"),
+            "{}",
+            c.hint
+        );
+        pkeys[3] = None;
+        let c = pkey_check("mlx5_0:1", &info, &pkeys, &by_value(0x8005));
+        assert_eq!(c.status, Status::Fail, "an entry that cannot be read: {}", c.value);
+        assert!(c.value.ends_with("P_Key[3] cannot be read"), "{}", c.value);
     }
 
     /// An InfiniBand port of the pair exchange: GID `prefix` + a GUID ending in `guid`, LID `lid`.

@@ -117,9 +117,7 @@ pub(super) fn port_facts(ctx: &Context, port: u8, cfg: &Config, ifaddrs: &[IfAdd
         }
     });
     let netdev_mtu = netdev.as_ref().and_then(|n| sysinfo::netdev_mtu(&n.name));
-    let pkeys = (0..info.pkey_tbl_len.min(super::ib::PKEYS_SHOWN))
-        .map(|i| ctx.query_pkey(port, i).ok())
-        .collect();
+    let pkeys = (0..info.pkey_tbl_len).map(|i| ctx.query_pkey(port, i).ok()).collect();
     Ok(PortFacts {
         device: ctx.info.name.clone(),
         port,

@@ -68,7 +68,7 @@ pub fn create_qps(
         .map(|&dev| {
             let d = &devs[dev];
             let qp = QueuePair::new_rc(d.dev.pd.clone(), d.cq.clone(), d.cq.clone(), caps, modify_retry(cfg))?;
-            qp.to_init(d.dev.port, cfg.pkey_index, access)?;
+            qp.to_init(d.dev.port, d.dev.pkey_index, access)?;
             Ok(qp)
         })
         .collect()
@@ -112,7 +112,7 @@ pub fn create_probes(devs: &[LocalDev], standby: bool, cfg: &Config) -> Result<V
             // One write in flight, and its flush when the QP fails.
             let cq = CompletionQueue::new(d.dev.context.clone(), 2)?;
             let qp = QueuePair::new_rc(d.dev.pd.clone(), cq.clone(), cq.clone(), caps, modify_retry(cfg))?;
-            qp.to_init(d.dev.port, cfg.pkey_index, access)?;
+            qp.to_init(d.dev.port, d.dev.pkey_index, access)?;
             Ok(Probe {
                 qp,
                 cq,

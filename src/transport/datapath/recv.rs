@@ -198,7 +198,7 @@ impl FlushDev {
         }
         qp.to_init(
             dev.port,
-            cfg.pkey_index,
+            dev.pkey_index,
             sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0,
         )?;
         let (gid_index, gid) = dev.gid_now()?;
