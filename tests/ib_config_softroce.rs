@@ -161,7 +161,7 @@ fn a_p_key_the_table_lacks_fails_init_saying_so() {
         ),
         (
             ("NCCL_IB_PKEY_VALUE", "0x8002"),
-            "softroce0 port 1: NCCL_IB_PKEY_VALUE=0x8002 is not in the port's P_Key table (0xffff, 0x8001)",
+            "softroce0 port 1: NCCL_IB_PKEY_VALUE=0x8002 is not in the port's P_Key table (its filled entries: 0xffff, 0x8001)",
         ),
     ] {
         run_child(

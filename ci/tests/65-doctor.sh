@@ -195,7 +195,7 @@ fi
 SOFTROCE_LINK_LAYER=ib SOFTROCE_PKEYS=0xffff,0x8001 NCCL_IB_PKEY_VALUE=0x8002 SOFTROCE_ADDR=127.0.65.8 doc "${JOB[@]}" >"$tmp/pkeyvalue" 2>&1
 rc=$?
 if [ $rc -eq 1 ] &&
-    grep -q '^fail  softroce0:1 P_Key  .*NCCL_IB_PKEY_VALUE=0x8002 is not in the port.s P_Key table (0xffff, 0x8001)' "$tmp/pkeyvalue" &&
+    grep -q '^fail  softroce0:1 P_Key  .*NCCL_IB_PKEY_VALUE=0x8002 is not in the port.s P_Key table (its filled entries: 0xffff, 0x8001)' "$tmp/pkeyvalue" &&
     grep -q '^fail  plugin devices .*NCCL_IB_PKEY_VALUE=0x8002 is not in' "$tmp/pkeyvalue"; then
     ok "NCCL_IB_PKEY_VALUE=0x8002, not in the P_Key table: the port's P_Key check and the plugin's discovery fail, exit 1"
 else

@@ -22,8 +22,9 @@ const PKEY_PARTITION: u16 = 0x7fff;
 
 /// `NCCL_IB_PKEY_VALUE` (`value`) looked up in a port's P_Key table: the index of the entry
 /// equal to it, else of the first entry of the same partition (the low 15 bits; the membership
-/// bit may differ), with that entry; or why the port cannot use it (no such entry, an unreadable
-/// one). Empty entries (0x0000) never match.
+/// bit may differ), with that entry; or why the port cannot use it (no such entry: the line
+/// lists the filled entries, a real port's table having mostly empty ones; an unreadable
+/// entry). Empty entries (0x0000) never match.
 pub fn pkey_value_index(
     value: u16,
     table_len: u16,
@@ -43,8 +44,13 @@ pub fn pkey_value_index(
     match exact.filter(|_| value != 0).or_else(same_partition) {
         Some(i) => Ok((i as u16, table[i])),
         None => Err(format!(
-            "{var}={value:#06x} is not in the port's P_Key table ({}) — ask the subnet manager for the partition, or choose a P_Key `ferroce-doctor` lists",
-            table.iter().map(|k| format!("{k:#06x}")).collect::<Vec<_>>().join(", ")
+            "{var}={value:#06x} is not in the port's P_Key table (its filled entries: {}) — ask the subnet manager for the partition, or choose a P_Key `ferroce-doctor` lists",
+            table
+                .iter()
+                .filter(|&&k| k != 0)
+                .map(|k| format!("{k:#06x}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         )),
     }
 }
