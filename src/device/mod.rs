@@ -121,7 +121,6 @@ impl NetDevice {
         self.gid_cache.get(changes, &self.label(), || {
             let info = self.context.query_port(self.port).map_err(|e| e.message)?;
             port_gid(&self.context, self.port, &info, self.link_layer, crate::config::get())
-                .map(|a| (a.gid_index, a.gid))
         })
     }
 }
@@ -551,7 +550,7 @@ fn probe_ports(ctx: &Arc<Context>, cfg: &Config, found: &mut Vec<NetDevice>, ski
             .matching_entry(&name, u32::from(port))
             .filter(|_| !cfg.hca.exclude);
         let gid_changes = gid_cache::changes(ctx, port); // first: a racing change picks again
-        let addr = match port_gid(ctx, port, &info, link_layer, cfg) {
+        let addr = match port_address(ctx, port, &info, link_layer, cfg) {
             Ok(g) => g,
             Err(why) => {
                 skipped.push(format!("{name} port {port}: {why}"));
@@ -609,18 +608,15 @@ fn shared_pd(ctx: &Arc<Context>, pd: &mut Option<Arc<ProtectionDomain>>) -> Resu
 }
 
 /// The GID a port's connections use and its index: on InfiniBand as NCCL's IB transport picks
-/// it, on RoCE the configured or auto-selected RoCE GID, which must be routable; and the P_Key
-/// and index the QPs use ([`port_pkey`]). `Err` says why the port is skipped.
+/// it, on RoCE the configured or auto-selected RoCE GID, which must be routable. `Err` says why
+/// the port cannot be used.
 fn port_gid(
     ctx: &Context,
     port: u8,
     info: &PortInfo,
     link_layer: LinkLayer,
     cfg: &Config,
-) -> std::result::Result<PortAddress, String> {
-    let pkey_at = |i: u16| ctx.query_pkey(port, i).map_err(|e| e.message);
-    let value = u16::try_from(cfg.pkey_value).ok();
-    let pkey = port_pkey(cfg.pkey_index, value, info.pkey_tbl_len, &pkey_at)?;
+) -> std::result::Result<(i32, [u8; 16]), String> {
     let gid_at = |i: i32| ctx.query_gid(port, i).ok();
     let gid_index = match link_layer {
         LinkLayer::InfiniBand => select_ib_gid(info.gid_tbl_len, &gid_at, cfg),
@@ -639,7 +635,23 @@ fn port_gid(
             format_gid(&gid)
         ));
     }
-    let (pkey_index, pkey) = pkey;
+    Ok((gid_index, gid))
+}
+
+/// What a port's connections are addressed by, picked at discovery: the P_Key ([`port_pkey`])
+/// and the GID ([`port_gid`]; a GID change picks that again, the P_Key stays). `Err` says why
+/// the port is skipped.
+fn port_address(
+    ctx: &Context,
+    port: u8,
+    info: &PortInfo,
+    link_layer: LinkLayer,
+    cfg: &Config,
+) -> std::result::Result<PortAddress, String> {
+    let pkey_at = |i: u16| ctx.query_pkey(port, i).map_err(|e| e.message);
+    let value = u16::try_from(cfg.pkey_value).ok();
+    let (pkey_index, pkey) = port_pkey(cfg.pkey_index, value, info.pkey_tbl_len, &pkey_at)?;
+    let (gid_index, gid) = port_gid(ctx, port, info, link_layer, cfg)?;
     Ok(PortAddress {
         gid_index,
         gid,
@@ -648,7 +660,7 @@ fn port_gid(
     })
 }
 
-/// What a port's connections are addressed by: [`port_gid`]'s pick.
+/// What a port's connections are addressed by: [`port_address`]'s pick.
 struct PortAddress {
     gid_index: i32,
     gid: [u8; 16],
