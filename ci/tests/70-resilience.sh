@@ -216,7 +216,7 @@ if wait_dev $M1 20; then
     # "qp N: ... send_wrs=W ... tx_bytes=B ...": per QP of the device; payload bytes are what
     # write_imm (data) and write WRs carry, so a probe-only QP has no write_imm and few bytes.
     read -r standby_qps standby_posts standby_bytes < <("$CTL" $M1 counters | awk '/^qp / {n++; for (i = 3; i <= NF; i++) {split($i, kv, "="); if (kv[1] == "send_wrs") w += kv[2]; if (kv[1] == "write_imm_wrs") m += kv[2]; if (kv[1] == "tx_bytes") b += kv[2]}} END {printf "%d %d %.0f\n", n, w, (m > 0 ? -1 : b)}')
-    primary_bytes=$("$CTL" $P1 counters | awk '/^qp / {for (i = 3; i <= NF; i++) {split($i, kv, "="); if (kv[1] == "tx_bytes") b += kv[2]}} END {printf "%.0f\n", b}')
+    primary_bytes=$(tx_bytes $P1)
     flaps $P1 3 || ko "active-standby: softroce-ctl port-down/port-up failed" "$out"
     "$CTL" $M1 blackhole $BASE.2 >/dev/null && sleep 3 && "$CTL" $M1 heal >/dev/null
 else
